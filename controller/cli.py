@@ -1,0 +1,57 @@
+"""The `governor` command line. Subcommands are added by the modules that own them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from controller.config import ConfigError, load_config
+
+EXIT_USAGE = 2
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.file)
+    except ConfigError as exc:
+        print(f"FAILED: {exc.source}", file=sys.stderr)
+        for p in exc.problems:
+            print(f"  - {p}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"SUCCESS: {args.file} is valid: {len(cfg.models)} model(s)")
+    for m in cfg.models:
+        s = m.sla
+        e2e = f" e2e_p99={s.e2e_p99_ms:g}ms" if s.e2e_p99_ms else ""
+        print(
+            f"  {m.name}  ({m.namespace}/{m.deployment})  ttft_p95={s.ttft_p95_ms:g}ms "
+            f"itl_p95={s.itl_p95_ms:g}ms{e2e}  replicas=[{m.replicas.min_replicas},"
+            f"{m.replicas.max_replicas}]  batching={m.batching_policy}"
+        )
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    print("governor demo: not yet available (lands with the simulator)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="governor", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("check-config", help="validate a config file and print its models")
+    p.add_argument("file", help="YAML config file")
+    p.set_defaults(func=_cmd_check_config)
+    p = sub.add_parser("demo", help="run the controller on the embedded simulated fleet")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

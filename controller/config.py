@@ -1,0 +1,343 @@
+"""Configuration and SLA targets: pydantic models, YAML loading, environment overrides.
+
+Units are in field names (`_ms`, `_s`, `_frac`). Unknown keys are errors everywhere, so
+a typo cannot silently drop a setting. `load_config` returns a `GovernorConfig` or
+raises `ConfigError` carrying one message per problem, each naming the field and value.
+
+Environment overrides: `GOVERNOR_<PATH>` where PATH is the key path joined by `__`,
+list items by index, case-insensitive; e.g. `GOVERNOR_POLICY__TICK_INTERVAL_S=10`,
+`GOVERNOR_MODELS__0__REPLICAS__MAX_REPLICAS=8`. Values are parsed as YAML scalars.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
+
+from estimators.stepmodel import DEFAULT_PROFILE
+
+ENV_PREFIX = "GOVERNOR_"
+# Kubernetes object names (RFC 1123 label); model names as vLLM's model_name label allows.
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class SLA(_Strict):
+    """A model's service-level objective."""
+
+    ttft_p95_ms: PositiveFloat = Field(le=600_000, description="p95 time to first token, ms")
+    itl_p95_ms: PositiveFloat = Field(le=60_000, description="p95 inter-token latency, ms")
+    e2e_p99_ms: PositiveFloat | None = Field(
+        default=None, le=3_600_000, description="optional p99 end-to-end latency, ms"
+    )
+    attainment_goal_frac: float = Field(
+        default=0.99, gt=0, le=1, description="fraction of requests that must meet the SLA"
+    )
+
+
+class ReplicaBounds(_Strict):
+    """Replica count bounds. `min_replicas` 0 allows scale to zero after the idle period."""
+
+    min_replicas: NonNegativeInt = 1
+    max_replicas: PositiveInt = 10
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class KnobBounds(_Strict):
+    """Bounds and defaults of the engine batching knobs (vLLM flag names)."""
+
+    max_num_seqs_min: PositiveInt = 8
+    max_num_seqs_max: PositiveInt = 1024
+    max_num_batched_tokens_min: PositiveInt = 256
+    max_num_batched_tokens_max: PositiveInt = 65_536
+    default_max_num_seqs: PositiveInt = 256
+    default_max_num_batched_tokens: PositiveInt = 8192
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        problems = []
+        if self.max_num_seqs_min > self.max_num_seqs_max:
+            problems.append(
+                f"max_num_seqs_min ({self.max_num_seqs_min}) must be <= "
+                f"max_num_seqs_max ({self.max_num_seqs_max})"
+            )
+        if self.max_num_batched_tokens_min > self.max_num_batched_tokens_max:
+            problems.append(
+                f"max_num_batched_tokens_min ({self.max_num_batched_tokens_min}) must be <= "
+                f"max_num_batched_tokens_max ({self.max_num_batched_tokens_max})"
+            )
+        if not self.max_num_seqs_min <= self.default_max_num_seqs <= self.max_num_seqs_max:
+            problems.append(
+                f"default_max_num_seqs ({self.default_max_num_seqs}) must lie in "
+                f"[{self.max_num_seqs_min}, {self.max_num_seqs_max}]"
+            )
+        lo, hi = self.max_num_batched_tokens_min, self.max_num_batched_tokens_max
+        if not lo <= self.default_max_num_batched_tokens <= hi:
+            problems.append(
+                f"default_max_num_batched_tokens ({self.default_max_num_batched_tokens}) "
+                f"must lie in [{lo}, {hi}]"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class RateLimit(_Strict):
+    """HPA-style scaling policy: change by at most `value` pods or percent per `period_s`."""
+
+    type: Literal["pods", "percent"]
+    value: PositiveInt
+    period_s: PositiveFloat = Field(le=1800)
+
+
+class ScalingPolicy(_Strict):
+    """Control-loop and hysteresis settings (global; a model may override any field)."""
+
+    tick_interval_s: PositiveFloat = Field(default=5.0, le=300)
+    window_s: PositiveFloat = Field(default=60.0, le=3600, description="PromQL rate window")
+    panic_window_s: PositiveFloat = Field(default=10.0, le=600)
+    tolerance_frac: float = Field(default=0.1, ge=0, lt=1)
+    scale_up_stabilization_s: NonNegativeFloat = Field(default=0.0, le=3600)
+    scale_down_stabilization_s: NonNegativeFloat = Field(default=300.0, le=3600)
+    scale_up_limits: tuple[RateLimit, ...] = (
+        RateLimit(type="percent", value=100, period_s=15),
+        RateLimit(type="pods", value=4, period_s=15),
+    )
+    scale_down_limits: tuple[RateLimit, ...] = (RateLimit(type="percent", value=100, period_s=15),)
+    cooldown_after_scale_up_s: NonNegativeFloat = Field(default=60.0, le=3600)
+    panic_threshold_frac: float = Field(default=2.0, gt=1, le=100)
+    panic_hold_s: NonNegativeFloat = Field(default=60.0, le=3600)
+    scale_to_zero_idle_s: PositiveFloat = Field(default=600.0, le=86_400)
+    no_data_ticks_before_fallback: PositiveInt = Field(default=3, le=1000)
+    target_utilization_frac: float = Field(default=0.85, gt=0, le=1)
+    itl_margin_frac: float = Field(default=0.85, gt=0, le=1)
+    forecast_alpha: float = Field(default=0.3, gt=0, le=1)
+    forecast_beta: float = Field(default=0.1, ge=0, le=1)
+    backlog_drain_s: PositiveFloat = Field(default=30.0, le=3600)
+    knob_min_gain_frac: float = Field(default=0.1, ge=0, le=10)
+    knob_sustain_s: NonNegativeFloat = Field(default=120.0, le=86_400)
+
+    @model_validator(mode="after")
+    def _windows(self) -> Self:
+        if self.panic_window_s > self.window_s:
+            raise ValueError(
+                f"panic_window_s ({self.panic_window_s}) must be <= window_s ({self.window_s})"
+            )
+        if not self.scale_up_limits:
+            raise ValueError("scale_up_limits must hold at least one limit")
+        if not self.scale_down_limits:
+            raise ValueError("scale_down_limits must hold at least one limit")
+        return self
+
+
+class ModelConfig(_Strict):
+    """One served model: identity, SLA, bounds and policy choices."""
+
+    name: str = Field(pattern=MODEL_NAME, description="as in the model_name metric label")
+    namespace: str = Field(default="default", pattern=K8S_NAME, max_length=63)
+    deployment: str = Field(pattern=K8S_NAME, max_length=253)
+    sla: SLA
+    replicas: ReplicaBounds = ReplicaBounds()
+    knobs: KnobBounds = KnobBounds()
+    batching_policy: Literal["slo", "seed", "static"] = "slo"
+    cold_start_s: PositiveFloat = Field(default=60.0, le=3600)
+    profile: str = DEFAULT_PROFILE
+    fallback_replicas: NonNegativeInt | None = Field(
+        default=None, description="replicas to hold after repeated missing data, if higher"
+    )
+    policy: dict[str, Any] = Field(
+        default_factory=dict, description="per-model overrides of the global policy fields"
+    )
+
+    @model_validator(mode="after")
+    def _fallback_in_bounds(self) -> Self:
+        fb = self.fallback_replicas
+        if fb is not None and fb > self.replicas.max_replicas:
+            raise ValueError(
+                f"fallback_replicas ({fb}) must be <= replicas.max_replicas "
+                f"({self.replicas.max_replicas})"
+            )
+        return self
+
+
+class PrometheusSettings(_Strict):
+    """Where and how to query Prometheus."""
+
+    url: str = Field(default="http://localhost:9090", pattern=r"^https?://\S+$")
+    timeout_s: PositiveFloat = Field(default=3.0, le=60)
+    disable_ssl: bool = False
+    model_label: str = Field(default="model_name", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class GovernorConfig(_Strict):
+    """The whole configuration file."""
+
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    policy: ScalingPolicy = ScalingPolicy()
+    prometheus: PrometheusSettings = PrometheusSettings()
+
+    @model_validator(mode="after")
+    def _unique_and_policies(self) -> Self:
+        seen: set[str] = set()
+        for m in self.models:
+            if m.name in seen:
+                raise ValueError(f"model name {m.name!r} appears more than once")
+            seen.add(m.name)
+        for i, m in enumerate(self.models):
+            try:
+                self.policy_for(m)
+            except ValidationError as exc:
+                msgs = format_validation_error(exc, prefix=f"models.{i}.policy")
+                raise ValueError("; ".join(msgs)) from None
+        return self
+
+    def model(self, name: str) -> ModelConfig:
+        """The model named `name`; KeyError if none."""
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def policy_for(self, model: ModelConfig) -> ScalingPolicy:
+        """The global policy with the model's overrides applied (validated)."""
+        if not model.policy:
+            return self.policy
+        merged = self.policy.model_dump()
+        merged.update(model.policy)
+        return ScalingPolicy.model_validate(merged)
+
+
+class ConfigError(Exception):
+    """Invalid configuration: `problems` holds one message per problem."""
+
+    def __init__(self, problems: list[str], source: str = "config") -> None:
+        self.problems = problems
+        self.source = source
+        super().__init__(f"{source}: {len(problems)} problem(s):\n  " + "\n  ".join(problems))
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One line per pydantic error: `path: message (got VALUE)`."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        if prefix:
+            loc = f"{prefix}.{loc}" if loc else prefix
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling)"
+        got = err.get("input")
+        if err["type"] in ("missing",) or isinstance(got, dict | list):
+            lines.append(f"{loc or '<root>'}: {msg}")
+        else:
+            lines.append(f"{loc or '<root>'}: {msg} (got {got!r})")
+    return lines
+
+
+def _parse_scalar(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """Apply `GOVERNOR_A__B__0__C=value` overrides to `data` in place.
+
+    Returns the problems found (an index past the end of a list, a path through a
+    scalar); unknown keys are left for validation to report.
+    """
+    problems: list[str] = []
+    for key in sorted(environ):
+        if not key.upper().startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in key[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            continue
+        node: Any = data
+        ok = True
+        for i, part in enumerate(path):
+            last = i == len(path) - 1
+            if isinstance(node, list):
+                if not re.fullmatch(r"\d+", part) or int(part) >= len(node):
+                    problems.append(
+                        f"env {key}: {part!r} is not an index of a {len(node)}-item list"
+                    )
+                    ok = False
+                    break
+                if last:
+                    node[int(part)] = _parse_scalar(environ[key])
+                else:
+                    node = node[int(part)]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = _parse_scalar(environ[key])
+                else:
+                    node = node.setdefault(part, {})
+            else:
+                problems.append(f"env {key}: cannot set {part!r} inside a scalar")
+                ok = False
+                break
+        del ok
+    return problems
+
+
+def parse_config(
+    data: Any, *, source: str = "config", environ: Mapping[str, str] | None = None
+) -> GovernorConfig:
+    """Validate already-parsed config `data` (with env overrides) or raise ConfigError."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"<root>: must be a mapping with a 'models:' list (got {type(data).__name__})"], source
+        )
+    problems = apply_env_overrides(data, os.environ if environ is None else environ)
+    try:
+        cfg = GovernorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(problems + format_validation_error(exc), source) from None
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> GovernorConfig:
+    """Read, override from the environment, and validate a YAML config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError([f"cannot read file: {exc.strerror or exc}"], str(p)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"not valid YAML: {exc}"], str(p)) from None
+    return parse_config(data, source=str(p), environ=environ)

@@ -1,0 +1,161 @@
+"""Decision and state types of the decider.
+
+`decide(observation, state, now)` returns a `Decision` and a new `ModelState`. Both are
+frozen dataclasses: the state is never a dict and never mutated, so a decision can be
+replayed from (observation, state, now). Times are seconds on the loop's monotonic
+clock; durations are compared as timestamps (`now - since >= window`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from estimators.smoothing import HoltState
+
+
+class Reason(StrEnum):
+    """Reason code of one stage's outcome. Each stage returns exactly one."""
+
+    # raw recommendation
+    CAPACITY = "CAPACITY"  # from demand / per-replica capacity
+    SLA_FEEDBACK = "SLA_FEEDBACK"  # capacity corrected because the observed SLA is violated
+    IDLE = "IDLE"  # no demand: recommend min (zero only after the idle period)
+    SCALE_TO_ZERO = "SCALE_TO_ZERO"
+    # deadband
+    WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
+    OUTSIDE_TOLERANCE = "OUTSIDE_TOLERANCE"
+    # stabilization
+    STABLE = "STABLE"
+    SCALE_DOWN_STABILIZED = "SCALE_DOWN_STABILIZED"
+    SCALE_UP_STABILIZED = "SCALE_UP_STABILIZED"
+    # rate limits
+    NOT_LIMITED = "NOT_LIMITED"
+    SCALE_UP_LIMITED = "SCALE_UP_LIMITED"
+    SCALE_DOWN_LIMITED = "SCALE_DOWN_LIMITED"
+    # cooldown
+    NO_COOLDOWN = "NO_COOLDOWN"
+    SCALE_DOWN_COOLDOWN = "SCALE_DOWN_COOLDOWN"
+    # clamp
+    WITHIN_BOUNDS = "WITHIN_BOUNDS"
+    CLAMPED_MIN = "CLAMPED_MIN"
+    CLAMPED_MAX = "CLAMPED_MAX"
+    # panic
+    PANIC = "PANIC"
+    PANIC_HOLD = "PANIC_HOLD"
+    NO_PANIC = "NO_PANIC"
+    # missing data
+    NO_DATA_HOLD = "NO_DATA_HOLD"
+    NO_DATA_FALLBACK = "NO_DATA_FALLBACK"
+    # knobs
+    KNOBS_UNCHANGED = "KNOBS_UNCHANGED"
+    KNOBS_CHANGED = "KNOBS_CHANGED"
+    KNOBS_PENDING = "KNOBS_PENDING"  # a better value is waiting to be sustained
+    KNOBS_NOT_MATERIAL = "KNOBS_NOT_MATERIAL"
+    KNOBS_NO_DATA = "KNOBS_NO_DATA"
+    KNOBS_STATIC = "KNOBS_STATIC"
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """Engine batching knobs (vLLM flag names)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def engine_args(self) -> list[str]:
+        """The vLLM command-line flags for these knobs."""
+        return [
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(self.max_num_batched_tokens),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One post-processing stage's input, output and reason code (replicas)."""
+
+    name: str
+    before: int
+    after: int
+    reason: Reason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the decider wants for one model at `at_s`.
+
+    `valid` False means "no decision": the actuator must leave the fleet as it is.
+    `replicas` is the final desired replica count after every stage; `stages` the trace.
+    """
+
+    model: str
+    at_s: float
+    valid: bool
+    replicas: int
+    knobs: Knobs
+    stages: tuple[Stage, ...]
+    knob_reason: Reason
+    raw_replicas: float | None = None
+    demand_rps: float | None = None
+    capacity_rps_per_replica: float | None = None
+    panic: bool = False
+    detail: str = ""
+
+    @property
+    def reasons(self) -> tuple[Reason, ...]:
+        """Reason codes of every stage, in order."""
+        return tuple(s.reason for s in self.stages)
+
+    def explain(self) -> str:
+        """Multi-line human-readable trace, as `governor explain` prints it."""
+        head = (
+            f"{self.model} @ {self.at_s:.1f}s: replicas={self.replicas} "
+            f"knobs=seqs:{self.knobs.max_num_seqs}/tokens:{self.knobs.max_num_batched_tokens} "
+            f"({self.knob_reason}) valid={self.valid}"
+        )
+        lines = [head]
+        if self.demand_rps is not None:
+            cap = self.capacity_rps_per_replica
+            lines.append(
+                f"  demand={self.demand_rps:.3f} req/s  capacity/replica="
+                + (f"{cap:.3f} req/s" if cap is not None else "n/a")
+                + (f"  raw={self.raw_replicas:.2f}" if self.raw_replicas is not None else "")
+            )
+        for s in self.stages:
+            arrow = f"{s.before} -> {s.after}"
+            lines.append(
+                f"  {s.name:<10} {arrow:<12} {s.reason}" + (f"  {s.detail}" if s.detail else "")
+            )
+        if self.detail:
+            lines.append(f"  note: {self.detail}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Everything the decider remembers about one model between ticks.
+
+    `recommendations`: (time, replicas) of recent post-deadband recommendations, for the
+    stabilization windows. `actions`: (time, replicas) of recent outputs, for the rate
+    limits. Both are pruned to the longest window that reads them.
+    """
+
+    replicas: int
+    knobs: Knobs
+    last_scale_up_s: float | None = None
+    recommendations: tuple[tuple[float, int], ...] = ()
+    actions: tuple[tuple[float, int], ...] = ()
+    panic_until_s: float | None = None
+    idle_since_s: float | None = None
+    no_data_ticks: int = 0
+    last_good_s: float | None = None
+    load: HoltState | None = None
+    capacity_correction: float = 1.0
+    knob_candidate: Knobs | None = None
+    knob_candidate_since_s: float | None = None
+    knob_changes: int = 0
+    extra: tuple[tuple[str, float], ...] = field(default=())

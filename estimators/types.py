@@ -1,0 +1,122 @@
+"""Typed observations and the `MetricSource` protocol.
+
+An `Observation` is what one model's serving fleet looked like over the query window,
+as seen by a metric source at `observed_at_s`. Every optional field is `None` when the
+source had no data for it: missing data is never represented as 0. A model whose
+demand signal (arrival rate) is missing gets a `NoDataError` instead of an Observation;
+a source that cannot be read at all (HTTP error, timeout, garbage) raises `SourceError`.
+
+Units are in the field names: `_s` seconds, `_ms` milliseconds, `_rps` requests per
+second, `_tokens` tokens, `_frac` a fraction in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class NoDataError(Exception):
+    """A model had no usable data for a required signal (empty vector, NaN, +/-Inf).
+
+    Carries the model and the signal so logs and status can say exactly what is missing.
+    """
+
+    def __init__(self, model: str, signal: str, detail: str = "") -> None:
+        self.model = model
+        self.signal = signal
+        self.detail = detail
+        msg = f"no data for model {model!r}: signal {signal!r}"
+        super().__init__(f"{msg} ({detail})" if detail else msg)
+
+
+class SourceError(Exception):
+    """The metric source could not be read (HTTP error, timeout, malformed answer)."""
+
+    def __init__(self, message: str, *, query: str | None = None) -> None:
+        self.query = query
+        super().__init__(f"{message} [query: {query}]" if query else message)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelQuery:
+    """What a source needs to know about one model to observe it.
+
+    `ttft_sla_s` / `itl_sla_s` are the SLA thresholds in seconds; where one sits on a
+    histogram bucket edge the source also reports the exact attainment from buckets.
+    """
+
+    name: str
+    ttft_sla_s: float | None = None
+    itl_sla_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One model's signals over the query window. `None` means "no data", never zero."""
+
+    model: str
+    observed_at_s: float
+    """Source time of the evaluation (seconds, the source's clock)."""
+    arrival_rate_rps: float
+    """Requests arriving per second (required: the demand signal)."""
+    staleness_s: float = 0.0
+    """Age of the newest sample behind this observation, seconds."""
+    prompt_tokens_mean: float | None = None
+    prompt_tokens_p95: float | None = None
+    output_tokens_mean: float | None = None
+    output_tokens_p95: float | None = None
+    itl_p95_ms: float | None = None
+    ttft_p95_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    queue_time_p95_ms: float | None = None
+    ttft_attainment_frac: float | None = None
+    """Fraction of requests with TTFT <= SLA, exact from buckets (SLA on a bucket edge)."""
+    itl_attainment_frac: float | None = None
+    """Fraction of inter-token gaps <= SLA, exact from buckets (SLA on a bucket edge)."""
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage_frac: float | None = None
+    prefix_cache_hit_frac: float | None = None
+    preemption_rate_per_s: float | None = None
+    gpu_busy_frac: float | None = None
+    ready_replicas: int | None = None
+    extra: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Guard the invariant at construction: a non-finite required value is a bug upstream.
+        if not math.isfinite(self.arrival_rate_rps) or self.arrival_rate_rps < 0:
+            raise ValueError(
+                f"arrival_rate_rps must be finite and >= 0, got {self.arrival_rate_rps}"
+            )
+
+
+ObservationResult = Observation | NoDataError
+"""Per-model outcome of one observation pass."""
+
+
+@runtime_checkable
+class MetricSource(Protocol):
+    """Reads every model's signals in one pass.
+
+    The number of backend queries per call must not grow with the number of models.
+    Raises `SourceError` when the backend cannot be read at all; returns a `NoDataError`
+    for each model whose demand signal is missing.
+    """
+
+    def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, ObservationResult]:
+        """Observe `models` as of `now_s` (seconds, the caller's clock)."""
+        ...
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """Return `value` when it is a finite float, else None (NaN/Inf are not data)."""
+    if value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
