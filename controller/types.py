@@ -8,7 +8,7 @@ clock; durations are compared as timestamps (`now - since >= window`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from estimators.smoothing import HoltState
@@ -71,6 +71,16 @@ class Knobs:
             "--max-num-batched-tokens",
             str(self.max_num_batched_tokens),
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """Request length statistics, tokens."""
+
+    prompt_mean: float
+    prompt_p95: float
+    output_mean: float
+    output_p95: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,4 +168,5 @@ class ModelState:
     knob_candidate: Knobs | None = None
     knob_candidate_since_s: float | None = None
     knob_changes: int = 0
-    extra: tuple[tuple[str, float], ...] = field(default=())
+    lengths: Lengths | None = None
+    """Last known request length statistics (tokens), kept through gaps in the data."""

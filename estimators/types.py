@@ -61,7 +61,9 @@ class Observation:
     observed_at_s: float
     """Source time of the evaluation (seconds, the source's clock)."""
     arrival_rate_rps: float
-    """Requests arriving per second (required: the demand signal)."""
+    """Requests arriving per second over the query window (required: the demand signal)."""
+    arrival_rate_short_rps: float | None = None
+    """Requests arriving per second over the short (panic) window, when known."""
     staleness_s: float = 0.0
     """Age of the newest sample behind this observation, seconds."""
     prompt_tokens_mean: float | None = None

@@ -1,0 +1,170 @@
+"""Batching knobs and per-replica capacity at the SLA.
+
+Two knob policies:
+- `seed`: the source design's rule, kept exactly for comparison (ARCHITECTURE.md s.5).
+- `slo`: from the step-time model, the largest `max_num_seqs` whose decode step at p95
+  context stays under the ITL target with margin, and the token budget such that a
+  mixed step (those decodes + one prefill chunk) stays under the ITL target, raised
+  where the p95 prompt could not be prefilled within the TTFT target; both bounded by
+  KV capacity and quantized (seqs to multiples of 8, tokens to multiples of 256).
+
+`replica_capacity_rps` answers: how many requests per second can one replica with these
+knobs serve while meeting the SLA? It solves a fluid model of continuous batching
+(below) by bisection on the arrival rate.
+
+Fluid model (per replica, arrival rate lam req/s, mean prompt Lin, mean output Lout):
+every step of T ms carries lam*Lout*T/1000 decode tokens and lam*Lin*T/1000 prefill
+tokens, so T = A + lam*T*w/1000 with A the per-step overhead (base + fixed) and
+w = Lout*(per_token + per_seq + per_kv*ctx) + Lin*per_token + attn*Lin^2/2 the
+per-request work in ms. Hence T = A / (1 - lam*w/1000). Worked example (conversation
+trace means Lin 1155, Lout 211, ctx 1260): w = 44.3 ms, so at lam = 18 req/s the mean
+step is 3.0/(1 - 0.797) = 14.8 ms with 56 sequences decoding.
+"""
+
+from __future__ import annotations
+
+import math
+
+from controller.config import SLA, KnobBounds
+from controller.types import Knobs, Lengths
+from estimators.stepmodel import Profile
+
+SEQS_QUANTUM = 8
+TOKENS_QUANTUM = 256
+SEED_MAX_SEQS = 256
+
+
+def seed_knobs(
+    sla_ms: float, p95_decode_latency_ms: float, p95_request_len: float, arrival_rate_5min: float
+) -> Knobs:
+    """The source design's rule, unchanged and unclamped.
+
+    target_concurrency = floor(SLA_ms / p95_decode_latency_ms)
+    max_num_batched_tokens = p95_request_len * (target_concurrency + 1)
+    max_num_seqs = min(256, int(arrival_rate_5min * 1.8))
+    Worked example: 512 tokens, 380 ms, SLA 1200 ms -> concurrency 3 -> 2048 tokens.
+    """
+    if p95_decode_latency_ms <= 0:
+        raise ValueError(f"p95_decode_latency_ms must be > 0, got {p95_decode_latency_ms}")
+    target_concurrency = math.floor(sla_ms / p95_decode_latency_ms)
+    return Knobs(
+        max_num_seqs=min(SEED_MAX_SEQS, int(arrival_rate_5min * 1.8)),
+        max_num_batched_tokens=int(p95_request_len * (target_concurrency + 1)),
+    )
+
+
+def clamp_knobs(knobs: Knobs, bounds: KnobBounds) -> Knobs:
+    """Knobs within the configured bounds; the token budget is at least max_num_seqs
+    (vLLM refuses a budget below max_num_seqs)."""
+    seqs = min(max(knobs.max_num_seqs, bounds.max_num_seqs_min), bounds.max_num_seqs_max)
+    tokens = min(
+        max(knobs.max_num_batched_tokens, bounds.max_num_batched_tokens_min, seqs),
+        bounds.max_num_batched_tokens_max,
+    )
+    return Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens)
+
+
+def slo_knobs(
+    lengths: Lengths, sla: SLA, profile: Profile, bounds: KnobBounds, itl_margin_frac: float
+) -> Knobs:
+    """Knobs that keep decode and mixed steps under the ITL target (see module doc).
+
+    Worked example (default profile, ITL 50 ms, margin 0.85, conversation p95s 4083/451,
+    means 1155/211): decode step budget 42.5 ms -> 165 sequences at 4308 tokens of context
+    -> 160 after quantizing; a mixed step with 160 decodes leaves ~26 ms for a chunk of
+    ~1,050 tokens -> budget 1,210 -> 1,024.
+    """
+    model = profile.step_model()
+    step_budget_ms = sla.itl_p95_ms * itl_margin_frac
+    decode_ctx = lengths.prompt_p95 + lengths.output_p95 / 2.0
+    # Largest B with decode_step_ms(B, B * ctx) <= budget (monotone in B): bisection.
+    lo, hi = 0, bounds.max_num_seqs_max
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if model.decode_step_ms(mid, mid * decode_ctx) <= step_budget_ms:
+            lo = mid
+        else:
+            hi = mid - 1
+    seqs = lo
+    # KV bound: the seqs must fit at their mean full context with a 10 % reserve.
+    mean_ctx = max(1.0, lengths.prompt_mean + lengths.output_mean)
+    seqs = min(seqs, int(profile.kv_capacity_tokens * 0.9 / mean_ctx))
+    seqs = max(SEQS_QUANTUM, seqs // SEQS_QUANTUM * SEQS_QUANTUM)
+
+    mean_decode_ctx = lengths.prompt_mean + lengths.output_mean / 2.0
+    chunk = model.max_tokens_within(
+        step_budget_ms, seqs, seqs * mean_decode_ctx, chunk_context=lengths.prompt_p95 / 2.0
+    )
+    tokens = max(TOKENS_QUANTUM, (seqs + chunk) // TOKENS_QUANTUM * TOKENS_QUANTUM)
+    # TTFT: the p95 prompt must prefill in the steps that fit half the TTFT target; where
+    # that needs a bigger budget than ITL allows, TTFT wins (rounded up, not down).
+    steps_allowed = max(1, math.floor(sla.ttft_p95_ms * 0.5 / step_budget_ms))
+    ttft_tokens = math.ceil(lengths.prompt_p95 / steps_allowed)
+    if ttft_tokens > tokens:
+        tokens = math.ceil(ttft_tokens / TOKENS_QUANTUM) * TOKENS_QUANTUM
+    return clamp_knobs(Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens), bounds)
+
+
+def per_request_work_ms(lengths: Lengths, profile: Profile) -> float:
+    """GPU time one average request adds to the steps it shares, ms (see module doc)."""
+    m = profile.step_model()
+    ctx = lengths.prompt_mean + lengths.output_mean / 2.0
+    lin = lengths.prompt_mean
+    return (
+        lengths.output_mean * (m.per_token + m.per_seq + m.per_kv * ctx)
+        + lin * m.per_token
+        + m.attn * lin * lin / 2.0
+    )
+
+
+def replica_capacity_rps(
+    knobs: Knobs,
+    lengths: Lengths,
+    sla: SLA,
+    profile: Profile,
+    target_utilization_frac: float,
+) -> float:
+    """Requests/s one replica with `knobs` serves within the SLA, times the target
+    utilization (headroom for burstiness). Always > 0.
+
+    Constraints checked for a candidate rate lam: mean step time within the ITL target;
+    concurrent decodes within max_num_seqs; tokens per step within the budget; KV use
+    within capacity; estimated p95 TTFT (prefill steps plus queueing on the token
+    budget, M/D/1-like) within the TTFT target.
+    """
+    m = profile.step_model()
+    overhead_ms = m.base + m.fixed
+    work_ms = max(1e-6, per_request_work_ms(lengths, profile))
+    lam_ceiling = 1000.0 / work_ms  # the rate that saturates the GPU completely
+    ctx_full = lengths.prompt_mean + lengths.output_mean
+    kv_cap = profile.kv_capacity_tokens * 0.9
+    budget = knobs.max_num_batched_tokens
+
+    def feasible(lam: float) -> bool:
+        util = lam * work_ms / 1000.0
+        if util >= 1.0:
+            return False
+        step_ms = max(m.floor + m.fixed, overhead_ms / (1.0 - util))
+        if step_ms > sla.itl_p95_ms:
+            return False
+        decodes = lam * lengths.output_mean * step_ms / 1000.0
+        if decodes > knobs.max_num_seqs or decodes * ctx_full > kv_cap:
+            return False
+        tokens_per_step = lam * (lengths.prompt_mean + lengths.output_mean) * step_ms / 1000.0
+        load = tokens_per_step / budget
+        if load >= 1.0:
+            return False
+        prefill_room = max(1.0, budget - decodes)
+        prefill_ms = math.ceil(lengths.prompt_p95 / prefill_room) * step_ms
+        # p95 of an exponential wait is 3x its mean; M/D/1 mean wait rho/(2(1-rho)) steps.
+        wait_ms = 3.0 * load / (2.0 * (1.0 - load)) * step_ms
+        return prefill_ms + wait_ms <= sla.ttft_p95_ms
+
+    lo, hi = 0.0, lam_ceiling
+    for _ in range(40):
+        mid = (lo + hi) / 2.0
+        if feasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return max(lo * target_utilization_frac, 1e-3)

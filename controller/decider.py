@@ -1,0 +1,385 @@
+"""The pure decider: `Decider.decide(observation, state, now_s) -> (Decision, ModelState)`.
+
+One `Decider` per model holds that model's immutable config; `decide` reads nothing
+else (no clock, no I/O), so the same inputs always give the same outputs and a decision
+can be replayed from its trace. Steps, in order:
+
+1. missing data -> hold (`valid=False`, NO_DATA_HOLD); after N consecutive failed ticks,
+   re-assert the last good replicas or the configured fallback if higher
+   (NO_DATA_FALLBACK). Missing data never lowers replicas.
+2. knobs by the model's batching policy (`seed`, `slo`, `static`), adopted only when
+   the change is material (>= knob_min_gain_frac) and sustained (knob_sustain_s).
+3. per-replica capacity at the SLA with those knobs (controller.batching), times a
+   feedback correction in [0.4, 1] that shrinks while the observed SLA is violated on a
+   full-sized fleet and recovers while it is met with margin.
+4. demand = max(now, Holt forecast one cold start ahead) + backlog/backlog_drain_s;
+   raw = demand / capacity; idle -> min replicas, zero only after the idle period.
+5. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
+   cooldown -> clamp.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from controller.batching import (
+    clamp_knobs,
+    replica_capacity_rps,
+    seed_knobs,
+    slo_knobs,
+)
+from controller.config import ModelConfig, ScalingPolicy
+from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
+from controller.types import Decision, Knobs, Lengths, ModelState, Reason, Stage
+from estimators.smoothing import holt_forecast, holt_update
+from estimators.stepmodel import Profile, load_profile
+from estimators.types import NoDataError, Observation, SourceError
+
+CORRECTION_MIN = 0.4
+CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.74
+CORRECTION_RECOVERY_PER_S = 0.001  # while healthy: +0.001 per s; 60 s -> +0.06
+HEALTHY_FRAC = 0.7  # observed p95 below 70 % of target counts as "met with margin"
+PERCENTILE_GOAL = 0.95  # the SLA is on p95s: at least 95 % must be within the target
+
+
+def _stage(name: str, before: int, out: StageOut) -> Stage:
+    return Stage(name=name, before=before, after=out.value, reason=out.reason, detail=out.detail)
+
+
+class Decider:
+    """Decides replicas and knobs for one model. Immutable; `decide` is pure."""
+
+    def __init__(
+        self, model: ModelConfig, policy: ScalingPolicy, profile: Profile | None = None
+    ) -> None:
+        self.model = model
+        self.policy = policy
+        self.profile = profile or load_profile(model.profile)
+        self.default_knobs = Knobs(
+            max_num_seqs=model.knobs.default_max_num_seqs,
+            max_num_batched_tokens=model.knobs.default_max_num_batched_tokens,
+        )
+
+    def initial_state(self, replicas: int | None = None) -> ModelState:
+        """State before the first tick: the fleet's current size (or min replicas)."""
+        r = self.model.replicas.min_replicas if replicas is None else replicas
+        return ModelState(replicas=max(0, r), knobs=self.default_knobs)
+
+    # ------------------------------------------------------------------ decide
+    def decide(
+        self,
+        observation: Observation | NoDataError | SourceError,
+        state: ModelState,
+        now_s: float,
+    ) -> tuple[Decision, ModelState]:
+        """One decision for this model at `now_s` (seconds, loop's monotonic clock)."""
+        if not isinstance(observation, Observation):
+            return self._no_data(observation, state, now_s)
+        obs = observation
+        lengths = self._lengths(obs, state)
+        knobs, knob_reason, knob_state = self._knobs(obs, lengths, state, now_s)
+        prev_tick = state.load.at_s if state.load is not None else None
+        dt = 0.0 if prev_tick is None else max(0.0, now_s - prev_tick)
+        correction = self._correction(obs, state, dt)
+        load = holt_update(
+            state.load,
+            obs.arrival_rate_rps,
+            now_s,
+            self.policy.forecast_alpha,
+            self.policy.forecast_beta,
+        )
+        backlog = (obs.waiting or 0.0) / self.policy.backlog_drain_s
+        forecast = holt_forecast(load, self.model.cold_start_s)
+        demand = max(obs.arrival_rate_rps, forecast) + backlog
+        short = obs.arrival_rate_short_rps
+        short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
+
+        idle = obs.arrival_rate_rps == 0 and not obs.waiting and not obs.running
+        idle_since = (
+            (state.idle_since_s if state.idle_since_s is not None else now_s) if idle else None
+        )
+        current = state.replicas
+        stages: list[Stage] = []
+        capacity: float | None = None
+
+        if idle:
+            mn = self.model.replicas.min_replicas
+            if mn == 0 and now_s - idle_since >= self.policy.scale_to_zero_idle_s:  # type: ignore[operator]
+                raw, raw_reason = 0.0, Reason.SCALE_TO_ZERO
+            else:
+                raw, raw_reason = float(max(mn, 1) if current > 0 or mn > 0 else 0), Reason.IDLE
+        elif lengths is None:
+            # Demand but no length statistics yet: capacity unknown, hold what we have.
+            return self._hold(obs.model, state, now_s, "demand without length statistics")
+        else:
+            capacity = (
+                replica_capacity_rps(
+                    knobs,
+                    lengths,
+                    self.model.sla,
+                    self.profile,
+                    self.policy.target_utilization_frac,
+                )
+                * correction
+            )
+            raw = max(demand / capacity, 1e-9)
+            raw_reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
+        raw_int = math.ceil(raw - 1e-9)
+        stages.append(
+            Stage(
+                "raw",
+                current,
+                raw_int,
+                raw_reason,
+                f"demand {demand:.3f} req/s" if not idle else "",
+            )
+        )
+
+        in_panic, panic_until, panic_reason = False, None, Reason.NO_PANIC
+        if capacity is not None:
+            in_panic, panic_until, panic_reason = panic(
+                short_demand,
+                current,
+                capacity,
+                self.policy.panic_threshold_frac,
+                state.panic_until_s,
+                now_s,
+                self.policy.panic_hold_s,
+            )
+        p = self.policy
+        recs = state.recommendations
+        if in_panic:
+            # Panic: scale up to what the short window asks for at once; never down.
+            target = max(current, math.ceil(max(demand, short_demand) / capacity - 1e-9))  # type: ignore[operator]
+            out = StageOut(target, panic_reason, f"short demand {short_demand:.2f} req/s")
+            stages.append(_stage("panic", raw_int, out))
+            value = out.value
+            recs = (*recs, (now_s, value))
+        else:
+            out = deadband(raw, current, p.tolerance_frac)
+            stages.append(_stage("deadband", raw_int, out))
+            value = out.value
+            recs = (*recs, (now_s, value))
+            if raw_reason == Reason.SCALE_TO_ZERO:
+                # The idle period already was the window: zero is not re-stabilized.
+                out = StageOut(value, Reason.STABLE, "scale to zero after idle period")
+            else:
+                out = stabilize(
+                    value,
+                    current,
+                    state.recommendations,
+                    now_s,
+                    p.scale_up_stabilization_s,
+                    p.scale_down_stabilization_s,
+                )
+            stages.append(_stage("stabilize", value, out))
+            value = out.value
+            out = rate_limit(
+                value, current, state.actions, now_s, p.scale_up_limits, p.scale_down_limits
+            )
+            stages.append(_stage("ratelimit", value, out))
+            value = out.value
+        out = cooldown(value, current, state.last_scale_up_s, now_s, p.cooldown_after_scale_up_s)
+        stages.append(_stage("cooldown", value, out))
+        value = out.value
+        bounds = self.model.replicas
+        lo = (
+            bounds.min_replicas
+            if raw_reason == Reason.SCALE_TO_ZERO
+            else max(bounds.min_replicas, 0 if idle and current == 0 else 1)
+        )
+        out = clamp(value, lo, bounds.max_replicas)
+        stages.append(_stage("clamp", value, out))
+        final = out.value
+
+        actions = state.actions
+        last_up = state.last_scale_up_s
+        if final != current:
+            actions = (*actions, (now_s, final - current))
+        if final > current:
+            last_up = now_s
+        new_state = ModelState(
+            replicas=final,
+            knobs=knobs,
+            last_scale_up_s=last_up,
+            recommendations=self._prune(
+                recs, now_s, max(p.scale_up_stabilization_s, p.scale_down_stabilization_s)
+            ),
+            actions=self._prune(
+                actions,
+                now_s,
+                max(lim.period_s for lim in (*p.scale_up_limits, *p.scale_down_limits)),
+            ),
+            panic_until_s=panic_until,
+            idle_since_s=idle_since,
+            no_data_ticks=0,
+            last_good_s=now_s,
+            load=load,
+            capacity_correction=correction,
+            knob_candidate=knob_state[0],
+            knob_candidate_since_s=knob_state[1],
+            knob_changes=state.knob_changes + (1 if knob_reason == Reason.KNOBS_CHANGED else 0),
+            lengths=lengths,
+        )
+        decision = Decision(
+            model=obs.model,
+            at_s=now_s,
+            valid=True,
+            replicas=final,
+            knobs=knobs,
+            stages=tuple(stages),
+            knob_reason=knob_reason,
+            raw_replicas=raw,
+            demand_rps=demand,
+            capacity_rps_per_replica=capacity,
+            panic=in_panic,
+        )
+        return decision, new_state
+
+    # ------------------------------------------------------------------ parts
+    @staticmethod
+    def _prune(
+        items: tuple[tuple[float, int], ...], now_s: float, keep_s: float
+    ) -> tuple[tuple[float, int], ...]:
+        return tuple(it for it in items if now_s - it[0] < keep_s)
+
+    @staticmethod
+    def _lengths(obs: Observation, state: ModelState) -> Lengths | None:
+        """This tick's length statistics, else the last known ones, else None."""
+        pm, pp, om, op = (
+            obs.prompt_tokens_mean,
+            obs.prompt_tokens_p95,
+            obs.output_tokens_mean,
+            obs.output_tokens_p95,
+        )
+        if pm is not None and om is not None:
+            return Lengths(
+                prompt_mean=pm,
+                prompt_p95=pp if pp is not None else pm,
+                output_mean=om,
+                output_p95=op if op is not None else om,
+            )
+        return state.lengths
+
+    def _knobs(
+        self, obs: Observation, lengths: Lengths | None, state: ModelState, now_s: float
+    ) -> tuple[Knobs, Reason, tuple[Knobs | None, float | None]]:
+        """Knobs to publish, the reason, and the (candidate, since) memory."""
+        bounds = self.model.knobs
+        policy = self.model.batching_policy
+        if policy == "static":
+            return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, (None, None)
+        if lengths is None:
+            return state.knobs, Reason.KNOBS_NO_DATA, (None, None)
+        if policy == "seed":
+            sla = self.model.sla
+            sla_ms = sla.e2e_p99_ms if sla.e2e_p99_ms is not None else sla.ttft_p95_ms
+            if obs.itl_p95_ms is None or obs.itl_p95_ms <= 0:
+                return state.knobs, Reason.KNOBS_NO_DATA, (None, None)
+            candidate = clamp_knobs(
+                seed_knobs(sla_ms, obs.itl_p95_ms, lengths.prompt_p95, obs.arrival_rate_rps), bounds
+            )
+        else:
+            candidate = slo_knobs(
+                lengths, self.model.sla, self.profile, bounds, self.policy.itl_margin_frac
+            )
+        current = state.knobs
+        if candidate == current:
+            return current, Reason.KNOBS_UNCHANGED, (None, None)
+        if not self._material(candidate, current):
+            return current, Reason.KNOBS_NOT_MATERIAL, (None, None)
+        prev = state.knob_candidate
+        since = state.knob_candidate_since_s
+        if prev is None or since is None or self._material(candidate, prev):
+            since = now_s
+        if now_s - since >= self.policy.knob_sustain_s:
+            return candidate, Reason.KNOBS_CHANGED, (None, None)
+        return current, Reason.KNOBS_PENDING, (candidate, since)
+
+    def _material(self, a: Knobs, b: Knobs) -> bool:
+        g = self.policy.knob_min_gain_frac
+        return (
+            abs(a.max_num_seqs - b.max_num_seqs) >= g * b.max_num_seqs
+            or abs(a.max_num_batched_tokens - b.max_num_batched_tokens)
+            >= g * b.max_num_batched_tokens
+        )
+
+    def _correction(self, obs: Observation, state: ModelState, dt: float) -> float:
+        """Feedback on the capacity estimate from the observed SLA (see module doc)."""
+        c = state.capacity_correction
+        sla = self.model.sla
+        violated = False
+        healthy = True
+        for att, p95, target in (
+            (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms),
+            (obs.itl_attainment_frac, obs.itl_p95_ms, sla.itl_p95_ms),
+        ):
+            if att is not None:
+                violated |= att < PERCENTILE_GOAL
+            elif p95 is not None:
+                violated |= p95 > target
+            if p95 is None or p95 > HEALTHY_FRAC * target:
+                healthy = False
+        full_fleet = obs.ready_replicas is None or obs.ready_replicas >= state.replicas
+        if violated and full_fleet and state.replicas > 0:
+            return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt))
+        if healthy and not violated:
+            return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt)
+        return c
+
+    # ------------------------------------------------------------------ no data
+    def _hold(
+        self, model: str, state: ModelState, now_s: float, why: str
+    ) -> tuple[Decision, ModelState]:
+        stage = Stage("raw", state.replicas, state.replicas, Reason.NO_DATA_HOLD, why)
+        d = Decision(
+            model=model,
+            at_s=now_s,
+            valid=False,
+            replicas=state.replicas,
+            knobs=state.knobs,
+            stages=(stage,),
+            knob_reason=Reason.KNOBS_NO_DATA,
+            detail=why,
+        )
+        return d, state
+
+    def _no_data(
+        self, err: NoDataError | SourceError, state: ModelState, now_s: float
+    ) -> tuple[Decision, ModelState]:
+        ticks = state.no_data_ticks + 1
+        why = str(err)
+        new_state = replace(state, no_data_ticks=ticks)
+        if ticks < self.policy.no_data_ticks_before_fallback:
+            d, _ = self._hold(self.model.name, state, now_s, why)
+            return d, new_state
+        target = state.replicas
+        fb = self.model.fallback_replicas
+        detail = f"{ticks} ticks without data; keeping last good replicas {target}"
+        if fb is not None and fb > target:
+            target = fb
+            detail = f"{ticks} ticks without data; fallback {fb} > last good {state.replicas}"
+        stage = Stage("raw", state.replicas, target, Reason.NO_DATA_FALLBACK, detail)
+        actions = (
+            state.actions
+            if target == state.replicas
+            else (*state.actions, (now_s, target - state.replicas))
+        )
+        new_state = replace(
+            new_state,
+            replicas=target,
+            actions=actions,
+            last_scale_up_s=now_s if target > state.replicas else state.last_scale_up_s,
+        )
+        d = Decision(
+            model=self.model.name,
+            at_s=now_s,
+            valid=True,
+            replicas=target,
+            knobs=state.knobs,
+            stages=(stage,),
+            knob_reason=Reason.KNOBS_NO_DATA,
+            detail=why,
+        )
+        return d, new_state
