@@ -351,7 +351,8 @@ class Decider:
         ticks = state.no_data_ticks + 1
         why = str(err)
         new_state = replace(state, no_data_ticks=ticks)
-        if ticks < self.policy.no_data_ticks_before_fallback:
+        # Never had good data: the fleet's size is unknown to us, so only hold.
+        if ticks < self.policy.no_data_ticks_before_fallback or state.last_good_s is None:
             d, _ = self._hold(self.model.name, state, now_s, why)
             return d, new_state
         target = state.replicas

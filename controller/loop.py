@@ -1,0 +1,325 @@
+"""The control loop: observe -> decide -> actuate, once per tick, for every model.
+
+`ControlLoop.tick(now_s)` is the whole loop body and takes the time as an argument, so
+simulated time (the simulator, tests) and real time (APScheduler) run the same code.
+Only `RealTimeRunner` and `SystemClock` read the wall clock. Windows are measured on
+the monotonic clock, so a wall-clock jump cannot fire a burst of actions.
+
+Thread safety: `tick` runs on one thread at a time (the scheduler job has
+max_instances=1); readers (gRPC handlers) get immutable snapshots swapped in whole
+under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from actuators.base import Actuator
+from controller.config import GovernorConfig, ModelConfig
+from controller.decider import Decider
+from controller.metrics import GovernorMetrics
+from controller.types import Decision, ModelState
+from estimators.types import MetricSource, ModelQuery, NoDataError, Observation, SourceError
+
+
+class Clock(Protocol):
+    """Time source: `monotonic()` for windows, `wall()` (Unix seconds) for reports."""
+
+    def monotonic(self) -> float: ...
+
+    def wall(self) -> float: ...
+
+
+class SystemClock:
+    """The production clock."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """What the loop last saw and decided for one model."""
+
+    config: ModelConfig
+    observation: Observation | NoDataError | SourceError | None
+    decision: Decision | None
+    state: ModelState | None
+    paused: bool
+    history: tuple[Decision, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSnapshot:
+    """Immutable view of every model after the last tick."""
+
+    at_s: float | None
+    wall_s: float | None
+    models: Mapping[str, ModelSnapshot] = field(default_factory=dict)
+
+
+def _obs_fields(obs: Observation | NoDataError | SourceError) -> dict[str, Any]:
+    if not isinstance(obs, Observation):
+        return {"no_data": str(obs)}
+    return {
+        "arrival_rps": obs.arrival_rate_rps,
+        "prompt_p95": obs.prompt_tokens_p95,
+        "output_p95": obs.output_tokens_p95,
+        "itl_p95_ms": obs.itl_p95_ms,
+        "ttft_p95_ms": obs.ttft_p95_ms,
+        "running": obs.running,
+        "waiting": obs.waiting,
+        "kv_usage": obs.kv_usage_frac,
+        "ready": obs.ready_replicas,
+        "staleness_s": obs.staleness_s,
+    }
+
+
+class ControlLoop:
+    """Runs ticks over every configured model. Inject source, actuators, clock, metrics."""
+
+    HISTORY = 20  # decisions kept per model for `explain`
+
+    def __init__(
+        self,
+        config: GovernorConfig,
+        source: MetricSource,
+        actuators: Sequence[Actuator] = (),
+        *,
+        clock: Clock | None = None,
+        metrics: GovernorMetrics | None = None,
+        logger: Any = None,
+        initial_replicas: Callable[[ModelConfig], int | None] | None = None,
+        states: Mapping[str, ModelState] | None = None,
+    ) -> None:
+        self.clock: Clock = clock or SystemClock()
+        self.source = source
+        self.actuators = list(actuators)
+        self.metrics = metrics or GovernorMetrics()
+        self.log = logger or structlog.get_logger("governor.loop")
+        self._initial_replicas = initial_replicas
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[LoopSnapshot], None]] = []
+        self._states: dict[str, ModelState] = dict(states or {})
+        self._paused: set[str] = set()
+        self._deciders: dict[str, Decider] = {}
+        self._config = config
+        self._snapshot = LoopSnapshot(at_s=None, wall_s=None)
+        self._history: dict[str, tuple[Decision, ...]] = {}
+        self._apply_config(config)
+
+    # ------------------------------------------------------------------ config
+    @property
+    def config(self) -> GovernorConfig:
+        return self._config
+
+    def _apply_config(self, config: GovernorConfig) -> None:
+        deciders = {}
+        for m in config.models:
+            old = self._deciders.get(m.name)
+            policy = config.policy_for(m)
+            if old is not None and old.model == m and old.policy == policy:
+                deciders[m.name] = old
+            else:
+                deciders[m.name] = Decider(m, policy)
+        for gone in set(self._deciders) - set(deciders):
+            self._states.pop(gone, None)
+            self._history.pop(gone, None)
+            self._paused.discard(gone)
+            self.metrics.forget(gone)
+        self._deciders = deciders
+        self._config = config
+
+    def set_config(self, config: GovernorConfig) -> None:
+        """Swap in a validated config; applies from the next tick. Models that stay
+        keep their state (hysteresis memory); removed models are forgotten."""
+        with self._lock:
+            self._apply_config(config)
+
+    def pause(self, model: str) -> None:
+        """Shadow mode for `model`: decide and log, do not actuate. KeyError if unknown."""
+        with self._lock:
+            if model not in self._deciders:
+                raise KeyError(model)
+            self._paused.add(model)
+
+    def resume(self, model: str) -> None:
+        """Leave shadow mode. KeyError if unknown."""
+        with self._lock:
+            if model not in self._deciders:
+                raise KeyError(model)
+            self._paused.discard(model)
+
+    def paused(self) -> frozenset[str]:
+        return frozenset(self._paused)
+
+    def states(self) -> dict[str, ModelState]:
+        """A copy of every model's decider state (for persistence)."""
+        with self._lock:
+            return dict(self._states)
+
+    def snapshot(self) -> LoopSnapshot:
+        """The latest immutable snapshot (safe from any thread)."""
+        return self._snapshot
+
+    def add_listener(self, fn: Callable[[LoopSnapshot], None]) -> None:
+        """Call `fn(snapshot)` after every tick (e.g. to persist state)."""
+        self._listeners.append(fn)
+
+    # ------------------------------------------------------------------ tick
+    def tick(self, now_s: float | None = None) -> list[Decision]:
+        """One control tick at `now_s` (monotonic seconds; default: the clock's)."""
+        started = time.perf_counter()
+        now = self.clock.monotonic() if now_s is None else now_s
+        with self._lock:
+            deciders = dict(self._deciders)
+            paused = set(self._paused)
+        queries = [
+            ModelQuery(
+                d.model.name, d.model.sla.ttft_p95_ms / 1000.0, d.model.sla.itl_p95_ms / 1000.0
+            )
+            for d in deciders.values()
+        ]
+        observations: dict[str, Observation | NoDataError | SourceError]
+        try:
+            observations = dict(self.source.observe(queries, now))
+        except SourceError as exc:
+            self.metrics.source_errors.labels("source").inc()
+            self.log.warning("source_error", error=str(exc))
+            observations = {q.name: exc for q in queries}
+        except Exception as exc:  # a bug in a source must not stop the loop
+            self.metrics.source_errors.labels("unexpected").inc()
+            self.log.error("source_crashed", error=repr(exc))
+            err = SourceError(f"source raised {type(exc).__name__}: {exc}")
+            observations = {q.name: err for q in queries}
+
+        decisions: list[Decision] = []
+        new_states: dict[str, ModelState] = {}
+        for name, decider in deciders.items():
+            obs = observations.get(name) or NoDataError(
+                name, "arrival_rate", "model absent from source"
+            )
+            if isinstance(obs, NoDataError):
+                self.metrics.source_errors.labels("no_data").inc()
+            state = self._states.get(name)
+            if state is None:
+                start = obs.ready_replicas if isinstance(obs, Observation) else None
+                if start is None and self._initial_replicas is not None:
+                    start = self._initial_replicas(decider.model)
+                state = decider.initial_state(start)
+            decision, new_state = decider.decide(obs, state, now)
+            new_states[name] = new_state
+            decisions.append(decision)
+            staleness = obs.staleness_s if isinstance(obs, Observation) else None
+            self.metrics.record(decision, staleness)
+            self.log.info(
+                "decision",
+                model=name,
+                valid=decision.valid,
+                replicas=decision.replicas,
+                raw=decision.raw_replicas,
+                demand_rps=decision.demand_rps,
+                capacity_rps=decision.capacity_rps_per_replica,
+                max_num_seqs=decision.knobs.max_num_seqs,
+                max_num_batched_tokens=decision.knobs.max_num_batched_tokens,
+                knob_reason=decision.knob_reason.value,
+                stages=[f"{s.name}:{s.reason.value}" for s in decision.stages],
+                paused=name in paused,
+                **_obs_fields(obs),
+            )
+
+        to_apply = [d for d in decisions if d.model not in paused]
+        for act in self.actuators:
+            try:
+                act.apply(to_apply)
+            except Exception as exc:  # one actuator's failure must not stop the others
+                self.metrics.actuation_errors.labels(type(act).__name__).inc()
+                self.log.error("actuator_failed", actuator=type(act).__name__, error=repr(exc))
+
+        with self._lock:
+            for name, st in new_states.items():
+                if name in self._deciders:
+                    self._states[name] = st
+            for d in decisions:
+                if d.model in self._deciders:
+                    self._history[d.model] = (
+                        *self._history.get(d.model, ())[-(self.HISTORY - 1) :],
+                        d,
+                    )
+            models = {
+                name: ModelSnapshot(
+                    config=dec.model,
+                    observation=observations.get(name),
+                    decision=self._history.get(name, (None,))[-1],
+                    state=self._states.get(name),
+                    paused=name in self._paused,
+                    history=self._history.get(name, ()),
+                )
+                for name, dec in self._deciders.items()
+            }
+            self._snapshot = LoopSnapshot(at_s=now, wall_s=self.clock.wall(), models=models)
+        for fn in self._listeners:
+            try:
+                fn(self._snapshot)
+            except Exception as exc:
+                self.log.error("listener_failed", error=repr(exc))
+        self.metrics.ticks.inc()
+        self.metrics.last_tick.set(self.clock.wall())
+        self.metrics.tick_duration.observe(time.perf_counter() - started)
+        return decisions
+
+
+class RealTimeRunner:
+    """Runs `loop.tick()` every `interval_s` on an APScheduler background scheduler:
+    one instance at a time, missed runs coalesced into one, misfires logged."""
+
+    def __init__(self, loop: ControlLoop, interval_s: float | None = None) -> None:
+        from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self.loop = loop
+        self.interval_s = interval_s or loop.config.policy.tick_interval_s
+        self.scheduler = BackgroundScheduler(daemon=True)
+        self._log = structlog.get_logger("governor.scheduler")
+
+        def _on_event(event: Any) -> None:
+            kind = {
+                EVENT_JOB_MISSED: "tick_missed",
+                EVENT_JOB_MAX_INSTANCES: "tick_overlap_skipped",
+                EVENT_JOB_ERROR: "tick_failed",
+            }.get(event.code, "tick_event")
+            self._log.warning(
+                kind,
+                scheduled=str(getattr(event, "scheduled_run_time", "")),
+                error=repr(getattr(event, "exception", None)),
+            )
+
+        self.scheduler.add_listener(
+            _on_event, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_ERROR
+        )
+
+    def start(self) -> None:
+        self.scheduler.add_job(
+            self.loop.tick,
+            "interval",
+            seconds=self.interval_s,
+            id="control-tick",
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=max(1, int(self.interval_s)),
+            replace_existing=True,
+        )
+        self.scheduler.start()
+
+    def stop(self, wait: bool = True) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=wait)
