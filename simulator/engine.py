@@ -1,0 +1,826 @@
+"""simulator.engine: one simulated vLLM V1 continuous-batching engine, event-driven.
+
+Owns the scheduling semantics of ARCHITECTURE.md section 7 and the per-request ground
+truth (`RequestLog`). Times are seconds (`_s`) on the simulation clock; step durations
+are milliseconds (`_ms`) from `estimators.stepmodel.StepTimeModel`.
+
+Scheduling, per step (vLLM V1 `Scheduler.schedule`, FCFS, no prefix-cache hits):
+
+1. Running requests in admission order: every decoding request gets 1 token; the (at
+   most one) partially prefilled request - always the last admitted - gets its next
+   chunk, `min(remaining prompt, remaining budget)`. Each needs KV blocks (16 tokens)
+   for all its tokens. When an allocation fails, the most recently admitted running
+   request is preempted by recompute: its blocks are freed, its computed tokens are lost
+   and it goes to the HEAD of the waiting queue; repeat until the allocation fits or the
+   request itself was preempted (then scheduling stops).
+2. Only if nothing was preempted this step: waiting requests in FCFS order are admitted
+   while budget (`max_num_batched_tokens`) remains and fewer than `max_num_seqs` run;
+   each is allocated blocks for `min(prompt, budget)` tokens (the last admitted one is
+   chunked); the first that cannot get its blocks stops admission.
+
+A prefill that completes samples the first token at the end of its step; a decode step
+samples one token. A preempted request keeps the tokens it already streamed (as vLLM V1
+does): on resume it recomputes prompt + generated tokens in one prefill (chunked as
+usual) whose step samples its next token. Prompts longer than `max_model_len` are
+refused at enqueue (counted); outputs are capped so prompt + output <= max_model_len.
+
+Speed (the fast path; exact, not approximate). The engine keeps a step counter `k`.
+A decoding request with offset `off` has context `off + k` at step `k` (tokens in KV
+after that step), so the summed decode context is `s_off + n_dec * k` (O(1)), it
+finishes at a known step (a heap keyed by finishing step), and it needs a new block at
+step `k` exactly when `(off + k - 1) % 16 == 0`: requests are counted per residue class
+of `off mod 16`, so the number of blocks a step allocates, and the first step at which
+allocation would fail, follow from 16 counters. When no arrival can be admitted and no
+partial prefill is running, the engine schedules a *jump*: all pure-decode steps up to
+the next completion or block failure, whose durations form an arithmetic sequence
+(`A + B*j` ms), applied in O(16 + histogram buckets crossed). A jump is truncated when a
+request arrives (steps that start before the arrival keep their composition) and can be
+applied partially for an exact scrape. Only a preempting step walks the running list.
+`tests/simulator/test_differential.py` checks this against a per-request reference.
+
+Timing model: steps run back to back while the engine has work; a step is decided at
+its start and its effects (tokens, completions, freed blocks) apply at its end. A request
+that arrives during a step is considered at the next step start. Gauges read between
+steps reflect the in-flight step's scheduling decisions.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from heapq import heappop, heappush
+
+import numpy as np
+
+from controller.types import Knobs
+from estimators.histogram import E2E_BUCKETS_S, QUEUE_BUCKETS_S, TTFT_BUCKETS_S
+from estimators.stepmodel import Profile
+from simulator.metrics import ITERATION_TOKENS_BUCKETS, ITL_BUCKETS_MS, EngineMetrics
+
+INF = math.inf
+
+
+class RequestLog:
+    """Per-request ground truth, indexed by request id (the order of `add`/`extend`).
+
+    Columns (seconds on the simulation clock unless stated; NaN/-1 = not happened):
+    `arrival_s` (arrival at the fleet), `prompt_tokens`, `output_tokens` (as requested),
+    `replica` (-1 until dispatched), `dispatch_s` (handed to an engine; later than the
+    arrival when it queued at the router), `sched_s` (first scheduled), `first_token_s`,
+    `finish_s`, `preemptions`, `refused`.
+    """
+
+    def __init__(self) -> None:
+        self.arrival_s: list[float] = []
+        self.prompt_tokens: list[int] = []
+        self.output_tokens: list[int] = []
+        self.replica: list[int] = []
+        self.dispatch_s: list[float] = []
+        self.sched_s: list[float] = []
+        self.first_token_s: list[float] = []
+        self.finish_s: list[float] = []
+        self.preemptions: list[int] = []
+        self.refused: list[bool] = []
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def add(self, arrival_s: float, prompt_tokens: int, output_tokens: int) -> int:
+        """Register one request; returns its id."""
+        return self.extend([arrival_s], [prompt_tokens], [output_tokens]).start
+
+    def extend(
+        self,
+        arrival_s: list[float] | np.ndarray,
+        prompt_tokens: list[int] | np.ndarray,
+        output_tokens: list[int] | np.ndarray,
+    ) -> range:
+        """Register many requests; returns their ids."""
+        a = [float(x) for x in arrival_s]
+        n = len(a)
+        if len(prompt_tokens) != n or len(output_tokens) != n:
+            raise ValueError("arrival_s, prompt_tokens and output_tokens differ in length")
+        start = len(self.arrival_s)
+        nan = [math.nan] * n
+        self.arrival_s.extend(a)
+        self.prompt_tokens.extend(int(x) for x in prompt_tokens)
+        self.output_tokens.extend(int(x) for x in output_tokens)
+        self.replica.extend([-1] * n)
+        self.dispatch_s.extend(nan)
+        self.sched_s.extend(nan)
+        self.first_token_s.extend(nan)
+        self.finish_s.extend(nan)
+        self.preemptions.extend([0] * n)
+        self.refused.extend([False] * n)
+        return range(start, start + n)
+
+    def arrays(self) -> RequestRecords:
+        """The columns as numpy arrays, with derived latencies."""
+        return RequestRecords(
+            arrival_s=np.asarray(self.arrival_s, dtype=np.float64),
+            prompt_tokens=np.asarray(self.prompt_tokens, dtype=np.int64),
+            output_tokens=np.asarray(self.output_tokens, dtype=np.int64),
+            replica=np.asarray(self.replica, dtype=np.int64),
+            dispatch_s=np.asarray(self.dispatch_s, dtype=np.float64),
+            sched_s=np.asarray(self.sched_s, dtype=np.float64),
+            first_token_s=np.asarray(self.first_token_s, dtype=np.float64),
+            finish_s=np.asarray(self.finish_s, dtype=np.float64),
+            preemptions=np.asarray(self.preemptions, dtype=np.int64),
+            refused=np.asarray(self.refused, dtype=bool),
+        )
+
+
+class RequestRecords:
+    """Numpy view of a `RequestLog` (see there for columns) plus derived latencies."""
+
+    def __init__(
+        self,
+        *,
+        arrival_s: np.ndarray,
+        prompt_tokens: np.ndarray,
+        output_tokens: np.ndarray,
+        replica: np.ndarray,
+        dispatch_s: np.ndarray,
+        sched_s: np.ndarray,
+        first_token_s: np.ndarray,
+        finish_s: np.ndarray,
+        preemptions: np.ndarray,
+        refused: np.ndarray,
+    ) -> None:
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.replica = replica
+        self.dispatch_s = dispatch_s
+        self.sched_s = sched_s
+        self.first_token_s = first_token_s
+        self.finish_s = finish_s
+        self.preemptions = preemptions
+        self.refused = refused
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def done(self) -> np.ndarray:
+        """Mask of requests that finished (not refused, finish time known)."""
+        return ~np.isnan(self.finish_s) & ~self.refused
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        """First token - arrival at the fleet (router wait included), seconds."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        """Finish - arrival at the fleet, seconds."""
+        return self.finish_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> np.ndarray:
+        """First scheduled - arrival at the fleet, seconds."""
+        return self.sched_s - self.arrival_s
+
+    @property
+    def mean_itl_s(self) -> np.ndarray:
+        """(finish - first token) / (output - 1), seconds; NaN for 1-token outputs."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+        return np.where(self.output_tokens > 1, out, np.nan)
+
+
+class _Req:
+    """Engine-side state of one request (hot: plain slots)."""
+
+    __slots__ = (
+        "arr",
+        "blocks",
+        "comp",
+        "fin",
+        "gen",
+        "gen0",
+        "k0",
+        "last_tok",
+        "need",
+        "npre",
+        "off",
+        "out",
+        "prompt",
+        "rid",
+        "sched",
+    )
+
+    def __init__(self, rid: int, arr: float, prompt: int, out: int) -> None:
+        self.rid = rid
+        self.arr = arr  # engine arrival (dispatch) time, s
+        self.prompt = prompt
+        self.out = out  # output tokens to generate in total
+        self.gen = 0  # tokens generated so far (valid while not decoding)
+        self.need = prompt  # tokens the current prefill must compute (prompt + gen)
+        self.comp = 0  # tokens of the current prefill computed
+        self.blocks = 0  # KV blocks held while prefilling
+        self.off = 0  # decode: context at step k is off + k
+        self.k0 = 0  # decode: first decode step
+        self.gen0 = 0  # decode: tokens generated when decoding started
+        self.fin = -1  # decode: step producing the last token
+        self.sched = -1.0  # first scheduled, s
+        self.last_tok = -1.0  # time of the last token before a preemption, s
+        self.npre = 0
+
+
+class Engine:
+    """One vLLM V1 engine replica on the simulation clock.
+
+    Drive it with `enqueue(rid, t_s, prompt_tokens, output_tokens)` for arrivals in time
+    order (after `advance_to(t_s)`) and `advance_to(t_s)`, which applies every step that
+    ends at or before `t_s` and schedules the next one when it starts before `t_s`.
+    `advance_to(t_s, exact=True)` also applies the finished prefix of an in-flight
+    decode jump (for scrapes). `wake_s` is the earliest time at which `advance_to` has
+    anything to do (inf when idle), so an idle engine costs nothing.
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        knobs: Knobs,
+        *,
+        log: RequestLog | None = None,
+        start_s: float = 0.0,
+        kv_capacity_blocks: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        mns, mnbt = int(knobs.max_num_seqs), int(knobs.max_num_batched_tokens)
+        if mns < 1 or mnbt < 1:
+            raise ValueError(f"knobs must be >= 1, got {knobs}")
+        if mnbt < mns:
+            # vLLM refuses to start with this configuration.
+            raise ValueError(
+                f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}) (vLLM rule)"
+            )
+        self.profile = profile
+        self.knobs = knobs
+        self.mns = mns
+        self.mnbt = mnbt
+        self.bs = bs = profile.memory.block_size_tokens
+        self.total_blocks = (
+            int(kv_capacity_blocks)
+            if kv_capacity_blocks is not None
+            else profile.kv_capacity_blocks
+        )
+        self.max_model_len = (
+            int(max_model_len) if max_model_len is not None else profile.max_model_len
+        )
+        if self.total_blocks * bs < self.max_model_len:
+            raise ValueError(
+                f"KV cache ({self.total_blocks * bs} tokens) smaller than max_model_len "
+                f"({self.max_model_len}): vLLM refuses to start"
+            )
+        st = profile.step_model()
+        self._floor, self._base, self._per_token = st.floor, st.base, st.per_token
+        self._fixed, self._per_seq, self._per_kv, self._attn = (
+            st.fixed,
+            st.per_seq,
+            st.per_kv,
+            st.attn,
+        )
+        self.log = log if log is not None else RequestLog()
+        self.metrics = EngineMetrics(self.max_model_len)
+        self.start_s = float(start_s)
+
+        self.k = 0  # index of the next step
+        self.t_next = float(start_s)  # start of the next step when none is in flight
+        self.free = self.total_blocks
+        self.waiting: deque[_Req] = deque()
+        self.dec: dict[int, _Req] = {}  # decoding requests, admission order
+        self.partial: _Req | None = None  # the (last admitted) partially prefilled request
+        self.heap: list[tuple[int, int]] = []  # (finishing step, rid); lazy deletion
+        self.cnt = [0] * bs  # decoding requests per residue of off mod bs
+        self.n_dec = 0
+        self.s_off = 0
+        self.n_out = 0  # outstanding requests: waiting + running (router's view)
+        # in-flight work: 0 none, 1 one general step, 2 a pure-decode jump
+        self.fl_kind = 0
+        self.t_end = INF
+        self.wake_s = INF
+        self.fl_first: list[_Req] = []
+        self.fl_nd = 0
+        self.fl_d = 0.0
+        self.fl_n = 0
+        self.j_k0 = 0
+        self.j_m = 0
+        self.j_a = 0.0
+        self.j_b = 0.0
+        self.j_t0 = 0.0
+
+    # -- observables -----------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting (including preempted ones), the `vllm:num_requests_waiting` gauge."""
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests running (decoding, prefilling, or admitted in the in-flight step)."""
+        n = self.n_dec + (1 if self.partial is not None else 0)
+        if self.fl_kind == 1:
+            n += len(self.fl_first)
+        return n
+
+    @property
+    def kv_usage_frac(self) -> float:
+        """Fraction of KV blocks allocated, `vllm:kv_cache_usage_perc` (1 = full)."""
+        return 1.0 - self.free / self.total_blocks
+
+    @property
+    def is_empty(self) -> bool:
+        """No request waiting, running or in flight."""
+        return self.n_out == 0 and self.fl_kind == 0
+
+    @property
+    def steps(self) -> int:
+        """Steps executed so far."""
+        return self.k
+
+    # -- arrivals ----------------------------------------------------------------------------
+
+    def enqueue(self, rid: int, t_s: float, prompt_tokens: int, output_tokens: int) -> bool:
+        """Hand request `rid` to this engine at `t_s` (not before the last `advance_to`).
+
+        The engine first advances to `t_s`, so a step that starts before `t_s` never
+        sees the request and one that starts at or after `t_s` can admit it.
+        Returns False when refused (prompt longer than max_model_len): it is counted in
+        `metrics.refused`, marked in the log, and never queued.
+        """
+        if self.wake_s <= t_s:
+            self.advance_to(t_s)
+        log = self.log
+        if prompt_tokens > self.max_model_len:
+            self.metrics.refused += 1
+            log.refused[rid] = True
+            log.dispatch_s[rid] = t_s
+            return False
+        out = output_tokens
+        room = self.max_model_len - prompt_tokens
+        if out > room:
+            out = room
+        if out < 1:
+            out = 1
+        log.dispatch_s[rid] = t_s
+        r = _Req(rid, t_s, prompt_tokens, out)
+        if self.fl_kind == 2 and not self.waiting:
+            self._truncate_jump(t_s)
+        idle = self.n_out == 0 and self.fl_kind == 0
+        self.waiting.append(r)
+        self.n_out += 1
+        if idle:
+            if self.t_next < t_s:
+                self.t_next = t_s
+            self.wake_s = self.t_next
+        return True
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def advance_to(self, t_s: float, exact: bool = False) -> None:
+        """Apply every step ending at or before `t_s`; schedule the next when it starts before.
+
+        With `exact`, also apply the steps of an in-flight decode jump that end by `t_s`,
+        so counters and gauges are exact at `t_s` (scrapes).
+        """
+        while True:
+            kind = self.fl_kind
+            if kind:
+                if self.t_end > t_s:
+                    break
+                if kind == 1:
+                    self._finish_step()
+                else:
+                    self._apply_jump(self.j_m)
+            if self.n_out == 0:
+                self.wake_s = INF
+                return
+            if self.t_next >= t_s:
+                self.wake_s = self.t_next
+                return
+            self._schedule(self.t_next)
+        self.wake_s = self.t_end
+        if exact and kind == 2 and self.j_t0 < t_s:
+            mm = _steps_within(self.j_a, self.j_b, self.j_t0, t_s, self.j_m, strict=False)
+            if mm > 0:
+                self._apply_jump(mm)
+                self.wake_s = self.t_end
+
+    # -- scheduling ----------------------------------------------------------------------------
+
+    def _schedule(self, t0: float) -> None:
+        """Decide the step starting at `t0` (or a pure-decode jump) and put it in flight."""
+        k = self.k
+        nd = self.n_dec
+        bs = self.bs
+        cnt = self.cnt
+        free = self.free
+        p = self.partial
+        waiting = self.waiting
+        preempted = False
+        if nd:
+            need = cnt[(1 - k) % bs]
+            if need > free:
+                self._preempt_for_decodes(k, t0)
+                nd = self.n_dec
+                free = self.free
+                p = self.partial
+                preempted = True
+            else:
+                if p is None:
+                    # Pure decode unless the waiting head can be admitted now.
+                    admissible = False
+                    if waiting and nd < self.mns:
+                        budget = self.mnbt - nd
+                        r = waiting[0]
+                        c = r.need if r.need < budget else budget
+                        admissible = -(-c // bs) <= free - need
+                    if not admissible:
+                        m = self._jump_len(k, free, nd)
+                        if m > 1:
+                            self._start_jump(t0, k, m)
+                            return
+                free -= need
+        budget = self.mnbt - nd
+        n_tok = nd
+        n_samp = nd
+        units = 0.0
+        first: list[_Req] = []
+        n_run = nd
+        if p is not None:
+            n_run += 1
+            if budget > 0:
+                comp = p.comp
+                c = p.need - comp
+                if c > budget:
+                    c = budget
+                nb = -(-(comp + c) // bs) - p.blocks
+                if nb > free:
+                    # The partial prefill is the last running request: it preempts itself.
+                    free += self._preempt_partial()
+                    n_run -= 1
+                    preempted = True
+                else:
+                    free -= nb
+                    p.blocks += nb
+                    units += c * (comp + c * 0.5)
+                    p.comp = comp + c
+                    n_tok += c
+                    budget -= c
+                    if p.comp == p.need:
+                        first.append(p)
+                        self.partial = None
+                        n_samp += 1
+        if not preempted:
+            mns = self.mns
+            m = self.metrics
+            while waiting and budget > 0 and n_run < mns:
+                r = waiting[0]
+                if r.arr > t0:
+                    break
+                need_r = r.need
+                c = need_r if need_r < budget else budget
+                nb = -(-c // bs)
+                if nb > free:
+                    break
+                waiting.popleft()
+                free -= nb
+                r.blocks = nb
+                r.comp = c
+                if r.sched < 0.0:
+                    r.sched = t0
+                    q = t0 - r.arr
+                    m.queue[bisect_left(QUEUE_BUCKETS_S, q)] += 1
+                    m.queue_sum += q
+                    self.log.sched_s[r.rid] = t0
+                m.prefix_queries += need_r
+                units += c * c * 0.5
+                n_tok += c
+                budget -= c
+                n_run += 1
+                if c == need_r:
+                    first.append(r)
+                    n_samp += 1
+                else:
+                    self.partial = r
+        self.free = free
+        if n_tok == 0:
+            # Only possible when this step preempted everything it had: nothing runs,
+            # the next step (same instant, same index) admits from the waiting queue.
+            if not preempted:
+                raise RuntimeError("engine scheduled an empty step without preemption")
+            self.fl_kind = 0
+            return
+        lin = self._base + self._per_token * n_tok
+        if lin < self._floor:
+            lin = self._floor
+        d = (
+            lin
+            + self._fixed
+            + self._per_seq * n_samp
+            + self._per_kv * (self.s_off + nd * k)
+            + self._attn * units
+        )
+        self.fl_kind = 1
+        self.fl_first = first
+        self.fl_nd = nd
+        self.fl_d = d
+        self.fl_n = n_tok
+        self.t_end = t0 + d / 1000.0
+
+    def _finish_step(self) -> None:
+        """Apply the in-flight general step's effects at its end."""
+        k = self.k
+        t1 = self.t_end
+        d = self.fl_d
+        m = self.metrics
+        m.busy_s += d / 1000.0
+        m.steps += 1
+        n_tok = self.fl_n
+        m.iter_tokens[bisect_left(ITERATION_TOKENS_BUCKETS, n_tok)] += 1
+        m.iter_tokens_sum += n_tok
+        nd = self.fl_nd
+        if nd:
+            m.itl[bisect_left(ITL_BUCKETS_MS, d)] += nd
+            m.itl_sum += nd * d / 1000.0
+            m.generation_tokens += nd
+            heap = self.heap
+            dec = self.dec
+            while heap and heap[0][0] <= k:
+                f, rid = heappop(heap)
+                r = dec.get(rid)
+                if r is not None and r.fin == f:
+                    self._complete_decoder(r, t1, k)
+        if self.fl_first:
+            self._first_tokens(self.fl_first, t1, k)
+        self.k = k + 1
+        self.t_next = t1
+        self.fl_kind = 0
+
+    def _first_tokens(self, reqs: list[_Req], t1: float, k: int) -> None:
+        """Requests whose prefill completed in step `k` (ending at `t1`) sample a token."""
+        m = self.metrics
+        log = self.log
+        dec = self.dec
+        cnt = self.cnt
+        bs = self.bs
+        for r in reqs:
+            if r.gen == 0:
+                ttft = t1 - r.arr
+                m.ttft[bisect_left(TTFT_BUCKETS_S, ttft)] += 1
+                m.ttft_sum += ttft
+                m.prompt_tokens += r.prompt
+                log.first_token_s[r.rid] = t1
+            else:
+                gap = t1 - r.last_tok
+                m.itl[bisect_left(ITL_BUCKETS_MS, gap * 1000.0)] += 1
+                m.itl_sum += gap
+            m.generation_tokens += 1
+            gen = r.gen + 1
+            r.gen = gen
+            if gen >= r.out:
+                self.free += r.blocks
+                r.blocks = 0
+                self._record_finish(r, t1)
+            else:
+                k0 = k + 1
+                off = r.need + 1 - k0
+                r.off = off
+                r.k0 = k0
+                r.gen0 = gen
+                r.fin = fin = k0 + r.out - gen - 1
+                r.blocks = 0  # from now on derived from off (same count)
+                dec[r.rid] = r
+                cnt[off % bs] += 1
+                self.n_dec += 1
+                self.s_off += off
+                heappush(self.heap, (fin, r.rid))
+
+    def _complete_decoder(self, r: _Req, t1: float, k: int) -> None:
+        """Decoding request `r` produced its last token in step `k` ending at `t1`."""
+        off = r.off
+        self.free += -(-(off + k) // self.bs)
+        self.cnt[off % self.bs] -= 1
+        self.n_dec -= 1
+        self.s_off -= off
+        del self.dec[r.rid]
+        r.gen = r.out
+        self._record_finish(r, t1)
+
+    def _record_finish(self, r: _Req, t1: float) -> None:
+        m = self.metrics
+        m.success += 1
+        e2e = t1 - r.arr
+        m.e2e[bisect_left(E2E_BUCKETS_S, e2e)] += 1
+        m.e2e_sum += e2e
+        tb = m.token_bounds
+        m.req_prompt[bisect_left(tb, r.prompt)] += 1
+        m.req_prompt_sum += r.prompt
+        m.req_gen[bisect_left(tb, r.out)] += 1
+        m.req_gen_sum += r.out
+        self.log.finish_s[r.rid] = t1
+        self.n_out -= 1
+
+    # -- preemption (rare path: walks the running list) ------------------------------------
+
+    def _preempt_partial(self) -> int:
+        """Preempt the partial prefill (the last running request); returns blocks freed."""
+        p = self.partial
+        assert p is not None
+        held = p.blocks
+        p.blocks = 0
+        p.comp = 0
+        p.npre += 1
+        self.log.preemptions[p.rid] = p.npre
+        self.metrics.preemptions += 1
+        self.partial = None
+        self.waiting.appendleft(p)
+        return held
+
+    def _preempt_decoder(self, r: _Req, k: int, t0: float) -> int:
+        """Preempt decoding request `r` before step `k` (starting at `t0`); blocks freed."""
+        off = r.off
+        held = -(-(off + k - 1) // self.bs)
+        self.cnt[off % self.bs] -= 1
+        self.n_dec -= 1
+        self.s_off -= off
+        del self.dec[r.rid]
+        r.gen = r.gen0 + (k - r.k0)
+        r.need = r.prompt + r.gen
+        r.comp = 0
+        r.blocks = 0
+        r.last_tok = t0  # its last token came at the end of the previous step
+        r.npre += 1
+        self.log.preemptions[r.rid] = r.npre
+        self.metrics.preemptions += 1
+        self.waiting.appendleft(r)
+        return held
+
+    def _preempt_for_decodes(self, k: int, t0: float) -> None:
+        """Allocate step `k`'s decode blocks in running order, preempting from the end."""
+        bs = self.bs
+        free = self.free
+        order = list(self.dec.values())
+        end = len(order)
+        i = 0
+        while i < end:
+            r = order[i]
+            if (r.off + k - 1) % bs == 0:
+                stop = False
+                while free < 1:
+                    if self.partial is not None:
+                        free += self._preempt_partial()
+                    else:
+                        end -= 1
+                        v = order[end]
+                        free += self._preempt_decoder(v, k, t0)
+                        if v is r:
+                            stop = True
+                            break
+                if stop:
+                    break
+                free -= 1
+            i += 1
+        self.free = free
+
+    # -- pure-decode jumps -----------------------------------------------------------------
+
+    def _jump_len(self, k: int, free: int, nd: int) -> int:
+        """Steps from `k` that are pure decode: up to the next completion, before the
+        first step whose block allocation would fail."""
+        heap = self.heap
+        dec = self.dec
+        while True:
+            f, rid = heap[0]
+            r = dec.get(rid)
+            if r is not None and r.fin == f:
+                break
+            heappop(heap)
+        m_done = f - k + 1
+        bs = self.bs
+        q = free // nd
+        if m_done <= q * bs:
+            return m_done
+        cnt = self.cnt
+        cum = q * nd
+        m = q * bs
+        kk = k + m
+        while True:
+            cum += cnt[(1 - kk) % bs]
+            if cum > free:
+                return m if m < m_done else m_done
+            m += 1
+            kk += 1
+
+    def _start_jump(self, t0: float, k: int, m: int) -> None:
+        nd = self.n_dec
+        lin = self._base + self._per_token * nd
+        if lin < self._floor:
+            lin = self._floor
+        a = lin + self._fixed + self._per_seq * nd + self._per_kv * (self.s_off + nd * k)
+        b = self._per_kv * nd
+        self.j_k0 = k
+        self.j_m = m
+        self.j_a = a
+        self.j_b = b
+        self.j_t0 = t0
+        self.fl_kind = 2
+        self.t_end = t0 + (a * m + b * (m * (m - 1) // 2)) / 1000.0
+
+    def _truncate_jump(self, t_s: float) -> None:
+        """Keep only the jump's steps that start before `t_s` (an arrival at `t_s`)."""
+        keep = _steps_within(self.j_a, self.j_b, self.j_t0, t_s, self.j_m, strict=True) + 1
+        if keep < self.j_m:
+            self.j_m = keep
+            self.t_end = (
+                self.j_t0 + (self.j_a * keep + self.j_b * (keep * (keep - 1) // 2)) / 1000.0
+            )
+            self.wake_s = self.t_end
+
+    def _apply_jump(self, mm: int) -> None:
+        """Apply the first `mm` steps of the in-flight jump."""
+        k0 = self.j_k0
+        a = self.j_a
+        b = self.j_b
+        nd = self.n_dec
+        bs = self.bs
+        s_ms = a * mm + b * (mm * (mm - 1) // 2)
+        t1 = self.j_t0 + s_ms / 1000.0
+        q, rem = divmod(mm, bs)
+        need = q * nd
+        cnt = self.cnt
+        for j in range(rem):
+            need += cnt[(1 - k0 - j) % bs]
+        self.free -= need
+        m = self.metrics
+        m.busy_s += s_ms / 1000.0
+        m.steps += mm
+        m.iter_tokens[bisect_left(ITERATION_TOKENS_BUCKETS, nd)] += mm
+        m.iter_tokens_sum += nd * mm
+        m.generation_tokens += nd * mm
+        m.itl_sum += nd * s_ms / 1000.0
+        itl = m.itl
+        i0 = bisect_left(ITL_BUCKETS_MS, a)
+        i1 = bisect_left(ITL_BUCKETS_MS, a + b * (mm - 1))
+        if i0 == i1:
+            itl[i0] += nd * mm
+        else:
+            done = 0
+            for i in range(i0, i1):
+                # steps j with a + b*j <= bound
+                upto = min(mm, math.floor((ITL_BUCKETS_MS[i] - a) / b) + 1)
+                if upto > done:
+                    itl[i] += nd * (upto - done)
+                    done = upto
+            itl[i1] += nd * (mm - done)
+        last = k0 + mm - 1
+        self.k = last + 1
+        if mm >= self.j_m:
+            self.fl_kind = 0
+            self.t_next = self.t_end if mm == self.j_m else t1
+            t1 = self.t_next
+            heap = self.heap
+            dec = self.dec
+            while heap and heap[0][0] <= last:
+                f, rid = heappop(heap)
+                r = dec.get(rid)
+                if r is not None and r.fin == f:
+                    self._complete_decoder(r, t1, last)
+        else:
+            self.j_k0 = k0 + mm
+            self.j_m -= mm
+            self.j_a = a + b * mm
+            self.j_t0 = t1
+            rest = self.j_m
+            self.t_end = t1 + (self.j_a * rest + b * (rest * (rest - 1) // 2)) / 1000.0
+
+
+def _steps_within(a: float, b: float, t0: float, t_s: float, m_max: int, *, strict: bool) -> int:
+    """Largest j in [0, m_max] with t0 + (a*j + b*j*(j-1)/2)/1000 <= t_s (< t_s if strict).
+
+    The time of the end of the first j steps of a jump whose step durations are a + b*i ms.
+    """
+
+    def ok(j: int) -> bool:
+        t = t0 + (a * j + b * (j * (j - 1) // 2)) / 1000.0
+        return t < t_s if strict else t <= t_s
+
+    lim = (t_s - t0) * 1000.0
+    if lim <= 0:
+        return 0
+    if b > 0:
+        h = a - b / 2.0
+        j = int((-h + math.sqrt(h * h + 2.0 * b * lim)) / b)
+    else:
+        j = int(lim / a)
+    j = max(0, min(j, m_max))
+    while j > 0 and not ok(j):
+        j -= 1
+    while j < m_max and ok(j + 1):
+        j += 1
+    return j

@@ -1,0 +1,555 @@
+"""simulator.fleet: a discrete-event fleet of simulated engines behind a router.
+
+Owns replica lifecycle, routing, knob application, scrape scheduling and fleet-level
+accounting. Times are seconds on the simulation clock (`_s`).
+
+Lifecycle: `scale_to` requests a replica -> STARTING for the cold start (the profile's
+`cold_start_s`, or the `cold_start_s` given: a number, or a (low, high) range drawn
+uniformly with the fleet's seed) -> SERVING (its engine starts empty, with the knobs the
+fleet had when the replica was requested: vLLM reads them at container start) ->
+DRAINING on scale-down (no new requests; finishes everything it holds, its waiting queue
+included) -> GONE when empty. A STARTING replica chosen for scale-down is cancelled and
+GONE at once.
+
+Scale-down order (like a Kubernetes ReplicaSet prefers not-ready and newer pods):
+first STARTING replicas, newest request first (they cost GPU time and serve nothing);
+then SERVING replicas with the fewest outstanding requests (least work to drain), ties
+broken newest first.
+
+Routing: least outstanding requests (waiting + running on the engine) among SERVING
+replicas, ties broken round-robin. With no SERVING replica, requests queue FIFO at the
+router (counted, never dropped) and are dispatched when a replica becomes ready.
+
+Accounting: GPU-seconds count each replica from the moment it is requested (cold start
+included) until it is GONE (or until now); the replica timeline records (t, ready, total)
+at every change; peak router queue; per-request records (`RequestLog`).
+
+Event order at one instant: lifecycle events, then scrapes, then arrivals.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from controller.types import Knobs
+from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
+from simulator.engine import INF, Engine, RequestLog, RequestRecords
+from simulator.traces import Trace
+
+
+class ReplicaState(StrEnum):
+    """Where a replica is in its lifecycle."""
+
+    STARTING = "STARTING"
+    SERVING = "SERVING"
+    DRAINING = "DRAINING"
+    GONE = "GONE"
+
+
+@dataclass(slots=True)
+class Replica:
+    """One replica: its lifecycle times (seconds) and, once serving, its engine."""
+
+    replica_id: int
+    knobs: Knobs
+    requested_s: float
+    ready_s: float
+    """When the cold start ends (scheduled; the replica serves from then unless cancelled)."""
+    state: ReplicaState = ReplicaState.STARTING
+    engine: Engine | None = None
+    drain_s: float | None = None
+    gone_s: float | None = None
+
+    def gpu_seconds(self, now_s: float) -> float:
+        """GPU time held from request to gone (or `now_s`), seconds."""
+        end = self.gone_s if self.gone_s is not None else now_s
+        return max(0.0, min(end, now_s) - self.requested_s)
+
+
+@dataclass(slots=True)
+class _Scraper:
+    interval_s: float
+    next_s: float
+    callback: Callable[[float], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStats:
+    """Fleet-level totals at `now_s`."""
+
+    now_s: float
+    submitted: int
+    dispatched: int
+    completed: int
+    refused: int
+    preemptions: int
+    gpu_seconds: float
+    peak_router_queue: int
+    router_queued_total: int
+    replicas_requested: int
+    steps: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    """Arrivals not yet delivered, sorted by time: parallel lists from index `i`."""
+
+    t: list[float] = field(default_factory=list)
+    rid: list[int] = field(default_factory=list)
+    i: int = 0
+
+
+class Fleet:
+    """A fleet of simulated replicas of one model behind a least-outstanding router.
+
+    `profile` is a `Profile` or a profile name/path; `knobs` default to the profile's
+    engine defaults. `initial_replicas` start SERVING at `start_s` when `initial_ready`
+    (a fleet already up), else they are requested at `start_s` and cold-start.
+    `kv_capacity_blocks` / `max_model_len` override the profile (tests).
+    """
+
+    def __init__(
+        self,
+        profile: Profile | str = DEFAULT_PROFILE,
+        knobs: Knobs | None = None,
+        initial_replicas: int = 1,
+        seed: int = 0,
+        cold_start_s: float | tuple[float, float] | None = None,
+        *,
+        initial_ready: bool = True,
+        start_s: float = 0.0,
+        kv_capacity_blocks: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        d = self.profile.engine_defaults
+        self.knobs = knobs or Knobs(d.max_num_seqs, d.max_num_batched_tokens)
+        _validate_knobs(self.knobs)
+        if initial_replicas < 0:
+            raise ValueError(f"initial_replicas must be >= 0, got {initial_replicas}")
+        if isinstance(cold_start_s, tuple):
+            lo, hi = cold_start_s
+            if not 0 <= lo <= hi:
+                raise ValueError(f"cold_start_s range must be 0 <= low <= high, got {cold_start_s}")
+        elif cold_start_s is not None and cold_start_s < 0:
+            raise ValueError(f"cold_start_s must be >= 0, got {cold_start_s}")
+        self.cold_start_s = cold_start_s
+        self.kv_capacity_blocks = kv_capacity_blocks
+        self.max_model_len = (
+            int(max_model_len) if max_model_len is not None else self.profile.max_model_len
+        )
+        self._rng = random.Random(seed)
+        self.now_s = float(start_s)
+        self.log = RequestLog()
+        self.replicas: list[Replica] = []
+        self._serving: list[Engine] = []
+        self._serving_ids: list[int] = []
+        self._draining: list[Replica] = []
+        self._lifecycle: list[tuple[float, int, int]] = []  # (ready time, seq, replica id)
+        self._seq = 0
+        self._scrapers: list[_Scraper] = []
+        self._pending = _Pending()
+        self._router: deque[int] = deque()
+        self.peak_router_queue = 0
+        self.router_queued_total = 0
+        self._rr = 0
+        for _ in range(initial_replicas):
+            rep = self._request_replica(self.now_s)
+            if initial_ready:
+                rep.ready_s = self.now_s
+        if initial_ready:
+            self._lifecycle.clear()
+            for rep in self.replicas:
+                self._make_ready(rep, self.now_s)
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def set_knobs(self, knobs: Knobs) -> None:
+        """Knobs for replicas requested from now on; running replicas keep theirs."""
+        _validate_knobs(knobs)
+        self.knobs = knobs
+
+    def add_scraper(
+        self, interval_s: float, callback: Callable[[float], None], first_s: float | None = None
+    ) -> None:
+        """Call `callback(t_s)` every `interval_s` from `first_s` (default: now), with every
+        engine advanced exactly to `t_s`."""
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        start = self.now_s if first_s is None else float(first_s)
+        if start < self.now_s:
+            raise ValueError(f"first_s ({start}) is before the fleet's time ({self.now_s})")
+        self._scrapers.append(_Scraper(float(interval_s), start, callback))
+
+    # -- arrivals ----------------------------------------------------------------------------
+
+    def submit_trace(self, trace: Trace, offset_s: float | None = None) -> range:
+        """Queue every request of `trace` as arrivals at `offset_s + arrival_s` (offset
+        defaults to now). Returns the request ids."""
+        off = self.now_s if offset_s is None else float(offset_s)
+        times = trace.arrival_s + off
+        if len(times) and times[0] < self.now_s:
+            raise ValueError(f"trace starts at {times[0]} s, before the fleet's time {self.now_s}")
+        ids = self.log.extend(times, trace.prompt_tokens, trace.output_tokens)
+        self._add_pending(times.tolist(), list(ids))
+        return ids
+
+    def submit(self, arrival_s: float, prompt_tokens: int, output_tokens: int) -> int:
+        """Queue one request arriving at `arrival_s` (>= now). Returns its id."""
+        if arrival_s < self.now_s:
+            raise ValueError(f"arrival {arrival_s} s is before the fleet's time {self.now_s}")
+        rid = self.log.add(arrival_s, prompt_tokens, output_tokens)
+        self._add_pending([float(arrival_s)], [rid])
+        return rid
+
+    def _add_pending(self, times: list[float], rids: list[int]) -> None:
+        p = self._pending
+        rest_t = p.t[p.i :]
+        rest_r = p.rid[p.i :]
+        if not rest_t or times[0] >= rest_t[-1]:
+            if times != sorted(times):
+                order = sorted(range(len(times)), key=times.__getitem__)
+                times = [times[j] for j in order]
+                rids = [rids[j] for j in order]
+            p.t = rest_t + times
+            p.rid = rest_r + rids
+        else:
+            merged = sorted(zip(rest_t + times, rest_r + rids, strict=True))
+            p.t = [a for a, _ in merged]
+            p.rid = [b for _, b in merged]
+        p.i = 0
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def advance_to(self, t_s: float) -> None:
+        """Run the simulation up to `t_s` (>= now): lifecycle, scrapes, arrivals, steps."""
+        if t_s < self.now_s:
+            raise ValueError(f"cannot go back in time: {t_s} < {self.now_s}")
+        pend = self._pending
+        while True:
+            t_ev = self._next_event_s()
+            self._deliver(pend, t_s, t_ev)
+            if t_ev > t_s:
+                break
+            self._handle_event(t_ev)
+        self._advance_engines(t_s)
+        self._reap()
+        self.now_s = t_s
+
+    def run(self, until_s: float | None = None, chunk_s: float = 60.0) -> None:
+        """Advance until `until_s`, or (None) until every submitted request is done,
+        in `chunk_s` increments (scrapes keep firing meanwhile)."""
+        if until_s is not None:
+            self.advance_to(until_s)
+            return
+        while True:
+            p = self._pending
+            if p.i < len(p.t):
+                self.advance_to(max(self.now_s, p.t[-1]))
+                continue
+            if not self._router and all(e.is_empty for e in self._engines()):
+                self._reap()
+                return
+            if self._router and not self._serving and not self._lifecycle:
+                raise RuntimeError("requests queued at the router and no replica is coming")
+            self.advance_to(self.now_s + chunk_s)
+
+    def _next_event_s(self) -> float:
+        t = self._lifecycle[0][0] if self._lifecycle else INF
+        for s in self._scrapers:
+            if s.next_s < t:
+                t = s.next_s
+        return t
+
+    def _deliver(self, pend: _Pending, t_s: float, t_ev: float) -> None:
+        """Route arrivals with time <= t_s and < t_ev (the hot loop)."""
+        times = pend.t
+        rids = pend.rid
+        i = pend.i
+        n = len(times)
+        serving = self._serving
+        sids = self._serving_ids
+        log = self.log
+        prompts = log.prompt_tokens
+        outputs = log.output_tokens
+        replica_col = log.replica
+        while i < n:
+            ta = times[i]
+            if ta > t_s or ta >= t_ev:
+                break
+            rid = rids[i]
+            i += 1
+            ns = len(serving)
+            if ns == 0:
+                self._router.append(rid)
+                self.router_queued_total += 1
+                if len(self._router) > self.peak_router_queue:
+                    self.peak_router_queue = len(self._router)
+                continue
+            if ns == 1:
+                best = 0
+                e = serving[0]
+                if e.wake_s <= ta:
+                    e.advance_to(ta)
+            else:
+                best = -1
+                bn = 1 << 62
+                rr = self._rr
+                for j in range(ns):
+                    jj = rr + j
+                    if jj >= ns:
+                        jj -= ns
+                    e = serving[jj]
+                    if e.wake_s <= ta:
+                        e.advance_to(ta)
+                    if e.n_out < bn:
+                        bn = e.n_out
+                        best = jj
+                self._rr = rr + 1 if rr + 1 < ns else 0
+            replica_col[rid] = sids[best]
+            serving[best].enqueue(rid, ta, prompts[rid], outputs[rid])
+        pend.i = i
+
+    def _route_now(self, rid: int, t_s: float) -> None:
+        """Dispatch one request at `t_s` (engines already advanced to `t_s`)."""
+        serving = self._serving
+        best = min(range(len(serving)), key=lambda j: serving[j].n_out)
+        self.log.replica[rid] = self._serving_ids[best]
+        serving[best].enqueue(rid, t_s, self.log.prompt_tokens[rid], self.log.output_tokens[rid])
+
+    def _handle_event(self, t_ev: float) -> None:
+        if self._lifecycle and self._lifecycle[0][0] == t_ev:
+            _, _, rep_id = heapq.heappop(self._lifecycle)
+            rep = self.replicas[rep_id]
+            if rep.state is ReplicaState.STARTING:
+                self._advance_engines(t_ev)
+                self.now_s = max(self.now_s, t_ev)
+                self._make_ready(rep, t_ev)
+            return
+        for s in self._scrapers:
+            if s.next_s == t_ev:
+                self._advance_engines(t_ev, exact=True)
+                self._reap()
+                self.now_s = max(self.now_s, t_ev)
+                s.callback(t_ev)
+                s.next_s = t_ev + s.interval_s
+                return
+
+    def _advance_engines(self, t_s: float, exact: bool = False) -> None:
+        for e in self._engines():
+            if exact or e.wake_s <= t_s:
+                e.advance_to(t_s, exact)
+
+    def _engines(self) -> Iterator[Engine]:
+        yield from self._serving
+        for rep in self._draining:
+            assert rep.engine is not None
+            yield rep.engine
+
+    def _reap(self) -> None:
+        """Draining replicas whose engine emptied are GONE at the end of their last step."""
+        if not self._draining:
+            return
+        keep = []
+        for rep in self._draining:
+            eng = rep.engine
+            assert eng is not None and rep.drain_s is not None
+            if eng.is_empty:
+                rep.state = ReplicaState.GONE
+                rep.gone_s = max(rep.drain_s, eng.t_next)
+            else:
+                keep.append(rep)
+        self._draining = keep
+
+    # -- scaling -----------------------------------------------------------------------------
+
+    def scale_to(self, n: int, now_s: float | None = None) -> None:
+        """Make `n` replicas active (STARTING or SERVING) at `now_s` (default: now).
+
+        Adds replicas (cold start) or drains/cancels them in the documented order.
+        """
+        if n < 0:
+            raise ValueError(f"replica count must be >= 0, got {n}")
+        if now_s is not None:
+            self.advance_to(now_s)
+        t = self.now_s
+        active = [
+            r for r in self.replicas if r.state in (ReplicaState.STARTING, ReplicaState.SERVING)
+        ]
+        if n > len(active):
+            for _ in range(n - len(active)):
+                self._request_replica(t)
+        elif n < len(active):
+            starting = sorted(
+                (r for r in active if r.state is ReplicaState.STARTING),
+                key=lambda r: (-r.requested_s, -r.replica_id),
+            )
+            serving = sorted(
+                (r for r in active if r.state is ReplicaState.SERVING),
+                key=lambda r: (r.engine.n_out if r.engine else 0, -r.ready_s, -r.replica_id),
+            )
+            for rep in (starting + serving)[: len(active) - n]:
+                self._stop_replica(rep, t)
+            self._reap()
+
+    def _cold_start(self) -> float:
+        cs = self.cold_start_s
+        if cs is None:
+            return float(self.profile.cold_start_s)
+        if isinstance(cs, tuple):
+            return self._rng.uniform(cs[0], cs[1])
+        return float(cs)
+
+    def _request_replica(self, t_s: float) -> Replica:
+        rep = Replica(len(self.replicas), self.knobs, t_s, t_s + self._cold_start())
+        self.replicas.append(rep)
+        self._seq += 1
+        heapq.heappush(self._lifecycle, (rep.ready_s, self._seq, rep.replica_id))
+        return rep
+
+    def _make_ready(self, rep: Replica, t_s: float) -> None:
+        rep.state = ReplicaState.SERVING
+        rep.ready_s = t_s
+        rep.engine = Engine(
+            self.profile,
+            rep.knobs,
+            log=self.log,
+            start_s=t_s,
+            kv_capacity_blocks=self.kv_capacity_blocks,
+            max_model_len=self.max_model_len,
+        )
+        self._serving.append(rep.engine)
+        self._serving_ids.append(rep.replica_id)
+        while self._router:
+            self._route_now(self._router.popleft(), t_s)
+
+    def _stop_replica(self, rep: Replica, t_s: float) -> None:
+        if rep.state is ReplicaState.STARTING:
+            rep.state = ReplicaState.GONE
+            rep.gone_s = t_s
+            return
+        idx = self._serving_ids.index(rep.replica_id)
+        del self._serving[idx]
+        del self._serving_ids[idx]
+        self._rr = 0
+        rep.state = ReplicaState.DRAINING
+        rep.drain_s = t_s
+        self._draining.append(rep)
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    @property
+    def ready_replicas(self) -> int:
+        """Replicas SERVING now."""
+        return len(self._serving)
+
+    @property
+    def active_replicas(self) -> int:
+        """Replicas STARTING or SERVING (what `scale_to` counts)."""
+        return sum(
+            1 for r in self.replicas if r.state in (ReplicaState.STARTING, ReplicaState.SERVING)
+        )
+
+    @property
+    def total_replicas(self) -> int:
+        """Replicas holding a GPU now (STARTING, SERVING or DRAINING)."""
+        return sum(1 for r in self.replicas if r.state is not ReplicaState.GONE)
+
+    @property
+    def router_queue_len(self) -> int:
+        """Requests waiting at the router for a serving replica."""
+        return len(self._router)
+
+    def live_engines(self) -> Iterator[tuple[int, Engine]]:
+        """(replica id, engine) of SERVING and DRAINING replicas."""
+        yield from zip(self._serving_ids, self._serving, strict=True)
+        for rep in self._draining:
+            assert rep.engine is not None
+            yield rep.replica_id, rep.engine
+
+    def gpu_seconds(self, now_s: float | None = None) -> float:
+        """GPU-seconds used up to `now_s` (default: the fleet's time), cold starts included."""
+        t = self.now_s if now_s is None else now_s
+        return sum(r.gpu_seconds(t) for r in self.replicas)
+
+    def records(self) -> RequestRecords:
+        """Per-request ground truth as numpy arrays."""
+        return self.log.arrays()
+
+    def timeline(self) -> list[tuple[float, int, int]]:
+        """(t_s, ready replicas, total replicas) at every change up to now, from the
+        replicas' lifecycle times (ready: SERVING; total: holding a GPU)."""
+        deltas: dict[float, list[int]] = {}
+
+        def add(t: float, ready: int, total: int) -> None:
+            if t > self.now_s:
+                return
+            d = deltas.setdefault(t, [0, 0])
+            d[0] += ready
+            d[1] += total
+
+        for r in self.replicas:
+            add(r.requested_s, 0, 1)
+            if r.gone_s is not None:
+                add(r.gone_s, 0, -1)
+            if r.engine is not None:  # it served from ready_s until drained or gone
+                add(r.ready_s, 1, 0)
+                end = r.drain_s if r.drain_s is not None else r.gone_s
+                if end is not None:
+                    add(end, -1, 0)
+        out: list[tuple[float, int, int]] = []
+        ready = total = 0
+        for t in sorted(deltas):
+            ready += deltas[t][0]
+            total += deltas[t][1]
+            out.append((t, ready, total))
+        return out
+
+    def replica_series(self, step_s: float, until_s: float | None = None) -> np.ndarray:
+        """(t, ready, total) sampled every `step_s` from the first change, shape (n, 3)."""
+        tl = self.timeline()
+        end = self.now_s if until_s is None else until_s
+        if not tl:
+            return np.zeros((0, 3))
+        ts = np.arange(tl[0][0], end + 1e-9, step_s)
+        times = np.array([e[0] for e in tl])
+        idx = np.searchsorted(times, ts, side="right") - 1
+        vals = np.array([e[1:] for e in tl], dtype=np.float64)[idx]
+        return np.column_stack([ts, vals])
+
+    def stats(self) -> FleetStats:
+        """Totals at the fleet's current time."""
+        engines = [r.engine for r in self.replicas if r.engine is not None]
+        log = self.log
+        finished = sum(1 for x in log.finish_s if not math.isnan(x))
+        return FleetStats(
+            now_s=self.now_s,
+            submitted=len(log),
+            dispatched=sum(1 for x in log.dispatch_s if not math.isnan(x)),
+            completed=finished,
+            refused=sum(log.refused),
+            preemptions=sum(e.metrics.preemptions for e in engines),
+            gpu_seconds=self.gpu_seconds(),
+            peak_router_queue=self.peak_router_queue,
+            router_queued_total=self.router_queued_total,
+            replicas_requested=len(self.replicas),
+            steps=sum(e.steps for e in engines),
+        )
+
+
+def _validate_knobs(knobs: Knobs) -> None:
+    if knobs.max_num_seqs < 1 or knobs.max_num_batched_tokens < 1:
+        raise ValueError(f"knobs must be >= 1, got {knobs}")
+    if knobs.max_num_batched_tokens < knobs.max_num_seqs:
+        raise ValueError(
+            f"max_num_batched_tokens ({knobs.max_num_batched_tokens}) must be >= "
+            f"max_num_seqs ({knobs.max_num_seqs}) (vLLM refuses to start otherwise)"
+        )

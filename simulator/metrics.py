@@ -1,0 +1,511 @@
+"""simulator.metrics: the vLLM-named metrics the simulated engines emit, and a
+`MetricSource` that reads them the way Prometheus would.
+
+Owns:
+
+* `EngineMetrics`: one engine's cumulative counters and histograms (vLLM V1 names and
+  buckets, ARCHITECTURE.md section 4), kept as plain attributes and lists so the
+  engine's hot loop can update them cheaply (a histogram is a list of per-bucket counts,
+  the last entry the +Inf overflow, plus a running sum).
+* `SimulatedSource`: registers a scraper with a `Fleet`, snapshots every live engine's
+  cumulative values at scrape instants (every `scrape_interval_s` of simulated time) and
+  evaluates an `Observation` over `window_s` like PromQL would (`rate`/`increase` from
+  the samples in the window, `histogram_quantile` on summed bucket increases, exact
+  attainment with `fraction_le` where the SLA is a bucket edge, gauges from the newest
+  sample). `render_text()` renders the Prometheus text exposition of the engines' current
+  values (for a later real-time /metrics mode).
+
+Evaluation details (documented deviations from Prometheus):
+
+* `increase` is last sample minus first sample in the window, without Prometheus's
+  extrapolation to the window edges; rates divide by the time between those samples, so
+  they equal Prometheus's extrapolated rate for a steadily growing counter. A series that
+  appears inside the window counts from 0 (the simulator knows engines start at 0),
+  one that disappears counts up to its last sample.
+* arrival rate = completions rate + growth of (waiting + running) between the first and
+  last sample, clamped at 0. With `include_router=True` (default) requests held at the
+  fleet's router while no replica serves count as waiting too, so demand stays visible at
+  zero replicas (like a gateway/activator metric); set it False for vLLM-only parity.
+* GPU busy fraction = sum of step-execution seconds / sum of engine uptime seconds over
+  the window, across engines (what DCGM's GPU utilization averages to).
+
+Units: seconds (`_s`), milliseconds (`_ms`), tokens, fractions (`_frac`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from estimators.histogram import (
+    E2E_BUCKETS_S,
+    ITL_BUCKETS_S,
+    QUEUE_BUCKETS_S,
+    TTFT_BUCKETS_S,
+    fraction_le,
+    histogram_quantile,
+    token_buckets,
+)
+from estimators.types import ModelQuery, NoDataError, Observation, ObservationResult
+
+if TYPE_CHECKING:
+    from simulator.engine import Engine
+    from simulator.fleet import Fleet
+
+ITL_BUCKETS_MS: tuple[float, ...] = tuple(b * 1000.0 for b in ITL_BUCKETS_S)
+"""ITL bucket bounds in milliseconds (step durations are computed in ms)."""
+
+ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (
+    1.0,
+    8.0,
+    16.0,
+    32.0,
+    64.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+)
+"""vLLM's `vllm:iteration_tokens_total` bucket bounds (tokens per step)."""
+
+
+def _zeros(bounds: Sequence[float]) -> list[int]:
+    return [0] * (len(bounds) + 1)
+
+
+class EngineMetrics:
+    """Cumulative metrics of one engine, updated in place by `simulator.engine.Engine`.
+
+    Histograms are lists of per-bucket counts aligned with their bounds, plus one final
+    +Inf bucket; `*_sum` holds the sum of observed values (seconds or tokens). Counters
+    only grow. Busy time is the total duration of executed steps, seconds.
+    """
+
+    __slots__ = (
+        "busy_s",
+        "e2e",
+        "e2e_sum",
+        "generation_tokens",
+        "iter_tokens",
+        "iter_tokens_sum",
+        "itl",
+        "itl_sum",
+        "preemptions",
+        "prefix_hits",
+        "prefix_queries",
+        "prompt_tokens",
+        "queue",
+        "queue_sum",
+        "refused",
+        "req_gen",
+        "req_gen_sum",
+        "req_prompt",
+        "req_prompt_sum",
+        "steps",
+        "success",
+        "token_bounds",
+        "ttft",
+        "ttft_sum",
+    )
+
+    def __init__(self, max_model_len: int) -> None:
+        self.token_bounds: tuple[float, ...] = token_buckets(max_model_len)
+        self.success = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.preemptions = 0
+        self.refused = 0
+        self.busy_s = 0.0
+        self.steps = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.ttft = _zeros(TTFT_BUCKETS_S)
+        self.ttft_sum = 0.0
+        self.itl = _zeros(ITL_BUCKETS_S)
+        self.itl_sum = 0.0
+        self.e2e = _zeros(E2E_BUCKETS_S)
+        self.e2e_sum = 0.0
+        self.queue = _zeros(QUEUE_BUCKETS_S)
+        self.queue_sum = 0.0
+        self.req_prompt = _zeros(self.token_bounds)
+        self.req_prompt_sum = 0.0
+        self.req_gen = _zeros(self.token_bounds)
+        self.req_gen_sum = 0.0
+        self.iter_tokens = _zeros(ITERATION_TOKENS_BUCKETS)
+        self.iter_tokens_sum = 0.0
+
+
+# --- snapshot layout ------------------------------------------------------------------
+
+_SCALARS: tuple[str, ...] = (
+    "success",
+    "prompt_tokens",
+    "generation_tokens",
+    "preemptions",
+    "refused",
+    "busy_s",
+    "steps",
+    "prefix_queries",
+    "prefix_hits",
+)
+_GAUGES: tuple[str, ...] = ("running", "waiting", "kv_usage", "uptime_s")
+# (attribute, bounds) of each histogram; the token bounds depend on max_model_len.
+_HIST_ATTRS: tuple[str, ...] = (
+    "ttft",
+    "itl",
+    "e2e",
+    "queue",
+    "req_prompt",
+    "req_gen",
+    "iter_tokens",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotLayout:
+    """Offsets of every value in a snapshot vector (see `snapshot_engine`).
+
+    Scalars first, then the gauges, then per histogram its per-bucket counts (bounds + 1
+    entries, the last +Inf) followed by its sum.
+    """
+
+    scalar: dict[str, int]
+    gauge: dict[str, int]
+    hist: dict[str, tuple[int, tuple[float, ...]]]
+    """attribute -> (offset of the first bucket count, bounds); the sum follows the +Inf."""
+    size: int
+
+    @staticmethod
+    def build(max_model_len: int) -> SnapshotLayout:
+        tb = token_buckets(max_model_len)
+        bounds = {
+            "ttft": TTFT_BUCKETS_S,
+            "itl": ITL_BUCKETS_S,
+            "e2e": E2E_BUCKETS_S,
+            "queue": QUEUE_BUCKETS_S,
+            "req_prompt": tb,
+            "req_gen": tb,
+            "iter_tokens": ITERATION_TOKENS_BUCKETS,
+        }
+        off = 0
+        scalar = {}
+        for name in _SCALARS:
+            scalar[name] = off
+            off += 1
+        gauge = {}
+        for name in _GAUGES:
+            gauge[name] = off
+            off += 1
+        hist = {}
+        for name in _HIST_ATTRS:
+            hist[name] = (off, bounds[name])
+            off += len(bounds[name]) + 2
+        return SnapshotLayout(scalar, gauge, hist, off)
+
+
+def snapshot_engine(engine: Engine, now_s: float) -> np.ndarray:
+    """One engine's cumulative values at `now_s` as a flat float64 vector (SnapshotLayout)."""
+    m = engine.metrics
+    vals: list[float] = [
+        m.success,
+        m.prompt_tokens,
+        m.generation_tokens,
+        m.preemptions,
+        m.refused,
+        m.busy_s,
+        m.steps,
+        m.prefix_queries,
+        m.prefix_hits,
+        engine.num_running,
+        engine.num_waiting,
+        engine.kv_usage_frac,
+        max(0.0, now_s - engine.start_s),
+    ]
+    for name in _HIST_ATTRS:
+        vals.extend(getattr(m, name))
+        vals.append(getattr(m, name + "_sum"))
+    return np.asarray(vals, dtype=np.float64)
+
+
+# --- the metric source ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeSample:
+    """What one scrape saw: per-engine vectors and fleet-level gauges."""
+
+    t_s: float
+    engines: dict[int, np.ndarray]
+    """replica id -> snapshot vector (serving and draining engines)."""
+    ready_replicas: int
+    router_queue: int
+
+
+class SimulatedSource:
+    """`MetricSource` over a simulated `Fleet` serving one model.
+
+    Construction registers a scraper with the fleet: every `scrape_interval_s` of
+    simulated time (from the fleet's current time) the fleet calls back with all engines
+    advanced exactly to that instant. `observe(models, now_s)` evaluates over the samples
+    in `(now_s - window_s, now_s]`; fewer than two samples -> `NoDataError`.
+    Samples older than `retention_s` (default 2 x window, at least 600 s) are dropped.
+    """
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        model_name: str,
+        window_s: float = 60.0,
+        scrape_interval_s: float = 5.0,
+        *,
+        include_router: bool = True,
+        retention_s: float | None = None,
+    ) -> None:
+        if window_s <= 0 or scrape_interval_s <= 0:
+            raise ValueError(
+                f"window_s ({window_s}) and scrape_interval_s ({scrape_interval_s}) must be > 0"
+            )
+        self.fleet = fleet
+        self.model_name = model_name
+        self.window_s = float(window_s)
+        self.scrape_interval_s = float(scrape_interval_s)
+        self.include_router = include_router
+        self.retention_s = (
+            float(retention_s) if retention_s is not None else max(600.0, 2.0 * self.window_s)
+        )
+        self.layout = SnapshotLayout.build(fleet.max_model_len)
+        self._samples: list[ScrapeSample] = []
+        self._times: list[float] = []
+        fleet.add_scraper(self.scrape_interval_s, self._scrape)
+
+    # -- scraping ------------------------------------------------------------------------
+
+    def _scrape(self, t_s: float) -> None:
+        engines = {rid: snapshot_engine(eng, t_s) for rid, eng in self.fleet.live_engines()}
+        sample = ScrapeSample(t_s, engines, self.fleet.ready_replicas, self.fleet.router_queue_len)
+        self._samples.append(sample)
+        self._times.append(t_s)
+        cut = bisect.bisect_left(self._times, t_s - self.retention_s)
+        if cut > 64:  # prune in batches
+            del self._samples[:cut]
+            del self._times[:cut]
+
+    @property
+    def samples(self) -> Sequence[ScrapeSample]:
+        """The retained scrape samples, oldest first."""
+        return self._samples
+
+    # -- evaluation ----------------------------------------------------------------------
+
+    def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, ObservationResult]:
+        """Observe `models` at `now_s` (simulated seconds); other model names get NoDataError."""
+        out: dict[str, ObservationResult] = {}
+        for q in models:
+            if q.name != self.model_name:
+                out[q.name] = NoDataError(q.name, "arrival_rate", "model not served by this fleet")
+                continue
+            out[q.name] = self._evaluate(q, now_s)
+        return out
+
+    def _window(self, now_s: float) -> list[ScrapeSample]:
+        hi = bisect.bisect_right(self._times, now_s)
+        lo = bisect.bisect_right(self._times, now_s - self.window_s)
+        return self._samples[lo:hi]
+
+    def _evaluate(self, q: ModelQuery, now_s: float) -> ObservationResult:
+        win = self._window(now_s)
+        if len(win) < 2:
+            return NoDataError(q.name, "arrival_rate", f"{len(win)} scrape(s) in the window")
+        first, last = win[0], win[-1]
+        dt = last.t_s - first.t_s
+        if dt <= 0:
+            return NoDataError(q.name, "arrival_rate", "window samples share one timestamp")
+        if not self.include_router and not (first.engines or last.engines):
+            return NoDataError(q.name, "arrival_rate", "no engine series in the window")
+        lay = self.layout
+        delta = np.zeros(lay.size, dtype=np.float64)
+        ids: set[int] = set()
+        for s in win:
+            ids.update(s.engines)
+        for rid in ids:
+            v_last = None
+            for s in reversed(win):
+                v_last = s.engines.get(rid)
+                if v_last is not None:
+                    break
+            assert v_last is not None
+            v_first = first.engines.get(rid)
+            delta += v_last if v_first is None else v_last - v_first
+        g = lay.gauge
+
+        def gauge_sum(s: ScrapeSample, name: str) -> float:
+            return float(sum(v[g[name]] for v in s.engines.values()))
+
+        def inflight(s: ScrapeSample) -> float:
+            wr = gauge_sum(s, "running") + gauge_sum(s, "waiting")
+            return wr + (s.router_queue if self.include_router else 0)
+
+        sc = lay.scalar
+        completions = delta[sc["success"]]
+        arrival = max(0.0, (completions + inflight(last) - inflight(first)) / dt)
+
+        def buckets(name: str) -> list[tuple[float, float]]:
+            off, bounds = lay.hist[name]
+            counts = np.cumsum(delta[off : off + len(bounds) + 1])
+            pairs = [(b, float(c)) for b, c in zip(bounds, counts[:-1], strict=True)]
+            pairs.append((math.inf, float(counts[-1])))
+            return pairs
+
+        def hist_sum_count(name: str) -> tuple[float, float]:
+            off, bounds = lay.hist[name]
+            n = len(bounds) + 1
+            return float(delta[off + n]), float(delta[off : off + n].sum())
+
+        def quantile(name: str, qv: float, scale: float = 1.0) -> float | None:
+            v = histogram_quantile(qv, buckets(name))
+            return None if v is None else v * scale
+
+        def mean(name: str) -> float | None:
+            s, c = hist_sum_count(name)
+            return s / c if c > 0 else None
+
+        ttft_att = fraction_le(q.ttft_sla_s, buckets("ttft")) if q.ttft_sla_s else None
+        itl_att = fraction_le(q.itl_sla_s, buckets("itl")) if q.itl_sla_s else None
+        queries = delta[sc["prefix_queries"]]
+        uptime = delta[g["uptime_s"]]
+        n_last = len(last.engines)
+        kv = (gauge_sum(last, "kv_usage") / n_last) if n_last else None
+        return Observation(
+            model=q.name,
+            observed_at_s=now_s,
+            arrival_rate_rps=arrival,
+            staleness_s=max(0.0, now_s - last.t_s),
+            prompt_tokens_mean=mean("req_prompt"),
+            prompt_tokens_p95=quantile("req_prompt", 0.95),
+            output_tokens_mean=mean("req_gen"),
+            output_tokens_p95=quantile("req_gen", 0.95),
+            itl_p95_ms=quantile("itl", 0.95, 1000.0),
+            ttft_p95_ms=quantile("ttft", 0.95, 1000.0),
+            e2e_p99_ms=quantile("e2e", 0.99, 1000.0),
+            queue_time_p95_ms=quantile("queue", 0.95, 1000.0),
+            ttft_attainment_frac=ttft_att,
+            itl_attainment_frac=itl_att,
+            running=gauge_sum(last, "running") if n_last else None,
+            waiting=gauge_sum(last, "waiting") if n_last else None,
+            kv_usage_frac=kv,
+            prefix_cache_hit_frac=(delta[sc["prefix_hits"]] / queries) if queries > 0 else None,
+            preemption_rate_per_s=delta[sc["preemptions"]] / dt,
+            gpu_busy_frac=(delta[sc["busy_s"]] / uptime) if uptime > 0 else None,
+            ready_replicas=last.ready_replicas,
+            extra={
+                "router_queue": float(last.router_queue),
+                "completion_rate_rps": completions / dt,
+                "refused_rate_rps": delta[sc["refused"]] / dt,
+                "engines": float(n_last),
+                "window_s": dt,
+            },
+        )
+
+    # -- exposition ----------------------------------------------------------------------
+
+    def render_text(self) -> str:
+        """Prometheus text exposition (format 0.0.4) of every live engine's current values,
+        labelled `model_name` and `engine`."""
+        now = self.fleet.now_s
+        engines = list(self.fleet.live_engines())
+        return render_text(self.model_name, engines, now)
+
+
+_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("vllm:request_success_total", "success", "Count of successfully processed requests."),
+    ("vllm:prompt_tokens_total", "prompt_tokens", "Number of prefill tokens processed."),
+    ("vllm:generation_tokens_total", "generation_tokens", "Number of generation tokens."),
+    ("vllm:num_preemptions_total", "preemptions", "Cumulative number of preemptions."),
+    ("vllm:prefix_cache_queries_total", "prefix_queries", "Prefix cache queries, in tokens."),
+    ("vllm:prefix_cache_hits_total", "prefix_hits", "Prefix cache hits, in tokens."),
+    (
+        "governor_sim_refused_requests_total",
+        "refused",
+        "Requests refused (prompt longer than max_model_len).",
+    ),
+    (
+        "governor_sim_gpu_busy_seconds_total",
+        "busy_s",
+        "Seconds the GPU spent executing engine steps (DCGM GPU utilization integral).",
+    ),
+)
+_HISTS: tuple[tuple[str, str, str], ...] = (
+    ("vllm:time_to_first_token_seconds", "ttft", "Histogram of time to first token in seconds."),
+    ("vllm:inter_token_latency_seconds", "itl", "Histogram of inter-token latency in seconds."),
+    ("vllm:e2e_request_latency_seconds", "e2e", "Histogram of e2e request latency in seconds."),
+    ("vllm:request_queue_time_seconds", "queue", "Time spent in the WAITING phase, seconds."),
+    ("vllm:request_prompt_tokens", "req_prompt", "Number of prefill tokens per request."),
+    ("vllm:request_generation_tokens", "req_gen", "Number of generation tokens per request."),
+    ("vllm:iteration_tokens_total", "iter_tokens", "Number of tokens per engine step."),
+)
+
+
+def _fmt(v: float) -> str:
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def render_text(model_name: str, engines: Sequence[tuple[int, Engine]], now_s: float) -> str:
+    """Prometheus text exposition of `engines` (replica id, engine) at `now_s`."""
+    lines: list[str] = []
+
+    def labels(rid: int, extra: str = "") -> str:
+        base = f'engine="{rid}",model_name="{model_name}"'
+        return "{" + base + ("," + extra if extra else "") + "}"
+
+    gauges: tuple[tuple[str, Callable[[Engine], float], str], ...] = (
+        ("vllm:num_requests_running", lambda e: e.num_running, "Requests in model execution."),
+        ("vllm:num_requests_waiting", lambda e: e.num_waiting, "Requests waiting."),
+        ("vllm:kv_cache_usage_perc", lambda e: e.kv_usage_frac, "KV-cache usage, 1 = full."),
+    )
+    for name, fn, help_ in gauges:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} gauge")
+        for rid, eng in engines:
+            lines.append(f"{name}{labels(rid)} {_fmt(float(fn(eng)))}")
+    for name, attr, help_ in _COUNTERS:
+        family = name.removesuffix("_total")
+        lines.append(f"# HELP {family} {help_}")
+        lines.append(f"# TYPE {family} counter")
+        for rid, eng in engines:
+            lines.append(f"{name}{labels(rid)} {_fmt(float(getattr(eng.metrics, attr)))}")
+    for name, attr, help_ in _HISTS:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} histogram")
+        for rid, eng in engines:
+            m = eng.metrics
+            counts: list[int] = getattr(m, attr)
+            bounds = {
+                "ttft": TTFT_BUCKETS_S,
+                "itl": ITL_BUCKETS_S,
+                "e2e": E2E_BUCKETS_S,
+                "queue": QUEUE_BUCKETS_S,
+                "req_prompt": m.token_bounds,
+                "req_gen": m.token_bounds,
+                "iter_tokens": ITERATION_TOKENS_BUCKETS,
+            }[attr]
+            cum = 0
+            for b, c in zip((*bounds, math.inf), counts, strict=True):
+                cum += c
+                le = "+Inf" if math.isinf(b) else repr(float(b))
+                le_label = 'le="' + le + '"'
+                lines.append(f"{name}_bucket{labels(rid, le_label)} {cum}")
+            lines.append(f"{name}_sum{labels(rid)} {_fmt(float(getattr(m, attr + '_sum')))}")
+            lines.append(f"{name}_count{labels(rid)} {cum}")
+    _ = now_s
+    return "\n".join(lines) + "\n"
