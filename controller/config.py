@@ -199,12 +199,15 @@ class PrometheusSettings(_Strict):
 class GovernorConfig(_Strict):
     """The whole configuration file."""
 
-    models: tuple[ModelConfig, ...] = Field(min_length=1)
+    models: tuple[ModelConfig, ...]
     policy: ScalingPolicy = ScalingPolicy()
     prometheus: PrometheusSettings = PrometheusSettings()
 
     @model_validator(mode="after")
     def _unique_and_policies(self) -> Self:
+        # Checked here, not with min_length, so a bad item is not also reported as "empty".
+        if not self.models:
+            raise ValueError("models: at least one model is required")
         seen: set[str] = set()
         for m in self.models:
             if m.name in seen:

@@ -61,10 +61,15 @@ class Decider:
             max_num_batched_tokens=model.knobs.default_max_num_batched_tokens,
         )
 
-    def initial_state(self, replicas: int | None = None) -> ModelState:
-        """State before the first tick: the fleet's current size (or min replicas)."""
-        r = self.model.replicas.min_replicas if replicas is None else replicas
-        return ModelState(replicas=max(0, r), knobs=self.default_knobs)
+    def initial_state(self, replicas: int | None = None, now_s: float | None = None) -> ModelState:
+        """State before the first tick: the fleet's current size (or min replicas).
+
+        With `now_s`, the stabilization window starts seeded with the current size (as
+        the HPA does), so a controller that just started cannot scale down at once.
+        """
+        r = max(0, self.model.replicas.min_replicas if replicas is None else replicas)
+        recs = () if now_s is None else ((now_s, r),)
+        return ModelState(replicas=r, knobs=self.default_knobs, recommendations=recs)
 
     # ------------------------------------------------------------------ decide
     def decide(
@@ -372,6 +377,9 @@ class Decider:
             replicas=target,
             actions=actions,
             last_scale_up_s=now_s if target > state.replicas else state.last_scale_up_s,
+            # A fallback raise restarts the idle clock, so scale-to-zero cannot follow it
+            # within the stabilization window.
+            idle_since_s=None if target > state.replicas else state.idle_since_s,
         )
         d = Decision(
             model=self.model.name,

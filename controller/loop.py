@@ -215,7 +215,7 @@ class ControlLoop:
                 start = obs.ready_replicas if isinstance(obs, Observation) else None
                 if start is None and self._initial_replicas is not None:
                     start = self._initial_replicas(decider.model)
-                state = decider.initial_state(start)
+                state = decider.initial_state(start, now)
             decision, new_state = decider.decide(obs, state, now)
             new_states[name] = new_state
             decisions.append(decision)

@@ -28,12 +28,21 @@ class StageOut:
 def deadband(raw: float, current: int, tolerance_frac: float) -> StageOut:
     """Keep `current` when raw/current is within 1 +/- tolerance (HPA's tolerance).
 
-    Example: current 5, raw 5.4, tolerance 0.1 -> ratio 1.08 -> stay at 5. From zero
+    Outside it, scale up to ceil(raw); scale *down* to ceil(raw * (1 + tolerance)), so
+    the smaller fleet keeps the tolerance as headroom and the same noise that allowed
+    the scale-down cannot push straight back up (a symmetric hysteresis band).
+    Examples: current 5, raw 5.4 -> ratio 1.08 -> stay 5; current 5, raw 3.9 -> ratio
+    0.78 -> ceil(3.9 * 1.1) = 5 -> stay 5; raw 3.5 -> ceil(3.85) = 4. From zero
     replicas there is no ratio: any raw > 0 leaves the deadband.
     """
-    target = math.ceil(raw - 1e-9) if raw > 0 else 0
-    if current > 0 and abs(raw / current - 1.0) <= tolerance_frac:
+    # 1e-9: 5.5 / 5 - 1 is 0.10000000000000009 in floating point, still "10 %".
+    if current > 0 and abs(raw / current - 1.0) <= tolerance_frac + 1e-9:
         return StageOut(current, Reason.WITHIN_TOLERANCE, f"ratio {raw / current:.3f}")
+    if raw <= 0:
+        return StageOut(0, Reason.OUTSIDE_TOLERANCE, "raw 0")
+    target = math.ceil(raw - 1e-9)
+    if raw < current:
+        target = min(current, math.ceil(raw * (1.0 + tolerance_frac) - 1e-9))
     return StageOut(target, Reason.OUTSIDE_TOLERANCE, f"raw {raw:.2f}")
 
 

@@ -1,0 +1,155 @@
+"""Config loading, validation messages, environment overrides and `governor check-config`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.cli import main
+from controller.config import ConfigError, load_config, parse_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "governor.yaml"
+MIN = {"models": [{"name": "m", "deployment": "m", "sla": {"ttft_p95_ms": 500, "itl_p95_ms": 50}}]}
+
+
+def test_example_config_is_valid() -> None:
+    cfg = load_config(EXAMPLE, environ={})
+    assert [m.name for m in cfg.models] == ["meta-llama/Llama-3.1-8B-Instruct", "code-assistant"]
+    code = cfg.model("code-assistant")
+    assert cfg.policy_for(code).scale_down_stabilization_s == 600
+    assert cfg.policy_for(cfg.models[0]).scale_down_stabilization_s == 300
+
+
+def test_defaults_fill_in() -> None:
+    cfg = parse_config(MIN, environ={})
+    m = cfg.models[0]
+    assert (m.namespace, m.replicas.min_replicas, m.replicas.max_replicas) == ("default", 1, 10)
+    assert cfg.policy.tick_interval_s == 5.0 and cfg.policy.scale_down_stabilization_s == 300.0
+
+
+def _problems(data: object) -> list[str]:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, environ={})
+    return exc.value.problems
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        pytest.param(
+            {"sla": {"ttft_p95_ms": -5, "itl_p95_ms": 50}},
+            "models.0.sla.ttft_p95_ms",
+            id="negative-latency",
+        ),
+        pytest.param(
+            {"replicas": {"min_replicas": 5, "max_replicas": 2}},
+            "min_replicas (5) must be <= max_replicas (2)",
+            id="min-gt-max",
+        ),
+        pytest.param(
+            {"sla": {"ttft_p95_ms": 500, "itl_p95_ms": 50, "itl_p99_ms": 3}},
+            "models.0.sla.itl_p99_ms: unknown key",
+            id="typo-key",
+        ),
+        pytest.param({"batching_policy": "fast"}, "models.0.batching_policy", id="bad-policy"),
+        pytest.param({"deployment": "Bad_Name"}, "models.0.deployment", id="bad-k8s-name"),
+        pytest.param(
+            {"policy": {"tolerance_frac": 2}}, "models.0.policy.tolerance_frac", id="bad-override"
+        ),
+        pytest.param(
+            {"fallback_replicas": 50}, "fallback_replicas (50) must be <=", id="fallback-over-max"
+        ),
+    ],
+)
+def test_invalid_model_fields_name_field_and_value(patch: dict, expected: str) -> None:
+    data = {"models": [{**MIN["models"][0], **patch}]}
+    problems = _problems(data)
+    assert any(expected in p for p in problems), problems
+
+
+def test_every_problem_is_reported_once() -> None:
+    data = {
+        "models": [
+            {
+                "name": "m",
+                "deployment": "m",
+                "sla": {"ttft_p95_ms": 0, "itl_p95_ms": -1},
+                "replicsa": {},
+            }
+        ],
+        "polcy": {},
+    }
+    problems = _problems(data)
+    assert len(problems) == 4, problems
+    joined = "\n".join(problems)
+    for needle in (
+        "ttft_p95_ms",
+        "itl_p95_ms",
+        "replicsa: unknown key",
+        "polcy: unknown key",
+        "(got 0)",
+        "(got -1)",
+    ):
+        assert needle in joined
+
+
+def test_duplicate_model_names_refused() -> None:
+    problems = _problems({"models": [MIN["models"][0], MIN["models"][0]]})
+    assert any("'m' appears more than once" in p for p in problems)
+
+
+def test_empty_and_non_mapping_files() -> None:
+    assert any("models" in p for p in _problems({}))
+    assert any("must be a mapping" in p for p in _problems([1, 2]))
+
+
+def test_env_overrides_apply_and_validate() -> None:
+    env = {
+        "GOVERNOR_POLICY__TICK_INTERVAL_S": "10",
+        "GOVERNOR_MODELS__0__REPLICAS__MAX_REPLICAS": "8",
+        "OTHER": "x",
+    }
+    cfg = parse_config(yaml.safe_load(yaml.safe_dump(MIN)), environ=env)
+    assert cfg.policy.tick_interval_s == 10.0 and cfg.models[0].replicas.max_replicas == 8
+    with pytest.raises(ConfigError) as exc:
+        parse_config(yaml.safe_load(yaml.safe_dump(MIN)), environ={"GOVERNOR_MODELS__3__NAME": "x"})
+    assert "GOVERNOR_MODELS__3__NAME" in exc.value.problems[0]
+    with pytest.raises(ConfigError) as exc:
+        parse_config(
+            yaml.safe_load(yaml.safe_dump(MIN)), environ={"GOVERNOR_POLICY__TOLERANCE_FRAC": "abc"}
+        )
+    assert "policy.tolerance_frac" in exc.value.problems[0]
+
+
+def test_check_config_cli_success(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "SUCCESS" in out and "code-assistant" in out and "ttft_p95=300ms" in out
+
+
+def test_check_config_cli_failure_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "models:\n  - name: m\n    deployment: m\n    sla: {ttft_p95_ms: -1, itl_p95_ms: 50}\n    replicas: {min_replicas: 3, max_replicas: 1}\n"
+    )
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "ttft_p95_ms" in err and "min_replicas (3)" in err
+
+
+@pytest.mark.parametrize(
+    "content", ["models: [", "\x00\x01", "- 1\n- 2\n"], ids=["bad-yaml", "binary", "list"]
+)
+def test_check_config_cli_garbage(tmp_path: Path, content: str) -> None:
+    f = tmp_path / "g.yaml"
+    f.write_text(content)
+    assert main(["check-config", str(f)]) == 2
+
+
+def test_check_config_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(tmp_path / "nope.yaml")]) == 2
+    assert "cannot read file" in capsys.readouterr().err

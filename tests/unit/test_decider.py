@@ -1,0 +1,265 @@
+"""Scenario tests of the pure decider walking a fixed-origin fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.decider import Decider
+from controller.types import Knobs, Reason
+from estimators.types import NoDataError, SourceError
+from tests.conftest import ORIGIN_S, make_model, make_policy
+from tests.unit.helpers import obs
+
+TICK = 5.0
+
+
+def run(decider: Decider, state, rates, start=ORIGIN_S, **kw):
+    """Feed one observation per tick; returns (decisions, final state)."""
+    out = []
+    t = start
+    for r in rates:
+        d, state = decider.decide(obs(t=t, rate=r, ready_replicas=state.replicas, **kw), state, t)
+        out.append(d)
+        t += TICK
+    return out, state
+
+
+def test_decide_is_pure_same_inputs_same_outputs() -> None:
+    d = Decider(make_model(), make_policy())
+    s = d.initial_state(3)
+    o = obs(rate=50.0)
+    a = d.decide(o, s, ORIGIN_S)
+    b = d.decide(o, s, ORIGIN_S)
+    assert a == b
+    assert s == d.initial_state(3)  # input state untouched (frozen)
+
+
+def test_scale_up_is_immediate_and_rate_limited() -> None:
+    d = Decider(make_model(max_replicas=50), make_policy(panic_threshold_frac=20.0))
+    s = d.initial_state(1)
+    dec, s = d.decide(obs(rate=200.0), s, ORIGIN_S)
+    # need ~12 replicas; HPA default limit from 1 is max(+100 %, +4 pods) = 5
+    assert dec.replicas == 5
+    assert Reason.SCALE_UP_LIMITED in dec.reasons
+    dec, s = d.decide(obs(rate=200.0), s, ORIGIN_S + 5)
+    assert dec.replicas == 5  # still inside the same 15 s period
+    dec, s = d.decide(obs(rate=200.0), s, ORIGIN_S + 15)
+    assert dec.replicas > 5
+
+
+def test_big_jump_enters_panic_and_is_not_rate_limited() -> None:
+    d = Decider(make_model(max_replicas=50), make_policy())
+    dec, _ = d.decide(obs(rate=200.0), d.initial_state(1), ORIGIN_S)
+    assert dec.panic and dec.replicas == 12  # ceil(200 / 18.04)
+
+
+def test_scale_down_waits_for_stabilization_window() -> None:
+    policy = make_policy(scale_down_stabilization_s=300.0, cooldown_after_scale_up_s=0.0)
+    d = Decider(make_model(), policy)
+    s = d.initial_state(2)
+    decs, s = run(d, s, [100.0] * 12)  # ramp up (rate limited) and settle
+    high = decs[-1].replicas
+    assert high >= 6
+    t0 = ORIGIN_S + 12 * TICK
+    decs, s = run(d, s, [20.0] * 70, start=t0)
+    times = [t0 + i * TICK for i in range(70)]
+    # nothing below `high` while a high recommendation is inside the 300 s window
+    first_down = next(t for t, x in zip(times, decs, strict=True) if x.replicas < high)
+    assert first_down - (t0 - TICK) >= 300.0
+    assert all(x.replicas == high for x in decs[: int(290 / TICK)])
+    assert decs[-1].replicas < high
+    assert Reason.SCALE_DOWN_STABILIZED in decs[0].reasons
+
+
+def test_cooldown_blocks_scale_down_after_scale_up() -> None:
+    policy = make_policy(scale_down_stabilization_s=0.0, cooldown_after_scale_up_s=120.0)
+    d = Decider(make_model(), policy)
+    s = d.initial_state(2)
+    dec, s = d.decide(obs(rate=60.0), s, ORIGIN_S)
+    assert dec.replicas > 2
+    dec, _ = d.decide(obs(rate=5.0), s, ORIGIN_S + 60)
+    assert dec.replicas == s.replicas and Reason.SCALE_DOWN_COOLDOWN in dec.reasons
+    dec, _ = d.decide(obs(rate=5.0), s, ORIGIN_S + 121)
+    assert dec.replicas < s.replicas
+
+
+def test_missing_data_holds_then_falls_back_never_lowers() -> None:
+    model = make_model(fallback_replicas=6)
+    d = Decider(model, make_policy(no_data_ticks_before_fallback=3))
+    s = d.initial_state(2)
+    dec, s = d.decide(obs(rate=80.0), s, ORIGIN_S)
+    good = dec.replicas
+    err = NoDataError("llama", "arrival_rate")
+    d1, s = d.decide(err, s, ORIGIN_S + 5)
+    d2, s = d.decide(SourceError("timeout"), s, ORIGIN_S + 10)
+    assert not d1.valid and not d2.valid
+    assert d1.reasons == (Reason.NO_DATA_HOLD,) and d1.replicas == good
+    d3, s = d.decide(err, s, ORIGIN_S + 15)
+    assert d3.valid and d3.reasons == (Reason.NO_DATA_FALLBACK,)
+    assert d3.replicas == max(good, 6)
+    assert s.replicas >= good
+
+
+def test_fallback_lower_than_last_good_keeps_last_good() -> None:
+    d = Decider(make_model(fallback_replicas=1), make_policy(no_data_ticks_before_fallback=1))
+    s = d.initial_state(2)
+    dec, s = d.decide(obs(rate=80.0), s, ORIGIN_S)
+    d1, s = d.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S + 5)
+    assert d1.valid and d1.replicas == dec.replicas
+
+
+def test_no_data_before_any_good_tick_only_holds() -> None:
+    d = Decider(make_model(fallback_replicas=5), make_policy(no_data_ticks_before_fallback=1))
+    s = d.initial_state(3)
+    dec, s = d.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S)
+    assert not dec.valid and s.replicas == 3
+
+
+def test_recovery_after_no_data_decides_at_once() -> None:
+    d = Decider(make_model(), make_policy(no_data_ticks_before_fallback=2))
+    s = d.initial_state(2)
+    _, s = d.decide(obs(rate=30.0), s, ORIGIN_S)
+    for i in range(5):
+        _, s = d.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S + 5 * (i + 1))
+    dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S + 30)
+    assert dec.valid and s.no_data_ticks == 0
+
+
+def test_panic_on_flash_crowd_skips_rate_limit() -> None:
+    d = Decider(make_model(max_replicas=40), make_policy())
+    s = d.initial_state(2)
+    _, s = run(d, s, [30.0] * 4)
+    dec, s = d.decide(obs(rate=30.0, arrival_rate_short_rps=300.0), s, ORIGIN_S + 20)
+    assert dec.panic and Reason.PANIC in dec.reasons
+    assert dec.replicas >= 17  # 300 req/s / ~17.4 per replica, not limited to +4/+100 %
+    # while the panic lasts, no scale-down even though demand collapsed
+    dec2, s = d.decide(obs(rate=5.0), s, ORIGIN_S + 40)
+    assert dec2.panic and dec2.replicas == dec.replicas and Reason.PANIC_HOLD in dec2.reasons
+
+
+def test_scale_to_zero_only_after_idle_period() -> None:
+    policy = make_policy(scale_to_zero_idle_s=600.0, scale_down_stabilization_s=60.0)
+    d = Decider(make_model(min_replicas=0), policy)
+    s = d.initial_state(2)
+    _, s = d.decide(obs(rate=10.0), s, ORIGIN_S)
+    t = ORIGIN_S
+    idle = dict(running=0.0, waiting=0.0)
+    seen = []
+    while t < ORIGIN_S + 700:
+        t += TICK
+        dec, s = d.decide(obs(rate=0.0, **idle), s, t)
+        seen.append((t, dec.replicas, dec.reasons[0]))
+    nonzero_before = [r for tt, r, _ in seen if tt - (ORIGIN_S + TICK) < 600]
+    assert min(nonzero_before) >= 1
+    zero_at = next(tt for tt, r, _ in seen if r == 0)
+    assert zero_at - (ORIGIN_S + TICK) >= 600
+    assert next(reason for _, r, reason in seen if r == 0) == Reason.SCALE_TO_ZERO
+    # and demand brings it back at once
+    dec, s = d.decide(obs(rate=20.0), s, t + TICK)
+    assert dec.replicas >= 1
+
+
+def test_min_replicas_one_never_scales_to_zero() -> None:
+    d = Decider(make_model(min_replicas=1), make_policy(scale_to_zero_idle_s=10.0))
+    s = d.initial_state(1)
+    for i in range(50):
+        dec, s = d.decide(obs(rate=0.0, running=0.0, waiting=0.0), s, ORIGIN_S + 5 * i)
+        assert dec.replicas == 1
+
+
+def test_knobs_change_only_when_material_and_sustained() -> None:
+    policy = make_policy(knob_sustain_s=60.0, knob_min_gain_frac=0.1)
+    d = Decider(make_model(), policy)
+    s = d.initial_state(3)
+    assert s.knobs == Knobs(256, 8192)
+    reasons = []
+    for i in range(13):
+        dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S + 5 * i)
+        reasons.append(dec.knob_reason)
+    assert reasons[0] == Reason.KNOBS_PENDING
+    assert Reason.KNOBS_CHANGED in reasons
+    changed_at = reasons.index(Reason.KNOBS_CHANGED)
+    assert changed_at * 5 >= 60
+    assert s.knobs == Knobs(160, 1024) and s.knob_changes == 1
+    # a small wobble in lengths (<10 %) does not move the knobs
+    dec, s = d.decide(obs(rate=30.0, prompt_tokens_p95=4200.0), s, ORIGIN_S + 70)
+    assert dec.knobs == Knobs(160, 1024)
+    assert dec.knob_reason in (Reason.KNOBS_UNCHANGED, Reason.KNOBS_NOT_MATERIAL)
+
+
+def test_knob_candidate_interrupted_restarts_the_clock() -> None:
+    d = Decider(make_model(), make_policy(knob_sustain_s=60.0))
+    s = d.initial_state(3)
+    _, s = d.decide(obs(rate=30.0), s, ORIGIN_S)
+    # lengths jump (material change of candidate) -> the sustain clock restarts
+    _, s = d.decide(
+        obs(rate=30.0, prompt_tokens_p95=800.0, prompt_tokens_mean=300.0), s, ORIGIN_S + 50
+    )
+    assert s.knob_candidate_since_s == ORIGIN_S + 50
+    dec, s = d.decide(
+        obs(rate=30.0, prompt_tokens_p95=800.0, prompt_tokens_mean=300.0), s, ORIGIN_S + 65
+    )
+    assert dec.knob_reason == Reason.KNOBS_PENDING
+
+
+def test_static_and_seed_batching_policies() -> None:
+    dstatic = Decider(make_model(batching_policy="static"), make_policy())
+    dec, _ = dstatic.decide(obs(), dstatic.initial_state(2), ORIGIN_S)
+    assert dec.knobs == Knobs(256, 8192) and dec.knob_reason == Reason.KNOBS_STATIC
+    dseed = Decider(make_model(batching_policy="seed"), make_policy(knob_sustain_s=0.0))
+    dec, _ = dseed.decide(obs(rate=10.0, itl_p95_ms=25.0), dseed.initial_state(2), ORIGIN_S)
+    # concurrency floor(500/25)=20 -> 4083*21 = 85,743 -> clamped to the 65,536 bound
+    assert dec.knobs == Knobs(18, 65536) and dec.knob_reason == Reason.KNOBS_CHANGED
+
+
+def test_sla_violation_on_full_fleet_adds_replicas() -> None:
+    d = Decider(make_model(), make_policy(scale_down_stabilization_s=0.0))
+    s = d.initial_state(3)
+    ok, s_ok = run(d, s, [40.0] * 3)
+    base = ok[-1].replicas
+    bad, s_bad = run(d, s_ok, [40.0] * 30, start=ORIGIN_S + 15, itl_p95_ms=80.0)
+    assert s_bad.capacity_correction < 1.0
+    assert bad[-1].replicas > base
+    assert Reason.SLA_FEEDBACK in bad[-1].reasons
+
+
+def test_sla_violation_while_fleet_short_does_not_correct() -> None:
+    d = Decider(make_model(), make_policy())
+    s = replace(d.initial_state(6))
+    for i in range(10):
+        _, s = d.decide(obs(rate=40.0, itl_p95_ms=80.0, ready_replicas=1), s, ORIGIN_S + 5 * i)
+    assert s.capacity_correction == 1.0
+
+
+def test_bounds_respected_under_huge_demand() -> None:
+    d = Decider(make_model(max_replicas=8), make_policy())
+    decs, _ = run(d, d.initial_state(1), [10_000.0] * 20)
+    assert max(x.replicas for x in decs) == 8
+    assert Reason.CLAMPED_MAX in decs[-1].reasons
+
+
+def test_demand_without_lengths_holds() -> None:
+    d = Decider(make_model(), make_policy())
+    s = d.initial_state(4)
+    dec, s2 = d.decide(
+        obs(rate=40.0, prompt_tokens_mean=None, output_tokens_mean=None), s, ORIGIN_S
+    )
+    assert not dec.valid and dec.replicas == 4 and s2 == s
+
+
+def test_forecast_scales_ahead_of_a_ramp() -> None:
+    """A steady ramp: the Holt forecast one cold start ahead asks for more than now."""
+    d = Decider(make_model(max_replicas=100, cold_start_s=60.0), make_policy())
+    s = d.initial_state(4)
+    rates = [40.0 + 0.5 * i for i in range(60)]  # +0.1 req/s per second
+    decs, s = run(d, s, rates)
+    last = decs[-1]
+    assert last.demand_rps is not None and last.demand_rps > rates[-1] + 3.0
+
+
+def test_explain_lists_every_stage() -> None:
+    d = Decider(make_model(), make_policy())
+    dec, _ = d.decide(obs(rate=50.0), d.initial_state(2), ORIGIN_S)
+    text = dec.explain()
+    for name in ("raw", "deadband", "stabilize", "ratelimit", "cooldown", "clamp"):
+        assert name in text

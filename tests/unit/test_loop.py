@@ -1,0 +1,211 @@
+"""The control loop: observe -> decide -> actuate on an injected clock, source, actuators."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+from controller.config import GovernorConfig
+from controller.loop import ControlLoop, RealTimeRunner
+from controller.metrics import GovernorMetrics
+from controller.types import Decision, Reason
+from estimators.types import ModelQuery, NoDataError, Observation, SourceError
+from tests.conftest import FakeClock, make_model
+from tests.unit.helpers import obs
+
+
+class FakeSource:
+    """Answers from a dict of rates; counts calls. `fail` raises SourceError."""
+
+    def __init__(self, rates: dict[str, float]) -> None:
+        self.rates = dict(rates)
+        self.calls = 0
+        self.fail = False
+        self.seen: list[list[str]] = []
+
+    def observe(
+        self, models: Sequence[ModelQuery], now_s: float
+    ) -> dict[str, Observation | NoDataError]:
+        self.calls += 1
+        self.seen.append([m.name for m in models])
+        if self.fail:
+            raise SourceError("connection refused")
+        out: dict[str, Observation | NoDataError] = {}
+        for m in models:
+            if m.name in self.rates:
+                out[m.name] = obs(model=m.name, t=now_s, rate=self.rates[m.name])
+            else:
+                out[m.name] = NoDataError(m.name, "arrival_rate")
+        return out
+
+
+class RecordingActuator:
+    def __init__(self) -> None:
+        self.batches: list[list[Decision]] = []
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        self.batches.append(list(decisions))
+
+
+class BrokenActuator:
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        raise RuntimeError("kaboom")
+
+
+def _config(*names: str) -> GovernorConfig:
+    return GovernorConfig(models=tuple(make_model(n) for n in names))
+
+
+def _loop(
+    source: FakeSource, *names: str, actuators=None, clock=None
+) -> tuple[ControlLoop, GovernorMetrics]:
+    metrics = GovernorMetrics(CollectorRegistry())
+    loop = ControlLoop(
+        _config(*names),
+        source,
+        actuators if actuators is not None else [],
+        clock=clock or FakeClock(),
+        metrics=metrics,
+        initial_replicas=lambda m: 2,
+    )
+    return loop, metrics
+
+
+def test_tick_observes_once_decides_every_model_and_actuates(clock: FakeClock) -> None:
+    src = FakeSource({"a": 40.0, "b": 100.0})
+    act = RecordingActuator()
+    loop, metrics = _loop(src, "a", "b", actuators=[act], clock=clock)
+    decisions = loop.tick(clock.now)
+    assert src.calls == 1 and src.seen[0] == ["a", "b"]
+    assert {d.model for d in decisions} == {"a", "b"}
+    assert [d.model for d in act.batches[0]] == ["a", "b"]
+    b = next(d for d in decisions if d.model == "b")
+    assert (
+        metrics.registry.get_sample_value("governor_desired_replicas", {"model": "b"}) == b.replicas
+    )
+    assert metrics.registry.get_sample_value("governor_ticks_total") == 1.0
+    snap = loop.snapshot()
+    assert snap.at_s == clock.now and snap.models["b"].decision == b
+
+
+def test_tick_uses_clock_when_no_time_given(clock: FakeClock) -> None:
+    loop, _ = _loop(FakeSource({"a": 40.0}), "a", clock=clock)
+    clock.advance(42.0)
+    (d,) = loop.tick()
+    assert d.at_s == clock.now
+
+
+def test_source_error_holds_every_model_and_counts(clock: FakeClock) -> None:
+    src = FakeSource({"a": 40.0})
+    act = RecordingActuator()
+    loop, metrics = _loop(src, "a", actuators=[act], clock=clock)
+    first = loop.tick(clock.now)[0]
+    src.fail = True
+    held = loop.tick(clock.advance(5))[0]
+    assert not held.valid and held.reasons == (Reason.NO_DATA_HOLD,)
+    assert held.replicas == first.replicas
+    assert (
+        metrics.registry.get_sample_value("governor_source_errors_total", {"kind": "source"}) == 1.0
+    )
+    assert metrics.registry.get_sample_value("governor_model_stale", {"model": "a"}) == 1.0
+
+
+def test_model_missing_from_source_is_no_data_not_zero(clock: FakeClock) -> None:
+    src = FakeSource({"a": 40.0})
+    loop, _ = _loop(src, "a", "ghost", clock=clock)
+    ds = {d.model: d for d in loop.tick(clock.now)}
+    assert not ds["ghost"].valid and ds["ghost"].replicas == 2
+    assert ds["a"].valid
+
+
+def test_paused_model_is_decided_but_not_actuated(clock: FakeClock) -> None:
+    act = RecordingActuator()
+    loop, _ = _loop(FakeSource({"a": 40.0, "b": 40.0}), "a", "b", actuators=[act], clock=clock)
+    loop.pause("a")
+    ds = loop.tick(clock.now)
+    assert {d.model for d in ds} == {"a", "b"}
+    assert [d.model for d in act.batches[0]] == ["b"]
+    assert loop.snapshot().models["a"].paused
+    loop.resume("a")
+    loop.tick(clock.advance(5))
+    assert [d.model for d in act.batches[1]] == ["a", "b"]
+    with pytest.raises(KeyError):
+        loop.pause("nope")
+
+
+def test_broken_actuator_does_not_stop_others(clock: FakeClock) -> None:
+    good = RecordingActuator()
+    loop, metrics = _loop(
+        FakeSource({"a": 40.0}), "a", actuators=[BrokenActuator(), good], clock=clock
+    )
+    loop.tick(clock.now)
+    assert len(good.batches) == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "governor_actuation_errors_total", {"actuator": "BrokenActuator"}
+        )
+        == 1.0
+    )
+
+
+def test_set_config_keeps_state_of_remaining_models(clock: FakeClock) -> None:
+    loop, metrics = _loop(FakeSource({"a": 100.0, "b": 40.0}), "a", "b", clock=clock)
+    loop.tick(clock.now)
+    st_a = loop.states()["a"]
+    loop.set_config(_config("a", "c"))
+    assert set(loop.states()) == {"a"}
+    assert loop.states()["a"] == st_a
+    ds = {d.model for d in loop.tick(clock.advance(5))}
+    assert ds == {"a", "c"}
+    assert metrics.registry.get_sample_value("governor_desired_replicas", {"model": "b"}) is None
+
+
+def test_one_structured_log_line_per_model_per_tick(clock: FakeClock) -> None:
+    loop, _ = _loop(FakeSource({"a": 40.0, "b": 80.0}), "a", "b", clock=clock)
+    loop.log = structlog.get_logger("test")
+    with structlog.testing.capture_logs() as logs:
+        loop.tick(clock.now)
+    lines = [entry for entry in logs if entry["event"] == "decision"]
+    assert [entry["model"] for entry in lines] == ["a", "b"]
+    for entry in lines:
+        assert entry["stages"][0].startswith("raw:") and "clamp:" in entry["stages"][-1]
+        for key in (
+            "arrival_rps",
+            "itl_p95_ms",
+            "replicas",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+        ):
+            assert key in entry
+
+
+def test_listener_gets_snapshot_and_failures_are_contained(clock: FakeClock) -> None:
+    loop, _ = _loop(FakeSource({"a": 40.0}), "a", clock=clock)
+    seen = []
+    loop.add_listener(lambda s: seen.append(s.at_s))
+    loop.add_listener(lambda s: 1 / 0)
+    loop.tick(clock.now)
+    assert seen == [clock.now]
+
+
+def test_history_is_bounded(clock: FakeClock) -> None:
+    loop, _ = _loop(FakeSource({"a": 40.0}), "a", clock=clock)
+    for _ in range(ControlLoop.HISTORY + 7):
+        loop.tick(clock.advance(5))
+    assert len(loop.snapshot().models["a"].history) == ControlLoop.HISTORY
+
+
+def test_realtime_runner_schedules_one_coalesced_instance(clock: FakeClock) -> None:
+    loop, _ = _loop(FakeSource({"a": 40.0}), "a", clock=clock)
+    runner = RealTimeRunner(loop, interval_s=3600)
+    runner.start()
+    try:
+        (job,) = runner.scheduler.get_jobs()
+        assert job.max_instances == 1 and job.coalesce is True
+        assert job.trigger.interval.total_seconds() == 3600
+    finally:
+        runner.stop()
+    assert not runner.scheduler.running
