@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from controller import admin_cli
 from controller.config import ConfigError, load_config
 
 EXIT_USAGE = 2
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check_config)
     p = sub.add_parser("demo", help="run the controller on the embedded simulated fleet")
     p.set_defaults(func=_cmd_demo)
+    admin_cli.register(sub)
     return parser
 
 

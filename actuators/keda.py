@@ -1,0 +1,176 @@
+"""KEDA actuator: the `externalscaler.ExternalScaler` gRPC service (asyncio).
+
+KEDA is the client. Each ScaledObject trigger of type `external` (or `external-push`)
+carries metadata `scalerAddress` (ours), `model` (required) and `namespace` (optional:
+when given it must be the model's configured namespace); KEDA sends the whole trigger
+metadata map as `scalerMetadata` and other keys are ignored.
+
+Answers, all from the decision board (last-known state; never waiting on Prometheus,
+because KEDA's fallback does not cover an unreachable or slow external scaler):
+
+- GetMetricSpec: one metric per ScaledObject, `governor-<model>` (sanitized),
+  targetSize = 1 and targetSizeFloat = 1.
+- GetMetrics: desired replicas R in metricValueFloat and metricValue (zero in both when
+  zero: KEDA uses the float only when > 0). With the default AverageValue metric type
+  and target 1 the HPA computes ceil(R / 1) = R replicas.
+- IsActive: R > 0. StreamIsActive: the current value at stream open, then each change.
+- StreamMetricSpec: UNIMPLEMENTED.
+
+Before the first decision for a model (no restored state either) GetMetrics and
+IsActive answer UNAVAILABLE: KEDA then leaves the workload as it is instead of reading
+a zero. Bad metadata -> INVALID_ARGUMENT; unknown model or namespace -> NOT_FOUND; each
+with a message naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import grpc
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from actuators.publisher import DecisionBoard, Published
+from governor_api import externalscaler_pb2 as pb
+from governor_api import externalscaler_pb2_grpc as pb_grpc
+
+METRIC_PREFIX = "governor-"
+TARGET_SIZE = 1  # AverageValue target: 1 replica per replica -> HPA desired = metric
+
+
+class ScalerMetadata(BaseModel):
+    """The trigger metadata KEDA sends. Unknown keys (scalerAddress, ...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, str_strip_whitespace=True)
+
+    model: str = Field(min_length=1, max_length=253, description="model name, as configured")
+    namespace: str | None = Field(
+        default=None, min_length=1, max_length=63, description="the model's namespace"
+    )
+
+
+def metric_name(model: str) -> str:
+    """The external metric name for `model`: `governor-` + lower-case [a-z0-9-] form.
+
+    Example: `meta-llama/Llama-3.1-8B` -> `governor-meta-llama-llama-3-1-8b`.
+    """
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return f"{METRIC_PREFIX}{slug or 'model'}"[:200]
+
+
+def _metadata_problem(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        key = ".".join(str(p) for p in err["loc"]) or "scalerMetadata"
+        msg = err["msg"]
+        if err["type"] == "missing":
+            parts.append(f"scalerMetadata.{key}: required (set it in the trigger's metadata)")
+        else:
+            parts.append(f"scalerMetadata.{key}: {msg} (got {err.get('input')!r})")
+    return "; ".join(parts)
+
+
+class ExternalScalerService(pb_grpc.ExternalScalerServicer):
+    """KEDA's external scaler, answering from `board`."""
+
+    def __init__(self, board: DecisionBoard) -> None:
+        self.board = board
+
+    # ------------------------------------------------------------------ helpers
+    async def _resolve(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> str:
+        try:
+            meta = ScalerMetadata.model_validate(dict(ref.scalerMetadata))
+        except ValidationError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _metadata_problem(exc))
+        try:
+            entry = self.board.get(meta.model)
+        except KeyError:
+            known = ", ".join(self.board.models()) or "none"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"scalerMetadata.model {meta.model!r} is not a configured model "
+                f"(configured: {known})",
+            )
+        if meta.namespace is not None and meta.namespace != entry.namespace:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {meta.model!r} is configured in namespace {entry.namespace!r}, "
+                f"not {meta.namespace!r} (scalerMetadata.namespace)",
+            )
+        return meta.model
+
+    async def _known(self, model: str, context: grpc.aio.ServicerContext) -> Published:
+        try:
+            entry = self.board.get(model)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"model {model!r} was removed")
+        if entry.replicas is None:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no decision yet for model {model!r}; keep the current replica count",
+            )
+        return entry
+
+    # ------------------------------------------------------------------ rpcs
+    async def GetMetricSpec(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> pb.GetMetricSpecResponse:
+        model = await self._resolve(request, context)
+        spec = pb.MetricSpec(
+            metricName=metric_name(model),
+            targetSize=TARGET_SIZE,
+            targetSizeFloat=float(TARGET_SIZE),
+        )
+        return pb.GetMetricSpecResponse(metricSpecs=[spec])
+
+    async def GetMetrics(
+        self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetMetricsResponse:
+        model = await self._resolve(request.scaledObjectRef, context)
+        expected = metric_name(model)
+        if request.metricName and request.metricName != expected:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"metricName {request.metricName!r} is not served for model {model!r} "
+                f"(expected {expected!r}, from GetMetricSpec)",
+            )
+        entry = await self._known(model, context)
+        replicas = max(0, int(entry.replicas or 0))
+        value = pb.MetricValue(
+            metricName=expected, metricValue=replicas, metricValueFloat=float(replicas)
+        )
+        return pb.GetMetricsResponse(metricValues=[value])
+
+    async def IsActive(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> pb.IsActiveResponse:
+        model = await self._resolve(request, context)
+        entry = await self._known(model, context)
+        return pb.IsActiveResponse(result=bool(entry.active))
+
+    async def StreamIsActive(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.IsActiveResponse]:
+        """The current value at open (once one is known), then each change. Ends with OK
+        when the server shuts down; with NOT_FOUND when the model is removed."""
+        model = await self._resolve(request, context)
+        last: bool | None = None
+        async for _ in self.board.watch():
+            try:
+                active = self.board.get(model).active
+            except KeyError:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"model {model!r} was removed")
+            if active is None or active == last:
+                continue
+            last = active
+            yield pb.IsActiveResponse(result=active)
+
+    async def StreamMetricSpec(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GetMetricSpecResponse]:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "StreamMetricSpec is not implemented: the metric spec never changes "
+            "(one metric, target 1); use GetMetricSpec",
+        )
+        yield pb.GetMetricSpecResponse()  # pragma: no cover - abort raises

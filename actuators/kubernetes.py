@@ -1,0 +1,343 @@
+"""Kubernetes actuator (clusters without KEDA): sets a Deployment's replicas through its
+scale subresource with the official `kubernetes` client. Also owns the small helpers the
+other Kubernetes users of the project share (`api_client`, `call_with_retries`,
+`KubeCallError`).
+
+Per valid decision: read the scale subresource; no-op when spec.replicas already equals
+the decision; otherwise a JSON merge patch of spec.replicas that carries the
+resourceVersion it read as a precondition, so a concurrent writer makes the API server
+answer 409 and we re-read and retry. 5xx, 429 and timeouts are retried with exponential
+backoff (base `backoff_s`, doubling, capped at 5 s); other errors (403, 404, 422) are
+not retried and are reported.
+
+Refusal: a Deployment that a HorizontalPodAutoscaler also scales (autoscaling/v2
+scaleTargetRef kind Deployment with the same name) is never touched: the two would
+fight, each undoing the other. The refusal is logged as a warning and reported as
+status reason HPA_CONFLICT. HPAs are listed once per `hpa_check_interval_s` per
+namespace, not every tick.
+
+Never blocks the control loop: with `background=True` (production) `apply` only records
+the latest desired replicas per model and a worker thread does the API calls
+(coalescing: only the newest value per model is applied).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import structlog
+
+from controller.types import Decision
+
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+MAX_BACKOFF_S = 5.0
+
+
+class KubeCallError(Exception):
+    """A Kubernetes API call failed. `status` is the HTTP status, or None for a timeout or
+    a connection failure."""
+
+    def __init__(self, what: str, status: int | None, reason: str) -> None:
+        self.what = what
+        self.status = status
+        self.reason = reason
+        code = f"HTTP {status}" if status is not None else "no answer"
+        super().__init__(f"{what}: {code}: {reason}")
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status in RETRYABLE_STATUS
+
+
+def api_client(host: str | None = None, *, retries: int = 0) -> Any:
+    """An ApiClient: for `host` (tests, a proxy) or else in-cluster config, else the
+    local kubeconfig. urllib3's own retries are off (`retries`): callers retry with
+    backoff themselves, so a dead API server costs a bounded, known time."""
+    from kubernetes import client, config
+
+    if host is not None:
+        cfg = client.Configuration(host=host)
+    else:
+        cfg = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    cfg.retries = retries
+    return client.ApiClient(cfg)
+
+
+def _to_kube_error(what: str, exc: BaseException) -> KubeCallError:
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        reason = exc.reason or ""
+        body = exc.body if isinstance(exc.body, str) else ""
+        if body:
+            with contextlib.suppress(ValueError, AttributeError):
+                reason = json.loads(body).get("message") or reason
+        return KubeCallError(what, exc.status, reason)
+    return KubeCallError(what, None, f"{type(exc).__name__}: {exc}")
+
+
+def call_with_retries(
+    fn: Callable[[], Any],
+    *,
+    retries: int = 3,
+    backoff_s: float = 0.2,
+    sleep: Callable[[float], None] | None = None,
+    what: str = "kubernetes call",
+) -> Any:
+    """Run `fn()`; on a retryable failure (5xx, 429, timeout, connection error) sleep
+    `backoff_s * 2**attempt` (capped at 5 s, +-10 % jitter) and retry, at most `retries`
+    times. Raises KubeCallError (the last failure, or the first non-retryable one)."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    pause = sleep or time.sleep
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except (ApiException, urllib3.exceptions.HTTPError, TimeoutError, OSError) as exc:
+            err = _to_kube_error(what, exc)
+            if not err.retryable or attempt == retries:
+                raise err from None
+            delay = min(MAX_BACKOFF_S, backoff_s * 2**attempt)
+            pause(delay * random.uniform(0.9, 1.1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class ScaleReason(StrEnum):
+    """Outcome of one scale attempt (status reason)."""
+
+    SCALED = "SCALED"
+    UNCHANGED = "UNCHANGED"
+    HPA_CONFLICT = "HPA_CONFLICT"
+    NOT_FOUND = "NOT_FOUND"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleStatus:
+    """What happened the last time a model's Deployment was scaled."""
+
+    model: str
+    reason: ScaleReason
+    desired: int
+    observed: int | None
+    detail: str
+    at_unix_s: float
+
+    def describe(self) -> str:
+        seen = "?" if self.observed is None else str(self.observed)
+        return f"{self.reason}: desired {self.desired}, was {seen}" + (
+            f" ({self.detail})" if self.detail else ""
+        )
+
+
+class KubernetesScaleActuator:
+    """Applies decisions to Deployments' scale subresource.
+
+    `targets()` returns model -> (namespace, deployment) for the configured models.
+    `request_timeout_s`: per API call, seconds. `retries`/`backoff_s`: see
+    `call_with_retries`; 409 conflicts are retried by re-reading, `retries` times.
+    `sleep`/`wall`/`monotonic` are injected in tests.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        targets: Callable[[], Mapping[str, tuple[str, str]]],
+        *,
+        request_timeout_s: float = 5.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+        hpa_check_interval_s: float = 60.0,
+        background: bool = True,
+        sleep: Callable[[float], None] | None = None,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        logger: Any = None,
+    ) -> None:
+        from kubernetes import client as k8s
+
+        self.apps = k8s.AppsV1Api(client)
+        self.autoscaling = k8s.AutoscalingV2Api(client)
+        self.targets = targets
+        self.timeout_s = request_timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.hpa_check_interval_s = hpa_check_interval_s
+        self._sleep = sleep or time.sleep
+        self._wall = wall
+        self._monotonic = monotonic
+        self._log = logger or structlog.get_logger("actuator.kubernetes")
+        self._lock = threading.Condition()
+        self._pending: dict[str, int] = {}
+        self._status: dict[str, ScaleStatus] = {}
+        self._hpa_cache: dict[str, tuple[float, list[tuple[str, str]]]] = {}
+        self._stopped = False
+        self._worker: threading.Thread | None = None
+        if background:
+            self._worker = threading.Thread(target=self._run, name="k8s-scaler", daemon=True)
+            self._worker.start()
+
+    # ------------------------------------------------------------------ actuator
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        """Record each valid decision's replicas; the worker (or `run_pending`) applies."""
+        with self._lock:
+            for d in decisions:
+                if d.valid:
+                    self._pending[d.model] = d.replicas
+            self._lock.notify_all()
+        if self._worker is None:
+            self.run_pending()
+
+    def run_pending(self) -> dict[str, ScaleStatus]:
+        """Apply every pending desired value now (in the calling thread)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        targets = self.targets()
+        out = {}
+        for model, replicas in pending.items():
+            if model not in targets:
+                continue
+            ns, deployment = targets[model]
+            st = self.scale(model, ns, deployment, replicas)
+            out[model] = st
+        return out
+
+    def status(self) -> dict[str, ScaleStatus]:
+        with self._lock:
+            return dict(self._status)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the worker after its current call."""
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._pending or self._stopped)
+                if self._stopped:
+                    return
+            try:
+                self.run_pending()
+            except Exception as exc:  # the worker must survive anything
+                self._log.error("scaler_worker_failed", error=repr(exc))
+
+    # ------------------------------------------------------------------ scaling
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        return call_with_retries(
+            lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            sleep=self._sleep,
+            what=what,
+        )
+
+    def hpas_for(self, namespace: str, deployment: str) -> list[str]:
+        """Names of the HPAs in `namespace` whose scale target is Deployment
+        `deployment` (cached for `hpa_check_interval_s`)."""
+        now = self._monotonic()
+        cached = self._hpa_cache.get(namespace)
+        if cached is None or now - cached[0] >= self.hpa_check_interval_s:
+            hpas = self._call(
+                f"list HPAs in {namespace}",
+                self.autoscaling.list_namespaced_horizontal_pod_autoscaler,
+                namespace,
+            )
+            refs = []
+            for h in hpas.items or []:
+                ref = h.spec.scale_target_ref
+                if ref is not None and ref.kind == "Deployment":
+                    refs.append((h.metadata.name, ref.name))
+            cached = (now, refs)
+            self._hpa_cache[namespace] = cached
+        return [hpa for hpa, target in cached[1] if target == deployment]
+
+    def scale(self, model: str, namespace: str, deployment: str, replicas: int) -> ScaleStatus:
+        """Set `namespace/deployment` to `replicas` (see module doc); never raises."""
+        where = f"deployment {namespace}/{deployment}"
+        observed: int | None = None
+        try:
+            try:
+                hpas = self.hpas_for(namespace, deployment)
+            except KubeCallError as exc:
+                if exc.status in (401, 403):
+                    self._log.warning("hpa_check_forbidden", target=where, error=str(exc))
+                    hpas = []
+                else:
+                    raise
+            if hpas:
+                return self._record(
+                    model,
+                    ScaleReason.HPA_CONFLICT,
+                    replicas,
+                    None,
+                    f"HPA {', '.join(sorted(hpas))} also scales {where}; refusing to fight it "
+                    "(delete the HPA or use the KEDA actuator)",
+                    warn=True,
+                )
+            for attempt in range(self.retries + 1):
+                scale = self._call(
+                    f"read scale of {where}",
+                    self.apps.read_namespaced_deployment_scale,
+                    deployment,
+                    namespace,
+                )
+                observed = scale.spec.replicas if scale.spec is not None else None
+                if observed == replicas:
+                    return self._record(model, ScaleReason.UNCHANGED, replicas, observed, "")
+                body = {
+                    "metadata": {"resourceVersion": scale.metadata.resource_version},
+                    "spec": {"replicas": replicas},
+                }
+                try:
+                    self._call(
+                        f"patch scale of {where}",
+                        self.apps.patch_namespaced_deployment_scale,
+                        deployment,
+                        namespace,
+                        body,
+                        _content_type="application/merge-patch+json",
+                    )
+                except KubeCallError as exc:
+                    if exc.status == 409 and attempt < self.retries:
+                        self._sleep(min(MAX_BACKOFF_S, self.backoff_s * 2**attempt))
+                        continue
+                    raise
+                self._log.info("scaled", target=where, model=model, replicas=replicas, was=observed)
+                return self._record(model, ScaleReason.SCALED, replicas, observed, "")
+            raise AssertionError("unreachable")  # pragma: no cover
+        except KubeCallError as exc:
+            reason = ScaleReason.NOT_FOUND if exc.status == 404 else ScaleReason.FAILED
+            return self._record(model, reason, replicas, observed, str(exc), warn=True)
+
+    def _record(
+        self,
+        model: str,
+        reason: ScaleReason,
+        desired: int,
+        observed: int | None,
+        detail: str,
+        warn: bool = False,
+    ) -> ScaleStatus:
+        st = ScaleStatus(model, reason, desired, observed, detail, self._wall())
+        with self._lock:
+            self._status[model] = st
+        if warn:
+            self._log.warning("scale_refused_or_failed", model=model, reason=reason, detail=detail)
+        return st

@@ -1,0 +1,297 @@
+"""The decision board: the latest published decision per model, read by engines and KEDA.
+
+The board is an `Actuator`: the control loop applies each tick's valid, non-paused
+decisions to it, and the gRPC services (BatchingService, KEDA's ExternalScaler) answer
+from it without waiting on anything else. It owns:
+
+- the latest value per model (`Published`): knobs with a generation number that grows
+  by one on every knob change, desired replicas (None until the first decision), the
+  reason and the wall time of the decision;
+- change notification: `subscribe(fn)` calls `fn()` after every change (from the
+  writer's thread; `fn` must be quick and must not raise), `wait(version, timeout_s)`
+  blocks a thread until the board moves past `version`, and `watch()` is the asyncio
+  form used by streaming RPC handlers;
+- `close()`: wakes every watcher for good (graceful shutdown ends streams with OK).
+
+Invariants: an invalid decision never changes the board (missing data never reads as
+zero); generations never decrease, also across restarts (`restore`) and leader changes
+(`follow`: a follower mirrors the leader's published values, generations included).
+Thread-safe: one lock guards the entries; readers get immutable `Published` values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import structlog
+
+from controller.types import Decision, Knobs
+
+ORIGIN_DEFAULT = "default"  # configured default knobs, nothing decided yet
+ORIGIN_DECISION = "decision"  # this instance's loop decided it
+ORIGIN_RESTORED = "restored"  # loaded from persisted state at start-up
+ORIGIN_LEADER = "leader"  # mirrored from the leader's published state
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSlot:
+    """What the board needs to know about a configured model."""
+
+    name: str
+    namespace: str
+    default_knobs: Knobs
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The value engines and KEDA are served for one model.
+
+    `replicas` is None until a decision (or restored state) provides one: KEDA then gets
+    UNAVAILABLE, so the HPA keeps the current size rather than reading a zero.
+    `generation` counts knob changes (0 = configured defaults). `decided_at_unix_s` is
+    the wall time (Unix seconds) of the last decision applied, None if never.
+    """
+
+    model: str
+    namespace: str
+    knobs: Knobs
+    generation: int
+    replicas: int | None
+    reason: str
+    decided_at_unix_s: float | None
+    origin: str = ORIGIN_DEFAULT
+
+    @property
+    def active(self) -> bool | None:
+        """KEDA's IsActive: desired replicas > 0; None when unknown."""
+        return None if self.replicas is None else self.replicas > 0
+
+
+class BoardClosedError(Exception):
+    """The board was closed (the service is shutting down)."""
+
+
+class DecisionBoard:
+    """Thread-safe latest decision per model with generations and change notification.
+
+    `wall`: wall clock (Unix seconds) stamped on applied decisions (injected in tests).
+    """
+
+    def __init__(
+        self,
+        models: Iterable[ModelSlot] = (),
+        *,
+        wall: Callable[[], float] = time.time,
+        logger: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
+        self._wall = wall
+        self._log = logger or structlog.get_logger("actuator.board")
+        self._cond = threading.Condition()
+        self._entries: dict[str, Published] = {}
+        self._slots: dict[str, ModelSlot] = {}
+        self._version = 0
+        self._closed = False
+        self._subscribers: list[Callable[[], None]] = []
+        self.configure(models)
+
+    # ------------------------------------------------------------------ readers
+    @property
+    def version(self) -> int:
+        """Grows by one on every change of any entry (or of the model set)."""
+        with self._cond:
+            return self._version
+
+    @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed
+
+    def models(self) -> list[str]:
+        with self._cond:
+            return sorted(self._entries)
+
+    def get(self, model: str) -> Published:
+        """The published value of `model`; KeyError when it is not configured."""
+        with self._cond:
+            return self._entries[model]
+
+    def snapshot(self) -> dict[str, Published]:
+        """A copy of every entry."""
+        with self._cond:
+            return dict(self._entries)
+
+    # ------------------------------------------------------------------ writers
+    def configure(self, models: Iterable[ModelSlot]) -> None:
+        """Set the configured models: new ones start at their default knobs, removed
+        ones are dropped (their watchers see KeyError), kept ones keep their values."""
+        slots = {m.name: m for m in models}
+        with self._cond:
+            changed = set(slots) != set(self._slots)
+            entries: dict[str, Published] = {}
+            for name, slot in slots.items():
+                old = self._entries.get(name)
+                if old is None:
+                    entries[name] = Published(
+                        model=name,
+                        namespace=slot.namespace,
+                        knobs=slot.default_knobs,
+                        generation=0,
+                        replicas=None,
+                        reason=ORIGIN_DEFAULT,
+                        decided_at_unix_s=None,
+                        origin=ORIGIN_DEFAULT,
+                    )
+                elif old.namespace != slot.namespace:
+                    entries[name] = replace(old, namespace=slot.namespace)
+                    changed = True
+                else:
+                    entries[name] = old
+                if old is not None and old.generation == 0 and old.knobs != slot.default_knobs:
+                    # Defaults changed before anything was decided: serve the new defaults.
+                    entries[name] = replace(entries[name], knobs=slot.default_knobs)
+                    changed = True
+            self._slots = slots
+            self._entries = entries
+            if changed:
+                self._bump()
+        if changed:
+            self._notify()
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        """Actuator entry point: publish each valid decision of a configured model."""
+        now = self._wall()
+        changed = False
+        with self._cond:
+            for d in decisions:
+                if not d.valid:
+                    continue
+                old = self._entries.get(d.model)
+                if old is None:
+                    continue
+                knobs_changed = d.knobs != old.knobs
+                new = replace(
+                    old,
+                    knobs=d.knobs,
+                    generation=old.generation + (1 if knobs_changed else 0),
+                    replicas=d.replicas,
+                    reason=d.knob_reason.value,
+                    decided_at_unix_s=now,
+                    origin=ORIGIN_DECISION,
+                )
+                if knobs_changed or old.replicas != d.replicas:
+                    changed = True
+                self._entries[d.model] = new
+            if changed:
+                self._bump()
+        if changed:
+            self._notify()
+
+    def restore(self, entries: Mapping[str, Published], origin: str = ORIGIN_RESTORED) -> None:
+        """Load persisted (or the leader's) values for configured models.
+
+        With `origin` ORIGIN_RESTORED (start-up) a generation never goes backwards: the
+        higher of the stored and the current one wins. With ORIGIN_LEADER the leader's
+        entries are mirrored as they are (the leader owns the numbering).
+        """
+        changed = False
+        with self._cond:
+            for name, p in entries.items():
+                old = self._entries.get(name)
+                if old is None:
+                    continue
+                gen = p.generation if origin == ORIGIN_LEADER else max(p.generation, old.generation)
+                new = replace(p, model=name, namespace=old.namespace, generation=gen, origin=origin)
+                if _differs(new, old):
+                    changed = True
+                self._entries[name] = new
+            if changed:
+                self._bump()
+        if changed:
+            self._notify()
+
+    def close(self) -> None:
+        """Wake every watcher for good; later `wait` calls raise BoardClosedError."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._bump()
+        self._notify()
+
+    # ------------------------------------------------------------------ notification
+    def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call `fn()` after every change; returns the function that unsubscribes."""
+        with self._cond:
+            self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            with self._cond, contextlib.suppress(ValueError):
+                self._subscribers.remove(fn)
+
+        return unsubscribe
+
+    def wait(self, version: int, timeout_s: float | None = None) -> int:
+        """Block until the board's version is past `version` (or `timeout_s` seconds pass);
+        returns the current version. Raises BoardClosedError once closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version > version or self._closed, timeout_s)
+            if self._closed:
+                raise BoardClosedError("the decision board is closed")
+            return self._version
+
+    async def watch(self) -> AsyncIterator[int]:
+        """Async iterator for streaming handlers: yields the version at once, then after
+        each change; ends when the board closes. Changes that arrive together may be
+        coalesced (a watcher always sees the latest value, not every intermediate)."""
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the event loop is already closed
+                loop.call_soon_threadsafe(event.set)
+
+        unsubscribe = self.subscribe(notify)
+        try:
+            seen = self.version
+            if self.closed:
+                return
+            yield seen
+            while True:
+                await event.wait()
+                event.clear()
+                if self.closed:
+                    return
+                now = self.version
+                if now != seen:
+                    seen = now
+                    yield now
+        finally:
+            unsubscribe()
+
+    # ------------------------------------------------------------------ internals
+    def _bump(self) -> None:
+        self._version += 1
+        self._cond.notify_all()
+
+    def _notify(self) -> None:
+        with self._cond:
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            try:
+                fn()
+            except Exception as exc:  # a broken watcher must not break the tick
+                self._log.error("board_subscriber_failed", error=repr(exc))
+
+
+def _differs(a: Published, b: Published) -> bool:
+    return (a.knobs, a.generation, a.replicas, a.reason) != (
+        b.knobs,
+        b.generation,
+        b.replicas,
+        b.reason,
+    )

@@ -1,0 +1,468 @@
+"""`governor` subcommands of the service: `run`, `engine-args`, and the operator CLI
+(`target set|get|list|delete`, `status`, `explain`, `pause`, `resume`) over the admin
+gRPC API. `register(subparsers)` adds them to `controller.cli`'s parser.
+
+Exit status: 0 success; 2 bad input (invalid values, unknown model, conflicting change):
+a message naming what is wrong, and nothing changed; 1 the server could not be reached
+or failed. `engine-args` is the exception: it always exits 0 (an engine must never fail
+to start because of the governor) and falls back to the configured default knobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any
+
+import grpc
+import yaml
+from google.protobuf import json_format
+
+from controller.config import ConfigError, KnobBounds, load_config
+from controller.types import Knobs
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+DEFAULT_SERVER = "localhost:50051"
+ENGINE_ARGS_TIMEOUT_S = 3.0
+ADMIN_TIMEOUT_S = 10.0
+
+# gRPC codes that mean "your request is wrong" (exit 2), not "the service failed" (exit 1).
+_USER_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.OUT_OF_RANGE,
+}
+
+
+class CliError(Exception):
+    """A CLI failure with its exit status."""
+
+    def __init__(
+        self, message: str, code: int = EXIT_USAGE, status: grpc.StatusCode | None = None
+    ) -> None:
+        self.message = message
+        self.code = code
+        self.status = status
+        super().__init__(message)
+
+
+def _stubs(server: str) -> tuple[grpc.Channel, Any]:
+    from governor_api import governor_v1_pb2_grpc
+
+    channel = grpc.insecure_channel(server)
+    return channel, governor_v1_pb2_grpc.AdminServiceStub(channel)
+
+
+def _rpc(args: argparse.Namespace, method: str, request: Any) -> Any:
+    """Call an admin rpc with the command's deadline; RpcError -> CliError."""
+    channel, stub = _stubs(args.server)
+    try:
+        return getattr(stub, method)(request, timeout=args.timeout_s)
+    except grpc.RpcError as exc:
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        detail = exc.details() if hasattr(exc, "details") else str(exc)
+        if code in _USER_ERRORS:
+            raise CliError(f"{detail}", EXIT_USAGE, code) from None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise CliError(
+                f"cannot reach the governor at {args.server} ({code.name}: {detail})", EXIT_FAILED
+            ) from None
+        raise CliError(f"{code.name}: {detail}", EXIT_FAILED) from None
+    finally:
+        channel.close()
+
+
+def _print_json(message: Any) -> None:
+    print(json_format.MessageToJson(message, preserving_proto_field_name=True, indent=2))
+
+
+# ====================================================================== target
+_FLAG_PATHS: dict[str, tuple[str, ...]] = {
+    "deployment": ("deployment",),
+    "namespace": ("namespace",),
+    "ttft_p95_ms": ("sla", "ttft_p95_ms"),
+    "itl_p95_ms": ("sla", "itl_p95_ms"),
+    "e2e_p99_ms": ("sla", "e2e_p99_ms"),
+    "attainment_goal_frac": ("sla", "attainment_goal_frac"),
+    "min_replicas": ("replicas", "min_replicas"),
+    "max_replicas": ("replicas", "max_replicas"),
+    "max_num_seqs_min": ("knobs", "max_num_seqs_min"),
+    "max_num_seqs_max": ("knobs", "max_num_seqs_max"),
+    "max_num_batched_tokens_min": ("knobs", "max_num_batched_tokens_min"),
+    "max_num_batched_tokens_max": ("knobs", "max_num_batched_tokens_max"),
+    "default_max_num_seqs": ("knobs", "default_max_num_seqs"),
+    "default_max_num_batched_tokens": ("knobs", "default_max_num_batched_tokens"),
+    "batching_policy": ("batching_policy",),
+    "cold_start_s": ("cold_start_s",),
+    "profile": ("profile",),
+    "fallback_replicas": ("fallback_replicas",),
+}
+_FLOAT_FLAGS = {"ttft_p95_ms", "itl_p95_ms", "e2e_p99_ms", "attainment_goal_frac", "cold_start_s"}
+_STR_FLAGS = {"deployment", "namespace", "batching_policy", "profile"}
+
+
+def _set_path(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[path[-1]] = value
+
+
+def _policy_overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--policy: expected KEY=VALUE (got {item!r})")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.strip()] = value
+    return out
+
+
+def _build_target(args: argparse.Namespace, current: dict[str, Any] | None) -> dict[str, Any]:
+    """The target to send: the current one (if any), then --file, then the flags."""
+    data: dict[str, Any] = dict(current or {})
+    if args.file:
+        try:
+            with open(args.file) as fh:
+                loaded = yaml.safe_load(fh)
+        except OSError as exc:
+            raise CliError(f"--file {args.file}: cannot read: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            raise CliError(f"--file {args.file}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise CliError(f"--file {args.file}: must be a mapping of target fields")
+        data = loaded
+    data["name"] = args.model
+    for flag, path in _FLAG_PATHS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            _set_path(data, path, value)
+    if args.policy:
+        policy = dict(data.get("policy") or {})
+        policy.update(_policy_overrides(args.policy))
+        data["policy"] = policy
+    return data
+
+
+def _cmd_target_set(args: argparse.Namespace) -> int:
+    from controller.service import AdminError, target_from_pb, target_to_pb, validate_target
+    from governor_api import governor_v1_pb2 as pb
+
+    current: dict[str, Any] | None = None
+    revision: str | None = None
+    try:
+        got = _rpc(args, "GetTarget", pb.GetTargetRequest(model=args.model))
+        current = target_from_pb(got.target)
+        revision = got.revision
+    except CliError as exc:
+        if exc.status != grpc.StatusCode.NOT_FOUND:
+            raise
+    data = _build_target(args, current)
+    if current is None and not args.deployment and "deployment" not in data:
+        raise CliError(f"model {args.model!r} is new: give --deployment (and its SLA)")
+    try:
+        model = validate_target(data)  # same rules as the server: fail before sending
+    except AdminError as exc:
+        raise CliError(exc.message) from None
+    request = pb.SetTargetRequest(target=target_to_pb(model), dry_run=args.dry_run)
+    if revision is not None and not args.force:
+        request.expected_revision = revision
+    resp = _rpc(args, "SetTarget", request)
+    if args.output == "json":
+        _print_json(resp)
+        return EXIT_OK
+    verb = "valid (dry run, nothing changed)" if args.dry_run else "set"
+    print(f"target {args.model!r} {verb}; targets revision {resp.revision}")
+    return EXIT_OK
+
+
+def _target_yaml(target: Any) -> str:
+    from controller.service import target_from_pb
+
+    return yaml.safe_dump(target_from_pb(target), sort_keys=False).rstrip()
+
+
+def _cmd_target_get(args: argparse.Namespace) -> int:
+    from governor_api import governor_v1_pb2 as pb
+
+    resp = _rpc(args, "GetTarget", pb.GetTargetRequest(model=args.model))
+    if args.output == "json":
+        _print_json(resp)
+        return EXIT_OK
+    print(_target_yaml(resp.target))
+    print(f"# revision {resp.revision}" + ("  (paused: shadow mode)" if resp.paused else ""))
+    return EXIT_OK
+
+
+def _cmd_target_list(args: argparse.Namespace) -> int:
+    from governor_api import governor_v1_pb2 as pb
+
+    resp = _rpc(args, "ListTargets", pb.ListTargetsRequest())
+    if args.output == "json":
+        _print_json(resp)
+        return EXIT_OK
+    head = f"{'MODEL':<32} {'DEPLOYMENT':<36} {'TTFT p95':>9} {'ITL p95':>8} {'REPLICAS':>9}"
+    print(f"{head}  PAUSED")
+    for t in resp.targets:
+        m = t.target
+        print(
+            f"{m.name:<32} {m.namespace + '/' + m.deployment:<36} "
+            f"{m.sla.ttft_p95_ms:>7g}ms {m.sla.itl_p95_ms:>6g}ms "
+            f"{f'{m.replicas.min_replicas}-{m.replicas.max_replicas}':>9}  "
+            f"{'yes' if t.paused else 'no'}"
+        )
+    print(f"# revision {resp.revision}")
+    return EXIT_OK
+
+
+def _cmd_target_delete(args: argparse.Namespace) -> int:
+    from governor_api import governor_v1_pb2 as pb
+
+    resp = _rpc(args, "DeleteTarget", pb.DeleteTargetRequest(model=args.model))
+    print(f"target {args.model!r} deleted; targets revision {resp.revision}")
+    return EXIT_OK
+
+
+# ====================================================================== status / explain
+def _fmt_q(q: Any) -> str:
+    parts = [
+        f"{name}={getattr(q, name + '_ms'):.0f}ms"
+        for name in ("p50", "p90", "p95", "p99")
+        if q.HasField(name + "_ms")
+    ]
+    return " ".join(parts) or "n/a"
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from governor_api import governor_v1_pb2 as pb
+
+    resp = _rpc(args, "GetStatus", pb.GetStatusRequest(models=args.models))
+    if args.output == "json":
+        _print_json(resp)
+        return EXIT_OK
+    role = "leader" if resp.leader else f"follower (leader: {resp.leader_identity or '?'})"
+    print(
+        f"instance {resp.instance}: {role}; store {resp.store}; "
+        f"targets revision {resp.targets_revision}"
+    )
+    if resp.targets_problem:
+        print(f"  REFUSED stored targets (kept the last valid ones): {resp.targets_problem}")
+    for m in resp.models:
+        p = m.published
+        replicas = str(p.replicas) if p.has_replicas else "none yet"
+        print(
+            f"{m.model}{'  [paused: shadow mode]' if m.paused else ''}\n"
+            f"  published: replicas={replicas} max_num_seqs={p.max_num_seqs} "
+            f"max_num_batched_tokens={p.max_num_batched_tokens} generation={p.generation} "
+            f"({p.reason}, {p.origin}) engines={p.engines_seen}"
+        )
+        o = m.observation
+        if o.present:
+            print(
+                f"  observed: {o.arrival_rate_rps:.2f} req/s, staleness {o.staleness_s:.1f}s\n"
+                f"    ttft {_fmt_q(o.ttft)}\n    itl  {_fmt_q(o.itl)}\n    e2e  {_fmt_q(o.e2e)}"
+            )
+        else:
+            print(f"  observed: no data ({o.no_data})")
+        if m.HasField("decision"):
+            d = m.decision
+            print(
+                f"  decision: valid={d.valid} replicas={d.replicas} "
+                f"stages={' '.join(d.stage_reasons)}"
+            )
+        if m.actuation:
+            print(f"  actuation: {m.actuation}")
+    return EXIT_OK
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from governor_api import governor_v1_pb2 as pb
+
+    resp = _rpc(args, "Explain", pb.ExplainRequest(model=args.model, last=args.last))
+    if args.output == "json":
+        _print_json(resp)
+        return EXIT_OK
+    if not resp.decisions:
+        print(f"{args.model}: no decisions yet")
+    for d in resp.decisions:
+        print(d.text)
+    return EXIT_OK
+
+
+def _cmd_pause(args: argparse.Namespace) -> int:
+    from governor_api import governor_v1_pb2 as pb
+
+    method = "PauseActuation" if args.command == "pause" else "ResumeActuation"
+    resp = _rpc(args, method, pb.PauseRequest(model=args.model))
+    state = "paused (shadow mode: decide and log, no actuation)" if resp.paused else "actuating"
+    print(f"{resp.model}: {state}")
+    return EXIT_OK
+
+
+# ====================================================================== engine-args
+def _default_knobs(args: argparse.Namespace) -> tuple[Knobs, str]:
+    """The configured defaults: --config's model, else the flags, else KnobBounds'."""
+    base = KnobBounds()
+    seqs, tokens = base.default_max_num_seqs, base.default_max_num_batched_tokens
+    where = "built-in defaults"
+    if args.config:
+        try:
+            cfg = load_config(args.config)
+            kb = cfg.model(args.model).knobs
+            seqs, tokens = kb.default_max_num_seqs, kb.default_max_num_batched_tokens
+            where = f"defaults of {args.model!r} in {args.config}"
+        except (ConfigError, KeyError) as exc:
+            print(f"governor engine-args: warning: {args.config}: {exc}", file=sys.stderr)
+    if args.default_max_num_seqs is not None:
+        seqs, where = args.default_max_num_seqs, "command-line defaults"
+    if args.default_max_num_batched_tokens is not None:
+        tokens, where = args.default_max_num_batched_tokens, "command-line defaults"
+    return Knobs(seqs, tokens), where
+
+
+def _cmd_engine_args(args: argparse.Namespace) -> int:
+    """Print the vLLM flags; always exit 0 (fall back to the defaults)."""
+    from governor_api import governor_v1_pb2 as pb
+    from governor_api import governor_v1_pb2_grpc
+
+    knobs: Knobs | None = None
+    try:
+        with grpc.insecure_channel(args.server) as channel:
+            stub = governor_v1_pb2_grpc.BatchingServiceStub(channel)
+            resp = stub.GetBatchingConfig(
+                pb.GetBatchingConfigRequest(model=args.model, engine_id=args.engine_id),
+                timeout=args.timeout_s,
+            )
+        if resp.max_num_seqs > 0 and resp.max_num_batched_tokens > 0:
+            knobs = Knobs(resp.max_num_seqs, resp.max_num_batched_tokens)
+        else:
+            raise ValueError(f"server sent non-positive knobs: {resp}")
+    except Exception as exc:  # anything at all: fall back, never fail the engine
+        knobs, where = _default_knobs(args)
+        reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else exc
+        print(
+            f"governor engine-args: warning: no answer from {args.server} for model "
+            f"{args.model!r} ({reason}); using {where}",
+            file=sys.stderr,
+        )
+    print(" ".join(knobs.engine_args()))
+    return EXIT_OK
+
+
+# ====================================================================== registration
+def _positive_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds (got {text!r})") from None
+    if not 0 < value <= 300:
+        raise argparse.ArgumentTypeError(f"must be in (0, 300] seconds (got {text})")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
+def _wrap(fn: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except CliError as exc:
+            print(f"governor {args.command}: {exc.message}", file=sys.stderr)
+            return exc.code
+
+    return run
+
+
+def register(sub: Any) -> None:
+    """Add `run`, `engine-args`, `target`, `status`, `explain`, `pause`, `resume`."""
+    from controller.service import add_run_arguments, run_service
+
+    p = sub.add_parser("run", help="run the governor service (gRPC API, KEDA scaler, /metrics)")
+    add_run_arguments(p)
+    p.set_defaults(func=run_service)
+
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument(
+        "--server",
+        default=os.environ.get("GOVERNOR_SERVER", DEFAULT_SERVER),
+        metavar="HOST:PORT",
+        help=f"the governor's gRPC address (default $GOVERNOR_SERVER or {DEFAULT_SERVER})",
+    )
+    client.add_argument(
+        "--timeout-s", type=_positive_timeout, default=ADMIN_TIMEOUT_S, help="call deadline"
+    )
+    client.add_argument("--output", choices=("text", "json"), default="text")
+
+    p = sub.add_parser(
+        "engine-args",
+        parents=[client],
+        help="print vLLM batching flags for an engine's start command (exit 0 always)",
+    )
+    p.add_argument("--model", required=True)
+    p.add_argument("--engine-id", default=os.environ.get("POD_NAME") or socket.gethostname())
+    p.add_argument("--config", help="config file whose model defaults to fall back to")
+    p.add_argument("--default-max-num-seqs", type=int)
+    p.add_argument("--default-max-num-batched-tokens", type=int)
+    p.set_defaults(func=_cmd_engine_args, timeout_s=ENGINE_ARGS_TIMEOUT_S)
+
+    p = sub.add_parser("target", help="set, get, list or delete a model's SLA target")
+    tsub = p.add_subparsers(dest="target_command", required=True, metavar="ACTION")
+    s = tsub.add_parser("set", parents=[client], help="create or update a model's target")
+    s.add_argument("model")
+    s.add_argument("--file", help="YAML mapping with the whole target (flags override it)")
+    for flag in _FLAG_PATHS:
+        kind: Any = float if flag in _FLOAT_FLAGS else (str if flag in _STR_FLAGS else int)
+        s.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind)
+    s.add_argument(
+        "--policy", action="append", default=[], metavar="KEY=VALUE", help="policy override"
+    )
+    s.add_argument("--dry-run", action="store_true", help="validate only")
+    s.add_argument(
+        "--force", action="store_true", help="overwrite even if the targets changed meanwhile"
+    )
+    s.set_defaults(func=_wrap(_cmd_target_set), command="target set")
+    g = tsub.add_parser("get", parents=[client], help="print a model's target")
+    g.add_argument("model")
+    g.set_defaults(func=_wrap(_cmd_target_get), command="target get")
+    ls = tsub.add_parser("list", parents=[client], help="list every target")
+    ls.set_defaults(func=_wrap(_cmd_target_list), command="target list")
+    d = tsub.add_parser("delete", parents=[client], help="delete a model's target")
+    d.add_argument("model")
+    d.set_defaults(func=_wrap(_cmd_target_delete), command="target delete")
+
+    p = sub.add_parser("status", parents=[client], help="observations, decisions, latencies")
+    p.add_argument("models", nargs="*")
+    p.set_defaults(func=_wrap(_cmd_status))
+    p = sub.add_parser("explain", parents=[client], help="stage trace of the last decisions")
+    p.add_argument("model")
+    p.add_argument("--last", type=_count, default=1, help="how many decisions (0: all kept)")
+    p.set_defaults(func=_wrap(_cmd_explain))
+    for name, text in (
+        ("pause", "shadow mode: decide and log, stop actuating"),
+        ("resume", "actuate again"),
+    ):
+        p = sub.add_parser(name, parents=[client], help=text)
+        p.add_argument("model")
+        p.set_defaults(func=_wrap(_cmd_pause))

@@ -1,0 +1,594 @@
+"""Persistence of targets (per-model SLA, bounds, policy; paused models) and runtime
+state (the decider's hysteresis memory and the values published to KEDA and engines).
+
+Two documents:
+
+- targets (`TargetsDoc`): what operators set. In-cluster it is the ConfigMap `<name>`,
+  key `targets.yaml` (declarative: kubectl or Helm may edit it; the service polls it
+  every tick, applies valid changes and refuses invalid ones, keeping the last valid
+  set); otherwise part of a local JSON file. Revisions are opaque strings (the
+  ConfigMap's resourceVersion, or a counter in the file) used for optimistic
+  concurrency: a write names the revision it read and fails with `ConflictError` when
+  the document changed since.
+- state (`StateDoc`): written by the leader after every tick. In-cluster the ConfigMap
+  `<name>-state`, key `state.json`; otherwise the same local file.
+
+Times in `ModelState` are on the loop's monotonic clock, which restarts with the
+process. The state document stores them as wall time (Unix seconds): `to_wall(state,
+offset)` adds `offset = wall - monotonic` taken at save time, and `from_wall(doc,
+offset)` subtracts the offset of the loading process, so "scaled up 40 s ago" survives a
+restart as 40 s plus the downtime.
+
+Everything read from outside is validated on load: a corrupt or unreadable document is
+a `StoreError` naming the place and the problem (a service refuses to start on a corrupt
+local file); a missing one is simply absent (fresh start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import structlog
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+)
+
+from controller.config import GovernorConfig, format_validation_error
+from controller.types import Knobs, ModelState
+
+STATE_FORMAT = "llm-governor/state/v1"
+FILE_FORMAT = "llm-governor/store/v1"
+TARGETS_KEY = "targets.yaml"
+STATE_KEY = "state.json"
+
+# ModelState fields holding a monotonic time (seconds), and (time, value) pair lists.
+TIME_FIELDS = (
+    "last_scale_up_s",
+    "panic_until_s",
+    "idle_since_s",
+    "last_good_s",
+    "knob_candidate_since_s",
+)
+TIME_PAIR_FIELDS = ("recommendations", "actions")
+NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
+PLAIN_FIELDS = (
+    "replicas",
+    "knobs",
+    "no_data_ticks",
+    "capacity_correction",
+    "knob_candidate",
+    "knob_changes",
+    "lengths",
+)
+
+
+class StoreError(Exception):
+    """A store could not be read or written, or holds something invalid."""
+
+
+class ConflictError(StoreError):
+    """The document changed since the revision the writer read (optimistic concurrency)."""
+
+
+class TargetsInvalidError(StoreError):
+    """The stored targets are not valid. `revision` is the refused revision."""
+
+    def __init__(self, where: str, revision: str, problems: list[str]) -> None:
+        self.where = where
+        self.revision = revision
+        self.problems = problems
+        super().__init__(
+            f"{where} (revision {revision}): {len(problems)} problem(s): " + "; ".join(problems)
+        )
+
+
+# ---------------------------------------------------------------------- documents
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetsDoc(_Doc):
+    """The operator-owned target set: model entries as in the config file's `models:`
+    list (validated against the global policy by `build_config`) and paused models."""
+
+    models: tuple[dict[str, Any], ...] = Field(min_length=1)
+    paused: tuple[str, ...] = ()
+
+
+class PublishedDoc(_Doc):
+    """A published value (see actuators.publisher.Published), wall times."""
+
+    max_num_seqs: PositiveInt
+    max_num_batched_tokens: PositiveInt
+    generation: NonNegativeInt
+    replicas: NonNegativeInt | None
+    reason: str = Field(max_length=64)
+    decided_at_unix_s: float | None
+
+
+class StateDoc(_Doc):
+    """Runtime state written by the leader after each tick. `models` holds each model's
+    ModelState with times as Unix seconds (see `to_wall`)."""
+
+    format: Literal["llm-governor/state/v1"] = STATE_FORMAT
+    saved_at_unix_s: float
+    leader: str = ""
+    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    published: dict[str, PublishedDoc] = Field(default_factory=dict)
+    targets: TargetsDoc | None = None
+    """The last valid target set this leader applied (kept when stored ones are refused)."""
+    targets_revision: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTargets:
+    """Targets as read from a store, with the revision they were read at."""
+
+    revision: str
+    doc: TargetsDoc
+
+
+def config_to_targets(config: GovernorConfig, paused: frozenset[str] = frozenset()) -> TargetsDoc:
+    """The targets document of a config's models (defaults left out for readability)."""
+    models = tuple(
+        m.model_dump(mode="json", exclude_defaults=True) | {"name": m.name} for m in config.models
+    )
+    return TargetsDoc(models=models, paused=tuple(sorted(paused)))
+
+
+def build_config(
+    base: GovernorConfig, targets: TargetsDoc, where: str = "targets"
+) -> GovernorConfig:
+    """`base` with its models replaced by `targets.models`, validated as a whole
+    (global policy, unique names, per-model policy overrides). Raises ConfigError."""
+    from controller.config import ConfigError
+
+    data = base.model_dump(mode="json", exclude={"models"})
+    data["models"] = [dict(m) for m in targets.models]
+    try:
+        cfg = GovernorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc), where) from None
+    names = {m.name for m in cfg.models}
+    unknown = [p for p in targets.paused if p not in names]
+    if unknown:
+        raise ConfigError([f"paused: {p!r} is not a configured model" for p in unknown], where)
+    return cfg
+
+
+def parse_targets_yaml(text: str, where: str, revision: str) -> TargetsDoc:
+    """Parse the ConfigMap's `targets.yaml`; TargetsInvalidError naming each problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TargetsInvalidError(where, revision, [f"not valid YAML: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise TargetsInvalidError(
+            where,
+            revision,
+            [f"<root>: must be a mapping with a 'models:' list (got {type(data).__name__})"],
+        )
+    return _targets_doc(data, where, revision)
+
+
+def _targets_doc(data: Any, where: str, revision: str) -> TargetsDoc:
+    try:
+        return TargetsDoc.model_validate(data)
+    except ValidationError as exc:
+        raise TargetsInvalidError(where, revision, format_validation_error(exc)) from None
+
+
+# ---------------------------------------------------------------------- state <-> wall
+_STATE = TypeAdapter(ModelState)
+
+
+def _shift(value: float | None, delta: float) -> float | None:
+    return None if value is None else value + delta
+
+
+def to_wall(state: ModelState, offset_s: float) -> dict[str, Any]:
+    """JSON-able form of `state` with every monotonic time shifted by `offset_s`
+    (= wall - monotonic, seconds) to Unix seconds."""
+    d: dict[str, Any] = _STATE.dump_python(state, mode="json")
+    for f in TIME_FIELDS:
+        d[f] = _shift(d[f], offset_s)
+    for f in TIME_PAIR_FIELDS:
+        d[f] = [[t + offset_s, v] for t, v in d[f]]
+    for f, sub in NESTED_TIME_FIELDS.items():
+        if d[f] is not None:
+            d[f][sub] = d[f][sub] + offset_s
+    return d
+
+
+def from_wall(data: Mapping[str, Any], offset_s: float, where: str = "state") -> ModelState:
+    """The ModelState stored by `to_wall`, shifted back by this process's `offset_s`
+    (= wall - monotonic, seconds). StoreError naming the field when invalid."""
+    if not isinstance(data, Mapping):
+        raise StoreError(f"{where}: must be a mapping (got {type(data).__name__})")
+    try:
+        d = dict(data)
+        for f in TIME_FIELDS:
+            if d.get(f) is not None:
+                d[f] = _finite(d[f], f) - offset_s
+        for f in TIME_PAIR_FIELDS:
+            if d.get(f) is not None:
+                d[f] = [[_finite(t, f) - offset_s, v] for t, v in d[f]]
+        for f, sub in NESTED_TIME_FIELDS.items():
+            if isinstance(d.get(f), Mapping) and d[f].get(sub) is not None:
+                d[f] = dict(d[f]) | {sub: _finite(d[f][sub], f"{f}.{sub}") - offset_s}
+        state = _STATE.validate_python(d)
+    except ValidationError as exc:
+        raise StoreError(f"{where}: " + "; ".join(format_validation_error(exc))) from None
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{where}: {exc}") from None
+    if state.replicas < 0:
+        raise StoreError(f"{where}.replicas: must be >= 0 (got {state.replicas})")
+    if state.knobs.max_num_seqs <= 0 or state.knobs.max_num_batched_tokens <= 0:
+        raise StoreError(f"{where}.knobs: must be positive (got {state.knobs})")
+    return state
+
+
+def _finite(value: Any, name: str) -> float:
+    f = float(value)
+    if not math.isfinite(f):
+        raise ValueError(f"{name}: must be a finite time in Unix seconds (got {value!r})")
+    return f
+
+
+def published_doc(knobs: Knobs, **kw: Any) -> PublishedDoc:
+    """Shorthand used by the service to persist a published value."""
+    return PublishedDoc(
+        max_num_seqs=knobs.max_num_seqs, max_num_batched_tokens=knobs.max_num_batched_tokens, **kw
+    )
+
+
+def parse_state(raw: Any, where: str) -> StateDoc:
+    """Validate a state document; StoreError naming each problem."""
+    try:
+        return StateDoc.model_validate(raw)
+    except ValidationError as exc:
+        raise StoreError(f"{where}: " + "; ".join(format_validation_error(exc))) from None
+
+
+# ---------------------------------------------------------------------- store protocol
+class Store(Protocol):
+    """Where targets and state persist. Implementations are thread-safe."""
+
+    description: str
+
+    def load_targets(self) -> StoredTargets | None:
+        """The stored targets; None when none are stored. TargetsInvalidError when the
+        stored ones are invalid; StoreError when the store cannot be read."""
+        ...
+
+    def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
+        """Write `doc`; with `expected_revision`, only if the stored targets are still at
+        that revision (else ConflictError). Returns the new revision."""
+        ...
+
+    def load_state(self) -> StateDoc | None:
+        """The stored state; None when none. StoreError when corrupt or unreadable."""
+        ...
+
+    def save_state(self, doc: StateDoc) -> None:
+        """Write the state document (the leader's, once per tick)."""
+        ...
+
+
+class MemoryStore:
+    """A store that keeps everything in memory (simulated runs, tests)."""
+
+    description = "memory"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._targets: StoredTargets | None = None
+        self._state: StateDoc | None = None
+        self._rev = 0
+
+    def load_targets(self) -> StoredTargets | None:
+        with self._lock:
+            return self._targets
+
+    def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
+        with self._lock:
+            current = self._targets.revision if self._targets else ""
+            if expected_revision is not None and expected_revision != current:
+                raise ConflictError(
+                    f"targets changed: at revision {current or 'none'}, not {expected_revision}"
+                )
+            self._rev += 1
+            self._targets = StoredTargets(str(self._rev), doc)
+            return str(self._rev)
+
+    def load_state(self) -> StateDoc | None:
+        with self._lock:
+            return self._state
+
+    def save_state(self, doc: StateDoc) -> None:
+        with self._lock:
+            self._state = doc
+
+
+class FileStore:
+    """Targets and state in one local JSON file, written atomically (temp file in the
+    same directory, fsync, rename, fsync of the directory): a crash leaves either the
+    old or the new file, never a torn one.
+
+    Layout: {"format": FILE_FORMAT, "targets": {"revision": N, "models": [...],
+    "paused": [...]}, "state": StateDoc}.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.description = f"file {self.path}"
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ raw file
+    def _read(self) -> dict[str, Any]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StoreError(
+                f"{self.path}: corrupt state file (not JSON: {exc}); move it away to start "
+                "fresh, or restore a backup"
+            ) from None
+        if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
+            got = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise StoreError(
+                f"{self.path}: not an llm-governor state file (format {got!r}, "
+                f"expected {FILE_FORMAT!r})"
+            )
+        return data
+
+    def _write(self, data: dict[str, Any]) -> None:
+        data = {"format": FILE_FORMAT} | data
+        payload = json.dumps(data, indent=1, sort_keys=True).encode()
+        directory = self.path.parent
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        with contextlib.suppress(OSError):  # not every platform can fsync a directory
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    # ------------------------------------------------------------------ targets
+    def load_targets(self) -> StoredTargets | None:
+        with self._lock:
+            raw = self._read().get("targets")
+        if raw is None:
+            return None
+        where = f"{self.path}: targets"
+        if not isinstance(raw, dict) or not isinstance(raw.get("revision"), int):
+            raise TargetsInvalidError(where, "?", ["targets: needs an integer 'revision'"])
+        rev = str(raw["revision"])
+        body = {k: v for k, v in raw.items() if k != "revision"}
+        return StoredTargets(rev, _targets_doc(body, where, rev))
+
+    def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
+        with self._lock:
+            data = self._read()
+            raw = data.get("targets")
+            current = str(raw["revision"]) if isinstance(raw, dict) and "revision" in raw else ""
+            if expected_revision is not None and expected_revision != current:
+                raise ConflictError(
+                    f"targets changed: at revision {current or 'none'}, not {expected_revision}"
+                )
+            rev = int(current or 0) + 1
+            data["targets"] = {"revision": rev, **doc.model_dump(mode="json")}
+            self._write(data)
+            return str(rev)
+
+    # ------------------------------------------------------------------ state
+    def load_state(self) -> StateDoc | None:
+        with self._lock:
+            raw = self._read().get("state")
+        return None if raw is None else parse_state(raw, f"{self.path}: state")
+
+    def save_state(self, doc: StateDoc) -> None:
+        with self._lock:
+            data = self._read()
+            data["state"] = doc.model_dump(mode="json")
+            self._write(data)
+
+
+class ConfigMapStore:
+    """Targets in ConfigMap `name` (key `targets.yaml`) and state in `name-state` (key
+    `state.json`), in `namespace`, through the official kubernetes client.
+
+    Writes carry the resourceVersion they read (optimistic concurrency; the API server
+    answers 409 when it moved); transient failures (5xx, timeouts) are retried with
+    backoff by `actuators.kubernetes.call_with_retries`. Other keys, labels and
+    annotations of the ConfigMaps (e.g. Helm's) are kept as they are.
+    """
+
+    def __init__(
+        self,
+        core_api: Any,
+        namespace: str,
+        name: str = "governor-targets",
+        *,
+        request_timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 0.2,
+        sleep: Callable[[float], None] | None = None,
+        logger: Any = None,
+    ) -> None:
+        self.api = core_api
+        self.namespace = namespace
+        self.name = name
+        self.state_name = f"{name}-state"
+        self.description = f"configmap {namespace}/{name}"
+        self.timeout_s = request_timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._sleep = sleep
+        self._log = logger or structlog.get_logger("governor.store")
+        self._lock = threading.Lock()
+
+    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        from actuators.kubernetes import call_with_retries
+
+        return call_with_retries(
+            lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            sleep=self._sleep,
+            what=f"{fn.__name__} {self.namespace}",
+        )
+
+    def _get(self, name: str) -> Any | None:
+        from actuators.kubernetes import KubeCallError
+
+        try:
+            return self._call(self.api.read_namespaced_config_map, name, self.namespace)
+        except KubeCallError as exc:
+            if exc.status == 404:
+                return None
+            raise StoreError(f"configmap {self.namespace}/{name}: {exc}") from None
+
+    def _put(self, name: str, key: str, text: str, current: Any | None, rv: str | None) -> str:
+        """Create or replace `name` with data[key] = text; returns the new resourceVersion.
+        ConflictError on 409 (someone else wrote it first)."""
+        from actuators.kubernetes import KubeCallError
+
+        where = f"configmap {self.namespace}/{name}"
+        try:
+            if current is None:
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": name,
+                        "namespace": self.namespace,
+                        "labels": {"app.kubernetes.io/managed-by": "llm-governor"},
+                    },
+                    "data": {key: text},
+                }
+                out = self._call(self.api.create_namespaced_config_map, self.namespace, body)
+            else:
+                meta = current.metadata
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": name,
+                        "namespace": self.namespace,
+                        "resourceVersion": rv,
+                        "labels": dict(meta.labels or {}),
+                        "annotations": dict(meta.annotations or {}),
+                    },
+                    "data": dict(current.data or {}) | {key: text},
+                }
+                out = self._call(self.api.replace_namespaced_config_map, name, self.namespace, body)
+        except KubeCallError as exc:
+            if exc.status == 409:
+                raise ConflictError(f"{where}: changed concurrently ({exc.reason})") from None
+            raise StoreError(f"{where}: {exc}") from None
+        return str(out.metadata.resource_version)
+
+    # ------------------------------------------------------------------ targets
+    def load_targets(self) -> StoredTargets | None:
+        cm = self._get(self.name)
+        if cm is None or TARGETS_KEY not in (cm.data or {}):
+            return None
+        rev = str(cm.metadata.resource_version)
+        where = f"configmap {self.namespace}/{self.name} key {TARGETS_KEY}"
+        return StoredTargets(rev, parse_targets_yaml(cm.data[TARGETS_KEY], where, rev))
+
+    def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
+        with self._lock:
+            cm = self._get(self.name)
+            current = str(cm.metadata.resource_version) if cm is not None else ""
+            if expected_revision is not None and expected_revision != current:
+                raise ConflictError(
+                    f"targets changed: at revision {current or 'none'}, not {expected_revision}"
+                )
+            text = yaml.safe_dump(doc.model_dump(mode="json"), sort_keys=False)
+            return self._put(self.name, TARGETS_KEY, text, cm, current or None)
+
+    # ------------------------------------------------------------------ state
+    def load_state(self) -> StateDoc | None:
+        cm = self._get(self.state_name)
+        if cm is None or STATE_KEY not in (cm.data or {}):
+            return None
+        where = f"configmap {self.namespace}/{self.state_name} key {STATE_KEY}"
+        try:
+            raw = json.loads(cm.data[STATE_KEY])
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{where}: not JSON: {exc}") from None
+        return parse_state(raw, where)
+
+    def save_state(self, doc: StateDoc) -> None:
+        text = json.dumps(doc.model_dump(mode="json"), sort_keys=True)
+        with self._lock:
+            for attempt in range(2):
+                cm = self._get(self.state_name)
+                rv = str(cm.metadata.resource_version) if cm is not None else None
+                try:
+                    self._put(self.state_name, STATE_KEY, text, cm, rv)
+                    return
+                except ConflictError:
+                    if attempt == 1:
+                        raise
+
+
+def model_state_fields() -> set[str]:
+    """Every ModelState field name (a test checks each one is classified above)."""
+    return {f.name for f in fields(ModelState)}
+
+
+__all__ = [
+    "FILE_FORMAT",
+    "STATE_FORMAT",
+    "ConfigMapStore",
+    "ConflictError",
+    "FileStore",
+    "MemoryStore",
+    "PublishedDoc",
+    "StateDoc",
+    "Store",
+    "StoreError",
+    "StoredTargets",
+    "TargetsDoc",
+    "TargetsInvalidError",
+    "build_config",
+    "config_to_targets",
+    "from_wall",
+    "parse_targets_yaml",
+    "to_wall",
+]
