@@ -377,6 +377,9 @@ class Decider:
             replicas=target,
             actions=actions,
             last_scale_up_s=now_s if target > state.replicas else state.last_scale_up_s,
+            # The fallback is a recommendation like any other: the down-stabilization
+            # window must see it, or the next good tick could drop below it at once.
+            recommendations=(*state.recommendations, (now_s, target)),
             # A fallback raise restarts the idle clock, so scale-to-zero cannot follow it
             # within the stabilization window.
             idle_since_s=None if target > state.replicas else state.idle_since_s,

@@ -134,7 +134,9 @@ def test_check_config_cli_failure_exit_2(
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "models:\n  - name: m\n    deployment: m\n    sla: {ttft_p95_ms: -1, itl_p95_ms: 50}\n    replicas: {min_replicas: 3, max_replicas: 1}\n"
+        "models:\n  - name: m\n    deployment: m\n"
+        "    sla: {ttft_p95_ms: -1, itl_p95_ms: 50}\n"
+        "    replicas: {min_replicas: 3, max_replicas: 1}\n"
     )
     assert main(["check-config", str(bad)]) == 2
     err = capsys.readouterr().err
