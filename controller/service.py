@@ -1336,9 +1336,15 @@ def run_service(args: argparse.Namespace) -> int:
             metrics_listen=args.metrics_listen,
             max_concurrent_rpcs=args.max_concurrent_rpcs,
         )
-        return asyncio.run(_serve(server, args.shutdown_grace_s))
+        return serve(server, args.shutdown_grace_s)
     except OSError as exc:
         return _fail(str(exc), 1)
+
+
+def serve(server: GovernorServer, grace_s: float = SHUTDOWN_GRACE_S) -> int:
+    """Run `server` until SIGTERM or SIGINT, then shut down gracefully within `grace_s`
+    seconds; returns 0 (the process exit status)."""
+    return asyncio.run(_serve(server, grace_s))
 
 
 async def _serve(server: GovernorServer, grace_s: float) -> int:

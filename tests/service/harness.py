@@ -1,0 +1,62 @@
+"""Runs a GovernorServer on 127.0.0.1 (port 0) in a background event-loop thread, for
+tests that talk real gRPC on loopback. Ticks are driven by the test (`autotick=False`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from controller.service import GovernorServer, ServiceCore
+
+
+class ServerThread:
+    """`with ServerThread(core) as s:` serves `core` at `s.address` until the block ends."""
+
+    def __init__(self, core: ServiceCore, **server_kw: Any) -> None:
+        kw: dict[str, Any] = {
+            "grpc_listen": "127.0.0.1:0",
+            "metrics_listen": None,
+            "autotick": False,
+        }
+        kw.update(server_kw)
+        self.core = core
+        self.server = GovernorServer(core, **kw)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.stopped = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(20)
+        return self
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        asyncio.run_coroutine_threadsafe(self.server.stop(grace_s), self.loop).result(grace_s + 20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str = "") -> Any:
+    """Poll `predicate` until it returns a truthy value (bounded deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
+        time.sleep(0.01)

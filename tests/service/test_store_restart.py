@@ -1,0 +1,239 @@
+"""Persistence: wall/monotonic conversion, the atomic file store, and restarts that keep
+targets and hysteresis memory (no scale-down burst). Fake clocks, no sleeps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from controller.config import GovernorConfig
+from controller.service import AdminError, ServiceCore
+from controller.store import (
+    NESTED_TIME_FIELDS,
+    PLAIN_FIELDS,
+    TIME_FIELDS,
+    TIME_PAIR_FIELDS,
+    FileStore,
+    StoreError,
+    TargetsDoc,
+    config_to_targets,
+    from_wall,
+    model_state_fields,
+    to_wall,
+)
+from controller.types import Knobs, Lengths, ModelState
+from estimators.smoothing import HoltState
+from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
+
+STATE = ModelState(
+    replicas=4,
+    knobs=Knobs(64, 2048),
+    last_scale_up_s=1000.0,
+    recommendations=((990.0, 3), (995.0, 4)),
+    actions=((1000.0, 2),),
+    panic_until_s=1010.0,
+    idle_since_s=None,
+    no_data_ticks=1,
+    last_good_s=1000.0,
+    load=HoltState(level=12.0, trend=0.5, at_s=1000.0),
+    capacity_correction=0.9,
+    knob_candidate=Knobs(80, 2048),
+    knob_candidate_since_s=980.0,
+    knob_changes=3,
+    lengths=Lengths(100.0, 200.0, 50.0, 90.0),
+)
+
+
+def test_every_model_state_field_is_classified() -> None:
+    """A new ModelState field must be declared as a time or not (else restarts would
+    silently carry a monotonic time across processes)."""
+    classified = set(TIME_FIELDS) | set(TIME_PAIR_FIELDS) | set(NESTED_TIME_FIELDS)
+    classified |= set(PLAIN_FIELDS)
+    assert model_state_fields() == classified
+
+
+def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
+    saved = json.loads(json.dumps(to_wall(STATE, offset_s=1_800_000_000.0)))
+    assert saved["last_scale_up_s"] == 1_800_001_000.0
+    # The new process's monotonic clock started elsewhere: offset differs by 50_000 s.
+    back = from_wall(saved, offset_s=1_799_950_000.0)
+    shift = 50_000.0
+    assert back.last_scale_up_s == 1000.0 + shift
+    assert back.recommendations == ((990.0 + shift, 3), (995.0 + shift, 4))
+    assert back.actions == ((1000.0 + shift, 2),)
+    assert back.panic_until_s == 1010.0 + shift
+    assert back.knob_candidate_since_s == 980.0 + shift
+    assert back.load == replace(STATE.load, at_s=1000.0 + shift)
+    assert back.idle_since_s is None
+    assert (
+        replace(
+            back,
+            last_scale_up_s=1000.0,
+            recommendations=STATE.recommendations,
+            actions=STATE.actions,
+            panic_until_s=1010.0,
+            last_good_s=1000.0,
+            load=STATE.load,
+            knob_candidate_since_s=980.0,
+        )
+        == STATE
+    )
+
+
+@pytest.mark.parametrize(
+    ("patch", "text"),
+    [
+        ({"replicas": -1}, "replicas"),
+        ({"replicas": "many"}, "replicas"),
+        ({"knobs": {"max_num_seqs": 0, "max_num_batched_tokens": 5}}, "knobs"),
+        ({"last_scale_up_s": "NaN"}, "last_scale_up_s"),
+        ({"recommendations": [[1.0, "x"]]}, "recommendations"),
+    ],
+)
+def test_invalid_stored_state_is_a_clear_error(patch: dict, text: str) -> None:
+    data = to_wall(STATE, 0.0) | patch
+    with pytest.raises(StoreError, match=text):
+        from_wall(data, 0.0, "state.demo")
+
+
+# ---------------------------------------------------------------------- file store
+def test_file_store_round_trip_and_conflicts(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "sub" / "state.json")
+    assert store.load_targets() is None and store.load_state() is None
+    doc = config_to_targets(make_config())
+    rev = store.save_targets(doc, "")
+    assert rev == "1"
+    assert store.load_targets().doc == doc  # type: ignore[union-attr]
+    from controller.store import ConflictError
+
+    with pytest.raises(ConflictError):
+        store.save_targets(doc, "")  # create-only, but it exists
+    with pytest.raises(ConflictError):
+        store.save_targets(doc, "7")
+    assert store.save_targets(doc, "1") == "2"
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["state.json"]  # no temp left
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        ("{not json", "corrupt state file"),
+        ('{"format": "something-else"}', "not an llm-governor state file"),
+        ("[1, 2]", "not an llm-governor state file"),
+    ],
+)
+def test_corrupt_file_refuses_to_start(tmp_path: Path, content: str, text: str) -> None:
+    path = tmp_path / "state.json"
+    path.write_text(content)
+    with pytest.raises(StoreError, match=text):
+        ServiceCore(make_config(), FakeSource(), FileStore(path), clock=FakeClock())
+    assert path.read_text() == content  # nothing overwritten
+
+
+def test_invalid_targets_in_file_refuse_to_start(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    store = FileStore(path)
+    store.save_targets(config_to_targets(make_config()), "")
+    data = json.loads(path.read_text())
+    data["targets"]["models"][0]["sla"]["itl_p95_ms"] = -3
+    path.write_text(json.dumps(data))
+    with pytest.raises(StoreError, match="itl_p95_ms"):
+        ServiceCore(make_config(), FakeSource(), store, clock=FakeClock())
+
+
+# ---------------------------------------------------------------------- restart
+def _policy() -> dict:
+    return {"scale_down_stabilization_s": 120, "cooldown_after_scale_up_s": 0}
+
+
+def _config() -> GovernorConfig:
+    return make_config(model_entry("demo"), model_entry("other"), **_policy())
+
+
+def test_restart_keeps_targets_and_hysteresis_no_scale_down_burst(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    clock1 = FakeClock(mono=5_000.0, wall_origin=1_800_000_000.0)
+    source = FakeSource({"demo": 100.0, "other": 3.0})
+    core1 = ServiceCore(_config(), source, FileStore(path), clock=clock1)
+    core1.set_target(model_entry("demo", sla={"ttft_p95_ms": 900, "itl_p95_ms": 45}))
+    core1.set_paused("other", True)
+    for _ in range(12):
+        core1.tick(clock1.advance(5))
+    high = core1.board.get("demo").replicas
+    assert high is not None and high >= 5
+    saved_states = core1.loop.states()
+    last_high_wall = clock1.wall()
+    # Killed: no flush, no goodbye. State was saved after the last tick.
+    del core1
+
+    # Restart 20 s later (wall); the new process's monotonic clock starts near zero.
+    clock2 = FakeClock(mono=30.0, wall_origin=last_high_wall + 20.0 - 30.0)
+    source.set("demo", 1.0)  # the load dropped while we were down
+    core2 = ServiceCore(_config(), source, FileStore(path), clock=clock2)
+    # targets intact
+    assert core2.config.model("demo").sla.itl_p95_ms == 45
+    assert core2.loop.paused() == {"other"}
+    # hysteresis memory intact, moved onto the new monotonic clock
+    st = core2.loop.states()["demo"]
+    old = saved_states["demo"]
+    shift = clock2.monotonic() - (clock1.monotonic() + 20.0)
+    assert st.replicas == old.replicas
+    assert st.last_scale_up_s == pytest.approx(old.last_scale_up_s + shift)
+    assert [t for t, _ in st.recommendations] == pytest.approx(
+        [t + shift for t, _ in old.recommendations]
+    )
+    # KEDA and engines are served the restored values before any tick
+    restored = core2.board.get("demo")
+    assert restored.replicas == high and restored.origin == "restored"
+
+    # No scale-down within the stabilization window (120 s since the last high
+    # recommendation, 20 s of which passed during the downtime).
+    t = 20.0
+    while t + 5 < 120.0:
+        core2.tick(clock2.advance(5))
+        t += 5
+        assert core2.board.get("demo").replicas == high, f"scaled down {t:.0f}s after"
+    # After the window the decider may scale down (the memory expires normally).
+    for _ in range(6):
+        core2.tick(clock2.advance(5))
+    assert core2.board.get("demo").replicas < high
+
+
+def test_without_restored_state_the_same_restart_would_scale_down(tmp_path: Path) -> None:
+    """The control for the test above: a fresh start with the same low load scales down
+    on its first ticks, so keeping the memory is what prevents the burst."""
+    clock = FakeClock()
+    source = FakeSource({"demo": 100.0, "other": 3.0})
+    warm = ServiceCore(_config(), source, FileStore(tmp_path / "a.json"), clock=clock)
+    for _ in range(12):
+        warm.tick(clock.advance(5))
+    high = warm.board.get("demo").replicas
+    source.set("demo", 1.0)
+    fresh = ServiceCore(_config(), source, FileStore(tmp_path / "b.json"), clock=FakeClock())
+    fresh.loop.tick(0.0)
+    assert fresh.board.get("demo").replicas < high  # type: ignore[operator]
+
+
+def test_admin_validation_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    core = ServiceCore(_config(), FakeSource(), FileStore(path), clock=FakeClock())
+    before = path.read_bytes()
+    for bad in (
+        model_entry("demo", sla={"ttft_p95_ms": -1, "itl_p95_ms": 50}),
+        model_entry("demo", replicas={"min_replicas": 4, "max_replicas": 2}),
+        model_entry("demo", policy={"panic_window_s": 999}),
+        {"name": "demo"},
+    ):
+        with pytest.raises(AdminError) as ei:
+            core.set_target(bad)
+        assert ei.value.code.name == "INVALID_ARGUMENT"
+    assert path.read_bytes() == before
+    assert core.config == _config()
+
+
+def test_targets_doc_requires_a_model() -> None:
+    with pytest.raises(ValueError, match="models"):
+        TargetsDoc(models=())
