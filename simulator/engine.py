@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
+from dataclasses import dataclass
 from heapq import heappop, heappush
 
 import numpy as np
@@ -59,6 +60,24 @@ from estimators.stepmodel import Profile
 from simulator.metrics import ITERATION_TOKENS_BUCKETS, ITL_BUCKETS_MS, EngineMetrics
 
 INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What one step (or a jump of `steps` identical-composition decode steps) did.
+
+    Only collected when the engine is given a `step_log` list (tests, debugging).
+    `chunks` are (rid, tokens, tokens already computed) prefill pieces in schedule order;
+    `preempted` the rids preempted while scheduling, in order.
+    """
+
+    start_s: float
+    end_s: float
+    index: int
+    steps: int
+    decodes: tuple[int, ...]
+    chunks: tuple[tuple[int, int, int], ...]
+    preempted: tuple[int, ...]
 
 
 class RequestLog:
@@ -249,6 +268,7 @@ class Engine:
         start_s: float = 0.0,
         kv_capacity_blocks: int | None = None,
         max_model_len: int | None = None,
+        step_log: list[StepRecord] | None = None,
     ) -> None:
         mns, mnbt = int(knobs.max_num_seqs), int(knobs.max_num_batched_tokens)
         if mns < 1 or mnbt < 1:
@@ -312,6 +332,9 @@ class Engine:
         self.j_a = 0.0
         self.j_b = 0.0
         self.j_t0 = 0.0
+        self.step_log = step_log
+        self._log_pre: list[int] = []
+        self._log_chunks: list[tuple[int, int, int]] = []
 
     # -- observables -----------------------------------------------------------------------
 
@@ -332,6 +355,20 @@ class Engine:
     def kv_usage_frac(self) -> float:
         """Fraction of KV blocks allocated, `vllm:kv_cache_usage_perc` (1 = full)."""
         return 1.0 - self.free / self.total_blocks
+
+    def busy_s_at(self, t_s: float) -> float:
+        """GPU busy seconds up to `t_s`: finished steps plus the elapsed part of the
+        in-flight step or jump (steps run back to back from its start)."""
+        busy = self.metrics.busy_s
+        if self.fl_kind == 1:
+            start = self.t_end - self.fl_d / 1000.0
+        elif self.fl_kind == 2:
+            start = self.j_t0
+        else:
+            return busy
+        if t_s > start:
+            busy += min(t_s, self.t_end) - start
+        return busy
 
     @property
     def is_empty(self) -> bool:
@@ -468,6 +505,8 @@ class Engine:
                 else:
                     free -= nb
                     p.blocks += nb
+                    if self.step_log is not None:
+                        self._log_chunks.append((p.rid, c, comp))
                     units += c * (comp + c * 0.5)
                     p.comp = comp + c
                     n_tok += c
@@ -499,6 +538,8 @@ class Engine:
                     m.queue_sum += q
                     self.log.sched_s[r.rid] = t0
                 m.prefix_queries += need_r
+                if self.step_log is not None:
+                    self._log_chunks.append((r.rid, c, 0))
                 units += c * c * 0.5
                 n_tok += c
                 budget -= c
@@ -515,6 +556,8 @@ class Engine:
             if not preempted:
                 raise RuntimeError("engine scheduled an empty step without preemption")
             self.fl_kind = 0
+            if self.step_log is not None:
+                self._log_step(t0, t0, k, 0)
             return
         lin = self._base + self._per_token * n_tok
         if lin < self._floor:
@@ -532,6 +575,24 @@ class Engine:
         self.fl_d = d
         self.fl_n = n_tok
         self.t_end = t0 + d / 1000.0
+        if self.step_log is not None:
+            self._log_step(t0, self.t_end, k, 1)
+
+    def _log_step(self, t0: float, t1: float, k: int, steps: int) -> None:
+        assert self.step_log is not None
+        self.step_log.append(
+            StepRecord(
+                t0,
+                t1,
+                k,
+                steps,
+                tuple(self.dec),
+                tuple(self._log_chunks),
+                tuple(self._log_pre),
+            )
+        )
+        self._log_chunks = []
+        self._log_pre = []
 
     def _finish_step(self) -> None:
         """Apply the in-flight general step's effects at its end."""
@@ -640,6 +701,8 @@ class Engine:
         self.metrics.preemptions += 1
         self.partial = None
         self.waiting.appendleft(p)
+        if self.step_log is not None:
+            self._log_pre.append(p.rid)
         return held
 
     def _preempt_decoder(self, r: _Req, k: int, t0: float) -> int:
@@ -659,6 +722,8 @@ class Engine:
         self.log.preemptions[r.rid] = r.npre
         self.metrics.preemptions += 1
         self.waiting.appendleft(r)
+        if self.step_log is not None:
+            self._log_pre.append(r.rid)
         return held
 
     def _preempt_for_decodes(self, k: int, t0: float) -> None:
@@ -780,6 +845,8 @@ class Engine:
             itl[i1] += nd * (mm - done)
         last = k0 + mm - 1
         self.k = last + 1
+        if self.step_log is not None:
+            self._log_step(self.j_t0, t1, k0, mm)
         if mm >= self.j_m:
             self.fl_kind = 0
             self.t_next = self.t_end if mm == self.j_m else t1

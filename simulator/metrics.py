@@ -22,12 +22,18 @@ Evaluation details (documented deviations from Prometheus):
   they equal Prometheus's extrapolated rate for a steadily growing counter. A series that
   appears inside the window counts from 0 (the simulator knows engines start at 0),
   one that disappears counts up to its last sample.
-* arrival rate = completions rate + growth of (waiting + running) between the first and
-  last sample, clamped at 0. With `include_router=True` (default) requests held at the
-  fleet's router while no replica serves count as waiting too, so demand stays visible at
-  zero replicas (like a gateway/activator metric); set it False for vLLM-only parity.
+* arrival rate = completions rate + growth of (waiting + running), clamped at 0, like
+  `PrometheusSource`: growth is the sum of each engine series' least-squares slope
+  (PromQL `deriv`) by default, or last minus first sample (`growth="delta"`, which
+  makes the estimate exactly the arrivals between the two samples). With
+  `include_router=True` (default) requests held at the fleet's router while no replica
+  serves count as a waiting series too, so demand stays visible at zero replicas (like a
+  gateway/activator metric); set it False for vLLM-only parity. `short_window_s`, when
+  given, also fills `arrival_rate_short_rps` (the panic window; PrometheusSource leaves
+  it None today).
 * GPU busy fraction = sum of step-execution seconds / sum of engine uptime seconds over
-  the window, across engines (what DCGM's GPU utilization averages to).
+  the window, across engines (what DCGM's GPU utilization averages to); the step in
+  flight at a scrape counts for its elapsed part.
 
 Units: seconds (`_s`), milliseconds (`_ms`), tokens, fractions (`_frac`).
 """
@@ -221,7 +227,7 @@ def snapshot_engine(engine: Engine, now_s: float) -> np.ndarray:
         m.generation_tokens,
         m.preemptions,
         m.refused,
-        m.busy_s,
+        engine.busy_s_at(now_s),
         m.steps,
         m.prefix_queries,
         m.prefix_hits,
@@ -268,6 +274,8 @@ class SimulatedSource:
         scrape_interval_s: float = 5.0,
         *,
         include_router: bool = True,
+        growth: str = "deriv",
+        short_window_s: float | None = None,
         retention_s: float | None = None,
     ) -> None:
         if window_s <= 0 or scrape_interval_s <= 0:
@@ -279,6 +287,12 @@ class SimulatedSource:
         self.window_s = float(window_s)
         self.scrape_interval_s = float(scrape_interval_s)
         self.include_router = include_router
+        if growth not in ("deriv", "delta"):
+            raise ValueError(f"growth must be 'deriv' or 'delta', got {growth!r}")
+        self.growth = growth
+        if short_window_s is not None and short_window_s <= 0:
+            raise ValueError(f"short_window_s must be > 0, got {short_window_s}")
+        self.short_window_s = short_window_s
         self.retention_s = (
             float(retention_s) if retention_s is not None else max(600.0, 2.0 * self.window_s)
         )
@@ -316,10 +330,56 @@ class SimulatedSource:
             out[q.name] = self._evaluate(q, now_s)
         return out
 
-    def _window(self, now_s: float) -> list[ScrapeSample]:
+    def _window(self, now_s: float, window_s: float | None = None) -> list[ScrapeSample]:
+        w = self.window_s if window_s is None else window_s
         hi = bisect.bisect_right(self._times, now_s)
-        lo = bisect.bisect_right(self._times, now_s - self.window_s)
+        lo = bisect.bisect_right(self._times, now_s - w)
         return self._samples[lo:hi]
+
+    def _inflight(self, s: ScrapeSample, rid: int | None) -> float:
+        """waiting + running of engine `rid` (None: the router queue) in sample `s`."""
+        g = self.layout.gauge
+        if rid is None:
+            return float(s.router_queue)
+        v = s.engines[rid]
+        return float(v[g["running"]] + v[g["waiting"]])
+
+    def _arrival_rate(self, win: list[ScrapeSample]) -> tuple[float, float]:
+        """(arrival rate, completion rate) over the samples `win` (>= 2), requests/s.
+
+        completions: increase of the success counter / time between first and last
+        sample. growth of waiting + running: `deriv` = sum over series of each series'
+        least-squares slope (PromQL `deriv`, series with >= 2 samples), `delta` = last
+        minus first (a series absent at an end counts 0 there): exact arrivals.
+        """
+        first, last = win[0], win[-1]
+        dt = last.t_s - first.t_s
+        ok = self.layout.scalar["success"]
+        done = 0.0
+        ids: set[int] = set()
+        for s in win:
+            ids.update(s.engines)
+        for rid in ids:
+            v_last = next(s.engines[rid] for s in reversed(win) if rid in s.engines)
+            v_first = first.engines.get(rid)
+            done += v_last[ok] - (v_first[ok] if v_first is not None else 0.0)
+        series: list[int | None] = list(ids)
+        if self.include_router:
+            series.append(None)
+        growth = 0.0
+        for rid in series:
+            pts = [(s.t_s, self._inflight(s, rid)) for s in win if rid is None or rid in s.engines]
+            if self.growth == "delta":
+                y0 = self._inflight(first, rid) if rid is None or rid in first.engines else 0.0
+                y1 = self._inflight(last, rid) if rid is None or rid in last.engines else 0.0
+                growth += (y1 - y0) / dt
+            elif len(pts) >= 2:
+                ts = np.array([p[0] for p in pts])
+                ys = np.array([p[1] for p in pts])
+                tc = ts - ts.mean()
+                growth += float((tc * (ys - ys.mean())).sum() / (tc * tc).sum())
+        completions = done / dt
+        return max(0.0, completions + growth), completions
 
     def _evaluate(self, q: ModelQuery, now_s: float) -> ObservationResult:
         win = self._window(now_s)
@@ -350,13 +410,13 @@ class SimulatedSource:
         def gauge_sum(s: ScrapeSample, name: str) -> float:
             return float(sum(v[g[name]] for v in s.engines.values()))
 
-        def inflight(s: ScrapeSample) -> float:
-            wr = gauge_sum(s, "running") + gauge_sum(s, "waiting")
-            return wr + (s.router_queue if self.include_router else 0)
-
         sc = lay.scalar
-        completions = delta[sc["success"]]
-        arrival = max(0.0, (completions + inflight(last) - inflight(first)) / dt)
+        arrival, completions_rps = self._arrival_rate(win)
+        short: float | None = None
+        if self.short_window_s is not None:
+            swin = self._window(now_s, self.short_window_s)
+            if len(swin) >= 2 and swin[-1].t_s > swin[0].t_s:
+                short = self._arrival_rate(swin)[0]
 
         def buckets(name: str) -> list[tuple[float, float]]:
             off, bounds = lay.hist[name]
@@ -388,6 +448,7 @@ class SimulatedSource:
             model=q.name,
             observed_at_s=now_s,
             arrival_rate_rps=arrival,
+            arrival_rate_short_rps=short,
             staleness_s=max(0.0, now_s - last.t_s),
             prompt_tokens_mean=mean("req_prompt"),
             prompt_tokens_p95=quantile("req_prompt", 0.95),
@@ -404,11 +465,11 @@ class SimulatedSource:
             kv_usage_frac=kv,
             prefix_cache_hit_frac=(delta[sc["prefix_hits"]] / queries) if queries > 0 else None,
             preemption_rate_per_s=delta[sc["preemptions"]] / dt,
-            gpu_busy_frac=(delta[sc["busy_s"]] / uptime) if uptime > 0 else None,
+            gpu_busy_frac=min(1.0, delta[sc["busy_s"]] / uptime) if uptime > 0 else None,
             ready_replicas=last.ready_replicas,
             extra={
                 "router_queue": float(last.router_queue),
-                "completion_rate_rps": completions / dt,
+                "completions_rps": completions_rps,
                 "refused_rate_rps": delta[sc["refused"]] / dt,
                 "engines": float(n_last),
                 "window_s": dt,
@@ -479,9 +540,9 @@ def render_text(model_name: str, engines: Sequence[tuple[int, Engine]], now_s: f
         for rid, eng in engines:
             lines.append(f"{name}{labels(rid)} {_fmt(float(fn(eng)))}")
     for name, attr, help_ in _COUNTERS:
-        family = name.removesuffix("_total")
-        lines.append(f"# HELP {family} {help_}")
-        lines.append(f"# TYPE {family} counter")
+        # Text format 0.0.4 declares a counter under its full sample name.
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} counter")
         for rid, eng in engines:
             lines.append(f"{name}{labels(rid)} {_fmt(float(getattr(eng.metrics, attr)))}")
     for name, attr, help_ in _HISTS:

@@ -1,0 +1,159 @@
+"""Trace loading (Azure files, generic CSV, JSONL), rate multiplier, synthetic traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.traces import (
+    AZURE_FILES,
+    SYNTHETIC_DEFAULTS,
+    Trace,
+    load_trace,
+    parse_synthetic,
+    synthetic,
+    traces_dir,
+)
+
+needs_azure = pytest.mark.skipif(
+    not (traces_dir() / AZURE_FILES["conv"]).is_file(), reason="shared Azure traces not present"
+)
+
+
+@needs_azure
+@pytest.mark.parametrize(
+    ("key", "rows", "span_s", "prompt_mean", "output_mean"),
+    [("conv", 19_366, 3501.7, 1154.7, 211.1), ("code", 8_819, 3435.9, 2047.8, 27.9)],
+)
+def test_azure_files(
+    key: str, rows: int, span_s: float, prompt_mean: float, output_mean: float
+) -> None:
+    tr = load_trace(f"azure:{key}")
+    assert len(tr) == rows
+    assert tr.arrival_s[0] == 0.0 and np.all(np.diff(tr.arrival_s) >= 0)
+    assert tr.span_s == pytest.approx(span_s, abs=0.1)
+    assert tr.prompt_tokens.mean() == pytest.approx(prompt_mean, abs=0.1)
+    assert tr.output_tokens.mean() == pytest.approx(output_mean, abs=0.1)
+    assert tr.prompt_tokens.dtype == np.int64 and tr.arrival_s.dtype == np.float64
+
+
+@needs_azure
+def test_rate_multiplier_keeps_span_and_multiplies_count() -> None:
+    tr = load_trace("azure:conv")
+    x16 = tr.scaled(16, seed=1)
+    assert len(x16) == 16 * len(tr)  # integer K: exact
+    assert x16.span_s == pytest.approx(tr.span_s, rel=1e-3)
+    assert x16.span_s <= tr.span_s
+    # shape kept: per-minute counts scale by 16 (within Poisson-ish noise)
+    bins = np.arange(0, tr.span_s + 60, 60)
+    base = np.histogram(tr.arrival_s, bins)[0]
+    scaled = np.histogram(x16.arrival_s, bins)[0]
+    assert np.corrcoef(base, scaled)[0, 1] > 0.9
+    # lengths resampled from the trace: same distribution
+    assert x16.prompt_tokens.mean() == pytest.approx(tr.prompt_tokens.mean(), rel=0.03)
+    assert set(np.unique(x16.output_tokens)) <= set(np.unique(tr.output_tokens))
+    # fractional K: Bernoulli for the fractional part
+    k = 2.5
+    xk = tr.scaled(k, seed=2)
+    expect = k * len(tr)
+    sd = np.sqrt(len(tr) * 0.25)
+    assert abs(len(xk) - expect) < 5 * sd
+    assert xk.span_s <= tr.span_s
+
+
+@needs_azure
+def test_load_trace_duration_and_multiplier() -> None:
+    tr = load_trace("azure:conv", rate_multiplier=4.0, duration_s=600.0, seed=3)
+    assert tr.arrival_s.max() < 600.0
+    base = load_trace("azure:conv", duration_s=600.0)
+    assert len(tr) == pytest.approx(4 * len(base), rel=0.02)
+
+
+def test_rate_multiplier_is_deterministic_by_seed() -> None:
+    tr = synthetic("poisson", seed=0, rate=5.0, duration=100.0)
+    a, b, c = tr.scaled(3.3, seed=7), tr.scaled(3.3, seed=7), tr.scaled(3.3, seed=8)
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    assert np.array_equal(a.prompt_tokens, b.prompt_tokens)
+    assert not np.array_equal(a.arrival_s, c.arrival_s[: len(a)]) or len(a) != len(c)
+    assert tr.scaled(1.0) is tr  # identity
+    thin = tr.scaled(0.5, seed=1)
+    assert 0.4 * len(tr) < len(thin) < 0.6 * len(tr)
+    with pytest.raises(ValueError):
+        tr.scaled(0.0)
+
+
+def test_generic_csv_and_jsonl(tmp_path: Path) -> None:
+    csv_s = tmp_path / "t.csv"
+    csv_s.write_text("timestamp,prompt_tokens,output_tokens\n10.5,100,5\n10.0,200,0\n12,50,7\n")
+    tr = load_trace(csv_s)
+    assert tr.arrival_s.tolist() == [0.0, 0.5, 2.0]
+    assert tr.prompt_tokens.tolist() == [200, 100, 50]
+    assert tr.output_tokens.tolist() == [1, 5, 7]  # 0 output clipped to 1
+    azure = tmp_path / "a.csv"
+    azure.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+    )
+    ta = load_trace(azure)
+    assert ta.arrival_s[1] == pytest.approx(4.314579, abs=1e-6)
+    jl = tmp_path / "t.jsonl"
+    jl.write_text(
+        "\n".join(
+            json.dumps({"timestamp": ts, "input_length": i, "output_length": o})
+            for ts, i, o in [(1000, 10, 2), (3500, 20, 3)]
+        )
+    )
+    tj = load_trace(jl)
+    assert tj.arrival_s.tolist() == [0.0, 2.5]
+    assert tj.prompt_tokens.tolist() == [10, 20]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("when,x\n1,2\n")
+    with pytest.raises(ValueError, match="no column"):
+        load_trace(bad)
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC_DEFAULTS))
+def test_synthetic_deterministic_and_conv_like(name: str) -> None:
+    a = load_trace(f"synthetic:{name}", seed=5)
+    b = load_trace(f"synthetic:{name}", seed=5)
+    assert np.array_equal(a.arrival_s, b.arrival_s)
+    assert len(a) > 1000
+    assert 700 < np.median(a.prompt_tokens) < 1400
+    assert 90 < np.median(a.output_tokens) < 180
+
+
+def test_synthetic_shapes() -> None:
+    step = synthetic("step", seed=1, low=10, high=40, duration=1000)
+    n1 = np.sum(step.arrival_s < 500)
+    n2 = np.sum(step.arrival_s >= 500)
+    assert n2 / n1 == pytest.approx(4.0, rel=0.15)
+    fc = synthetic("flash-crowd", seed=1, base=10, factor=10, at=0.5, spike_s=100, duration=1000)
+    spike = np.sum((fc.arrival_s >= 500) & (fc.arrival_s < 600)) / 100
+    calm = np.sum(fc.arrival_s < 500) / 500
+    assert spike / calm == pytest.approx(10.0, rel=0.15)
+    d = synthetic("diurnal", seed=1, mean=20, amplitude=0.8, period=1000, duration=1000)
+    trough = np.sum(d.arrival_s < 100)
+    peak = np.sum((d.arrival_s >= 450) & (d.arrival_s < 550))
+    assert peak > 4 * trough
+    p = synthetic("poisson", seed=2, rate=20, duration=500)
+    assert len(p) == pytest.approx(10_000, rel=0.05)
+    gaps = np.diff(p.arrival_s)
+    assert np.std(gaps) / np.mean(gaps) == pytest.approx(1.0, abs=0.05)  # exponential
+    assert parse_synthetic("synthetic:ramp:start_rate=1,end_rate=9") == (
+        "ramp",
+        {"start_rate": 1.0, "end_rate": 9.0},
+    )
+    with pytest.raises(ValueError, match="unknown parameter"):
+        load_trace("synthetic:poisson:rat=3")
+    with pytest.raises(ValueError, match="unknown synthetic"):
+        load_trace("synthetic:nope")
+
+
+def test_truncated_and_describe() -> None:
+    tr = Trace.from_arrays([0.0, 1.0, 2.0, 3.0], [1, 2, 3, 4], [5, 6, 7, 8])
+    assert len(tr.truncated(2.0)) == 2
+    d = tr.describe()
+    assert d["requests"] == 4 and d["span_s"] == 3.0 and d["prompt_mean"] == 2.5
