@@ -311,7 +311,8 @@ class ServiceCore:
         self.elector: Elector = elector or AlwaysLeader()
         self.extra_actuators = list(actuators)
         self.log = logger or structlog.get_logger("governor.service")
-        self.board = DecisionBoard(wall=self.clock.wall)
+        self._loop_logger = logger  # None: the loop's own default logger
+        self.board = DecisionBoard(wall=self.clock.wall, logger=logger)
         self._targets_lock = threading.RLock()
         self._tick_lock = threading.Lock()
         self._engines: dict[str, dict[str, float]] = {}
@@ -417,6 +418,7 @@ class ServiceCore:
             [self.board, *self.extra_actuators],
             clock=self.clock,
             metrics=self.metrics,
+            logger=self._loop_logger,
             states=states,
         )
         for name in doc.paused:
@@ -465,6 +467,7 @@ class ServiceCore:
             [self.board, *self.extra_actuators],
             clock=self.clock,
             metrics=self.metrics,
+            logger=self._loop_logger,
             states=states,
         )
         for name in paused:
@@ -1260,7 +1263,6 @@ def run_service(args: argparse.Namespace) -> int:
     arguments or config, 1 when the service cannot start."""
     from controller.logs import configure_logging
 
-    configure_logging(args.log_level)
     listens = (("--grpc-listen", args.grpc_listen), ("--metrics-listen", args.metrics_listen))
     for flag, value in listens:
         try:
@@ -1290,6 +1292,7 @@ def run_service(args: argparse.Namespace) -> int:
 
         source = PrometheusSource(config.prometheus, window_s=config.policy.window_s)
 
+    configure_logging(args.log_level)  # after validation: a refused command changes nothing
     kind = args.store
     if kind == "auto":
         kind = "memory" if args.simulated_fleet else ("configmap" if _in_cluster() else "file")

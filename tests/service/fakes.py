@@ -70,6 +70,13 @@ class FakeSource:
             return out
 
 
+def quiet_logger() -> Any:
+    """A structlog logger that drops everything (tests that capture stdout/stderr)."""
+    import structlog
+
+    return structlog.wrap_logger(structlog.ReturnLogger())
+
+
 def model_entry(name: str = "demo", **over: Any) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": name,

@@ -60,3 +60,52 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = 10.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}")
         time.sleep(0.01)
+
+
+class ServiceProcess:
+    """A service subprocess whose stderr is drained on a thread; `port` is parsed from
+    the line `serve` prints once the gRPC server listens."""
+
+    PORT_LINE = "governor: serving gRPC on port "
+
+    def __init__(self, argv: list[str], cwd: str | None = None) -> None:
+        import os
+        import subprocess
+        import sys
+
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=cwd,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def port(self, timeout_s: float = 30.0) -> int:
+        def found() -> int | None:
+            for line in self.lines:
+                if line.startswith(self.PORT_LINE):
+                    return int(line[len(self.PORT_LINE) :].split(",")[0])
+            if self.proc.poll() is not None:
+                raise AssertionError("service exited early:\n" + "\n".join(self.lines[-40:]))
+            return None
+
+        return wait_until(found, timeout_s, "the service to listen")
+
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)

@@ -20,7 +20,7 @@ from governor_api import externalscaler_pb2 as es
 from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
-from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
+from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread, wait_until
 
 POLICY: dict[str, Any] = {
@@ -34,9 +34,9 @@ POLICY: dict[str, Any] = {
 class Service:
     """A served core with its fake clock and source, and client stubs."""
 
-    def __init__(self, core: ServiceCore, clock: FakeClock, source: FakeSource) -> None:
+    def __init__(self, core: ServiceCore, clock: FakeClock, source: FakeSource, log: Any) -> None:
         self.core, self.clock, self.source = core, clock, source
-        self.thread = ServerThread(core)
+        self.thread = ServerThread(core, logger=log)
 
     def __enter__(self) -> Service:
         self.thread.__enter__()
@@ -62,8 +62,9 @@ def _service(*models: dict[str, Any], rates: dict[str, float | None] | None = No
     clock = FakeClock()
     source = FakeSource(dict(rates or {}))
     cfg = make_config(*(models or (model_entry(),)), **POLICY)
-    core = ServiceCore(cfg, source, MemoryStore(), clock=clock)
-    return Service(core, clock, source)
+    log = quiet_logger()
+    core = ServiceCore(cfg, source, MemoryStore(), clock=clock, logger=log)
+    return Service(core, clock, source, log)
 
 
 @pytest.fixture

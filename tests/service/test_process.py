@@ -1,0 +1,306 @@
+"""Real service processes: SIGTERM (in-flight calls complete, exit 0 within the grace
+period), SIGKILL + restart (targets and hysteresis intact, no scale-down), and the
+`governor run` entry point. Waits are bounded polls on observable state, not sleeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.cli import main as cli_main
+from governor_api import externalscaler_pb2 as es
+from governor_api import externalscaler_pb2_grpc as es_grpc
+from governor_api import governor_v1_pb2 as pb
+from governor_api import governor_v1_pb2_grpc as pb_grpc
+from tests.service.harness import ServiceProcess, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+TICK_S = 0.2
+
+
+def _write_config(path: Path, **policy: Any) -> Path:
+    cfg = {
+        "models": [
+            {
+                "name": "demo",
+                "deployment": "demo",
+                "sla": {"ttft_p95_ms": 1000, "itl_p95_ms": 50},
+                "replicas": {"min_replicas": 1, "max_replicas": 20},
+            }
+        ],
+        "policy": {"tick_interval_s": TICK_S, "cooldown_after_scale_up_s": 0, **policy},
+        "prometheus": {"url": "http://127.0.0.1:1", "timeout_s": 0.5},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _write_rates(path: Path, **rates: float) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rates))
+    os.replace(tmp, path)
+
+
+def _start(tmp: Path, *extra: str) -> ServiceProcess:
+    return ServiceProcess(
+        [
+            "-m",
+            "tests.service.serve_fake",
+            "--config",
+            str(tmp / "config.yaml"),
+            "--state-file",
+            str(tmp / "state.json"),
+            "--rates-file",
+            str(tmp / "rates.json"),
+            *extra,
+        ],
+        cwd=str(ROOT),
+    )
+
+
+def _replicas(channel: grpc.Channel) -> int | None:
+    stub = es_grpc.ExternalScalerStub(channel)
+    ref = es.ScaledObjectRef(scalerMetadata={"model": "demo"})
+    try:
+        resp = stub.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=2)
+    except grpc.RpcError:
+        return None
+    return resp.metricValues[0].metricValue
+
+
+@pytest.mark.slow
+def test_sigterm_completes_in_flight_calls_and_exits_0(tmp_path: Path) -> None:
+    _write_config(tmp_path / "config.yaml")
+    _write_rates(tmp_path / "rates.json", demo=10.0)
+    marker = tmp_path / "saving"
+    grace_s = 8.0
+    svc = _start(tmp_path, "--slow-save-s", "1.5", "--marker", str(marker), "--grace-s", "8")
+    try:
+        port = svc.port()
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        wait_until(lambda: _replicas(channel), 20, "the first decision")
+        admin = pb_grpc.AdminServiceStub(channel)
+        got = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5)
+        target = pb.ModelTarget()
+        target.CopyFrom(got.target)
+        target.sla.itl_p95_ms = 42
+        watch = pb_grpc.BatchingServiceStub(channel).WatchBatchingConfig(
+            pb.GetBatchingConfigRequest(model="demo"), timeout=30
+        )
+        first = next(iter(watch))
+        assert first.model == "demo"
+        future = admin.SetTarget.future(pb.SetTargetRequest(target=target), timeout=20)
+        wait_until(marker.exists, 10, "the SetTarget call to be in flight")
+        sent = time.monotonic()
+        svc.proc.send_signal(signal.SIGTERM)
+        resp = future.result(timeout=20)  # the in-flight call completes normally
+        assert resp.target.sla.itl_p95_ms == 42
+        rest = list(watch)  # the stream ends with OK (not cancelled, not an error)
+        assert watch.code() == grpc.StatusCode.OK, rest
+        code = svc.proc.wait(timeout=grace_s + 10)
+        elapsed = time.monotonic() - sent
+        assert code == 0, svc.output()[-3000:]
+        assert elapsed < grace_s, f"took {elapsed:.1f}s, grace {grace_s}s"
+        channel.close()
+        stored = json.loads((tmp_path / "state.json").read_text())
+        assert stored["targets"]["models"][0]["sla"]["itl_p95_ms"] == 42  # flushed
+        assert "demo" in stored["state"]["models"]
+    finally:
+        svc.kill()
+
+
+@pytest.mark.slow
+def test_kill_and_restart_keeps_targets_and_does_not_scale_down(tmp_path: Path) -> None:
+    _write_config(tmp_path / "config.yaml", scale_down_stabilization_s=120)
+    _write_rates(tmp_path / "rates.json", demo=100.0)
+    svc = _start(tmp_path)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{svc.port()}")
+        high = wait_until(
+            lambda: (r := _replicas(channel)) is not None and r >= 5 and r, 30, "scale-up"
+        )
+        admin = pb_grpc.AdminServiceStub(channel)
+        got = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5)
+        got.target.sla.ttft_p95_ms = 950
+        admin.SetTarget(pb.SetTargetRequest(target=got.target), timeout=5)
+        # let at least one more tick save the state with the new target
+        n = len(admin.Explain(pb.ExplainRequest(model="demo"), timeout=5).decisions)
+        wait_until(
+            lambda: len(admin.Explain(pb.ExplainRequest(model="demo"), timeout=5).decisions) > n,
+            10,
+            "a tick after the target change",
+        )
+        high = _replicas(channel)
+        channel.close()
+    finally:
+        svc.kill()  # SIGKILL: no shutdown hook runs
+    assert svc.proc.returncode == -signal.SIGKILL
+
+    _write_rates(tmp_path / "rates.json", demo=1.0)  # load dropped during the outage
+    svc2 = _start(tmp_path)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{svc2.port()}")
+        admin = pb_grpc.AdminServiceStub(channel)
+        assert _replicas(channel) == high  # restored, served at once
+        target = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5).target
+        assert target.sla.ttft_p95_ms == 950
+
+        def decisions() -> Any:
+            return admin.Explain(pb.ExplainRequest(model="demo"), timeout=5).decisions
+
+        # 10 ticks (~2 s) of low load, well inside the 120 s stabilization window
+        history = wait_until(lambda: (d := decisions()) and len(d) >= 10 and d, 30, "10 ticks")
+        assert all(d.summary.replicas == high for d in history), [
+            d.summary.replicas for d in history
+        ]
+        # the raw recommendation fell; restored hysteresis (stabilization window or
+        # panic hold) kept the replicas
+        last = history[-1].summary
+        assert last.raw_replicas < high
+        held = {"panic:PANIC_HOLD", "stabilize:SCALE_DOWN_STABILIZED"}
+        assert held & set(last.stage_reasons), list(last.stage_reasons)
+        assert _replicas(channel) == high
+        channel.close()
+        svc2.proc.send_signal(signal.SIGTERM)
+        assert svc2.proc.wait(timeout=15) == 0
+    finally:
+        svc2.kill()
+
+
+@pytest.mark.slow
+def test_governor_run_entry_point_serves_health_metrics_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """`governor run` itself (Prometheus unreachable: decisions hold, service serves)."""
+    cfg = _write_config(tmp_path / "config.yaml")
+    svc = ServiceProcess(
+        [
+            "-m",
+            "controller.cli",
+            "run",
+            "--config",
+            str(cfg),
+            "--store",
+            "file",
+            "--state-file",
+            str(tmp_path / "state.json"),
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--shutdown-grace-s",
+            "5",
+        ],
+        cwd=str(ROOT),
+    )
+    try:
+        port = svc.port()
+        line = next(x for x in svc.lines if x.startswith(ServiceProcess.PORT_LINE))
+        metrics_port = int(line.rsplit(" ", 1)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+            def ticked() -> bool:
+                url = f"http://127.0.0.1:{metrics_port}/metrics"
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    body = r.read().decode()
+                return "governor_ticks_total" in body and "governor_ticks_total 0.0" not in body
+
+            wait_until(ticked, 20, "a tick counted in /metrics")
+            # no data from Prometheus: KEDA is told UNAVAILABLE, never a zero
+            assert _replicas(channel) is None
+        svc.proc.send_signal(signal.SIGTERM)
+        assert svc.proc.wait(timeout=15) == 0
+    finally:
+        svc.kill()
+
+
+def test_governor_run_bad_arguments_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = _write_config(tmp_path / "config.yaml")
+    cases = [
+        (["run"], "--config"),
+        (["run", "--config", str(cfg), "--grpc-listen", "nowhere"], "HOST:PORT"),
+        (["run", "--config", str(cfg), "--metrics-listen", "h:99999"], "port"),
+        (["run", "--config", str(tmp_path / "missing.yaml")], "cannot read"),
+        (["run", "--simulated-fleet", str(tmp_path / "none.csv")], "not found"),
+        (["run", "--simulated-fleet", "synthetic:"], "NAME"),
+        (["run", "--config", str(cfg), "--shutdown-grace-s", "0"], "grace"),
+    ]
+    for argv, text in cases:
+        assert cli_main(argv) == 2, argv
+        assert text in capsys.readouterr().err, argv
+
+
+def test_engine_args_prints_flags_and_falls_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Unreachable controller: the configured defaults, exit 0, quickly."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "models": [
+                    {
+                        "name": "m",
+                        "deployment": "m",
+                        "sla": {"ttft_p95_ms": 500, "itl_p95_ms": 40},
+                        "knobs": {
+                            "default_max_num_seqs": 64,
+                            "default_max_num_batched_tokens": 4096,
+                        },
+                    }
+                ]
+            }
+        )
+    )
+    started = time.monotonic()
+    code = cli_main(
+        ["engine-args", "--model", "m", "--server", "127.0.0.1:1", "--config", str(cfg),
+         "--timeout-s", "1"]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out.strip() == "--max-num-seqs 64 --max-num-batched-tokens 4096"
+    assert "warning" in err and "defaults of 'm'" in err
+    assert time.monotonic() - started < 10
+    code = cli_main(["engine-args", "--model", "m", "--server", "127.0.0.1:1", "--timeout-s", "1"])
+    out, _ = capsys.readouterr()
+    assert code == 0 and out.strip() == "--max-num-seqs 256 --max-num-batched-tokens 8192"
+
+
+def test_engine_args_from_a_live_server(capsys: pytest.CaptureFixture[str]) -> None:
+    from controller.service import ServiceCore
+    from tests.service.fakes import FakeClock, FakeSource, make_config, quiet_logger
+    from tests.service.harness import ServerThread
+
+    clock = FakeClock()
+    log = quiet_logger()
+    core = ServiceCore(
+        make_config(knob_sustain_s=0), FakeSource({"demo": 20.0}), clock=clock, logger=log
+    )
+    with ServerThread(core, logger=log) as s:
+        core.tick(clock.advance(5))
+        knobs = core.board.get("demo").knobs
+        code = cli_main(["engine-args", "--model", "demo", "--server", s.address])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert out.strip() == " ".join(knobs.engine_args())
+        assert knobs.max_num_seqs != 256  # really from the server, not the default
+        code = cli_main(["engine-args", "--model", "unknown", "--server", s.address])
+        out, err = capsys.readouterr()
+        assert code == 0 and "NOT_FOUND" in err
+        assert out.strip() == "--max-num-seqs 256 --max-num-batched-tokens 8192"
