@@ -86,7 +86,24 @@ class Decider:
         knobs, knob_reason, knob_state = self._knobs(obs, lengths, state, now_s)
         prev_tick = state.load.at_s if state.load is not None else None
         dt = 0.0 if prev_tick is None else max(0.0, now_s - prev_tick)
-        correction = self._correction(obs, state, dt)
+        base_capacity = (
+            replica_capacity_rps(
+                knobs, lengths, self.model.sla, self.profile, self.policy.target_utilization_frac
+            )
+            if lengths is not None
+            else None
+        )
+        # The model is only wrong if the fleet we have was believed big enough (demand
+        # within the deadband of its estimated capacity: we did not mean to scale up).
+        believed_enough = (
+            base_capacity is not None
+            and obs.arrival_rate_rps
+            <= state.replicas
+            * base_capacity
+            * state.capacity_correction
+            * (1.0 + self.policy.tolerance_frac)
+        )
+        correction = self._correction(obs, state, dt, believed_enough)
         load = holt_update(
             state.load,
             obs.arrival_rate_rps,
@@ -118,16 +135,8 @@ class Decider:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
             return self._hold(obs.model, state, now_s, "demand without length statistics")
         else:
-            capacity = (
-                replica_capacity_rps(
-                    knobs,
-                    lengths,
-                    self.model.sla,
-                    self.profile,
-                    self.policy.target_utilization_frac,
-                )
-                * correction
-            )
+            assert base_capacity is not None  # lengths is not None
+            capacity = base_capacity * correction
             raw = max(demand / capacity, 1e-9)
             raw_reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
         raw_int = math.ceil(raw - 1e-9)
@@ -310,8 +319,16 @@ class Decider:
             >= g * b.max_num_batched_tokens
         )
 
-    def _correction(self, obs: Observation, state: ModelState, dt: float) -> float:
-        """Feedback on the capacity estimate from the observed SLA (see module doc)."""
+    def _correction(
+        self, obs: Observation, state: ModelState, dt: float, believed_enough: bool
+    ) -> float:
+        """Feedback on the capacity estimate from the observed SLA (see module doc).
+
+        Shrinks only while the SLA is violated on a fleet that is at the size we asked
+        for and that our estimate said was enough for the observed demand: a violation
+        on a fleet still cold-starting, or on demand we knew exceeded it, says nothing
+        about the capacity model.
+        """
         c = state.capacity_correction
         sla = self.model.sla
         violated = False
@@ -327,7 +344,7 @@ class Decider:
             if p95 is None or p95 > HEALTHY_FRAC * target:
                 healthy = False
         full_fleet = obs.ready_replicas is None or obs.ready_replicas >= state.replicas
-        if violated and full_fleet and state.replicas > 0:
+        if violated and full_fleet and believed_enough and state.replicas > 0:
             return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt))
         if healthy and not violated:
             return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt)

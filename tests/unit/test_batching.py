@@ -44,9 +44,9 @@ def test_clamp_knobs_budget_at_least_seqs() -> None:
 
 
 def test_slo_knobs_conversation_worked_example() -> None:
-    """The docstring's worked example: 160 seqs, 1,024 tokens."""
+    """The docstring's worked example: 160 seqs, 2,560 tokens."""
     k = slo_knobs(CONV, SLA_STD, load_profile(), KnobBounds(), itl_margin_frac=0.85)
-    assert k == Knobs(max_num_seqs=160, max_num_batched_tokens=1024)
+    assert k == Knobs(max_num_seqs=160, max_num_batched_tokens=2560)
 
 
 def test_slo_knobs_keep_steps_under_itl_target() -> None:
@@ -99,7 +99,7 @@ def test_capacity_grows_with_looser_sla_and_shrinks_with_longer_requests() -> No
 
 def test_capacity_below_gpu_saturation_and_scaled_by_utilization() -> None:
     p = load_profile()
-    k = Knobs(max_num_seqs=160, max_num_batched_tokens=1024)
+    k = Knobs(max_num_seqs=160, max_num_batched_tokens=2560)
     full = replica_capacity_rps(k, CONV, SLA_STD, p, 1.0)
     assert full < 1000.0 / per_request_work_ms(CONV, p)
     assert replica_capacity_rps(k, CONV, SLA_STD, p, 0.5) == pytest.approx(full * 0.5)

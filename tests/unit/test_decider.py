@@ -180,10 +180,10 @@ def test_knobs_change_only_when_material_and_sustained() -> None:
     assert Reason.KNOBS_CHANGED in reasons
     changed_at = reasons.index(Reason.KNOBS_CHANGED)
     assert changed_at * 5 >= 60
-    assert s.knobs == Knobs(160, 1024) and s.knob_changes == 1
+    assert s.knobs == Knobs(160, 2560) and s.knob_changes == 1
     # a small wobble in lengths (<10 %) does not move the knobs
     dec, s = d.decide(obs(rate=30.0, prompt_tokens_p95=4200.0), s, ORIGIN_S + 70)
-    assert dec.knobs == Knobs(160, 1024)
+    assert dec.knobs == Knobs(160, 2560)
     assert dec.knob_reason in (Reason.KNOBS_UNCHANGED, Reason.KNOBS_NOT_MATERIAL)
 
 

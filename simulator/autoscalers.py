@@ -1,0 +1,315 @@
+"""Autoscaling policies run against the simulated fleet: the governor and the baselines.
+
+Every policy acts through the same modelled actuation path (`simulator.scenario`): it
+publishes a desired replica count; an HPA sync loop (default every 15 s) reads it and
+scales the Deployment (the fleet), and every replica pays the same cold start.
+
+Baselines, faithful to their published algorithms and defaults (ARCHITECTURE.md s.6):
+- `hpa-gpu`: HPA v2 on GPU utilisation (DCGM's busy fraction), target 70 %.
+- `hpa-queue`: HPA v2 on p95 queue time, target 500 ms (a Value-type metric).
+- `keda`: KEDA Prometheus scaler on sum(vllm:num_requests_waiting), threshold 5
+  (AverageValue), feeding an HPA with default behavior.
+- `kpa`: Knative KPA on in-flight concurrency: stable window 60 s, panic window 6 s,
+  panic threshold 200 %, target 100 x 70 % per pod, max scale-up rate 1000, max
+  scale-down rate 2, 2 s tick; never scales down in panic.
+- `static`: a fixed replica count.
+HPA arithmetic: desired = ceil(current * metric / target) unless within tolerance 0.1,
+then default behavior: scale-up max(+100 %, +4 pods) per 15 s, scale-down stabilization
+300 s (max of recommendations), -100 % per 15 s. The stabilization and rate-limit steps
+reuse `controller.stages`, which implement exactly the HPA's rules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from actuators.base import Actuator
+from controller.config import GovernorConfig, RateLimit
+from controller.loop import ControlLoop
+from controller.metrics import GovernorMetrics
+from controller.stages import rate_limit, stabilize
+from controller.types import Decision, Knobs
+from estimators.types import ModelQuery, Observation
+from simulator.fleet import Fleet
+from simulator.metrics import SimulatedSource
+
+HPA_TOLERANCE = 0.1
+HPA_UP = (
+    RateLimit(type="percent", value=100, period_s=15),
+    RateLimit(type="pods", value=4, period_s=15),
+)
+HPA_DOWN = (RateLimit(type="percent", value=100, period_s=15),)
+HPA_DOWN_STABILIZATION_S = 300.0
+
+POLICY_NAMES = ("governor", "hpa-gpu", "hpa-queue", "keda", "kpa", "static")
+
+
+class Autoscaler(Protocol):
+    """A policy under test. `evaluate(now_s)` runs every `interval_s` and returns the
+    replica count it wants now (None: no opinion yet)."""
+
+    name: str
+    interval_s: float
+
+    def evaluate(self, now_s: float) -> int | None: ...
+
+    def knobs(self) -> Knobs | None:
+        """Knobs for replicas that start from now on (None: leave the fleet's)."""
+        ...
+
+    @property
+    def passthrough(self) -> bool:
+        """True when the HPA only relays this policy's number (KEDA external scaler with
+        damping-free behavior): the HPA still applies its 10 % tolerance."""
+        ...
+
+
+@dataclass
+class _HpaCore:
+    """HPA v2 replica arithmetic with default behavior, on a metric ratio."""
+
+    min_replicas: int
+    max_replicas: int
+    recommendations: list[tuple[float, int]] = field(default_factory=list)
+    changes: list[tuple[float, int]] = field(default_factory=list)
+
+    def desired(self, ratio: float | None, current: int, now_s: float) -> int | None:
+        if ratio is None or not math.isfinite(ratio):
+            return None  # missing metric: the HPA does not act
+        rec = current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(ratio * current - 1e-9)
+        rec = min(max(rec, self.min_replicas), self.max_replicas)
+        self.recommendations = [
+            (t, v) for t, v in self.recommendations if now_s - t < HPA_DOWN_STABILIZATION_S
+        ]
+        out = stabilize(
+            rec, current, self.recommendations, now_s, 0.0, HPA_DOWN_STABILIZATION_S
+        ).value
+        self.recommendations.append((now_s, rec))
+        self.changes = [(t, d) for t, d in self.changes if now_s - t < 15.0]
+        out = rate_limit(out, current, self.changes, now_s, HPA_UP, HPA_DOWN).value
+        out = min(max(out, self.min_replicas), self.max_replicas)
+        if out != current:
+            self.changes.append((now_s, out - current))
+        return out
+
+
+class _Base:
+    interval_s = 15.0
+    passthrough = False
+
+    def knobs(self) -> Knobs | None:
+        return None
+
+
+class HpaGpu(_Base):
+    """HPA on average GPU busy fraction of ready pods, target 70 %."""
+
+    name = "hpa-gpu"
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        source: SimulatedSource,
+        model: str,
+        lo: int,
+        hi: int,
+        target: float = 0.7,
+    ):
+        self.fleet, self.source, self.model, self.target = fleet, source, model, target
+        self.hpa = _HpaCore(lo, hi)
+
+    def evaluate(self, now_s: float) -> int | None:
+        o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
+        util = o.gpu_busy_frac if isinstance(o, Observation) else None
+        ratio = None if util is None else util / self.target
+        return self.hpa.desired(ratio, self.fleet.active_replicas, now_s)
+
+
+class HpaQueue(_Base):
+    """HPA on fleet p95 queue time (a Value metric), target 500 ms."""
+
+    name = "hpa-queue"
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        source: SimulatedSource,
+        model: str,
+        lo: int,
+        hi: int,
+        target_ms: float = 500.0,
+    ):
+        self.fleet, self.source, self.model, self.target_ms = fleet, source, model, target_ms
+        self.hpa = _HpaCore(lo, hi)
+
+    def evaluate(self, now_s: float) -> int | None:
+        o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
+        q = o.queue_time_p95_ms if isinstance(o, Observation) else None
+        ratio = None if q is None else q / self.target_ms
+        return self.hpa.desired(ratio, self.fleet.active_replicas, now_s)
+
+
+class Keda(_Base):
+    """KEDA Prometheus scaler: sum(vllm:num_requests_waiting), threshold 5, AverageValue."""
+
+    name = "keda"
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        source: SimulatedSource,
+        model: str,
+        lo: int,
+        hi: int,
+        threshold: float = 5.0,
+    ):
+        self.fleet, self.source, self.model, self.threshold = fleet, source, model, threshold
+        self.hpa = _HpaCore(lo, hi)
+
+    def evaluate(self, now_s: float) -> int | None:
+        o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
+        if not isinstance(o, Observation) or o.waiting is None:
+            return None
+        waiting = o.waiting + o.extra.get("router_queue", 0.0)
+        current = max(1, self.fleet.active_replicas)
+        # AverageValue: usage ratio = value / (target * current)
+        return self.hpa.desired(waiting / (self.threshold * current), current, now_s)
+
+
+class Kpa(_Base):
+    """Knative KPA on in-flight concurrency (running + waiting + router queue)."""
+
+    name = "kpa"
+    interval_s = 2.0
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        model: str,
+        lo: int,
+        hi: int,
+        *,
+        target_per_pod: float = 100.0,
+        utilization: float = 0.7,
+        stable_s: float = 60.0,
+        panic_frac: float = 0.1,
+        panic_threshold: float = 2.0,
+        max_up_rate: float = 1000.0,
+        max_down_rate: float = 2.0,
+    ) -> None:
+        self.fleet, self.model, self.lo, self.hi = fleet, model, lo, hi
+        self.target = target_per_pod * utilization
+        self.stable_s, self.panic_s = stable_s, stable_s * panic_frac
+        self.panic_threshold, self.max_up, self.max_down = (
+            panic_threshold,
+            max_up_rate,
+            max_down_rate,
+        )
+        self.samples: deque[tuple[float, float]] = deque()
+        self.panic_since: float | None = None
+        self.last_panic_ok: float | None = None
+        self.desired_now: int | None = None
+
+    def _concurrency(self) -> float:
+        total = float(self.fleet.router_queue_len)
+        for _, eng in self.fleet.live_engines():
+            total += eng.num_running + eng.num_waiting
+        return total
+
+    def evaluate(self, now_s: float) -> int | None:
+        self.samples.append((now_s, self._concurrency()))
+        while self.samples and now_s - self.samples[0][0] >= self.stable_s:
+            self.samples.popleft()
+        stable = sum(c for _, c in self.samples) / len(self.samples)
+        recent = [c for t, c in self.samples if now_s - t < self.panic_s]
+        panic_c = sum(recent) / len(recent)
+        ready = max(1, self.fleet.ready_replicas)
+        d_stable = math.ceil(stable / self.target)
+        d_panic = math.ceil(panic_c / self.target)
+        # rate limits relative to ready pods
+        up_cap = math.ceil(ready * self.max_up)
+        down_floor = math.floor(ready / self.max_down)
+        d_stable = min(max(d_stable, down_floor), up_cap)
+        d_panic = min(max(d_panic, down_floor), up_cap)
+        if d_panic / ready >= self.panic_threshold:
+            self.panic_since = self.panic_since or now_s
+            self.last_panic_ok = now_s
+        elif (
+            self.panic_since is not None
+            and self.last_panic_ok is not None
+            and now_s - self.last_panic_ok >= self.stable_s
+        ):
+            self.panic_since = None
+        if self.panic_since is not None:
+            want = max(d_panic, self.desired_now or 0)  # never scale down in panic
+        else:
+            want = d_stable
+        self.desired_now = min(max(want, self.lo), self.hi)
+        return self.desired_now
+
+
+class Static(_Base):
+    """A fixed replica count."""
+
+    name = "static"
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+
+    def evaluate(self, now_s: float) -> int | None:
+        return self.replicas
+
+
+class _Capture:
+    """Actuator that keeps the latest valid decision (what KEDA would read)."""
+
+    def __init__(self) -> None:
+        self.latest: Decision | None = None
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        for d in decisions:
+            if d.valid:
+                self.latest = d
+
+
+class Governor(_Base):
+    """The real control loop (`controller.loop.ControlLoop`) on the simulated source."""
+
+    name = "governor"
+    passthrough = True
+
+    def __init__(
+        self,
+        config: GovernorConfig,
+        source: SimulatedSource,
+        extra_actuators: Sequence[Actuator] = (),
+    ):
+        self.capture = _Capture()
+        self.loop = ControlLoop(
+            config,
+            source,
+            [self.capture, *extra_actuators],
+            metrics=GovernorMetrics(),
+            logger=_NullLogger(),
+        )
+        self.interval_s = config.policy.tick_interval_s
+
+    def evaluate(self, now_s: float) -> int | None:
+        self.loop.tick(now_s)
+        d = self.capture.latest
+        return None if d is None else d.replicas
+
+    def knobs(self) -> Knobs | None:
+        d = self.capture.latest
+        return None if d is None else d.knobs
+
+
+class _NullLogger:
+    """Drops log lines: a simulation runs thousands of ticks."""
+
+    def __getattr__(self, name: str):
+        return lambda *a, **k: None

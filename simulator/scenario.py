@@ -1,0 +1,277 @@
+"""Run one autoscaling policy on the simulated fleet over a trace, and score it.
+
+The actuation path is the same for every policy: the policy evaluates on its own
+cadence; an HPA sync loop (default every 15 s, the HPA's --horizontal-pod-autoscaler-
+sync-period) reads the latest desired count and scales the fleet. For the governor the
+HPA only relays the number (KEDA external scaler, damping-free behavior) but still
+applies its 10 % tolerance. Knobs reach replicas when they start.
+
+Scoring (per request): a request attains its SLO when its TTFT and its mean ITL are both
+within the SLA; refused and unfinished requests are misses. GPU-hours count each replica
+from the moment it was requested (cold start included) until it was gone or the run
+ended. A flap is a scaling action in the opposite direction of the previous one within
+10 minutes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from controller.config import SLA, GovernorConfig, ModelConfig, ReplicaBounds, ScalingPolicy
+from controller.types import Knobs
+from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
+from simulator.autoscalers import (
+    HPA_TOLERANCE,
+    POLICY_NAMES,
+    Autoscaler,
+    Governor,
+    HpaGpu,
+    HpaQueue,
+    Keda,
+    Kpa,
+    Static,
+)
+from simulator.fleet import Fleet
+from simulator.metrics import SimulatedSource
+from simulator.traces import Trace
+
+FLAP_WINDOW_S = 600.0
+MODEL = "demo"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a policy run needs besides the policy itself."""
+
+    trace: Trace
+    sla: SLA
+    profile: Profile = field(default_factory=lambda: load_profile(DEFAULT_PROFILE))
+    min_replicas: int = 1
+    max_replicas: int = 64
+    start_replicas: int = 1
+    static_replicas: int | None = None
+    seed: int = 0
+    hpa_sync_s: float = 15.0
+    cold_start_s: float | None = None
+    drain_tail_s: float = 300.0
+    scrape_interval_s: float = 5.0
+    governor_policy: ScalingPolicy = field(default_factory=ScalingPolicy)
+
+    @property
+    def end_s(self) -> float:
+        return self.trace.span_s + self.drain_tail_s
+
+    def governor_config(self) -> GovernorConfig:
+        cold = self.cold_start_s if self.cold_start_s is not None else self.profile.cold_start_s
+        return GovernorConfig(
+            models=(
+                ModelConfig(
+                    name=MODEL,
+                    deployment=MODEL,
+                    sla=self.sla,
+                    replicas=ReplicaBounds(
+                        min_replicas=self.min_replicas, max_replicas=self.max_replicas
+                    ),
+                    cold_start_s=cold,
+                    profile=self.profile.name,
+                ),
+            ),
+            policy=self.governor_policy,
+        )
+
+
+@dataclass
+class PolicyResult:
+    """Scores of one policy over one scenario (see module doc for definitions)."""
+
+    name: str
+    slo_attainment: float
+    gpu_hours: float
+    scaling_actions: int
+    flaps: int
+    knob_changes: int
+    ttft_p95_ms: float | None
+    itl_p95_ms: float | None
+    peak_queue: int
+    requests: int
+    refused: int
+    unfinished: int
+    max_replicas: int
+    series: dict[str, list[float]] = field(default_factory=dict, repr=False)
+
+    def summary(self) -> dict[str, float | int | None]:
+        return {
+            "slo_attainment": self.slo_attainment,
+            "gpu_hours": self.gpu_hours,
+            "scaling_actions": self.scaling_actions,
+            "flaps": self.flaps,
+            "knob_changes": self.knob_changes,
+            "ttft_p95_ms": self.ttft_p95_ms,
+            "itl_p95_ms": self.itl_p95_ms,
+            "peak_queue": self.peak_queue,
+            "requests": self.requests,
+            "refused": self.refused,
+            "unfinished": self.unfinished,
+            "max_replicas": self.max_replicas,
+        }
+
+
+def make_policy(name: str, sc: Scenario, fleet: Fleet, source: SimulatedSource) -> Autoscaler:
+    lo, hi = sc.min_replicas, sc.max_replicas
+    if name == "governor":
+        return Governor(sc.governor_config(), source)
+    if name == "hpa-gpu":
+        return HpaGpu(fleet, source, MODEL, lo, hi)
+    if name == "hpa-queue":
+        return HpaQueue(fleet, source, MODEL, lo, hi)
+    if name == "keda":
+        return Keda(fleet, source, MODEL, lo, hi)
+    if name == "kpa":
+        return Kpa(fleet, MODEL, lo, hi)
+    if name == "static":
+        return Static(sc.static_replicas if sc.static_replicas is not None else sc.start_replicas)
+    raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
+
+
+def count_flaps(actions: list[tuple[float, int]], window_s: float = FLAP_WINDOW_S) -> int:
+    """Direction reversals within `window_s`: actions are (time, delta != 0)."""
+    flaps = 0
+    for (t0, d0), (t1, d1) in itertools.pairwise(actions):
+        if (d0 > 0) != (d1 > 0) and t1 - t0 < window_s:
+            flaps += 1
+    return flaps
+
+
+def score(fleet: Fleet, sla: SLA) -> tuple[float, float | None, float | None, int, int]:
+    """(attainment, ttft p95 ms, mean-ITL p95 ms, refused, unfinished) over all requests."""
+    rec = fleet.records()
+    n = len(rec)
+    if n == 0:
+        return 1.0, None, None, 0, 0
+    done = rec.done
+    ttft = rec.ttft_s
+    itl = rec.mean_itl_s
+    with np.errstate(invalid="ignore"):
+        ok = (
+            done
+            & (ttft <= sla.ttft_p95_ms / 1000.0)
+            & (np.isnan(itl) | (itl <= sla.itl_p95_ms / 1000.0))
+        )
+    ttft_p95 = float(np.percentile(ttft[done], 95) * 1000.0) if done.any() else None
+    itl_done = itl[done & ~np.isnan(itl)]
+    itl_p95 = float(np.percentile(itl_done, 95) * 1000.0) if len(itl_done) else None
+    refused = int(rec.refused.sum())
+    unfinished = int(n - done.sum() - refused)
+    return float(ok.sum() / n), ttft_p95, itl_p95, refused, unfinished
+
+
+def run_policy(
+    name: str, sc: Scenario, progress: Callable[[float], None] | None = None
+) -> PolicyResult:
+    """Simulate `name` over the scenario and score it."""
+    fleet = Fleet(
+        sc.profile, initial_replicas=sc.start_replicas, seed=sc.seed, cold_start_s=sc.cold_start_s
+    )
+    source = SimulatedSource(
+        fleet, MODEL, window_s=sc.governor_policy.window_s, scrape_interval_s=sc.scrape_interval_s
+    )
+    fleet.submit_trace(sc.trace, offset_s=0.0)
+    policy = make_policy(name, sc, fleet, source)
+    end = sc.end_s
+    events: list[tuple[float, int]] = [(policy.interval_s, 0), (sc.hpa_sync_s, 1)]
+    desired: int | None = None
+    actions: list[tuple[float, int]] = []
+    knob_changes = 0
+    series: dict[str, list[float]] = {
+        "t": [],
+        "desired": [],
+        "ready": [],
+        "total": [],
+        "waiting": [],
+    }
+    peak_queue = 0
+    last_progress = 0.0
+    while events:
+        t, kind = heapq.heappop(events)
+        if t > end:
+            break
+        fleet.advance_to(t)
+        if kind == 0:
+            want = policy.evaluate(t)
+            if want is not None:
+                desired = want
+            k = policy.knobs()
+            if k is not None and k != fleet.knobs:
+                fleet.set_knobs(k)
+                knob_changes += 1
+            heapq.heappush(events, (t + policy.interval_s, 0))
+        else:
+            current = fleet.active_replicas
+            if desired is not None and desired != current:
+                target = desired
+                if (
+                    policy.passthrough
+                    and current > 0
+                    and abs(desired / current - 1.0) <= HPA_TOLERANCE
+                ):
+                    target = current  # the HPA's own tolerance on the relayed metric
+                if target != current:
+                    fleet.scale_to(target, t)
+                    actions.append((t, target - current))
+            waiting = fleet.router_queue_len + sum(e.num_waiting for _, e in fleet.live_engines())
+            peak_queue = max(peak_queue, waiting)
+            series["t"].append(t)
+            series["desired"].append(float(desired if desired is not None else current))
+            series["ready"].append(float(fleet.ready_replicas))
+            series["total"].append(float(fleet.total_replicas))
+            series["waiting"].append(float(waiting))
+            heapq.heappush(events, (t + sc.hpa_sync_s, 1))
+        if progress is not None and t - last_progress >= 60.0:
+            progress(t / end)
+            last_progress = t
+    fleet.advance_to(end)
+    att, ttft_p95, itl_p95, refused, unfinished = score(fleet, sc.sla)
+    if progress is not None:
+        progress(1.0)
+    return PolicyResult(
+        name=name,
+        slo_attainment=att,
+        gpu_hours=fleet.gpu_seconds(end) / 3600.0,
+        scaling_actions=len(actions),
+        flaps=count_flaps(actions),
+        knob_changes=knob_changes,
+        ttft_p95_ms=ttft_p95,
+        itl_p95_ms=itl_p95,
+        peak_queue=max(peak_queue, fleet.peak_router_queue),
+        requests=len(sc.trace),
+        refused=refused,
+        unfinished=unfinished,
+        max_replicas=int(max(series["total"], default=0)),
+        series=series,
+    )
+
+
+def governor_knobs_for(trace: Trace, sc: Scenario) -> Knobs:
+    """The knobs the slo policy picks for the trace's overall length statistics."""
+    from controller.batching import slo_knobs
+    from controller.types import Lengths
+
+    p, o = trace.prompt_tokens, trace.output_tokens
+    lengths = Lengths(
+        prompt_mean=float(p.mean()),
+        prompt_p95=float(np.percentile(p, 95)),
+        output_mean=float(o.mean()),
+        output_p95=float(np.percentile(o, 95)),
+    )
+    cfg = sc.governor_config()
+    return slo_knobs(lengths, sc.sla, sc.profile, cfg.models[0].knobs, cfg.policy.itl_margin_frac)
+
+
+def _ceil_div(a: float, b: float) -> int:
+    return math.ceil(a / b)
