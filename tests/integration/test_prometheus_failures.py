@@ -1,0 +1,354 @@
+"""How `PrometheusSource` maps failures and bad data to typed outcomes.
+
+Transport failures use the real default client against tiny local HTTP servers (a
+closed port, a server slower than the timeout, garbage answers); data problems use an
+injected fake client with canned answers. Contract: the source unreadable ->
+`SourceError` (with the query); a model without a finite demand -> `NoDataError`;
+optional signals NaN/Inf/missing -> None, never 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+import requests
+
+from estimators.prometheus import PrometheusSource
+from estimators.promql import SIGNAL_LABEL, Signal
+from estimators.types import ModelQuery, NoDataError, Observation, SourceError
+from tests.integration.promserver import free_port
+
+NOW = 1_800_000_000.0
+A, B = "model-a", "model-b"
+MODELS = [ModelQuery(A, ttft_sla_s=0.1, itl_sla_s=0.05), ModelQuery(B)]
+
+
+# --- fake client -------------------------------------------------------------------------
+
+
+def tagged(model: str, signal: Signal, value: str | float) -> dict[str, Any]:
+    """One sample of a multi-signal answer."""
+    return {
+        "metric": {"model_name": model, SIGNAL_LABEL: signal.value},
+        "value": [NOW, str(value)],
+    }
+
+
+def buckets(model: str, pairs: list[tuple[str, str | float]]) -> list[dict[str, Any]]:
+    """A bucket-rate answer: (le, rate) pairs for one model."""
+    return [{"metric": {"model_name": model, "le": le}, "value": [NOW, str(v)]} for le, v in pairs]
+
+
+ITL_OK = [("0.025", 6.0), ("0.05", 9.0), ("0.075", 9.8), ("0.1", 10.0), ("+Inf", 10.0)]
+
+
+def healthy_answers() -> dict[str, Any]:
+    """Both models fully present."""
+    state: list[dict[str, Any]] = []
+    for m in (A, B):
+        state += [
+            tagged(m, Signal.RUNNING, 8),
+            tagged(m, Signal.WAITING, 1),
+            tagged(m, Signal.KV_USAGE_FRAC, 0.5),
+            tagged(m, Signal.READY_REPLICAS, 2),
+            tagged(m, Signal.GAUGE_SAMPLE_TS, NOW - 1.5),
+            tagged(m, Signal.COUNTER_SAMPLE_TS, NOW - 2.5),
+        ]
+    return {
+        "demand": [tagged(m, Signal.ARRIVAL_RPS, 12.5) for m in (A, B)]
+        + [tagged(m, Signal.COMPLETIONS_RPS, 12.0) for m in (A, B)],
+        "state": state,
+        "rates": [tagged(m, Signal.PREFIX_CACHE_HIT_FRAC, 0.25) for m in (A, B)],
+        "itl_buckets": buckets(A, ITL_OK) + buckets(B, ITL_OK),
+    }
+
+
+class FakeClient:
+    """Answers each query of the source by name (see `TickQueries`) from `answers`.
+
+    A value that is an exception is raised; a missing name answers an empty vector.
+    """
+
+    def __init__(self, answers: Mapping[str, Any]) -> None:
+        self.answers = dict(answers)
+        self.by_text: dict[str, str] = {}
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def bind(self, src: PrometheusSource) -> PrometheusSource:
+        self.by_text = {text: name for name, text in src.queries.items()}
+        return src
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        name = self.by_text[query]
+        self.calls.append((name, dict(params or {})))
+        answer = self.answers.get(name, [])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def fake_source(answers: Mapping[str, Any], **kwargs: Any) -> tuple[PrometheusSource, FakeClient]:
+    client = FakeClient(answers)
+    return client.bind(PrometheusSource("http://fake:9090", client=client, **kwargs)), client
+
+
+def test_healthy_answer_maps_every_field() -> None:
+    src, client = fake_source(healthy_answers(), window_s=30)
+    obs = src.observe(MODELS, NOW)[A]
+    assert isinstance(obs, Observation)
+    assert obs.arrival_rate_rps == 12.5
+    assert obs.extra == {"completions_rps": 12.0}
+    assert (obs.running, obs.waiting, obs.kv_usage_frac, obs.ready_replicas) == (8, 1, 0.5, 2)
+    assert obs.staleness_s == pytest.approx(1.5)  # newest of the gauge and counter samples
+    assert obs.itl_p95_ms == pytest.approx(65.625)  # 50 + 25 * (9.5 - 9) / 0.8
+    assert obs.itl_attainment_frac == pytest.approx(0.9)
+    assert obs.ttft_attainment_frac is None  # no TTFT buckets answered
+    assert obs.ttft_p95_ms is None and obs.prompt_tokens_mean is None
+    assert obs.preemption_rate_per_s is None
+    assert {params["time"] for _, params in client.calls} == {f"{NOW:.3f}"}
+    assert src.queries_last_tick == len(client.calls) == 10
+
+
+def test_model_missing_from_demand_is_no_data_while_the_other_is_observed() -> None:
+    answers = healthy_answers()
+    answers["demand"] = [tagged(A, Signal.ARRIVAL_RPS, 3.0)]
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    assert isinstance(results[A], Observation)
+    err = results[B]
+    assert isinstance(err, NoDataError)
+    assert (err.model, err.signal) == (B, "arrival_rate")
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+Inf", "-Inf"])
+def test_non_finite_demand_is_no_data_never_zero(bad: str) -> None:
+    answers = healthy_answers()
+    answers["demand"] = [tagged(A, Signal.ARRIVAL_RPS, bad), tagged(B, Signal.ARRIVAL_RPS, 4)]
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    err = results[A]
+    assert isinstance(err, NoDataError) and err.signal == "arrival_rate"
+    assert isinstance(results[B], Observation)
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+Inf", "-Inf"])
+def test_non_finite_optional_signals_are_none_never_zero(bad: str) -> None:
+    answers = healthy_answers()
+    answers["state"] = [
+        tagged(A, s, bad)
+        for s in (
+            Signal.RUNNING,
+            Signal.WAITING,
+            Signal.KV_USAGE_FRAC,
+            Signal.READY_REPLICAS,
+            Signal.GAUGE_SAMPLE_TS,
+        )
+    ]
+    answers["rates"] = [
+        tagged(A, Signal.PREFIX_CACHE_HIT_FRAC, bad),
+        tagged(A, Signal.PREEMPTION_RATE_PER_S, bad),
+    ]
+    answers["token_means"] = [tagged(A, Signal.PROMPT_TOKENS_MEAN, bad)]
+    answers["itl_buckets"] = buckets(A, [("0.05", bad), ("0.1", 10.0), ("+Inf", 10.0)])
+    obs = fake_source(answers, window_s=30)[0].observe(MODELS, NOW)[A]
+    assert isinstance(obs, Observation)
+    for name in (
+        "running",
+        "waiting",
+        "kv_usage_frac",
+        "ready_replicas",
+        "prefix_cache_hit_frac",
+        "preemption_rate_per_s",
+        "prompt_tokens_mean",
+        "itl_p95_ms",
+        "itl_attainment_frac",
+    ):
+        assert getattr(obs, name) is None, name
+    assert obs.staleness_s == 30.0  # no sample time: the window bounds the age
+
+
+def test_idle_histogram_gives_none_not_zero() -> None:
+    answers = healthy_answers()
+    answers["itl_buckets"] = buckets(A, [("0.05", 0.0), ("0.1", 0.0), ("+Inf", 0.0)])
+    obs = fake_source(answers)[0].observe(MODELS, NOW)[A]
+    assert isinstance(obs, Observation)
+    assert obs.itl_p95_ms is None and obs.itl_attainment_frac is None
+
+
+def test_bucket_noise_is_made_monotonic_like_promql() -> None:
+    answers = healthy_answers()
+    # Rates of cumulative buckets can dip by float noise (exaggerated here); PromQL takes
+    # the running maximum, so 0.075 counts 9 and the p95 is 75 + 25 * 0.5 / 1 = 87.5 ms
+    # (without the fix: 75 + 25 * 1.5 / 2 = 93.75 ms).
+    noisy = [("0.025", 6.0), ("0.05", 9.0), ("0.075", 8.0), ("0.1", 10.0), ("+Inf", 10.0)]
+    answers["itl_buckets"] = buckets(A, noisy)
+    obs = fake_source(answers)[0].observe(MODELS, NOW)[A]
+    assert isinstance(obs, Observation)
+    assert obs.itl_p95_ms == pytest.approx(87.5)
+
+
+def test_models_not_asked_for_are_ignored_and_empty_asks_nothing() -> None:
+    answers = healthy_answers()
+    answers["demand"].append(tagged("other", Signal.ARRIVAL_RPS, 1.0))
+    src, client = fake_source(answers)
+    assert set(src.observe([ModelQuery(A)], NOW)) == {A}
+    client.calls.clear()
+    assert src.observe([], NOW) == {}
+    assert client.calls == [] and src.queries_last_tick == 0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"resultType": "vector"},  # not a list
+        [NOW, "1"],  # a scalar's result
+        [{"metric": {"model_name": A}, "values": [[NOW, "1"]]}],  # a matrix
+        [{"metric": {"model_name": A}, "value": [NOW, "abc"]}],  # not a number
+        [{"value": [NOW, "1"]}],  # no labels
+        [{"metric": "x", "value": [NOW, "1"]}],
+        None,
+    ],
+)
+def test_malformed_results_are_source_errors(answer: Any) -> None:
+    answers = healthy_answers()
+    answers["state"] = answer
+    src, _ = fake_source(answers)
+    with pytest.raises(SourceError) as info:
+        src.observe(MODELS, NOW)
+    assert info.value.query == src.queries.state
+
+
+def test_client_exceptions_are_source_errors_with_the_query() -> None:
+    answers = healthy_answers()
+    answers["rates"] = RuntimeError("boom")
+    src, client = fake_source(answers)
+    with pytest.raises(SourceError, match="boom") as info:
+        src.observe(MODELS, NOW)
+    assert info.value.query == src.queries.rates
+    assert src.queries_last_tick == len(client.calls) == 3  # demand, state, rates
+
+
+def test_non_finite_now_is_refused() -> None:
+    with pytest.raises(ValueError, match="now_s"):
+        fake_source(healthy_answers())[0].observe(MODELS, float("nan"))
+
+
+# --- real client, tiny servers -----------------------------------------------------------
+
+Behaviour = Callable[[http.server.BaseHTTPRequestHandler], None]
+
+
+@pytest.fixture
+def tiny_server() -> Iterator[Callable[[Behaviour], tuple[str, list[str]]]]:
+    """Start a loopback HTTP server whose GET handler is `behaviour`; returns (url, paths)."""
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(behaviour: Behaviour) -> tuple[str, list[str]]:
+        paths: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                paths.append(self.path)
+                with contextlib.suppress(OSError):  # the client gave up (timeout test)
+                    behaviour(self)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_port}", paths
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def reply(status: int, body: bytes, ctype: str = "application/json") -> Behaviour:
+    def behaviour(h: http.server.BaseHTTPRequestHandler) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    return behaviour
+
+
+EMPTY_VECTOR = json.dumps(
+    {"status": "success", "data": {"resultType": "vector", "result": []}}
+).encode()
+
+
+def test_connection_refused_is_a_source_error_without_backoff() -> None:
+    src = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(SourceError, match="ConnectionError") as info:
+        src.observe(MODELS, NOW)
+    assert info.value.query == src.queries.demand
+    # PrometheusConnect's default Retry would sleep 0 + 2 + 4 s here; ours does not retry.
+    assert time.monotonic() - started < 3.0
+
+
+def test_slow_server_past_the_timeout_is_a_source_error(tiny_server: Any) -> None:
+    def slow(h: http.server.BaseHTTPRequestHandler) -> None:
+        time.sleep(1.0)
+        reply(200, EMPTY_VECTOR)(h)
+
+    url, paths = tiny_server(slow)
+    src = PrometheusSource(url, timeout_s=0.25)
+    with pytest.raises(SourceError) as info:
+        src.observe(MODELS, NOW)
+    assert isinstance(info.value.__cause__, requests.Timeout)
+    assert len(paths) == 1  # not retried
+    assert "timeout=0.25" in paths[0]  # and Prometheus is told the evaluation deadline
+
+
+def test_healthy_empty_server_gives_no_data(tiny_server: Any) -> None:
+    url, paths = tiny_server(reply(200, EMPTY_VECTOR))
+    src = PrometheusSource(url, timeout_s=1.0)
+    results = src.observe(MODELS, NOW)
+    assert all(isinstance(r, NoDataError) for r in results.values())
+    assert len(paths) == src.queries_last_tick == 10
+    assert all(f"time={NOW:.3f}" in p for p in paths)
+
+
+@pytest.mark.parametrize(
+    "behaviour",
+    [
+        reply(200, b"<html>not json</html>", "text/html"),
+        reply(200, b'{"status": "success"}'),  # no data
+        reply(200, b'{"status": "success", "data": {"resultType": "scalar", "result": [1, "2"]}}'),
+        reply(400, b'{"status": "error", "errorType": "bad_data", "error": "parse error"}'),
+        reply(500, b"internal error", "text/plain"),
+        reply(503, b"unavailable", "text/plain"),
+    ],
+    ids=["garbage", "no-data-key", "scalar", "http-400", "http-500", "http-503"],
+)
+def test_unreadable_answers_are_source_errors(tiny_server: Any, behaviour: Behaviour) -> None:
+    url, paths = tiny_server(behaviour)
+    src = PrometheusSource(url, timeout_s=1.0)
+    with pytest.raises(SourceError) as info:
+        src.observe(MODELS, NOW)
+    assert info.value.query == src.queries.demand
+    assert len(paths) == 1  # failed fast, not retried
+
+
+def test_settings_object_supplies_url_timeout_and_label(tiny_server: Any) -> None:
+    from controller.config import PrometheusSettings
+
+    url, paths = tiny_server(reply(200, EMPTY_VECTOR))
+    settings = PrometheusSettings(url=url, timeout_s=0.5, model_label="served_model")
+    src = PrometheusSource(settings, window_s=20)
+    assert (src.timeout_s, src.model_label) == (0.5, "served_model")
+    assert "served_model" in src.queries.demand and "[20s]" in src.queries.demand
+    src.observe(MODELS, NOW)
+    assert all("timeout=0.5" in p for p in paths)

@@ -1,0 +1,325 @@
+"""`PrometheusSource` against a real Prometheus scraping fake vLLM exporters.
+
+The exporters (tests/integration/fake_vllm.py, fleet in conftest.py) emit known
+distributions, so every estimate has a known right answer: quantiles equal the PromQL
+interpolation of the known buckets (and the true quantile lies in the same bucket),
+attainment is the exact bucket fraction, gauges are exact; rates equal PromQL's own
+rate() exactly and the true rate within `RATE_REL`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from prometheus_api_client import PrometheusConnect
+
+from estimators.histogram import (
+    E2E_BUCKETS_S,
+    ITL_BUCKETS_S,
+    QUEUE_BUCKETS_S,
+    TTFT_BUCKETS_S,
+)
+from estimators.prometheus import PrometheusSource
+from estimators.types import ModelQuery, NoDataError, Observation, ObservationResult
+from tests.integration.conftest import (
+    FLEET,
+    MODEL_A,
+    MODEL_B,
+    MODEL_DRAIN,
+    MODEL_DUAL,
+    MODEL_ESCAPED,
+    MODEL_LEGACY,
+    MODELS,
+    VllmWorld,
+)
+from tests.integration.fake_vllm import (
+    TOKEN_BUCKETS,
+    ModelSpec,
+    bucket_of,
+    bucket_quantile,
+    true_quantile,
+)
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+MAX_QUERIES_PER_TICK = 12
+RATE_REL = 0.15
+"""Tolerance of a rate against its true value. rate() over a 5 s window of 1 s scrapes
+is exact for a linear counter when scrapes are on time, but a scrape late by more than
+10% of the interval makes PromQL extrapolate only half an interval at that end: up to
+~12% low (seen on a loaded machine). Exact checks compare with PromQL itself instead."""
+
+
+class CountingClient(PrometheusConnect):
+    """A real PrometheusConnect that records every query and its parameters."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url=url, timeout=5)
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def custom_query(
+        self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        self.calls.append((query, dict(params or {})))
+        return super().custom_query(query, params=params, timeout=timeout)  # type: ignore[arg-type]
+
+
+def source(world: VllmWorld, **kwargs: Any) -> PrometheusSource:
+    return PrometheusSource(world.url, window_s=world.window_s, timeout_s=5.0, **kwargs)
+
+
+def observed(results: dict[str, ObservationResult], name: str) -> Observation:
+    result = results[name]
+    assert isinstance(result, Observation), f"{name}: {result!r}"
+    return result
+
+
+def check_quantile(
+    estimate: float | None,
+    q: float,
+    values: Sequence[float],
+    bounds: Sequence[float],
+    scale: float = 1.0,
+) -> None:
+    """`estimate` (in `scale` units) is the bucket interpolation, and the truth's bucket."""
+    assert estimate is not None
+    expected = bucket_quantile(q, values, bounds)
+    assert estimate / scale == pytest.approx(expected, rel=1e-9)
+    lower, upper = bucket_of(true_quantile(q, values), bounds)
+    assert lower * (1 - 1e-9) <= estimate / scale <= upper * (1 + 1e-9)
+
+
+@pytest.fixture(scope="module")
+def tick(vllm_world: VllmWorld) -> tuple[dict[str, ObservationResult], float, PrometheusSource]:
+    """One observation of the main models with SLAs on (A) and off (B) bucket edges."""
+    src = source(vllm_world)
+    now = time.time()
+    models = [
+        ModelQuery(MODEL_A.name, ttft_sla_s=0.25, itl_sla_s=0.05),  # both bucket edges
+        ModelQuery(MODEL_B.name, ttft_sla_s=0.3, itl_sla_s=0.1),  # 0.3 is no TTFT edge
+        ModelQuery(MODEL_DRAIN.name),
+        ModelQuery(MODEL_LEGACY.name, itl_sla_s=0.05),
+        ModelQuery(MODEL_ESCAPED.name),
+        ModelQuery(MODEL_DUAL.name, itl_sla_s=0.05),
+    ]
+    return src.observe(models, now), now, src
+
+
+@pytest.mark.parametrize("spec", [MODEL_A, MODEL_B], ids=lambda s: s.name)
+def test_latency_quantiles_are_promql_interpolations(
+    spec: ModelSpec, tick: tuple[dict[str, ObservationResult], float, PrometheusSource]
+) -> None:
+    obs = observed(tick[0], spec.name)
+    check_quantile(obs.ttft_p95_ms, 0.95, spec.ttft_s, TTFT_BUCKETS_S, 1000.0)
+    check_quantile(obs.itl_p95_ms, 0.95, spec.itl_s, ITL_BUCKETS_S, 1000.0)
+    check_quantile(obs.e2e_p99_ms, 0.99, spec.e2e_s, E2E_BUCKETS_S, 1000.0)
+    check_quantile(obs.queue_time_p95_ms, 0.95, spec.queue_s, QUEUE_BUCKETS_S, 1000.0)
+
+
+def test_hand_computed_quantiles(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    a = observed(tick[0], MODEL_A.name)
+    assert a.itl_p95_ms == pytest.approx(65.625)  # 50 + 25 * (95 - 90) / 8
+    assert a.ttft_p95_ms == pytest.approx(625.0)  # 500 + 250 * (19 - 18) / 2
+    assert a.e2e_p99_ms == pytest.approx(12_500.0)  # 10 s + 5 s * (99 - 98) / 2
+    b = observed(tick[0], MODEL_B.name)
+    assert b.itl_p95_ms == pytest.approx(125.0)
+    assert b.prompt_tokens_p95 == pytest.approx(2000.0)  # +Inf bucket: highest finite bound
+
+
+def test_quantiles_equal_promqls_own_histogram_quantile(vllm_world: VllmWorld) -> None:
+    src = source(vllm_world)
+    now = time.time()
+    obs = observed(src.observe([ModelQuery(MODEL_A.name)], now), MODEL_A.name)
+    for estimate, q, name in (
+        (obs.ttft_p95_ms, 0.95, "ttft_buckets"),
+        (obs.itl_p95_ms, 0.95, "itl_buckets"),
+        (obs.e2e_p99_ms, 0.99, "e2e_buckets"),
+    ):
+        query = f"histogram_quantile({q}, {getattr(src.queries, name)})"
+        rows = vllm_world.prometheus.query(query, at_s=now)
+        promql = {r["metric"]["model_name"]: float(r["value"][1]) for r in rows}
+        assert estimate is not None
+        assert estimate / 1000.0 == pytest.approx(promql[MODEL_A.name], rel=1e-9), name
+
+
+@pytest.mark.parametrize("spec", [MODEL_A, MODEL_B], ids=lambda s: s.name)
+def test_token_lengths(
+    spec: ModelSpec, tick: tuple[dict[str, ObservationResult], float, PrometheusSource]
+) -> None:
+    obs = observed(tick[0], spec.name)
+    check_quantile(obs.prompt_tokens_p95, 0.95, spec.prompt_tokens, TOKEN_BUCKETS)
+    check_quantile(obs.output_tokens_p95, 0.95, spec.output_tokens, TOKEN_BUCKETS)
+    mean_prompt = sum(spec.prompt_tokens) / len(spec.prompt_tokens)
+    mean_output = sum(spec.output_tokens) / len(spec.output_tokens)
+    assert obs.prompt_tokens_mean == pytest.approx(mean_prompt, rel=1e-9)
+    assert obs.output_tokens_mean == pytest.approx(mean_output, rel=1e-9)
+
+
+def test_hand_computed_token_means(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    a = observed(tick[0], MODEL_A.name)
+    assert (a.prompt_tokens_mean, a.output_tokens_mean) == (pytest.approx(330), pytest.approx(84))
+
+
+def test_arrival_rate_is_completions_plus_queue_growth(
+    vllm_world: VllmWorld, tick: tuple[dict[str, ObservationResult], float, PrometheusSource]
+) -> None:
+    results, now, src = tick
+    bps = vllm_world.batches_per_s
+    a = observed(results, MODEL_A.name)
+    b = observed(results, MODEL_B.name)
+    # The completion rate is exactly what PromQL's rate() says at the same instant...
+    w = f"{vllm_world.window_s:g}s"
+    rows = vllm_world.prometheus.query(
+        f"sum by (model_name) (rate(vllm:request_success_total[{w}]))", at_s=now
+    )
+    promql = {r["metric"]["model_name"]: float(r["value"][1]) for r in rows}
+    for obs in (a, b):
+        assert obs.extra["completions_rps"] == pytest.approx(promql[obs.model], rel=1e-9)
+    # ...and close to the truth (rate() extrapolation under scrape jitter, see RATE_REL).
+    assert a.extra["completions_rps"] == pytest.approx(MODEL_A.completions_rps(bps), rel=RATE_REL)
+    assert b.extra["completions_rps"] == pytest.approx(MODEL_B.completions_rps(bps), rel=RATE_REL)
+    # A's queue is flat: arrivals are the completions. B's grows 2/s: arrivals 30 + 2.
+    assert a.arrival_rate_rps == pytest.approx(a.extra["completions_rps"], rel=1e-9)
+    growth = b.arrival_rate_rps - b.extra["completions_rps"]
+    assert growth == pytest.approx(MODEL_B.waiting_growth_rps(), abs=0.25)
+    assert src.queries_last_tick <= MAX_QUERIES_PER_TICK
+
+
+def test_arrival_rate_is_never_negative_while_a_queue_drains(
+    vllm_world: VllmWorld, tick: tuple[dict[str, ObservationResult], float, PrometheusSource]
+) -> None:
+    drain = observed(tick[0], MODEL_DRAIN.name)  # 10 completions/s, queue -50/s
+    assert drain.arrival_rate_rps == 0.0
+    expected = MODEL_DRAIN.completions_rps(vllm_world.batches_per_s)
+    assert drain.extra["completions_rps"] == pytest.approx(expected, rel=RATE_REL)
+
+
+def test_gauges_and_counter_rates(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    results, now, _ = tick
+    a = observed(results, MODEL_A.name)
+    assert (a.running, a.waiting, a.kv_usage_frac) == (8.0, 1.0, 0.5)
+    assert a.ready_replicas == 2
+    assert a.prefix_cache_hit_frac == pytest.approx(0.75, rel=1e-9)
+    # Counters of one target share sample times, so ratios of their rates are exact:
+    # 0.1 preemptions per batch against 2 completions per batch.
+    assert a.preemption_rate_per_s is not None
+    assert a.preemption_rate_per_s / a.extra["completions_rps"] == pytest.approx(0.05, rel=1e-9)
+    assert a.preemption_rate_per_s == pytest.approx(2.0, rel=RATE_REL)
+    assert a.observed_at_s == now
+    assert 0.0 <= a.staleness_s <= 3 * 1.0  # scrapes every second
+    b = observed(results, MODEL_B.name)
+    assert b.running == 12.0
+    assert b.kv_usage_frac == pytest.approx(0.2)
+    assert b.ready_replicas == 3
+    assert b.waiting is not None and b.waiting > 2.0  # growing 2/s from 2
+    assert b.prefix_cache_hit_frac is None  # 0 hits / 0 queries = NaN: no data, not 0
+    assert b.preemption_rate_per_s == 0.0  # the counter exists and is flat: a real zero
+
+
+def test_attainment_exact_on_bucket_edges_and_none_elsewhere(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    a = observed(tick[0], MODEL_A.name)
+    assert a.ttft_attainment_frac == pytest.approx(18 / 20, rel=1e-12)  # TTFT <= 0.25 s
+    assert a.itl_attainment_frac == pytest.approx(90 / 100, rel=1e-12)  # ITL <= 0.05 s
+    b = observed(tick[0], MODEL_B.name)
+    assert b.ttft_attainment_frac is None  # 0.3 s is not a TTFT bucket edge
+    assert b.itl_attainment_frac == pytest.approx(90 / 100, rel=1e-12)  # ITL <= 0.1 s
+    drain = observed(tick[0], MODEL_DRAIN.name)
+    assert drain.ttft_attainment_frac is None and drain.itl_attainment_frac is None  # no SLA
+
+
+def test_deprecated_metric_names(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    legacy = observed(tick[0], MODEL_LEGACY.name)  # gpu_cache_usage_perc, time_per_output...
+    assert legacy.kv_usage_frac == 0.4
+    check_quantile(legacy.itl_p95_ms, 0.95, MODEL_LEGACY.itl_s, ITL_BUCKETS_S, 1000.0)
+    assert legacy.itl_p95_ms == pytest.approx(48.75)
+    assert legacy.itl_attainment_frac == pytest.approx(1.0)
+    assert legacy.prefix_cache_hit_frac == pytest.approx(0.25)  # gpu_prefix_cache_*
+
+
+def test_current_name_wins_per_engine_over_deprecated(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    dual = observed(tick[0], MODEL_DUAL.name)  # exports both spellings, deprecated = decoy
+    assert dual.kv_usage_frac == 0.3  # not 0.99, not their mean
+    assert dual.itl_p95_ms == pytest.approx(65.625)  # not the 5 s decoy, not a mixture
+    assert dual.itl_attainment_frac == pytest.approx(0.9)
+    assert dual.prefix_cache_hit_frac == pytest.approx(0.5)
+    assert dual.ready_replicas == 1
+
+
+def test_escaped_metric_names(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    esc = observed(tick[0], MODEL_ESCAPED.name)  # vllm_... as an OpenMetrics scrape stores
+    assert (esc.running, esc.waiting, esc.kv_usage_frac, esc.ready_replicas) == (6, 3, 0.6, 1)
+    assert esc.itl_p95_ms == pytest.approx(65.625)
+    assert esc.arrival_rate_rps == pytest.approx(10.0, rel=RATE_REL)
+
+
+def test_escaped_names_can_be_refused(vllm_world: VllmWorld) -> None:
+    results = source(vllm_world, accept_escaped=False).observe(
+        [ModelQuery(MODEL_ESCAPED.name), ModelQuery(MODEL_A.name)], time.time()
+    )
+    assert isinstance(results[MODEL_ESCAPED.name], NoDataError)
+    assert isinstance(results[MODEL_A.name], Observation)
+
+
+def test_query_count_is_constant_in_the_number_of_models(vllm_world: VllmWorld) -> None:
+    client = CountingClient(vllm_world.url)
+    src = source(vllm_world, client=client)
+    few = [ModelQuery(MODEL_A.name), ModelQuery(MODEL_B.name)]
+    many = [ModelQuery(m.name) for m in FLEET]
+    assert len(many) == 50
+
+    small = src.observe(few, time.time())
+    calls_small = list(client.calls)
+    client.calls.clear()
+    large = src.observe(many, time.time())
+    calls_large = list(client.calls)
+
+    assert len(calls_small) == len(calls_large) == src.queries_last_tick
+    assert src.queries_last_tick <= MAX_QUERIES_PER_TICK
+    assert src.queries_total == 2 * src.queries_last_tick
+    assert [q for q, _ in calls_small] == [q for q, _ in calls_large]  # same text, no names
+    for calls in (calls_small, calls_large):
+        assert len({params["time"] for _, params in calls}) == 1  # one evaluation time
+        assert all("timeout" in params for _, params in calls)
+    assert set(small) == {MODEL_A.name, MODEL_B.name}
+    assert set(large) == {m.name for m in FLEET}
+    arrivals = []
+    for spec in FLEET:
+        obs = observed(large, spec.name)
+        assert obs.running == spec.engines[0].running
+        assert obs.itl_p95_ms == pytest.approx(65.625)
+        arrivals.append(obs.arrival_rate_rps)
+    assert max(arrivals) == pytest.approx(min(arrivals), rel=1e-9)  # one target, same counts
+    assert arrivals[0] == pytest.approx(10.0, rel=RATE_REL)
+
+
+def test_partial_answer_observes_present_models(vllm_world: VllmWorld) -> None:
+    results = source(vllm_world).observe(
+        [ModelQuery(MODEL_A.name), ModelQuery("no-such-model")], time.time()
+    )
+    assert set(results) == {MODEL_A.name, "no-such-model"}  # others exported: ignored
+    assert isinstance(results[MODEL_A.name], Observation)
+    missing = results["no-such-model"]
+    assert isinstance(missing, NoDataError)
+    assert (missing.model, missing.signal) == ("no-such-model", "arrival_rate")
+
+
+def test_evaluation_before_any_data_is_no_data(vllm_world: VllmWorld) -> None:
+    results = source(vllm_world).observe([ModelQuery(m.name) for m in MODELS], time.time() - 3600.0)
+    assert all(isinstance(r, NoDataError) for r in results.values())
