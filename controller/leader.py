@@ -67,8 +67,15 @@ class AlwaysLeader:
 
 
 def _micro_time(wall_s: float) -> str:
-    """Kubernetes MicroTime (RFC 3339, 6 fractional digits, UTC)."""
+    """Kubernetes MicroTime (RFC 3339, 6 fractional digits, UTC).
+
+    The kubernetes client re-serializes times with `datetime.isoformat()`, which drops
+    the fraction when it is exactly zero, and the API server parses MicroTime with a
+    fixed 6-digit fraction; so a whole second is moved by 1 us to keep the digits.
+    """
     t = dt.datetime.fromtimestamp(wall_s, tz=dt.UTC)
+    if t.microsecond == 0:
+        t = t.replace(microsecond=1)
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

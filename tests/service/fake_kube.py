@@ -1,0 +1,324 @@
+"""A fake Kubernetes API server: a threaded HTTP server on 127.0.0.1 that follows the
+published API contract for the few endpoints llm-governor uses, so the real `kubernetes`
+client can be tested against it.
+
+Implemented (JSON only):
+- apps/v1 deployments/{name}/scale: GET, PUT, PATCH (merge patch; a
+  metadata.resourceVersion in the body is a precondition -> 409 Conflict on mismatch);
+- autoscaling/v2 horizontalpodautoscalers: list in a namespace;
+- core/v1 configmaps: GET, PUT (resourceVersion precondition when given), POST
+  (409 AlreadyExists);
+- coordination.k8s.io/v1 leases: GET, PUT (resourceVersion precondition), POST.
+
+Every write bumps a cluster-wide resourceVersion counter, like etcd's revision. Missing
+objects answer 404 with a Status body. Fault injection: `inject(method, path_part,
+status, times)` answers the next matching requests with `status` (e.g. 409, 500), or
+with status "timeout": hold the request for `timeout_delay_s` and then fail it without
+applying anything (the client has given up by then).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Fault:
+    method: str
+    path_part: str
+    status: int | str
+    times: int
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 JSON merge patch."""
+    out = copy.deepcopy(target)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+class FakeKubeAPI:
+    """Start with `with FakeKubeAPI() as api:`; `api.url` is the host for the client."""
+
+    def __init__(self, timeout_delay_s: float = 1.0) -> None:
+        self.timeout_delay_s = timeout_delay_s
+        self._lock = threading.RLock()
+        self._rv = 100
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
+        self.hpas: dict[str, list[dict[str, Any]]] = {}
+        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.faults: list[Fault] = []
+        self.requests: list[tuple[str, str]] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def _body(self) -> Any:
+                n = int(self.headers.get("Content-Length") or 0)
+                return json.loads(self.rfile.read(n) or b"null") if n else None
+
+            def _send(self, code: int, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                path = self.path.split("?", 1)[0]
+                body = self._body() if method in ("PUT", "POST", "PATCH") else None
+                with api._lock:
+                    api.requests.append((method, path))
+                fault = api._take_fault(method, path)
+                if fault is not None:
+                    if fault.status == "timeout":
+                        time.sleep(api.timeout_delay_s)
+                        self._send(504, _status(504, "Timeout", "injected timeout"))
+                        return
+                    code = int(fault.status)
+                    reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable"}
+                    self._send(code, _status(code, reason.get(code, "Injected"), "injected"))
+                    return
+                code, obj = api._route(method, path, body, self.headers.get("Content-Type", ""))
+                self._send(code, obj)
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_PUT(self) -> None:
+                self._handle("PUT")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_PATCH(self) -> None:
+                self._handle("PATCH")
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> FakeKubeAPI:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ------------------------------------------------------------------ test controls
+    def inject(self, method: str, path_part: str, status: int | str, times: int = 1) -> None:
+        with self._lock:
+            self.faults.append(Fault(method, path_part, status, times))
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for f in self.faults:
+                if f.method == method and f.path_part in path and f.times > 0:
+                    f.times -= 1
+                    return f
+        return None
+
+    def count(self, method: str, path_part: str = "") -> int:
+        with self._lock:
+            return sum(1 for m, p in self.requests if m == method and path_part in p)
+
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def add_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        with self._lock:
+            self.deployments[(namespace, name)] = {"replicas": replicas, "rv": self._next_rv()}
+
+    def replicas(self, namespace: str, name: str) -> int:
+        with self._lock:
+            return int(self.deployments[(namespace, name)]["replicas"])
+
+    def add_hpa(self, namespace: str, name: str, deployment: str, kind: str = "Deployment") -> None:
+        with self._lock:
+            self.hpas.setdefault(namespace, []).append(
+                {
+                    "apiVersion": "autoscaling/v2",
+                    "kind": "HorizontalPodAutoscaler",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "scaleTargetRef": {
+                            "apiVersion": "apps/v1",
+                            "kind": kind,
+                            "name": deployment,
+                        },
+                        "minReplicas": 1,
+                        "maxReplicas": 10,
+                    },
+                }
+            )
+
+    def edit_configmap(self, namespace: str, name: str, data: dict[str, str]) -> str:
+        """What `kubectl apply` / Helm does: replace the data (creating the ConfigMap if
+        needed), bumping its resourceVersion. Returns the new resourceVersion."""
+        with self._lock:
+            cm = self.configmaps.get((namespace, name)) or {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": namespace},
+            }
+            cm = copy.deepcopy(cm)
+            cm["data"] = dict(data)
+            cm["metadata"]["resourceVersion"] = self._next_rv()
+            self.configmaps[(namespace, name)] = cm
+            return str(cm["metadata"]["resourceVersion"])
+
+    def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self.leases.get((namespace, name)))
+
+    # ------------------------------------------------------------------ routing
+    def _route(self, method: str, path: str, body: Any, ctype: str) -> tuple[int, Any]:
+        with self._lock:
+            m = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale", path)
+            if m:
+                return self._scale(method, m.group(1), m.group(2), body, ctype)
+            m = re.fullmatch(
+                r"/apis/autoscaling/v2/namespaces/([^/]+)/horizontalpodautoscalers", path
+            )
+            if m and method == "GET":
+                return 200, {
+                    "apiVersion": "autoscaling/v2",
+                    "kind": "HorizontalPodAutoscalerList",
+                    "metadata": {"resourceVersion": str(self._rv)},
+                    "items": copy.deepcopy(self.hpas.get(m.group(1), [])),
+                }
+            m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?", path)
+            if m:
+                ns, name = m.group(1), m.group(2)
+                return self._object(self.configmaps, "ConfigMap", method, ns, name, body)
+            m = re.fullmatch(
+                r"/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?", path
+            )
+            if m:
+                return self._object(self.leases, "Lease", method, m.group(1), m.group(2), body)
+            return 404, _status(404, "NotFound", f"no route for {method} {path}")
+
+    def _scale_obj(self, ns: str, name: str) -> dict[str, Any]:
+        d = self.deployments[(ns, name)]
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": d["rv"]},
+            "spec": {"replicas": d["replicas"]},
+            "status": {"replicas": d["replicas"]},
+        }
+
+    def _scale(self, method: str, ns: str, name: str, body: Any, ctype: str) -> tuple[int, Any]:
+        if (ns, name) not in self.deployments:
+            return 404, _status(404, "NotFound", f'deployments.apps "{name}" not found')
+        current = self._scale_obj(ns, name)
+        if method == "GET":
+            return 200, current
+        if method == "PATCH":
+            if "json-patch" in ctype:
+                return 415, _status(415, "UnsupportedMediaType", "use a merge patch")
+            new = _merge(current, body or {})
+        elif method == "PUT":
+            new = body or {}
+        else:
+            return 405, _status(405, "MethodNotAllowed", method)
+        rv = (new.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != current["metadata"]["resourceVersion"]:
+            return 409, _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on deployments.apps "{name}": the object has '
+                "been modified; please apply your changes to the latest version and try again",
+            )
+        replicas = (new.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or replicas < 0:
+            return 422, _status(422, "Invalid", f"spec.replicas: invalid value {replicas!r}")
+        self.deployments[(ns, name)] = {"replicas": replicas, "rv": self._next_rv()}
+        return 200, self._scale_obj(ns, name)
+
+    def _object(
+        self,
+        store: dict[tuple[str, str], dict[str, Any]],
+        kind: str,
+        method: str,
+        ns: str,
+        name: str | None,
+        body: Any,
+    ) -> tuple[int, Any]:
+        plural = kind.lower() + "s"
+        if method == "POST" and name is None:
+            obj = copy.deepcopy(body or {})
+            oname = (obj.get("metadata") or {}).get("name")
+            if not oname:
+                return 422, _status(422, "Invalid", "metadata.name: Required value")
+            if (ns, oname) in store:
+                return 409, _status(409, "AlreadyExists", f'{plural} "{oname}" already exists')
+            obj.setdefault("metadata", {})["namespace"] = ns
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            store[(ns, oname)] = obj
+            return 201, copy.deepcopy(obj)
+        if name is None:
+            return 405, _status(405, "MethodNotAllowed", method)
+        current = store.get((ns, name))
+        if method == "GET":
+            if current is None:
+                return 404, _status(404, "NotFound", f'{plural} "{name}" not found')
+            return 200, copy.deepcopy(current)
+        if method == "PUT":
+            if current is None:
+                return 404, _status(404, "NotFound", f'{plural} "{name}" not found')
+            obj = copy.deepcopy(body or {})
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if rv and rv != current["metadata"]["resourceVersion"]:
+                return 409, _status(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {plural} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                )
+            obj.setdefault("metadata", {})["namespace"] = ns
+            obj["metadata"]["name"] = name
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            store[(ns, name)] = obj
+            return 200, copy.deepcopy(obj)
+        return 405, _status(405, "MethodNotAllowed", method)
