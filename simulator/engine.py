@@ -184,29 +184,34 @@ class RequestRecords:
     @property
     def done(self) -> np.ndarray:
         """Mask of requests that finished (not refused, finish time known)."""
-        return ~np.isnan(self.finish_s) & ~self.refused
+        mask: np.ndarray = ~np.isnan(self.finish_s) & ~self.refused
+        return mask
 
     @property
     def ttft_s(self) -> np.ndarray:
         """First token - arrival at the fleet (router wait included), seconds."""
-        return self.first_token_s - self.arrival_s
+        out: np.ndarray = self.first_token_s - self.arrival_s
+        return out
 
     @property
     def e2e_s(self) -> np.ndarray:
         """Finish - arrival at the fleet, seconds."""
-        return self.finish_s - self.arrival_s
+        out: np.ndarray = self.finish_s - self.arrival_s
+        return out
 
     @property
     def queue_s(self) -> np.ndarray:
         """First scheduled - arrival at the fleet, seconds."""
-        return self.sched_s - self.arrival_s
+        out: np.ndarray = self.sched_s - self.arrival_s
+        return out
 
     @property
     def mean_itl_s(self) -> np.ndarray:
         """(finish - first token) / (output - 1), seconds; NaN for 1-token outputs."""
         with np.errstate(invalid="ignore", divide="ignore"):
             out = (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
-        return np.where(self.output_tokens > 1, out, np.nan)
+        res: np.ndarray = np.where(self.output_tokens > 1, out, np.nan)
+        return res
 
 
 class _Req:
@@ -517,7 +522,7 @@ class Engine:
                         n_samp += 1
         if not preempted:
             mns = self.mns
-            m = self.metrics
+            mt = self.metrics
             while waiting and budget > 0 and n_run < mns:
                 r = waiting[0]
                 if r.arr > t0:
@@ -534,10 +539,10 @@ class Engine:
                 if r.sched < 0.0:
                     r.sched = t0
                     q = t0 - r.arr
-                    m.queue[bisect_left(QUEUE_BUCKETS_S, q)] += 1
-                    m.queue_sum += q
+                    mt.queue[bisect_left(QUEUE_BUCKETS_S, q)] += 1
+                    mt.queue_sum += q
                     self.log.sched_s[r.rid] = t0
-                m.prefix_queries += need_r
+                mt.prefix_queries += need_r
                 if self.step_log is not None:
                     self._log_chunks.append((r.rid, c, 0))
                 units += c * c * 0.5

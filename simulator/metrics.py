@@ -367,11 +367,11 @@ class SimulatedSource:
         if self.include_router:
             series.append(None)
         growth = 0.0
-        for rid in series:
-            pts = [(s.t_s, self._inflight(s, rid)) for s in win if rid is None or rid in s.engines]
+        for sid in series:
+            pts = [(s.t_s, self._inflight(s, sid)) for s in win if sid is None or sid in s.engines]
             if self.growth == "delta":
-                y0 = self._inflight(first, rid) if rid is None or rid in first.engines else 0.0
-                y1 = self._inflight(last, rid) if rid is None or rid in last.engines else 0.0
+                y0 = self._inflight(first, sid) if sid is None or sid in first.engines else 0.0
+                y1 = self._inflight(last, sid) if sid is None or sid in last.engines else 0.0
                 growth += (y1 - y0) / dt
             elif len(pts) >= 2:
                 ts = np.array([p[0] for p in pts])

@@ -181,7 +181,8 @@ def _parse_times(values: list[str]) -> np.ndarray:
     except ValueError:
         pass
     ts = np.asarray([v.strip() for v in values], dtype="datetime64[ns]")
-    return (ts - ts.min()).astype(np.int64) / 1e9
+    secs: np.ndarray = (ts - ts.min()).astype(np.int64) / 1e9
+    return secs
 
 
 def load_csv(path: str | Path, name: str | None = None) -> Trace:

@@ -66,7 +66,8 @@ def test_estimates_match_ground_truth(loaded: tuple[Fleet, SimulatedSource]) -> 
     # means from histogram sums are exact
     assert obs.prompt_tokens_mean == pytest.approx(rec.prompt_tokens[finished].mean())
     assert obs.output_tokens_mean == pytest.approx(rec.output_tokens[finished].mean())
-    assert obs.prompt_tokens_p95 is not None and obs.prompt_tokens_p95 > obs.prompt_tokens_mean
+    assert obs.prompt_tokens_p95 is not None and obs.prompt_tokens_mean is not None
+    assert obs.prompt_tokens_p95 > obs.prompt_tokens_mean
     assert obs.itl_p95_ms is not None and 6.0 < obs.itl_p95_ms < 100.0
     assert obs.itl_attainment_frac is not None and 0.5 < obs.itl_attainment_frac <= 1.0
     # gauges from the newest sample
