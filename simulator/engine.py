@@ -84,7 +84,8 @@ class RequestLog:
     """Per-request ground truth, indexed by request id (the order of `add`/`extend`).
 
     Columns (seconds on the simulation clock unless stated; NaN/-1 = not happened):
-    `arrival_s` (arrival at the fleet), `prompt_tokens`, `output_tokens` (as requested),
+    `arrival_s` (arrival at the fleet), `prompt_tokens`, `output_tokens` (as requested;
+    once dispatched, capped so prompt + output <= max_model_len),
     `replica` (-1 until dispatched), `dispatch_s` (handed to an engine; later than the
     arrival when it queued at the router), `sched_s` (first scheduled), `first_token_s`,
     `finish_s`, `preemptions`, `refused`.
@@ -405,10 +406,9 @@ class Engine:
             return False
         out = output_tokens
         room = self.max_model_len - prompt_tokens
-        if out > room:
-            out = room
-        if out < 1:
-            out = 1
+        if out > room or out < 1:
+            out = max(1, room if out > room else out)
+            log.output_tokens[rid] = out  # the tokens it will actually generate
         log.dispatch_s[rid] = t_s
         r = _Req(rid, t_s, prompt_tokens, out)
         if self.fl_kind == 2 and not self.waiting:

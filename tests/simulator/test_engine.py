@@ -220,6 +220,7 @@ def test_refuses_prompts_longer_than_max_model_len() -> None:
     assert not rec.refused[ok]
     # prompt + output is capped at max_model_len: a 1000-token prompt yields 1 token.
     assert rec.finish_s[ok] == rec.first_token_s[ok]
+    assert rec.output_tokens[ok] == 1
     assert eng.metrics.req_gen_sum == 1
 
 

@@ -151,3 +151,27 @@ def test_run_to_completion_and_stats() -> None:
     assert np.all(rec.finish_s >= rec.first_token_s)
     assert np.all(rec.first_token_s > rec.arrival_s)
     assert not math.isnan(float(np.nanmean(rec.mean_itl_s)))
+
+
+def _run(with_source: bool, seed: int = 5) -> np.ndarray:
+    from simulator.metrics import SimulatedSource
+
+    fleet = Fleet(initial_replicas=2, cold_start_s=(20.0, 40.0), seed=seed)
+    if with_source:
+        SimulatedSource(fleet, "m", scrape_interval_s=0.7)
+    fleet.submit_trace(synthetic("flash-crowd", seed=seed, base=8.0, duration=300.0))
+    for t in (60.0, 120.0, 180.0):
+        fleet.advance_to(t)
+        fleet.scale_to(int(t // 50), t)
+    fleet.run()
+    rec = fleet.records()
+    return np.column_stack([rec.first_token_s, rec.finish_s, rec.replica, rec.preemptions])
+
+
+def test_scrapes_do_not_perturb_the_simulation() -> None:
+    """Exact syncs (which split decode jumps) change nothing but float rounding."""
+    np.testing.assert_allclose(_run(True), _run(False), rtol=1e-9, atol=1e-9)
+
+
+def test_fleet_is_deterministic_for_a_seed() -> None:
+    assert np.array_equal(_run(False, seed=3), _run(False, seed=3))
