@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -32,20 +33,15 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    print("governor demo: not yet available (lands with the simulator)")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="governor", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("check-config", help="validate a config file and print its models")
     p.add_argument("file", help="YAML config file")
     p.set_defaults(func=_cmd_check_config)
-    p = sub.add_parser("demo", help="run the controller on the embedded simulated fleet")
-    p.set_defaults(func=_cmd_demo)
     admin_cli.register(sub)
+    # The simulator sits above the controller in the layering; import it only here.
+    importlib.import_module("simulator.cli").register(sub)
     return parser
 
 

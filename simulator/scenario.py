@@ -172,14 +172,22 @@ def score(fleet: Fleet, sla: SLA) -> tuple[float, float | None, float | None, in
 
 
 def run_policy(
-    name: str, sc: Scenario, progress: Callable[[float], None] | None = None
+    name: str,
+    sc: Scenario,
+    progress: Callable[[float], None] | None = None,
+    on_sync: Callable[[float, Fleet, Autoscaler], None] | None = None,
 ) -> PolicyResult:
-    """Simulate `name` over the scenario and score it."""
+    """Simulate `name` over the scenario and score it. `progress(fraction)` is called
+    about once a simulated minute; `on_sync(t_s, fleet, policy)` after every HPA sync."""
     fleet = Fleet(
         sc.profile, initial_replicas=sc.start_replicas, seed=sc.seed, cold_start_s=sc.cold_start_s
     )
     source = SimulatedSource(
-        fleet, MODEL, window_s=sc.governor_policy.window_s, scrape_interval_s=sc.scrape_interval_s
+        fleet,
+        MODEL,
+        window_s=sc.governor_policy.window_s,
+        scrape_interval_s=sc.scrape_interval_s,
+        short_window_s=sc.governor_policy.panic_window_s,
     )
     fleet.submit_trace(sc.trace, offset_s=0.0)
     policy = make_policy(name, sc, fleet, source)
@@ -232,11 +240,14 @@ def run_policy(
             series["total"].append(float(fleet.total_replicas))
             series["waiting"].append(float(waiting))
             heapq.heappush(events, (t + sc.hpa_sync_s, 1))
+            if on_sync is not None:
+                on_sync(t, fleet, policy)
         if progress is not None and t - last_progress >= 60.0:
             progress(t / end)
             last_progress = t
     fleet.advance_to(end)
     att, ttft_p95, itl_p95, refused, unfinished = score(fleet, sc.sla)
+    series["ttft_p95_by_minute"] = ttft_p95_by_minute(fleet, end)
     if progress is not None:
         progress(1.0)
     return PolicyResult(
@@ -273,5 +284,16 @@ def governor_knobs_for(trace: Trace, sc: Scenario) -> Knobs:
     return slo_knobs(lengths, sc.sla, sc.profile, cfg.models[0].knobs, cfg.policy.itl_margin_frac)
 
 
-def _ceil_div(a: float, b: float) -> int:
-    return math.ceil(a / b)
+def ttft_p95_by_minute(fleet: Fleet, end_s: float) -> list[float]:
+    """p95 TTFT (ms) of the requests arriving in each minute; NaN where none finished."""
+    rec = fleet.records()
+    minutes = math.ceil(end_s / 60.0)
+    out = [math.nan] * minutes
+    done = rec.done
+    idx = (rec.arrival_s // 60.0).astype(int)
+    ttft = rec.ttft_s
+    for m in range(minutes):
+        sel = (idx == m) & done
+        if sel.any():
+            out[m] = float(np.percentile(ttft[sel], 95) * 1000.0)
+    return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from controller.decider import Decider
 from controller.types import Knobs, Reason
 from estimators.types import NoDataError, SourceError
@@ -217,17 +219,40 @@ def test_sla_violation_on_full_fleet_adds_replicas() -> None:
     s = d.initial_state(3)
     ok, s_ok = run(d, s, [40.0] * 3)
     base = ok[-1].replicas
-    bad, s_bad = run(d, s_ok, [40.0] * 30, start=ORIGIN_S + 15, itl_p95_ms=80.0)
+    # per-token ITL p95 past 2x the 50 ms target is evidence of a violation
+    bad, s_bad = run(d, s_ok, [40.0] * 30, start=ORIGIN_S + 15, itl_p95_ms=120.0)
     assert s_bad.capacity_correction < 1.0
     assert bad[-1].replicas > base
     assert Reason.SLA_FEEDBACK in bad[-1].reasons
+
+
+@pytest.mark.parametrize(
+    ("kw", "corrects"),
+    [
+        pytest.param({"ttft_attainment_frac": 0.93}, True, id="ttft-attainment-below-95pct"),
+        pytest.param({"ttft_attainment_frac": 0.96}, False, id="ttft-attainment-ok"),
+        pytest.param({"itl_attainment_frac": 0.85}, True, id="itl-tokens-below-90pct"),
+        pytest.param(
+            {"itl_attainment_frac": 0.92, "itl_p95_ms": 70.0},
+            False,
+            id="some-slow-token-gaps-are-allowed",
+        ),
+        pytest.param({"ttft_p95_ms": 650.0}, True, id="ttft-p95-over-target"),
+        pytest.param({"itl_p95_ms": 90.0}, False, id="itl-p95-under-2x"),
+    ],
+)
+def test_sla_evidence_rules(kw: dict, corrects: bool) -> None:
+    d = Decider(make_model(), make_policy())
+    s = d.initial_state(3)
+    _, s = run(d, s, [40.0] * 10, **kw)
+    assert (s.capacity_correction < 1.0) is corrects
 
 
 def test_sla_violation_while_fleet_short_does_not_correct() -> None:
     d = Decider(make_model(), make_policy())
     s = replace(d.initial_state(6))
     for i in range(10):
-        _, s = d.decide(obs(rate=40.0, itl_p95_ms=80.0, ready_replicas=1), s, ORIGIN_S + 5 * i)
+        _, s = d.decide(obs(rate=40.0, itl_p95_ms=150.0, ready_replicas=1), s, ORIGIN_S + 5 * i)
     assert s.capacity_correction == 1.0
 
 

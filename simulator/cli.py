@@ -1,0 +1,281 @@
+"""`governor simulate` and `governor demo`: the fleet simulator's command line.
+
+Registered into the `governor` CLI by `controller.cli` (lazily, so the controller package
+does not import the simulator at module level).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from controller.config import SLA
+from simulator.autoscalers import POLICY_NAMES
+from simulator.oracle import oracle
+from simulator.report import document, plot, table
+from simulator.scenario import PolicyResult, Scenario, governor_knobs_for, run_policy
+from simulator.traces import load_trace
+
+EXIT_USAGE = 2
+
+
+def _positive(kind: type, name: str):
+    def conv(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not (isinstance(v, int) or math.isfinite(v)) or v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text!r}")
+        return v
+
+    return conv
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in POLICY_NAMES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(bad) or '(none)'}; choose from {', '.join(POLICY_NAMES)}"
+        )
+    return names
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when stderr is a terminal, or forced)."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled, self.start = label, enabled, time.perf_counter()
+
+    def __call__(self, frac: float) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        done = int(width * min(1.0, frac))
+        el = time.perf_counter() - self.start
+        sys.stderr.write(
+            f"\r{self.label:<10} [{'#' * done}{'.' * (width - done)}] {100 * frac:5.1f}% {el:5.1f}s"
+        )
+        if frac >= 1.0:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate", help="replay a trace on the simulated fleet under several autoscalers"
+    )
+    p.add_argument(
+        "--trace", default="azure:conv", help="trace file, azure:conv|azure:code, or synthetic:NAME"
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=_positive(float, "--rate-scale"),
+        default=1.0,
+        help="rate multiplier K: K times the requests over the same span",
+    )
+    p.add_argument(
+        "--policies",
+        type=_policies,
+        default=list(POLICY_NAMES),
+        help=f"comma-separated, from {','.join(POLICY_NAMES)}",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive(float, "--duration"),
+        default=None,
+        help="seconds of trace to replay",
+    )
+    p.add_argument("--sla-ttft-p95-ms", type=_positive(float, "--sla-ttft-p95-ms"), default=500.0)
+    p.add_argument("--sla-itl-p95-ms", type=_positive(float, "--sla-itl-p95-ms"), default=50.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-replicas", type=_positive(int, "--start-replicas"), default=1)
+    p.add_argument("--max-replicas", type=_positive(int, "--max-replicas"), default=64)
+    p.add_argument(
+        "--static-replicas",
+        type=_positive(int, "--static-replicas"),
+        default=None,
+        help="replicas of the static policy (default: the oracle's peak)",
+    )
+    p.add_argument("--hpa-sync-s", type=_positive(float, "--hpa-sync-s"), default=15.0)
+    p.add_argument("--no-oracle", action="store_true", help="skip the oracle (faster)")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results JSON here")
+    p.add_argument("--plot", dest="plot_out", default=None, help="write the PNG plot here")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: when stderr is a terminal)",
+    )
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(
+            args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
+        )
+    except (OSError, ValueError) as exc:
+        print(f"governor simulate: --trace {args.trace}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if len(trace) == 0:
+        print(f"governor simulate: --trace {args.trace}: no requests", file=sys.stderr)
+        return EXIT_USAGE
+    sla = SLA(ttft_p95_ms=args.sla_ttft_p95_ms, itl_p95_ms=args.sla_itl_p95_ms)
+    sc = Scenario(
+        trace=trace,
+        sla=sla,
+        start_replicas=args.start_replicas,
+        max_replicas=args.max_replicas,
+        static_replicas=args.static_replicas,
+        seed=args.seed,
+        hpa_sync_s=args.hpa_sync_s,
+    )
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    orc = None
+    if not args.no_oracle:
+        t0 = time.perf_counter()
+        orc = oracle(
+            trace,
+            sc.profile,
+            governor_knobs_for(trace, sc),
+            sla,
+            max_replicas=args.max_replicas,
+            seed=args.seed,
+        )
+        if show:
+            print(f"oracle     done in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    if sc.static_replicas is None and orc is not None:
+        sc = Scenario(**{**sc.__dict__, "static_replicas": max(1, max(orc.replicas, default=1))})
+    results: dict[str, PolicyResult] = {}
+    for name in args.policies:
+        results[name] = run_policy(name, sc, progress=Progress(name, show))
+    doc = document(sc, results, orc)
+    print(table(doc))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"json: {args.json_out}")
+    if args.plot_out:
+        print(f"plot: {plot(sc, results, orc, args.plot_out)}")
+    return 0
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo", help="run the controller on the embedded simulated fleet (live view)"
+    )
+    p.add_argument("--trace", default="azure:conv")
+    p.add_argument("--rate-scale", type=_positive(float, "--rate-scale"), default=16.0)
+    p.add_argument(
+        "--duration",
+        type=_positive(float, "--duration"),
+        default=1200.0,
+        help="seconds of trace to replay (default 20 minutes)",
+    )
+    p.add_argument(
+        "--speed",
+        type=_positive(float, "--speed"),
+        default=60.0,
+        help="simulated seconds per real second in the live view (0 = as fast as possible)",
+    )
+    p.add_argument(
+        "--baselines",
+        type=_policies,
+        default=["hpa-gpu", "keda", "kpa"],
+        help="policies to compare against after the live run",
+    )
+    p.add_argument("--out", default="out/demo", help="folder for the plot and JSON")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_demo)
+
+
+def _live_line(t_s: float, fleet, policy, sc: Scenario) -> str:
+    import numpy as np
+
+    rec = fleet.records()
+    arr = sc.trace.arrival_s
+    lo, hi = np.searchsorted(arr, [t_s - 60.0, t_s])
+    load = (hi - lo) / 60.0
+    seen = rec.arrival_s <= t_s - 30.0
+    done = rec.done & seen
+    ok_frac = None
+    if seen.any():
+        itl = rec.mean_itl_s
+        with np.errstate(invalid="ignore"):
+            ok = (
+                done
+                & (rec.ttft_s <= sc.sla.ttft_p95_ms / 1000)
+                & (np.isnan(itl) | (itl <= sc.sla.itl_p95_ms / 1000))
+            )
+        ok_frac = ok.sum() / seen.sum()
+    ready, total = fleet.ready_replicas, fleet.total_replicas
+    bar = "#" * ready + "+" * (total - ready)
+    k = fleet.knobs
+    att = "  -   " if ok_frac is None else f"{100 * ok_frac:5.1f}%"
+    m, s = divmod(int(t_s), 60)
+    return (
+        f"t={m:3d}:{s:02d}  load {load:6.1f} req/s  replicas {ready:2d}/{total:<2d} {bar:<14}"
+        f" knobs seqs={k.max_num_seqs:<4d} tokens={k.max_num_batched_tokens:<5d}  SLO so far {att}"
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        trace = load_trace(
+            args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
+        )
+    except (OSError, ValueError) as exc:
+        print(f"governor demo: --trace {args.trace}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
+    sc = Scenario(trace=trace, sla=sla, start_replicas=2, seed=args.seed)
+    print(
+        f"llm-governor demo: {trace.name} x{args.rate_scale:g}, {len(trace):,} requests over "
+        f"{trace.span_s / 60:.0f} min; "
+        f"SLA TTFT p95 {sla.ttft_p95_ms:g} ms, ITL p95 {sla.itl_p95_ms:g} ms"
+    )
+    print(
+        "the real control loop decides every 5 s; the HPA applies it every 15 s; "
+        "'#' ready replica, '+' starting or draining\n"
+    )
+    wall0 = time.perf_counter()
+    last_print = [-60.0]
+
+    def on_sync(t_s: float, fleet, policy) -> None:
+        if t_s - last_print[0] < 60.0:
+            return
+        last_print[0] = t_s
+        if args.speed > 0:
+            lag = t_s / args.speed - (time.perf_counter() - wall0)
+            if lag > 0:
+                time.sleep(lag)  # pacing of the live view only
+        print(_live_line(t_s, fleet, policy, sc), flush=True)
+
+    results = {"governor": run_policy("governor", sc, on_sync=on_sync)}
+    print(f"\ncomparing with {', '.join(args.baselines)} and the oracle ...", flush=True)
+    orc = oracle(trace, sc.profile, governor_knobs_for(trace, sc), sla, seed=args.seed)
+    if "static" in args.baselines:
+        sc = Scenario(**{**sc.__dict__, "static_replicas": max(1, max(orc.replicas, default=1))})
+    for name in args.baselines:
+        if name != "governor":
+            results[name] = run_policy(name, sc)
+    doc = document(sc, results, orc)
+    print()
+    print(table(doc))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo.json").write_text(json.dumps(doc, indent=2) + "\n")
+    png = plot(sc, results, orc, out / "demo.png")
+    print(f"\nplot: {png}\njson: {out / 'demo.json'}\n(took {time.perf_counter() - wall0:.0f} s)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    add_simulate(sub)
+    add_demo(sub)

@@ -1,0 +1,146 @@
+"""Reports of a simulation: the JSON document, a text table and the plot.
+
+The JSON is `{"scenario": {...}, "policies": {NAME: {slo_attainment, gpu_hours,
+scaling_actions, flaps, ttft_p95_ms, itl_p95_ms, ...}}, "oracle": {"gpu_hours", ...}}`.
+`itl_p95_ms` is the p95 over requests of each request's mean inter-token latency (the
+quantity the per-request SLO is judged on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulator.oracle import OracleResult
+from simulator.scenario import PolicyResult, Scenario
+
+
+def document(
+    sc: Scenario, results: Mapping[str, PolicyResult], orc: OracleResult | None
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "scenario": {
+            "trace": sc.trace.name,
+            "requests": len(sc.trace),
+            "span_s": sc.trace.span_s,
+            "sla_ttft_p95_ms": sc.sla.ttft_p95_ms,
+            "sla_itl_p95_ms": sc.sla.itl_p95_ms,
+            "profile": sc.profile.name,
+            "hpa_sync_s": sc.hpa_sync_s,
+            "seed": sc.seed,
+        },
+        "policies": {name: r.summary() for name, r in results.items()},
+        "oracle": orc.summary() if orc is not None else None,
+    }
+    if orc is not None and orc.gpu_hours > 0:
+        for name, r in results.items():
+            doc["policies"][name]["oracle_ratio"] = r.gpu_hours / orc.gpu_hours
+    return doc
+
+
+def table(doc: Mapping[str, Any]) -> str:
+    """Fixed-width text table of the policies (and the oracle line)."""
+    cols = (
+        "policy",
+        "SLO att.",
+        "GPU-h",
+        "x oracle",
+        "actions",
+        "flaps",
+        "knobs",
+        "TTFT p95",
+        "ITL p95",
+        "peak q",
+    )
+    rows = [cols]
+    for name, p in doc["policies"].items():
+
+        def f(v: Any, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+
+        rows.append(
+            (
+                name,
+                f"{100 * p['slo_attainment']:.2f}%",
+                f(p["gpu_hours"], ".2f"),
+                f(p.get("oracle_ratio"), ".2f"),
+                str(p["scaling_actions"]),
+                str(p["flaps"]),
+                str(p["knob_changes"]),
+                f(p["ttft_p95_ms"], ".0f") + " ms" if p["ttft_p95_ms"] is not None else "-",
+                f(p["itl_p95_ms"], ".1f") + " ms" if p["itl_p95_ms"] is not None else "-",
+                str(p["peak_queue"]),
+            )
+        )
+    if doc.get("oracle"):
+        o = doc["oracle"]
+        rows.append(
+            ("oracle", ">=99%", f"{o['gpu_hours']:.2f}", "1.00", "-", "-", "-", "-", "-", "-")
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def plot(
+    sc: Scenario, results: Mapping[str, PolicyResult], orc: OracleResult | None, path: str | Path
+) -> Path:
+    """Three panels: load, replicas per policy (with the oracle), p95 TTFT per minute."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    fig, (ax_load, ax_rep, ax_lat) = plt.subplots(3, 1, figsize=(11, 9), sharex=True)
+    minute = 60.0
+    t = sc.trace.arrival_s
+    edges = np.arange(0, max(sc.end_s, minute) + minute, minute)
+    counts, _ = np.histogram(t, bins=edges)
+    ax_load.step(edges[:-1] / 60, counts / minute, where="post", color="black")
+    ax_load.set_ylabel("arrivals (req/s)")
+    ax_load.set_title(
+        f"{sc.trace.name}: {len(sc.trace):,} requests; "
+        f"SLA TTFT p95 {sc.sla.ttft_p95_ms:g} ms, ITL {sc.sla.itl_p95_ms:g} ms"
+    )
+    for name, r in results.items():
+        s = r.series
+        ax_rep.step(
+            np.array(s["t"]) / 60,
+            s["total"],
+            where="post",
+            label=name,
+            lw=2 if name == "governor" else 1,
+        )
+        if "ttft_p95_by_minute" in s:
+            ax_lat.plot(
+                np.arange(len(s["ttft_p95_by_minute"])) + 0.5,
+                s["ttft_p95_by_minute"],
+                label=name,
+                lw=2 if name == "governor" else 1,
+            )
+    if orc is not None:
+        ax_rep.step(
+            np.arange(len(orc.replicas)) * orc.window_s / 60,
+            orc.replicas,
+            where="post",
+            color="grey",
+            ls="--",
+            label="oracle",
+        )
+    ax_rep.set_ylabel("replicas (holding a GPU)")
+    ax_rep.legend(ncol=4, fontsize=8)
+    ax_lat.axhline(sc.sla.ttft_p95_ms, color="red", ls=":", label="SLA")
+    ax_lat.set_yscale("log")
+    ax_lat.set_ylabel("TTFT p95 per minute (ms)")
+    ax_lat.set_xlabel("time (minutes)")
+    ax_lat.legend(ncol=4, fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,194 @@
+"""Baseline autoscalers' arithmetic (HPA, KEDA, KPA), flaps, scenario runs and the oracle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controller.cli import main
+from controller.config import SLA
+from controller.types import Knobs
+from estimators.stepmodel import load_profile
+from simulator.autoscalers import Kpa, _HpaCore
+from simulator.oracle import oracle, window_replicas
+from simulator.scenario import Scenario, count_flaps, run_policy
+from simulator.traces import Trace, load_trace
+
+SLA_STD = SLA(ttft_p95_ms=500, itl_p95_ms=50)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "current", "want"),
+    [
+        pytest.param(1.05, 4, 4, id="within-tolerance"),
+        pytest.param(1.5, 4, 6, id="ceil-of-ratio"),
+        pytest.param(10.0, 2, 6, id="rate-limited-to-max-100pct-or-4"),
+        pytest.param(None, 4, None, id="missing-metric-no-action"),
+        pytest.param(float("nan"), 4, None, id="nan-metric-no-action"),
+    ],
+)
+def test_hpa_core_first_sync(ratio: float | None, current: int, want: int | None) -> None:
+    assert _HpaCore(1, 20).desired(ratio, current, 100.0) == want
+
+
+def test_hpa_core_scale_down_waits_300s_for_max_of_window() -> None:
+    hpa = _HpaCore(1, 20)
+    assert hpa.desired(2.0, 4, 0.0) == 8
+    assert hpa.desired(0.25, 8, 15.0) == 8  # recommendation 8 from t=0 still in window
+    assert hpa.desired(0.25, 8, 299.0) == 8
+    assert hpa.desired(0.25, 8, 316.0) == 2  # window passed; -100 % per 15 s allows it
+
+
+class _FakeEngine:
+    def __init__(self, running: int, waiting: int) -> None:
+        self.num_running, self.num_waiting = running, waiting
+
+
+class _FakeFleet:
+    def __init__(self, ready: int, per_engine: tuple[int, int]) -> None:
+        self.ready_replicas = ready
+        self.router_queue_len = 0
+        self.per_engine = per_engine
+
+    def live_engines(self):
+        return [(i, _FakeEngine(*self.per_engine)) for i in range(self.ready_replicas)]
+
+
+def test_kpa_stable_target_is_70_per_pod() -> None:
+    fleet = _FakeFleet(2, (70, 0))
+    kpa = Kpa(fleet, "m", 1, 50)  # type: ignore[arg-type]
+    assert kpa.evaluate(0.0) == 2  # 140 in flight / 70 per pod
+
+
+def test_kpa_panics_on_double_and_never_scales_down_in_panic() -> None:
+    fleet = _FakeFleet(2, (70, 0))
+    kpa = Kpa(fleet, "m", 1, 50)  # type: ignore[arg-type]
+    for t in range(0, 60, 2):
+        kpa.evaluate(float(t))
+    fleet.per_engine = (350, 0)  # 700 in flight; the 6 s panic window averages 140,140,700
+    want = kpa.evaluate(60.0)
+    assert kpa.panic_since == 60.0 and want == 5  # ceil(326.7 / 70)
+    fleet.per_engine = (0, 0)
+    for t in range(62, 120, 2):  # in panic (held for the 60 s stable window): no scale-down
+        assert kpa.evaluate(float(t)) == 5
+    # the 6 s window still saw 2x at t=64; panic ends 60 s later, with no load in the window
+    assert kpa.evaluate(124.0) == 1
+
+
+@pytest.mark.parametrize(
+    ("actions", "flaps"),
+    [
+        pytest.param([(0, 2), (100, -1)], 1, id="up-then-down-within-10min"),
+        pytest.param([(0, 2), (700, -1)], 0, id="reversal-after-10min"),
+        pytest.param([(0, 1), (60, 1), (120, 1)], 0, id="monotone"),
+        pytest.param([(0, 1), (60, -1), (120, 1), (180, -1)], 3, id="sawtooth"),
+        pytest.param([], 0, id="none"),
+    ],
+)
+def test_count_flaps(actions: list[tuple[float, int]], flaps: int) -> None:
+    assert count_flaps(actions) == flaps
+
+
+@pytest.fixture(scope="module")
+def small_trace() -> Trace:
+    return load_trace("synthetic:step:low=10,high=40,duration=300", seed=3)
+
+
+@pytest.mark.parametrize("policy", ["governor", "hpa-gpu", "hpa-queue", "keda", "kpa", "static"])
+def test_every_policy_runs_and_scores(policy: str, small_trace: Trace) -> None:
+    sc = Scenario(
+        trace=small_trace, sla=SLA_STD, start_replicas=1, static_replicas=3, drain_tail_s=120
+    )
+    r = run_policy(policy, sc)
+    assert r.requests == len(small_trace)
+    assert 0.0 <= r.slo_attainment <= 1.0
+    # at least one replica from t=0 to the end of the run
+    assert r.gpu_hours >= sc.end_s / 3600 - 1e-9
+    assert r.flaps <= r.scaling_actions
+    if policy == "static":
+        assert r.gpu_hours == pytest.approx(3 * sc.end_s / 3600, rel=1e-6)
+
+
+def test_governor_scales_up_for_a_step_and_meets_sla(small_trace: Trace) -> None:
+    sc = Scenario(trace=small_trace, sla=SLA_STD, start_replicas=1, drain_tail_s=120)
+    r = run_policy("governor", sc)
+    assert max(r.series["total"]) >= 2
+    assert r.slo_attainment > 0.9
+    assert r.flaps == 0
+
+
+def test_oracle_more_load_needs_more_replicas() -> None:
+    p = load_profile()
+    k = Knobs(160, 2560)
+    light = load_trace("synthetic:poisson:rate=5,duration=60", seed=1)
+    heavy = load_trace("synthetic:poisson:rate=60,duration=60", seed=1)
+    n_light = window_replicas((light, p, k, SLA_STD, 32, 0))
+    n_heavy = window_replicas((heavy, p, k, SLA_STD, 32, 0))
+    assert 1 <= n_light < n_heavy
+    empty = Trace(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    assert window_replicas((empty, p, k, SLA_STD, 32, 0)) == 0
+    res = oracle(heavy, p, k, SLA_STD, workers=1)
+    assert res.replicas == [n_heavy] and res.gpu_hours == pytest.approx(n_heavy / 60)
+
+
+def test_simulate_cli_writes_json_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    png = tmp_path / "r.png"
+    rc = main(
+        [
+            "simulate",
+            "--trace",
+            "synthetic:poisson:rate=8,duration=120",
+            "--policies",
+            "governor,static",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ]
+    )
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    for name in ("governor", "static"):
+        for key in (
+            "slo_attainment",
+            "gpu_hours",
+            "scaling_actions",
+            "flaps",
+            "ttft_p95_ms",
+            "itl_p95_ms",
+        ):
+            assert key in doc["policies"][name]
+    assert doc["oracle"]["gpu_hours"] > 0
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "governor" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        pytest.param(["--rate-scale", "-2"], "--rate-scale must be > 0", id="negative-rate"),
+        pytest.param(["--policies", "hpa,foo"], "unknown policy hpa, foo", id="unknown-policy"),
+        pytest.param(["--duration", "abc"], "--duration must be a number", id="nan-duration"),
+    ],
+)
+def test_simulate_cli_bad_arguments_exit_2(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", *args])
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_simulate_cli_missing_trace_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--trace", str(tmp_path / "nope.csv"), "--no-oracle"]) == 2
+    assert "not found" in capsys.readouterr().err
