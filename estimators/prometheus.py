@@ -127,6 +127,7 @@ class PrometheusSource:
     auth); it then owns its session settings, and gets the timeout per call when its
     `custom_query` takes one. `retries`: HTTP retries of the default client (no backoff).
     `accept_escaped`: also read `vllm_...` spellings of the `vllm:...` names (promql).
+    `short_window_s`: also report `arrival_rate_short_rps` over this (panic) window.
     """
 
     def __init__(
@@ -139,6 +140,7 @@ class PrometheusSource:
         model_label: str | None = None,
         retries: int = 0,
         accept_escaped: bool = True,
+        short_window_s: float | None = None,
     ) -> None:
         if isinstance(settings_or_url, str):
             url, disable_ssl = settings_or_url, False
@@ -158,7 +160,7 @@ class PrometheusSource:
         self.timeout_s: float = float(timeout)
         self.model_label: str = label
         self.queries: TickQueries = build_queries(
-            label, self.window_s, accept_escaped=accept_escaped
+            label, self.window_s, accept_escaped=accept_escaped, short_window_s=short_window_s
         )
         self._client: QueryClient = client or _default_client(
             self.url, self.timeout_s, disable_ssl, retries
@@ -272,6 +274,7 @@ class PrometheusSource:
             model=name,
             observed_at_s=now_s,
             arrival_rate_rps=arrival_rps,
+            arrival_rate_short_rps=_non_negative(sig(demand, Signal.ARRIVAL_SHORT_RPS)),
             staleness_s=staleness_s,
             prompt_tokens_mean=sig(means, Signal.PROMPT_TOKENS_MEAN),
             prompt_tokens_p95=quantile("prompt_tokens_buckets", 0.95),
@@ -291,6 +294,10 @@ class PrometheusSource:
             ready_replicas=None if ready is None else round(ready),
             extra=extra,
         )
+
+
+def _non_negative(value: float | None) -> float | None:
+    return None if value is None else max(0.0, value)
 
 
 # --- answer parsing ---------------------------------------------------------------------

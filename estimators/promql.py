@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 
 DEFAULT_MODEL_LABEL = "model_name"
@@ -76,6 +76,7 @@ class Signal(StrEnum):
     """Values of `SIGNAL_LABEL` in the multi-signal queries (units in the names)."""
 
     ARRIVAL_RPS = "arrival_rps"
+    ARRIVAL_SHORT_RPS = "arrival_short_rps"
     COMPLETIONS_RPS = "completions_rps"
     PROMPT_TOKENS_MEAN = "prompt_tokens_mean"
     OUTPUT_TOKENS_MEAN = "output_tokens_mean"
@@ -120,10 +121,14 @@ class QueryBuilder:
     window_s: float = DEFAULT_WINDOW_S
     accept_escaped: bool = True
     """Also accept `vllm_...` for every `vllm:...` name (see the module docstring)."""
+    short_window_s: float | None = None
+    """Also report the arrival rate over this shorter (panic) window, seconds."""
 
     def __post_init__(self) -> None:
         check_label_name(self.model_label)
         promql_duration(self.window_s)
+        if self.short_window_s is not None:
+            promql_duration(self.short_window_s)
 
     @property
     def window(self) -> str:
@@ -179,14 +184,25 @@ class QueryBuilder:
         of the sum, and an engine appearing or vanishing does not read as a jump in
         demand. Where the gauges are missing the completion rate alone stands in (`or`).
         """
-        m = self.model_label
-        completions = self.sum_rate(SUCCESS_METRICS)
+        out = f"{_tag(self._arrival(self), Signal.ARRIVAL_RPS)} or " + _tag(
+            self.sum_rate(SUCCESS_METRICS), Signal.COMPLETIONS_RPS
+        )
+        if self.short_window_s is not None:
+            # The same expression over the panic window, in the same query (no extra
+            # round trip): a flash crowd shows here seconds before the long window.
+            short = replace(self, window_s=self.short_window_s, short_window_s=None)
+            out += f" or {_tag(self._arrival(short), Signal.ARRIVAL_SHORT_RPS)}"
+        return out
+
+    @staticmethod
+    def _arrival(b: QueryBuilder) -> str:
+        m = b.model_label
+        completions = b.sum_rate(SUCCESS_METRICS)
         growth = " + ".join(
-            f"sum by ({m}) ({self.either(g, 'deriv({name}[{w}])')})"
+            f"sum by ({m}) ({b.either(g, 'deriv({name}[{w}])')})"
             for g in (WAITING_METRICS, RUNNING_METRICS)
         )
-        arrival = f"(clamp_min({completions} + {growth}, 0) or {completions})"
-        return f"{_tag(arrival, Signal.ARRIVAL_RPS)} or {_tag(completions, Signal.COMPLETIONS_RPS)}"
+        return f"(clamp_min({completions} + {growth}, 0) or {completions})"
 
     def state(self) -> str:
         """Instant gauges per model: running and waiting (sums over engines, requests),
@@ -248,9 +264,11 @@ def build_queries(
     window_s: float = DEFAULT_WINDOW_S,
     *,
     accept_escaped: bool = True,
+    short_window_s: float | None = None,
 ) -> TickQueries:
-    """All queries for one tick, grouped by `model_label`, rates over `window_s` seconds."""
-    b = QueryBuilder(model_label, window_s, accept_escaped)
+    """All queries for one tick, grouped by `model_label`, rates over `window_s` seconds
+    (and the arrival rate also over `short_window_s`, when given)."""
+    b = QueryBuilder(model_label, window_s, accept_escaped, short_window_s)
     return TickQueries(
         demand=b.demand(),
         state=b.state(),

@@ -323,3 +323,18 @@ def test_partial_answer_observes_present_models(vllm_world: VllmWorld) -> None:
 def test_evaluation_before_any_data_is_no_data(vllm_world: VllmWorld) -> None:
     results = source(vllm_world).observe([ModelQuery(m.name) for m in MODELS], time.time() - 3600.0)
     assert all(isinstance(r, NoDataError) for r in results.values())
+
+
+def test_short_window_arrival_rides_in_the_demand_query(
+    vllm_world: VllmWorld, tick: tuple[dict[str, ObservationResult], float, PrometheusSource]
+) -> None:
+    """The panic-window arrival rate costs no extra query and agrees with the long one
+    on a stationary load (model A: flat queue)."""
+    _, now, plain = tick
+    short = source(vllm_world, short_window_s=3.0)  # three 1 s scrapes
+    results = short.observe([ModelQuery(MODEL_A.name)], now)
+    a = observed(results, MODEL_A.name)
+    assert short.queries_last_tick == plain.queries_last_tick
+    assert a.arrival_rate_short_rps is not None
+    assert a.arrival_rate_short_rps == pytest.approx(a.arrival_rate_rps, rel=0.35)
+    assert observed(tick[0], MODEL_A.name).arrival_rate_short_rps is None

@@ -77,10 +77,17 @@ def test_ten_queries_naming_no_model() -> None:
 
 
 def test_every_tagged_signal_appears_once() -> None:
-    q = build_queries()
+    q = build_queries(short_window_s=10)
     tagged = q.demand + q.state + q.rates + q.token_means
     for signal in Signal:
         assert tagged.count(f'"{SIGNAL_LABEL}", "{signal.value}"') == 1, signal
+
+
+def test_short_window_is_optional_and_uses_its_own_range() -> None:
+    plain, short = build_queries(window_s=60), build_queries(window_s=60, short_window_s=10)
+    assert Signal.ARRIVAL_SHORT_RPS.value not in plain.demand
+    assert "[10s]" in short.demand and "[10s]" not in plain.demand
+    assert len(list(short.items())) == len(list(plain.items()))
 
 
 @pytest.mark.parametrize(
