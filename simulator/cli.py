@@ -36,6 +36,16 @@ def _positive(kind: type, name: str):
     return conv
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--speed must be a number, got {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"--speed must be >= 0, got {text!r}")
+    return v
+
+
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in names if p not in POLICY_NAMES]
@@ -180,7 +190,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--speed",
-        type=_positive(float, "--speed"),
+        type=_non_negative_float,
         default=60.0,
         help="simulated seconds per real second in the live view (0 = as fast as possible)",
     )
@@ -189,6 +199,12 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         type=_policies,
         default=["hpa-gpu", "keda", "kpa"],
         help="policies to compare against after the live run",
+    )
+    p.add_argument(
+        "--start-replicas",
+        type=_positive(int, "--start-replicas"),
+        default=4,
+        help="replicas serving when the replay starts",
     )
     p.add_argument("--out", default="out/demo", help="folder for the plot and JSON")
     p.add_argument("--seed", type=int, default=0)
@@ -234,7 +250,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"governor demo: --trace {args.trace}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
-    sc = Scenario(trace=trace, sla=sla, start_replicas=2, seed=args.seed)
+    sc = Scenario(trace=trace, sla=sla, start_replicas=args.start_replicas, seed=args.seed)
     print(
         f"llm-governor demo: {trace.name} x{args.rate_scale:g}, {len(trace):,} requests over "
         f"{trace.span_s / 60:.0f} min; "
