@@ -1,0 +1,83 @@
+"""Regenerate the governor-config part of helm/llm-governor/values.schema.json.
+
+The chart's `models`, `policy` and `prometheus` values are the governor's config file
+(controller/config.py, GovernorConfig) verbatim, so their JSON schema is generated from the
+pydantic models instead of being copied by hand: a value the governor would refuse at
+start fails at `helm install` instead, with the same field names and limits.
+
+Only `$defs/governor.*` and `properties.{models,policy,prometheus}` are rewritten; the rest
+of the schema (the chart's own values) is hand-written and kept as it is.
+tests/helm/test_schema.py fails when this output is stale.
+
+Usage: .venv/bin/python helm/gen_values_schema.py [--check]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA_PATH = ROOT / "helm" / "llm-governor" / "values.schema.json"
+PREFIX = "governor."
+CONFIG_KEYS = ("models", "policy", "prometheus")
+
+
+def _strip_titles(node: Any) -> Any:
+    """Drop pydantic's generated `title`s (noise in Helm's messages), keep the rest."""
+    if isinstance(node, dict):
+        return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
+    if isinstance(node, list):
+        return [_strip_titles(v) for v in node]
+    return node
+
+
+def config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(properties for models/policy/prometheus, $defs named governor.*) from GovernorConfig."""
+    sys.path.insert(0, str(ROOT))
+    from controller.config import GovernorConfig
+
+    raw = GovernorConfig.model_json_schema(ref_template="#/$defs/" + PREFIX + "{model}")
+    defs = {PREFIX + name: _strip_titles(d) for name, d in sorted(raw["$defs"].items())}
+    props = {k: _strip_titles(raw["properties"][k]) for k in CONFIG_KEYS}
+    # Helm drops keys whose value is null, and an empty map means "the governor's defaults".
+    for k in ("policy", "prometheus"):
+        props[k].pop("default", None)
+    props["models"]["description"] = (
+        "the governor's models (controller/config.py ModelConfig); at least one is required"
+    )
+    return props, defs
+
+
+def render(current: dict[str, Any]) -> dict[str, Any]:
+    """`current` with the generated parts replaced."""
+    props, defs = config_schema()
+    out = dict(current)
+    out["properties"] = dict(current.get("properties", {}))
+    out["properties"].update(props)
+    kept = {k: v for k, v in current.get("$defs", {}).items() if not k.startswith(PREFIX)}
+    out["$defs"] = dict(sorted((kept | defs).items()))
+    return out
+
+
+def dumps(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    current = json.loads(SCHEMA_PATH.read_text())
+    text = dumps(render(current))
+    if "--check" in argv:
+        if text != SCHEMA_PATH.read_text():
+            print(f"{SCHEMA_PATH} is stale: run .venv/bin/python helm/gen_values_schema.py")
+            return 1
+        return 0
+    SCHEMA_PATH.write_text(text)
+    print(f"wrote {SCHEMA_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,160 @@
+{{/*
+Names, labels and shared fragments. Every helper takes the governor chart's scope (.Values
+are this chart's values): from this chart that is `$`; from an engine chart that has this
+chart as a dependency it is `.Subcharts.<name or alias>` (see _sidecar.tpl). Helpers never
+use .Chart.Name, so names come out the same from either scope.
+*/}}
+
+{{- define "llm-governor.name" -}}
+{{- default "llm-governor" .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* At most 40 characters, so every derived name (-targets-state, -leader) stays a valid
+DNS label (63). */}}
+{{- define "llm-governor.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "llm-governor.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "llm-governor.labels" -}}
+helm.sh/chart: {{ printf "llm-governor-%s" .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "llm-governor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: llm-governor
+{{- end -}}
+
+{{/* The one label that selects governor pods, in both modes: in sidecar mode the pods belong
+to the engine's Deployment, whose own app.kubernetes.io/* labels must stay the engine's. */}}
+{{- define "llm-governor.selectorLabels" -}}
+llm-governor.io/instance: {{ include "llm-governor.fullname" . }}
+{{- end -}}
+
+{{- define "llm-governor.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "llm-governor.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "llm-governor.configMapName" -}}
+{{- printf "%s-config" (include "llm-governor.fullname" .) -}}
+{{- end -}}
+
+{{/* The store: targets in <name>, state in <name>-state (controller/store.py ConfigMapStore). */}}
+{{- define "llm-governor.targetsConfigMap" -}}
+{{- printf "%s-targets" (include "llm-governor.fullname" .) -}}
+{{- end -}}
+{{- define "llm-governor.stateConfigMap" -}}
+{{- printf "%s-state" (include "llm-governor.targetsConfigMap" .) -}}
+{{- end -}}
+
+{{- define "llm-governor.leaseName" -}}
+{{- default (printf "%s-leader" (include "llm-governor.fullname" .)) .Values.leaderElection.leaseName -}}
+{{- end -}}
+
+{{- define "llm-governor.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The address KEDA and engines in other namespaces use: fully qualified, because
+ScaledObjects and engines live in the models' namespaces. */}}
+{{- define "llm-governor.grpcAddress" -}}
+{{- printf "%s.%s.svc.%s:%d" (include "llm-governor.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.ports.grpc) -}}
+{{- end -}}
+
+{{/* The governor config file: the values' models/policy/prometheus, verbatim. */}}
+{{- define "llm-governor.config" -}}
+{{- $cfg := dict "models" .Values.models -}}
+{{- if .Values.policy }}{{ $_ := set $cfg "policy" .Values.policy }}{{ end -}}
+{{- if .Values.prometheus }}{{ $_ := set $cfg "prometheus" .Values.prometheus }}{{ end -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Model defaults, as controller/config.py applies them (ModelConfig, ReplicaBounds). */}}
+{{- define "llm-governor.modelNamespace" -}}
+{{- default "default" .namespace -}}
+{{- end -}}
+{{- define "llm-governor.minReplicas" -}}
+{{- $r := default dict .replicas -}}
+{{- if hasKey $r "min_replicas" }}{{ int $r.min_replicas }}{{ else }}1{{ end -}}
+{{- end -}}
+{{- define "llm-governor.maxReplicas" -}}
+{{- $r := default dict .replicas -}}
+{{- if hasKey $r "max_replicas" }}{{ int $r.max_replicas }}{{ else }}10{{ end -}}
+{{- end -}}
+
+{{/* Name of the per-model ScaledObject or HPA (in the model's namespace). */}}
+{{- define "llm-governor.scalerName" -}}
+{{- printf "%s-governor" .deployment | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Which Python-side actuator runs: only `kubernetes` patches Deployments itself. With
+via=hpa the governor only exports the metric (and serves the KEDA scaler, unused). */}}
+{{- define "llm-governor.scaleVia" -}}
+{{- if eq .Values.scaling.via "kubernetes" }}kubernetes{{ else }}keda{{ end -}}
+{{- end -}}
+
+{{/* HPA behavior without damping of its own (KEDA copies it into the HPA it creates).
+Scale up: no window, up to max replicas in one period. Scale down: no window, -100 % per
+period. Tolerance 0 from Kubernetes 1.33 (HPAScalingRules.tolerance): without it the
+default 10 % band swallows a step from 10 to 11 replicas.
+Argument: dict "root" $ "max" <max replicas>. */}}
+{{- define "llm-governor.hpaBehavior" -}}
+{{- $period := int .root.Values.scaling.hpaPeriodSeconds -}}
+{{- $tolerance := semverCompare ">=1.33.0-0" .root.Capabilities.KubeVersion.Version -}}
+scaleUp:
+  stabilizationWindowSeconds: 0
+  selectPolicy: Max
+  policies:
+    - type: Pods
+      value: {{ .max }}
+      periodSeconds: {{ $period }}
+    - type: Percent
+      value: 1000
+      periodSeconds: {{ $period }}
+  {{- if $tolerance }}
+  tolerance: "0"
+  {{- end }}
+scaleDown:
+  stabilizationWindowSeconds: 0
+  selectPolicy: Max
+  policies:
+    - type: Percent
+      value: 100
+      periodSeconds: {{ $period }}
+  {{- if $tolerance }}
+  tolerance: "0"
+  {{- end }}
+{{- end -}}
+
+{{/* KEDA fallback replicas: the model's fallback_replicas, else min_replicas, at least 1. */}}
+{{- define "llm-governor.fallbackReplicas" -}}
+{{- if hasKey . "fallback_replicas" -}}
+{{- max (int .fallback_replicas) 1 -}}
+{{- else -}}
+{{- max (int (include "llm-governor.minReplicas" .)) 1 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of a model's desired-replicas series for the HPA (valid label values: the
+Deployment and its namespace, not the model name). */}}
+{{- define "llm-governor.targetLabels" -}}
+target_namespace: {{ include "llm-governor.modelNamespace" . }}
+target_deployment: {{ .deployment }}
+{{- end -}}

@@ -1,0 +1,128 @@
+{{/*
+Sidecar mode: named templates an engine (or router) chart includes to run the governor in
+its own pods. Add this chart as a dependency (alias e.g. `governor`, values mode: sidecar),
+then, in the engine's pod template, with `$gov := .Subcharts.governor`:
+
+  metadata:
+    labels:
+      {{- include "llm-governor.sidecar.podLabels" $gov | nindent 8 }}
+  spec:
+    serviceAccountName: {{ include "llm-governor.serviceAccountName" $gov }}
+    initContainers:
+      {{- include "llm-governor.sidecar.initContainers" (dict "gov" $gov "model" "MODEL") | nindent 6 }}
+    containers:
+      - name: vllm
+        command: ["/bin/sh", "-c"]
+        args: ['exec vllm serve MODEL $(cat /run/governor/engine-args)']
+        volumeMounts:
+          {{- include "llm-governor.sidecar.engineArgsMount" $gov | nindent 10 }}
+      {{- include "llm-governor.sidecar.containers" $gov | nindent 6 }}
+    volumes:
+      {{- include "llm-governor.sidecar.volumes" $gov | nindent 6 }}
+
+The pods must run in the release namespace (the ServiceAccount and ConfigMaps are there).
+templates/example-engine.yaml uses exactly these templates, and tests/helm renders an
+engine chart that includes them through .Subcharts.
+*/}}
+
+{{- define "llm-governor.sidecar.podLabels" -}}
+{{ include "llm-governor.selectorLabels" . }}
+{{- end -}}
+
+{{/* Where engine-args asks: the pod's own governor when it is a native sidecar (up before
+the engine-args init container runs), else the Service (standalone instances, or the
+sidecars of other engine pods; with none reachable engine-args falls back to the defaults). */}}
+{{- define "llm-governor.sidecar.server" -}}
+{{- if and (eq .Values.mode "sidecar") .Values.sidecar.native -}}
+{{- printf "127.0.0.1:%d" (int .Values.ports.grpc) -}}
+{{- else -}}
+{{- include "llm-governor.grpcAddress" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Argument: dict "gov" <governor scope> "model" <models[].name> ["server" <addr>].
+The native governor sidecar (if sidecar.native), then an init container that runs
+`governor engine-args` and leaves the flags in /run/governor/engine-args for the engine's
+command. engine-args always exits 0 (it falls back to the model's default knobs), so an
+engine never fails to start because of the governor. */}}
+{{- define "llm-governor.sidecar.initContainers" -}}
+{{- $gov := .gov -}}
+{{- if and (eq $gov.Values.mode "sidecar") $gov.Values.sidecar.native }}
+{{ include "llm-governor.container" (dict "root" $gov "native" true) }}
+{{- end }}
+{{ include "llm-governor.engineArgsContainer" (dict "gov" $gov "model" .model "server" (default (include "llm-governor.sidecar.server" $gov) .server)) }}
+{{- end -}}
+
+{{/* The governor as a regular container (sidecar.native false). Argument: governor scope. */}}
+{{- define "llm-governor.sidecar.containers" -}}
+{{- if and (eq .Values.mode "sidecar") (not .Values.sidecar.native) }}
+{{ include "llm-governor.container" (dict "root" . "native" false) }}
+{{- end }}
+{{- end -}}
+
+{{/* The governor's volumes (sidecar mode) and the engine-args hand-over directory. */}}
+{{- define "llm-governor.sidecar.volumes" -}}
+{{- if eq .Values.mode "sidecar" }}
+- name: governor-config
+  configMap:
+    name: {{ include "llm-governor.configMapName" . }}
+{{- end }}
+- name: governor-tmp
+  emptyDir:
+    sizeLimit: 64Mi
+- name: governor-engine-args
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end -}}
+
+{{- define "llm-governor.sidecar.engineArgsMount" -}}
+- name: governor-engine-args
+  mountPath: /run/governor
+  readOnly: true
+{{- end -}}
+
+{{/* Argument: dict "gov" <governor scope> "model" <name> "server" <host:port>.
+The fallback knobs come from the model's values (knobs.default_*), passed as flags rather
+than through the config file, because an engine in another namespace cannot mount the
+governor's ConfigMap. */}}
+{{- define "llm-governor.engineArgsContainer" -}}
+{{- $v := .gov.Values -}}
+{{- $knobs := dict -}}
+{{- range $v.models }}{{ if eq .name $.model }}{{ $knobs = default dict .knobs }}{{ end }}{{ end -}}
+- name: governor-engine-args
+  image: {{ include "llm-governor.image" .gov | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  command: ["/bin/sh", "-c"]
+  args:
+    - >-
+      governor engine-args --model "$GOVERNOR_MODEL" --server "$GOVERNOR_SERVER"
+      {{- with $knobs.default_max_num_seqs }} --default-max-num-seqs {{ int . }}{{ end }}
+      {{- with $knobs.default_max_num_batched_tokens }} --default-max-num-batched-tokens {{ int . }}{{ end }}
+      > /run/governor/engine-args
+  env:
+    - name: GOVERNOR_MODEL
+      value: {{ .model | quote }}
+    - name: GOVERNOR_SERVER
+      value: {{ .server | quote }}
+    # engine-args reports the engine's identity (--engine-id defaults to $POD_NAME).
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+  resources:
+    requests:
+      cpu: 10m
+      memory: 64Mi
+    limits:
+      memory: 128Mi
+  {{- with $v.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: governor-engine-args
+      mountPath: /run/governor
+    - name: governor-tmp
+      mountPath: /tmp
+{{- end -}}

@@ -1,0 +1,93 @@
+{{/*
+Checks values.schema.json cannot express (min <= max, uniqueness, cross-references), and a
+second line of defence for the schema's own checks when an install skips it
+(--skip-schema-validation). Each failure names the value and what to change. Renders
+nothing when the values are good.
+*/}}
+{{- define "llm-governor.validate" -}}
+{{- $v := .Values -}}
+{{- if not (has $v.mode (list "standalone" "sidecar")) -}}
+{{- fail (printf "mode: must be standalone or sidecar (got %v)" $v.mode) -}}
+{{- end -}}
+{{- if not (has $v.scaling.via (list "keda" "kubernetes" "hpa")) -}}
+{{- fail (printf "scaling.via: must be keda, kubernetes or hpa (got %v)" $v.scaling.via) -}}
+{{- end -}}
+{{- if not (has $v.scaling.keda.triggerType (list "external" "external-push")) -}}
+{{- fail (printf "scaling.keda.triggerType: must be external or external-push (got %v)" $v.scaling.keda.triggerType) -}}
+{{- end -}}
+{{- if not $v.models -}}
+{{- fail "models: at least one model is required (name, deployment, sla; see values.yaml)" -}}
+{{- end -}}
+{{- $names := dict -}}
+{{- $targets := dict -}}
+{{- range $i, $m := $v.models -}}
+{{- if not (kindIs "map" $m) -}}
+{{- fail (printf "models[%d]: must be a mapping with name, deployment and sla (got %v)" $i $m) -}}
+{{- end -}}
+{{- if not $m.name -}}
+{{- fail (printf "models[%d].name: required (the model_name label vLLM exports, e.g. meta-llama/Llama-3.1-8B-Instruct)" $i) -}}
+{{- end -}}
+{{- $where := printf "models[%d] (%s)" $i $m.name -}}
+{{- if not $m.deployment -}}
+{{- fail (printf "%s: deployment is required (the engine Deployment to scale)" $where) -}}
+{{- end -}}
+{{- if not (and $m.sla (kindIs "map" $m.sla) $m.sla.ttft_p95_ms $m.sla.itl_p95_ms) -}}
+{{- fail (printf "%s: sla.ttft_p95_ms and sla.itl_p95_ms are required" $where) -}}
+{{- end -}}
+{{- if hasKey $names $m.name -}}
+{{- fail (printf "%s: model name appears more than once" $where) -}}
+{{- end -}}
+{{- $_ := set $names $m.name true -}}
+{{- $ns := include "llm-governor.modelNamespace" $m -}}
+{{- $key := printf "%s/%s" $ns $m.deployment -}}
+{{- if hasKey $targets $key -}}
+{{- fail (printf "%s: deployment %s is also scaled for model %s; two models scaling one Deployment would fight" $where $key (get $targets $key)) -}}
+{{- end -}}
+{{- $_ := set $targets $key $m.name -}}
+{{- $min := int (include "llm-governor.minReplicas" $m) -}}
+{{- $max := int (include "llm-governor.maxReplicas" $m) -}}
+{{- if gt $min $max -}}
+{{- fail (printf "%s: replicas.min_replicas (%d) must be <= replicas.max_replicas (%d)" $where $min $max) -}}
+{{- end -}}
+{{- if lt $max 1 -}}
+{{- fail (printf "%s: replicas.max_replicas must be >= 1 (got %d)" $where $max) -}}
+{{- end -}}
+{{- if and (hasKey $m "fallback_replicas") (gt (int $m.fallback_replicas) $max) -}}
+{{- fail (printf "%s: fallback_replicas (%d) must be <= replicas.max_replicas (%d)" $where (int $m.fallback_replicas) $max) -}}
+{{- end -}}
+{{- if and (eq $v.mode "sidecar") (eq $v.sidecar.placement "engine") (lt $min 1) -}}
+{{- fail (printf "%s: replicas.min_replicas is 0, but in sidecar mode (sidecar.placement: engine) the governor runs inside the engine pods: at zero replicas nothing is left to scale them up. Set min_replicas >= 1, or run the sidecar next to a router (sidecar.placement: router), or use mode: standalone" $where) -}}
+{{- end -}}
+{{- if and (eq $v.scaling.via "hpa") (gt (len $m.deployment) 63) -}}
+{{- fail (printf "%s: with scaling.via=hpa the deployment name is a metric label value, at most 63 characters (got %d)" $where (len $m.deployment)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq $v.mode "standalone") (gt (int $v.standalone.replicas) 1) (not $v.leaderElection.enabled) -}}
+{{- fail (printf "leaderElection.enabled: must be true with standalone.replicas %d (without it every replica would actuate)" (int $v.standalone.replicas)) -}}
+{{- end -}}
+{{- if and (eq $v.mode "sidecar") (not $v.leaderElection.enabled) -}}
+{{- fail "leaderElection.enabled: must be true in sidecar mode (one governor per engine pod; only the leader may actuate)" -}}
+{{- end -}}
+{{- if and (eq $v.scaling.via "hpa") (not $v.monitoring.prometheusRule.enabled) -}}
+{{- fail "scaling.via=hpa needs monitoring.prometheusRule.enabled=true: the HPA reads the recording rule governor_target_desired_replicas (one series per model, labelled with its Deployment) through prometheus-adapter" -}}
+{{- end -}}
+{{- if $v.exampleEngine.enabled -}}
+{{- $model := include "llm-governor.exampleModel" . | fromYaml -}}
+{{- if not $model.name -}}
+{{- fail (printf "exampleEngine.model: %q is not the name of a model in models" $v.exampleEngine.model) -}}
+{{- end -}}
+{{- if and (eq $v.mode "sidecar") (ne (include "llm-governor.modelNamespace" $model) .Release.Namespace) -}}
+{{- fail (printf "exampleEngine: in sidecar mode the engine pods carry the governor, whose ServiceAccount and ConfigMaps are in the release namespace %s; model %s is in namespace %s. Install the release there" .Release.Namespace $model.name (include "llm-governor.modelNamespace" $model)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The model entry exampleEngine runs (YAML; empty map when not found). */}}
+{{- define "llm-governor.exampleModel" -}}
+{{- $want := .Values.exampleEngine.model -}}
+{{- $found := dict -}}
+{{- range .Values.models -}}
+{{- if and (not $found.name) (or (not $want) (eq .name $want)) }}{{ $found = . }}{{ end -}}
+{{- end -}}
+{{- toYaml $found -}}
+{{- end -}}
