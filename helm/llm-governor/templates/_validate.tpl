@@ -65,6 +65,10 @@ nothing when the values are good.
 {{- if and (eq $v.mode "standalone") (gt (int $v.standalone.replicas) 1) (not $v.leaderElection.enabled) -}}
 {{- fail (printf "leaderElection.enabled: must be true with standalone.replicas %d (without it every replica would actuate)" (int $v.standalone.replicas)) -}}
 {{- end -}}
+{{- $pdb := $v.standalone.podDisruptionBudget -}}
+{{- if and (eq $v.mode "standalone") $pdb.enabled (ge (int $pdb.minAvailable) (int $v.standalone.replicas)) -}}
+{{- fail (printf "standalone.podDisruptionBudget.minAvailable (%d) must be < standalone.replicas (%d), or no node could ever be drained; disable the PDB for a single replica" (int $pdb.minAvailable) (int $v.standalone.replicas)) -}}
+{{- end -}}
 {{- if and (eq $v.mode "sidecar") (not $v.leaderElection.enabled) -}}
 {{- fail "leaderElection.enabled: must be true in sidecar mode (one governor per engine pod; only the leader may actuate)" -}}
 {{- end -}}
