@@ -139,7 +139,7 @@ class ScalingPolicy(_Strict):
     target_utilization_frac: float = Field(default=0.85, gt=0, le=1)
     itl_margin_frac: float = Field(default=0.85, gt=0, le=1)
     forecast_alpha: float = Field(default=0.3, gt=0, le=1)
-    forecast_beta: float = Field(default=0.1, ge=0, le=1)
+    forecast_beta: float = Field(default=0.05, ge=0, le=1)
     backlog_drain_s: PositiveFloat = Field(default=30.0, le=3600)
     knob_min_gain_frac: float = Field(default=0.1, ge=0, le=10)
     knob_sustain_s: NonNegativeFloat = Field(default=120.0, le=86_400)

@@ -12,7 +12,9 @@ can be replayed from its trace. Steps, in order:
 3. per-replica capacity at the SLA with those knobs (controller.batching), times a
    feedback correction in [0.4, 1] that shrinks while the observed SLA is violated on a
    full-sized fleet and recovers while it is met with margin.
-4. demand = max(now, Holt forecast one cold start ahead) + backlog/backlog_drain_s;
+4. demand = max(smoothed level, Holt forecast one cold start ahead) + backlog /
+   backlog_drain_s (the smoothed level, not the raw sample, so one noisy window cannot
+   scale up on its own: sudden real surges are panic mode's job, on the short window);
    raw = demand / capacity; idle -> min replicas, zero only after the idle period.
 5. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
    cooldown -> clamp.
@@ -123,7 +125,7 @@ class Decider:
         )
         backlog = (obs.waiting or 0.0) / self.policy.backlog_drain_s
         forecast = holt_forecast(load, self.model.cold_start_s)
-        demand = max(obs.arrival_rate_rps, forecast) + backlog
+        demand = max(load.level, forecast) + backlog
         short = obs.arrival_rate_short_rps
         short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
 
@@ -294,8 +296,14 @@ class Decider:
         policy = self.model.batching_policy
         if policy == "static":
             return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, (None, None)
-        if lengths is None:
-            return state.knobs, Reason.KNOBS_NO_DATA, (None, None)
+        # Knobs move only on this tick's own length statistics under real demand: not on
+        # remembered lengths, nor on the few requests of an idle window.
+        if lengths is None or obs.prompt_tokens_mean is None or obs.arrival_rate_rps <= 0:
+            return (
+                state.knobs,
+                Reason.KNOBS_NO_DATA,
+                (state.knob_candidate, state.knob_candidate_since_s),
+            )
         if policy == "seed":
             sla = self.model.sla
             sla_ms = sla.e2e_p99_ms if sla.e2e_p99_ms is not None else sla.ttft_p95_ms

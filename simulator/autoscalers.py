@@ -61,6 +61,9 @@ class Autoscaler(Protocol):
         """Knobs for replicas that start from now on (None: leave the fleet's)."""
         ...
 
+    rolls_out_knobs: bool
+    """True when a knob change triggers a rolling restart of the fleet."""
+
     @property
     def passthrough(self) -> bool:
         """True when the HPA only relays this policy's number (KEDA external scaler with
@@ -100,6 +103,7 @@ class _HpaCore:
 class _Base:
     interval_s = 15.0
     passthrough = False
+    rolls_out_knobs = False
 
     def knobs(self) -> Knobs | None:
         return None
@@ -281,6 +285,9 @@ class Governor(_Base):
 
     name = "governor"
     passthrough = True
+    # A material knob change is rolled out (rolling restart, one surge replica at a
+    # time), so replicas that would not start anyway also get the new knobs.
+    rolls_out_knobs = True
 
     def __init__(
         self,

@@ -161,6 +161,8 @@ class Fleet:
         self.peak_router_queue = 0
         self.router_queued_total = 0
         self._rr = 0
+        self._replacing: dict[int, int] = {}  # surge replica id -> outdated replica id
+        self.rollouts_started = 0
         for _ in range(initial_replicas):
             rep = self._request_replica(self.now_s)
             if initial_ready:
@@ -176,6 +178,34 @@ class Fleet:
         """Knobs for replicas requested from now on; running replicas keep theirs."""
         _validate_knobs(knobs)
         self.knobs = knobs
+
+    def roll_out(self, now_s: float | None = None) -> None:
+        """Replace every SERVING replica whose knobs differ from the fleet's, one at a
+        time, like a Deployment rolling update with maxSurge 1, maxUnavailable 0: a new
+        replica is requested (cold start, GPU time counted); when it is ready the
+        outdated one (fewest outstanding requests first) drains; then the next."""
+        if now_s is not None:
+            self.advance_to(now_s)
+        self.rollouts_started += 1
+        self._roll_next(self.now_s)
+
+    def outdated_replicas(self) -> int:
+        """SERVING replicas whose knobs differ from the fleet's current knobs."""
+        return sum(
+            1 for r in self.replicas if r.state is ReplicaState.SERVING and r.knobs != self.knobs
+        )
+
+    def _roll_next(self, t_s: float) -> None:
+        if self._replacing:
+            return  # one surge replica at a time
+        outdated = [
+            r for r in self.replicas if r.state is ReplicaState.SERVING and r.knobs != self.knobs
+        ]
+        if not outdated:
+            return
+        old = min(outdated, key=lambda r: (r.engine.n_out if r.engine else 0, r.replica_id))
+        new = self._request_replica(t_s)
+        self._replacing[new.replica_id] = old.replica_id
 
     def add_scraper(
         self, interval_s: float, callback: Callable[[float], None], first_s: float | None = None
@@ -381,15 +411,25 @@ class Fleet:
         if now_s is not None:
             self.advance_to(now_s)
         t = self.now_s
+        # A surge replica and the outdated one it replaces count once (as in a rollout).
+        being_replaced = set(self._replacing.values())
         active = [
-            r for r in self.replicas if r.state in (ReplicaState.STARTING, ReplicaState.SERVING)
+            r
+            for r in self.replicas
+            if r.state in (ReplicaState.STARTING, ReplicaState.SERVING)
+            and r.replica_id not in being_replaced
         ]
         if n > len(active):
             for _ in range(n - len(active)):
                 self._request_replica(t)
         elif n < len(active):
             starting = sorted(
-                (r for r in active if r.state is ReplicaState.STARTING),
+                # rollout surges are not cancelled: they take their outdated replica's place
+                (
+                    r
+                    for r in active
+                    if r.state is ReplicaState.STARTING and r.replica_id not in self._replacing
+                ),
                 key=lambda r: (-r.requested_s, -r.replica_id),
             )
             serving = sorted(
@@ -430,8 +470,20 @@ class Fleet:
         self._serving_ids.append(rep.replica_id)
         while self._router:
             self._route_now(self._router.popleft(), t_s)
+        old_id = self._replacing.pop(rep.replica_id, None)
+        if old_id is not None:
+            old = self.replicas[old_id]
+            if old.state is ReplicaState.SERVING:
+                self._stop_replica(old, t_s)
+            self._roll_next(t_s)
 
     def _stop_replica(self, rep: Replica, t_s: float) -> None:
+        # A cancelled surge leaves its outdated replica serving (the rollout resumes later);
+        # a surge whose outdated replica is stopped simply stays as a replica.
+        self._replacing.pop(rep.replica_id, None)
+        for new_id, old_id in list(self._replacing.items()):
+            if old_id == rep.replica_id:
+                del self._replacing[new_id]
         if rep.state is ReplicaState.STARTING:
             rep.state = ReplicaState.GONE
             rep.gone_s = t_s
@@ -453,10 +505,11 @@ class Fleet:
 
     @property
     def active_replicas(self) -> int:
-        """Replicas STARTING or SERVING (what `scale_to` counts)."""
+        """Replicas STARTING or SERVING (what `scale_to` counts); during a rollout a surge
+        replica and the outdated one it replaces count once."""
         return sum(
             1 for r in self.replicas if r.state in (ReplicaState.STARTING, ReplicaState.SERVING)
-        )
+        ) - len(self._replacing)
 
     @property
     def total_replicas(self) -> int:

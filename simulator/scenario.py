@@ -179,9 +179,9 @@ def run_policy(
 ) -> PolicyResult:
     """Simulate `name` over the scenario and score it. `progress(fraction)` is called
     about once a simulated minute; `on_sync(t_s, fleet, policy)` after every HPA sync."""
-    fleet = Fleet(
-        sc.profile, initial_replicas=sc.start_replicas, seed=sc.seed, cold_start_s=sc.cold_start_s
-    )
+    # A static fleet is what it is from the start; the others start at start_replicas.
+    initial = sc.static_replicas if name == "static" and sc.static_replicas else sc.start_replicas
+    fleet = Fleet(sc.profile, initial_replicas=initial, seed=sc.seed, cold_start_s=sc.cold_start_s)
     source = SimulatedSource(
         fleet,
         MODEL,
@@ -218,6 +218,8 @@ def run_policy(
             if k is not None and k != fleet.knobs:
                 fleet.set_knobs(k)
                 knob_changes += 1
+                if policy.rolls_out_knobs:
+                    fleet.roll_out()
             heapq.heappush(events, (t + policy.interval_s, 0))
         else:
             current = fleet.active_replicas

@@ -21,6 +21,7 @@ Azure traces: CC-BY-4.0, cite Splitwise (Patel et al., ISCA 2024); see
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 TRACES_ENV = "GOVERNOR_TRACES_DIR"
+BUNDLED_TRACES = Path(__file__).resolve().parent / "data" / "traces"
 AZURE_FILES = {
     "conv": "AzureLLMInferenceTrace_conv.csv",
     "code": "AzureLLMInferenceTrace_code.csv",
@@ -188,7 +190,8 @@ def _parse_times(values: list[str]) -> np.ndarray:
 def load_csv(path: str | Path, name: str | None = None) -> Trace:
     """Azure-format or generic CSV with a header (timestamp seconds or datetime)."""
     path = Path(path)
-    with path.open(newline="") as fh:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader)
         it, ip, io = (
@@ -235,13 +238,30 @@ def load_jsonl(path: str | Path, name: str | None = None) -> Trace:
 
 
 def traces_dir() -> Path:
-    """Folder of the shared traces: $GOVERNOR_TRACES_DIR, else `../shared/data/traces`
-    next to the repository."""
+    """Folder of the Azure traces: $GOVERNOR_TRACES_DIR, else `../shared/data/traces`
+    next to the repository when it exists, else the gzipped copies bundled with the
+    package (`simulator/data/traces`)."""
     env = os.environ.get(TRACES_ENV)
     if env:
         return Path(env)
     repo = Path(__file__).resolve().parent.parent
-    return repo.parent / "shared" / "data" / "traces"
+    shared = repo.parent / "shared" / "data" / "traces"
+    return shared if shared.is_dir() else BUNDLED_TRACES
+
+
+def azure_trace_path(key: str) -> Path:
+    """Path of the Azure trace `key` (`conv` or `code`): plain CSV or its `.gz` copy."""
+    if key not in AZURE_FILES:
+        raise ValueError(f"unknown Azure trace {key!r} (known: {sorted(AZURE_FILES)})")
+    base = traces_dir() / AZURE_FILES[key]
+    for candidate in (
+        base,
+        base.with_name(base.name + ".gz"),
+        BUNDLED_TRACES / (AZURE_FILES[key] + ".gz"),
+    ):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"Azure trace {key!r} not found in {traces_dir()} (set ${TRACES_ENV})")
 
 
 # --- synthetic traces -------------------------------------------------------------------------
@@ -373,9 +393,7 @@ def load_trace(
         trace = synthetic(name, seed=seed, **params)
     elif s.startswith("azure:"):
         key = s.removeprefix("azure:")
-        if key not in AZURE_FILES:
-            raise ValueError(f"unknown Azure trace {key!r} (known: {sorted(AZURE_FILES)})")
-        trace = load_csv(traces_dir() / AZURE_FILES[key], name=f"azure:{key}")
+        trace = load_csv(azure_trace_path(key), name=f"azure:{key}")
     else:
         path = Path(s)
         if not path.is_file():

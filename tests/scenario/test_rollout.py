@@ -1,0 +1,65 @@
+"""Knob rollout on the simulated fleet: a rolling restart with maxSurge 1, maxUnavailable 0."""
+
+from __future__ import annotations
+
+from controller.types import Knobs
+from simulator.fleet import Fleet, ReplicaState
+from simulator.traces import load_trace
+
+OLD, NEW = Knobs(1024, 8192), Knobs(160, 2560)
+
+
+def _serving_knobs(f: Fleet) -> list[Knobs]:
+    return [r.knobs for r in f.replicas if r.state is ReplicaState.SERVING]
+
+
+def test_rollout_replaces_one_at_a_time_and_keeps_capacity() -> None:
+    f = Fleet(knobs=OLD, initial_replicas=3, cold_start_s=45.0)
+    f.set_knobs(NEW)
+    f.roll_out(0.0)
+    assert f.active_replicas == 3 and f.total_replicas == 4  # one surge
+    seen_total = []
+    for t in range(5, 200, 5):
+        f.advance_to(float(t))
+        assert f.ready_replicas >= 3  # maxUnavailable 0
+        assert f.active_replicas == 3
+        seen_total.append(f.total_replicas)
+    assert max(seen_total) <= 4
+    assert _serving_knobs(f) == [NEW] * 3 and f.outdated_replicas() == 0
+    # 3 replicas for 195 s, plus each surge's 45 s cold start (idle old ones leave at once)
+    assert f.gpu_seconds() == 3 * 195 + 3 * 45
+    assert len(f.replicas) == 6
+
+
+def test_rollout_under_load_finishes_in_flight_work() -> None:
+    trace = load_trace("synthetic:poisson:rate=20,duration=120", seed=2)
+    f = Fleet(knobs=OLD, initial_replicas=2, cold_start_s=30.0)
+    f.submit_trace(trace, offset_s=0.0)
+    f.advance_to(20.0)
+    f.set_knobs(NEW)
+    f.roll_out()
+    f.run()
+    rec = f.records()
+    assert rec.done.all()  # drained replicas finished what they held
+    assert _serving_knobs(f) == [NEW] * 2
+
+
+def test_scale_down_during_rollout_does_not_cancel_the_surge() -> None:
+    f = Fleet(knobs=OLD, initial_replicas=3, cold_start_s=45.0)
+    f.set_knobs(NEW)
+    f.roll_out(0.0)
+    f.scale_to(2, 10.0)
+    assert f.active_replicas == 2
+    f.advance_to(300.0)
+    assert f.active_replicas == 2 and f.outdated_replicas() == 0
+    assert _serving_knobs(f) == [NEW] * 2
+
+
+def test_scale_up_during_rollout_counts_the_surge_once() -> None:
+    f = Fleet(knobs=OLD, initial_replicas=2, cold_start_s=45.0)
+    f.set_knobs(NEW)
+    f.roll_out(0.0)
+    f.scale_to(4, 5.0)
+    assert f.active_replicas == 4 and f.total_replicas == 5
+    f.advance_to(400.0)
+    assert f.active_replicas == 4 and _serving_knobs(f) == [NEW] * 4
