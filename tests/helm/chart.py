@@ -11,6 +11,8 @@ PrometheusRule) against the schemas in crd_schemas.py.
 from __future__ import annotations
 
 import copy
+import functools
+import re
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -122,24 +124,53 @@ def one(objs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> d
     return found[0]
 
 
+@functools.cache
+def _k8s_validator(api_version: str, kind: str) -> Any:
+    """A strict validator for one kind, built once: the same files and lookup as
+    kubernetes_validate.validate (which re-reads the multi-megabyte definitions on every
+    call, too slow for a matrix of renders)."""
+    import jsonschema
+    import referencing
+
+    from kubernetes_validate import utils
+
+    schema_dir = f"v{KUBE_VERSION}-local-strict"
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = utils.schema_contents(
+            f"kubernetes-json-schema/{schema_dir}/{kind.lower()}-{group_version}.json",
+            KUBE_VERSION,
+        )
+    except FileNotFoundError:
+        raise AssertionError(f"no Kubernetes {KUBE_VERSION} schema for {api_version} {kind}") from None
+    defs = utils.schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json", KUBE_VERSION)
+    registry = referencing.Resource.from_contents(defs) @ (
+        referencing.Resource.from_contents(schema) @ referencing.Registry()
+    )
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+@functools.cache
+def _crd_validator(api_version: str, kind: str) -> Any:
+    return crd_schemas.validator(crd_schemas.SCHEMAS[(api_version, kind)])
+
+
 def validate(obj: dict[str, Any]) -> None:
     """Validate one object against its schema; AssertionError naming the object and path."""
     kind, api = obj.get("kind"), obj.get("apiVersion")
     where = f"{kind} {obj.get('metadata', {}).get('name')}"
+    assert isinstance(kind, str) and isinstance(api, str), f"{where}: no kind/apiVersion"
     schema = crd_schemas.SCHEMAS.get((api, kind))
-    try:
-        if schema is not None:
-            crd_schemas.validate(obj, schema)
-        else:
-            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        path = ".".join(str(p) for p in exc.path)
-        raise AssertionError(f"{where}: {path}: {exc.message}") from None
-    except kubernetes_validate.utils.SchemaNotFoundError as exc:
-        raise AssertionError(f"{where}: no schema: {exc.message}") from None
-    except crd_schemas.ValidationError as exc:
-        path = ".".join(str(p) for p in exc.path)
-        raise AssertionError(f"{where}: {path}: {exc.message}") from None
+    if schema is not None:
+        validator = _crd_validator(api, kind)
+    else:
+        validator = _k8s_validator(api, kind)
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
+    if error is not None:
+        path = ".".join(str(p) for p in error.absolute_path)
+        raise AssertionError(f"{where}: {path}: {error.message}")
 
 
 def chart_copy(tmp: Path, *, drop_schema: bool = False) -> Path:

@@ -15,8 +15,6 @@ from typing import Any
 
 import jsonschema
 
-ValidationError = jsonschema.ValidationError
-
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Prometheus duration (model.Duration), e.g. 30s, 5m, 1h30m.
@@ -256,9 +254,6 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-def validate(obj: dict[str, Any], schema: dict[str, Any]) -> None:
-    """Raise ValidationError (the most relevant one) when `obj` does not match `schema`."""
-    validator = jsonschema.Draft202012Validator(schema)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(obj))
-    if error is not None:
-        raise error
+def validator(schema: dict[str, Any]) -> jsonschema.Draft202012Validator:
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)

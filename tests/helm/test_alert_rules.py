@@ -1,0 +1,223 @@
+"""The PrometheusRule's groups and the dashboard's queries, checked and unit-tested by the
+real Prometheus tooling (`promtool check rules`, `promtool test rules`): syntax, and that
+the alerts fire on the situations they are for and not otherwise."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.helm.chart import MODEL_8B, MODEL_CODE, NAMESPACE, one, render, values
+
+PROMTOOL = shutil.which("promtool")
+pytestmark = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool not found (Debian package `prometheus`; `make prometheus` installs it)",
+)
+FULLNAME = "gov-llm-governor"
+SEL = f'job="{FULLNAME}",namespace="{NAMESPACE}"'
+
+
+def _rules(**overrides: Any) -> dict[str, Any]:
+    objs = render(values(monitoring={"prometheusRule": {"enabled": True}}, **overrides))
+    return {"groups": one(objs, "PrometheusRule")["spec"]["groups"]}
+
+
+def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def _run_tests(tmp_path: Path, rules: dict[str, Any], tests: list[dict[str, Any]]) -> None:
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s", "tests": tests}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = _promtool("test", "rules", "test.yaml", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("via", ["keda", "hpa"])
+def test_rules_pass_promtool_check(tmp_path: Path, via: str) -> None:
+    rules = _rules(scaling={"via": via})
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    out = _promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    objs = render(values())
+    dash = json.loads(one(objs, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["llm-governor.json"])
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 10
+    # Grafana substitutes $model (a regex, multi-value) before Prometheus sees the query.
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": e.replace("$model", ".*")}
+        for i, e in enumerate(exprs)
+    ]
+    (tmp_path / "dash.yaml").write_text(yaml.safe_dump({"groups": [{"name": "d", "rules": rules}]}))
+    out = _promtool("check", "rules", "dash.yaml", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def _series(name: str, labels: dict[str, str], values_: str) -> dict[str, str]:
+    body = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{body}}}", "values": values_}
+
+
+GOV = {"job": FULLNAME, "namespace": NAMESPACE}
+
+
+def test_controller_stale_fires_when_ticks_stop_and_not_before(tmp_path: Path) -> None:
+    leader = {**GOV, "instance": "10.0.0.1:9464"}
+    tests = [
+        {
+            # Ticking: the last-tick timestamp follows time (15 s steps).
+            "interval": "15s",
+            "input_series": [
+                _series("governor_last_tick_timestamp_seconds", leader, "0+15x40"),
+                _series("governor_leader", leader, "1x40"),
+            ],
+            "alert_rule_test": [{"eval_time": "9m", "alertname": "GovernorControllerStale", "exp_alerts": []}],
+        },
+        {
+            # Stuck since t=60 s: stale after 60 s more, alert after its 2 m `for`.
+            "interval": "15s",
+            "input_series": [
+                _series("governor_last_tick_timestamp_seconds", leader, "0 15 30 45 60x40"),
+                _series("governor_leader", leader, "1x40"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "GovernorControllerStale", "exp_alerts": []},
+                {
+                    "eval_time": "6m",
+                    "alertname": "GovernorControllerStale",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "critical"},
+                            "exp_annotations": {
+                                "summary": "llm-governor has not completed a control tick recently",
+                                "description": "No control tick for 5m 0s (or no governor "
+                                "scraped). Check the pods and 'governor status'.",
+                            },
+                        }
+                    ],
+                },
+            ],
+        },
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+
+
+def test_actuation_failing_fires_on_sustained_errors(tmp_path: Path) -> None:
+    pod = {**GOV, "instance": "10.0.0.1:9464", "actuator": "KubernetesScaleActuator"}
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": [_series("governor_actuation_errors_total", pod, "0+1x80")],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "GovernorActuationFailing", "exp_alerts": []},
+                {
+                    "eval_time": "17m",
+                    "alertname": "GovernorActuationFailing",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "critical", "actuator": "KubernetesScaleActuator"},
+                            "exp_annotations": {
+                                "summary": "llm-governor actuation is failing",
+                                "description": "Actuator KubernetesScaleActuator has been failing "
+                                "for a while; replicas do not follow decisions.",
+                            },
+                        }
+                    ],
+                },
+            ],
+        }
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+
+
+def _ttft_buckets(model: str, slow: bool) -> list[dict[str, str]]:
+    """10 requests per 15 s, all in (0.25, 0.5] s when slow, else all under 0.1 s."""
+    label = {"model_name": model, "engine": "0", "instance": "10.1.0.1:8000"}
+    edges = {"0.1": not slow, "0.25": not slow, "0.5": True, "+Inf": True}
+    return [
+        _series(
+            "vllm:time_to_first_token_seconds_bucket",
+            {**label, "le": le},
+            "0+10x300" if counted else "0x300",
+        )
+        for le, counted in edges.items()
+    ]
+
+
+def test_sla_burn_fires_for_the_model_missing_its_ttft_sla_only(tmp_path: Path) -> None:
+    # code-assistant's TTFT SLA is 300 ms: its p95 (~0.49 s) misses it; the 8B model's
+    # 500 ms SLA is met by requests under 0.1 s.
+    code, llama = MODEL_CODE["name"], MODEL_8B["name"]
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": _ttft_buckets(code, slow=True) + _ttft_buckets(llama, slow=False),
+            "alert_rule_test": [
+                # Both windows are over the target only after the `for` period.
+                {"eval_time": "3m", "alertname": "GovernorSLABurn", "exp_alerts": []},
+                {
+                    "eval_time": "30m",
+                    "alertname": "GovernorSLABurn",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "warning", "model": code, "sla": "ttft_p95"},
+                            "exp_annotations": {
+                                "summary": f"{code}: ttft_p95 SLA (300ms) is being missed",
+                                "description": "ttft_p95 is above 300ms over 5m and 1h although "
+                                "the governor is scaling; check max_replicas and "
+                                f"'governor explain {code}'.",
+                            },
+                        }
+                    ],
+                },
+            ],
+        }
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+
+
+def test_recording_rule_keeps_only_the_leaders_desired_replicas(tmp_path: Path) -> None:
+    # The follower (a former leader) still exports its last, stale value 9.
+    leader = {**GOV, "instance": "10.0.0.1:9464"}
+    follower = {**GOV, "instance": "10.0.0.2:9464"}
+    model = MODEL_8B["name"]
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": [
+                _series("governor_leader", leader, "1x10"),
+                _series("governor_leader", follower, "0x10"),
+                _series("governor_desired_replicas", {**leader, "model": model}, "5x10"),
+                _series("governor_desired_replicas", {**follower, "model": model}, "9x10"),
+            ],
+            "promql_expr_test": [
+                {
+                    "expr": "governor_target_desired_replicas",
+                    "eval_time": "1m",
+                    "exp_samples": [
+                        {
+                            "labels": 'governor_target_desired_replicas{target_deployment="llama-8b",'
+                            'target_namespace="llm"}',
+                            "value": 5,
+                        }
+                    ],
+                }
+            ],
+        }
+    ]
+    _run_tests(tmp_path, _rules(scaling={"via": "hpa"}), tests)
