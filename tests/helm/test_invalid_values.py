@@ -1,0 +1,199 @@
+"""Bad values fail at install with a message that names the value: through
+values.schema.json (what `helm install` checks first) and, for an install that skips the
+schema (--skip-schema-validation), through the templates' own checks (_validate.tpl).
+Checks a JSON schema cannot express (min <= max, uniqueness, cross-references) live only in
+the templates and fail either way."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helm.chart import (
+    MODEL_8B,
+    MODEL_CODE,
+    chart_copy,
+    helm,
+    render_files,
+    values,
+)
+
+
+def _without(model: dict[str, Any], key: str) -> dict[str, Any]:
+    out = copy.deepcopy(model)
+    del out[key]
+    return out
+
+
+def _with(model: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    out = copy.deepcopy(model)
+    out.update(kw)
+    return out
+
+
+# id -> (values, fragment the schema's message has, fragment the template's message has).
+# A None schema fragment: the schema cannot express it, the template check answers both.
+CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
+    "missing-model-name": (
+        values(models=[_without(MODEL_8B, "name")]),
+        "missing property 'name'",
+        "models[0].name: required",
+    ),
+    "min-greater-than-max": (
+        values(models=[_with(MODEL_8B, replicas={"min_replicas": 5, "max_replicas": 2})]),
+        None,
+        "models[0] (meta-llama/Llama-3.1-8B-Instruct): replicas.min_replicas (5) must be <= "
+        "replicas.max_replicas (2)",
+    ),
+    "min-greater-than-default-max": (
+        values(models=[_with(MODEL_8B, replicas={"min_replicas": 12})]),
+        None,
+        "replicas.min_replicas (12) must be <= replicas.max_replicas (10)",
+    ),
+    "unknown-mode": (
+        values(mode="daemonset"),
+        "/mode",
+        "mode: must be standalone or sidecar (got daemonset)",
+    ),
+    "unknown-scaling": (
+        values(scaling={"via": "vpa"}),
+        "/scaling/via",
+        "scaling.via: must be keda, kubernetes or hpa (got vpa)",
+    ),
+    "no-models": (values(models=[]), None, "models: at least one model is required"),
+    "missing-deployment": (
+        values(models=[_without(MODEL_8B, "deployment")]),
+        "missing property 'deployment'",
+        "deployment is required",
+    ),
+    "missing-sla": (
+        values(models=[_without(MODEL_8B, "sla")]),
+        "missing property 'sla'",
+        "sla.ttft_p95_ms and sla.itl_p95_ms are required",
+    ),
+    "duplicate-model": (
+        values(models=[MODEL_8B, _with(MODEL_CODE, name=MODEL_8B["name"])]),
+        None,
+        "model name appears more than once",
+    ),
+    "two-models-one-deployment": (
+        values(models=[MODEL_8B, _with(MODEL_CODE, deployment="llama-8b")]),
+        None,
+        "deployment llm/llama-8b is also scaled for model meta-llama/Llama-3.1-8B-Instruct",
+    ),
+    "fallback-above-max": (
+        values(models=[_with(MODEL_8B, fallback_replicas=40)]),
+        None,
+        "fallback_replicas (40) must be <= replicas.max_replicas (16)",
+    ),
+    "sidecar-in-engine-with-scale-to-zero": (
+        values(mode="sidecar"),
+        None,
+        "models[1] (code-assistant): replicas.min_replicas is 0, but in sidecar mode",
+    ),
+    "two-replicas-without-leader-election": (
+        values(leaderElection={"enabled": False}),
+        None,
+        "leaderElection.enabled: must be true with standalone.replicas 2",
+    ),
+    "pdb-blocks-every-drain": (
+        values(standalone={"replicas": 1}, leaderElection={"enabled": False}),
+        None,
+        "standalone.podDisruptionBudget.minAvailable (1) must be < standalone.replicas (1)",
+    ),
+    "hpa-without-recording-rule": (
+        values(scaling={"via": "hpa"}),
+        None,
+        "scaling.via=hpa needs monitoring.prometheusRule.enabled=true",
+    ),
+    "example-engine-unknown-model": (
+        values(exampleEngine={"enabled": True, "model": "gpt-5"}),
+        None,
+        'exampleEngine.model: "gpt-5" is not the name of a model in models',
+    ),
+    "unknown-trigger-type": (
+        values(scaling={"keda": {"triggerType": "prometheus"}}),
+        "/scaling/keda/triggerType",
+        "scaling.keda.triggerType: must be external or external-push (got prometheus)",
+    ),
+}
+
+# Refused by the schema only (the governor would refuse them at start; the schema is
+# generated from its config models).
+SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
+    "model-key-typo": (
+        values(models=[_with(MODEL_8B, cold_start_seconds=30)]),
+        "additional properties 'cold_start_seconds' not allowed",
+    ),
+    "zero-itl-target": (
+        values(models=[_with(MODEL_8B, sla={"ttft_p95_ms": 500, "itl_p95_ms": 0})]),
+        "/models/0/sla/itl_p95_ms",
+    ),
+    "bad-namespace": (values(models=[_with(MODEL_8B, namespace="LLM_Prod")]), "/models/0/namespace"),
+    "unknown-batching-policy": (
+        values(models=[_with(MODEL_8B, batching_policy="fast")]),
+        "/models/0/batching_policy",
+    ),
+    "policy-key-typo": (values(policy={"tick_interval": 5}), "'tick_interval' not allowed"),
+    "chart-key-typo": (values(mdoe="sidecar"), "additional properties 'mdoe' not allowed"),
+    "port-out-of-range": (values(ports={"grpc": 70000}), "/ports/grpc"),
+}
+
+
+@pytest.fixture(scope="module")
+def schemaless_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chart_copy(tmp_path_factory.mktemp("chart"), drop_schema=True)
+
+
+def _error(vals: dict[str, Any], chart: Path | None = None, namespace: str = "llm") -> str:
+    kw: dict[str, Any] = {"namespace": namespace}
+    if chart is not None:
+        kw["chart"] = chart
+    with pytest.raises(helm.HelmError) as err:
+        render_files(vals, **kw)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refused_at_install_with_a_message(case: str) -> None:
+    vals, schema_msg, template_msg = CASES[case]
+    message = _error(vals)
+    assert (schema_msg or template_msg) in message, message
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_refused_by_the_templates_when_the_schema_is_skipped(
+    case: str, schemaless_chart: Path
+) -> None:
+    vals, _, template_msg = CASES[case]
+    message = _error(vals, chart=schemaless_chart)
+    assert template_msg in message, message
+
+
+@pytest.mark.parametrize("case", sorted(SCHEMA_ONLY))
+def test_refused_by_the_schema(case: str) -> None:
+    vals, fragment = SCHEMA_ONLY[case]
+    message = _error(vals)
+    assert "values don't meet the specifications of the schema" in message, message
+    assert fragment in message, message
+
+
+def test_example_engine_in_sidecar_mode_must_share_the_release_namespace() -> None:
+    vals = values(
+        mode="sidecar",
+        models=[MODEL_8B],
+        exampleEngine={"enabled": True},
+    )
+    message = _error(vals, namespace="governor")
+    assert "model meta-llama/Llama-3.1-8B-Instruct is in namespace llm" in message, message
+    # The same values install into the model's namespace.
+    assert render_files(vals, namespace="llm")
+
+
+def test_valid_values_render() -> None:
+    """The baseline every case above changes one thing of."""
+    files = render_files(values())
+    assert any(path.endswith("scaledobject.yaml") and text.strip() for path, text in files.items())
