@@ -25,12 +25,23 @@ PREFIX = "governor."
 CONFIG_KEYS = ("models", "policy", "prometheus")
 
 
-def _strip_titles(node: Any) -> Any:
-    """Drop pydantic's generated `title`s (noise in Helm's messages), keep the rest."""
+# Dropped from pydantic's output: `title` is noise in Helm's messages, and `default` is
+# documentation Helm never applies (the governor applies its own defaults), which would
+# make the schema stale at every change of a default value.
+_DROPPED = {"title", "default"}
+
+
+def _strip(node: Any, *, names: bool = False) -> Any:
+    """`node` without _DROPPED keywords; `names`: node maps property names to schemas,
+    whose keys are kept whatever they are."""
     if isinstance(node, dict):
-        return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
+        return {
+            k: _strip(v, names=(k == "properties" and not names))
+            for k, v in node.items()
+            if names or k not in _DROPPED
+        }
     if isinstance(node, list):
-        return [_strip_titles(v) for v in node]
+        return [_strip(v) for v in node]
     return node
 
 
@@ -40,11 +51,8 @@ def config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     from controller.config import GovernorConfig
 
     raw = GovernorConfig.model_json_schema(ref_template="#/$defs/" + PREFIX + "{model}")
-    defs = {PREFIX + name: _strip_titles(d) for name, d in sorted(raw["$defs"].items())}
-    props = {k: _strip_titles(raw["properties"][k]) for k in CONFIG_KEYS}
-    # Helm drops keys whose value is null, and an empty map means "the governor's defaults".
-    for k in ("policy", "prometheus"):
-        props[k].pop("default", None)
+    defs = {PREFIX + name: _strip(d) for name, d in sorted(raw["$defs"].items())}
+    props = {k: _strip(raw["properties"][k]) for k in CONFIG_KEYS}
     props["models"]["description"] = (
         "the governor's models (controller/config.py ModelConfig); at least one is required"
     )
