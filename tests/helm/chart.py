@@ -112,9 +112,7 @@ def find(
     objs: Iterable[dict[str, Any]], kind: str, name: str | None = None
 ) -> list[dict[str, Any]]:
     return [
-        o
-        for o in objs
-        if o.get("kind") == kind and (name is None or o["metadata"]["name"] == name)
+        o for o in objs if o.get("kind") == kind and (name is None or o["metadata"]["name"] == name)
     ]
 
 
@@ -131,7 +129,6 @@ def _k8s_validator(api_version: str, kind: str) -> Any:
     call, too slow for a matrix of renders)."""
     import jsonschema
     import referencing
-
     from kubernetes_validate import utils
 
     schema_dir = f"v{KUBE_VERSION}-local-strict"
@@ -142,8 +139,12 @@ def _k8s_validator(api_version: str, kind: str) -> Any:
             KUBE_VERSION,
         )
     except FileNotFoundError:
-        raise AssertionError(f"no Kubernetes {KUBE_VERSION} schema for {api_version} {kind}") from None
-    defs = utils.schema_contents(f"kubernetes-json-schema/{schema_dir}/_definitions.json", KUBE_VERSION)
+        raise AssertionError(
+            f"no Kubernetes {KUBE_VERSION} schema for {api_version} {kind}"
+        ) from None
+    defs = utils.schema_contents(
+        f"kubernetes-json-schema/{schema_dir}/_definitions.json", KUBE_VERSION
+    )
     registry = referencing.Resource.from_contents(defs) @ (
         referencing.Resource.from_contents(schema) @ referencing.Registry()
     )
@@ -188,7 +189,9 @@ def container(pod_spec: dict[str, Any], name: str, init: bool = False) -> dict[s
     for c in pod_spec.get(key) or []:
         if c["name"] == name:
             return c
-    raise AssertionError(f"no {key[:-1]} named {name!r} in {[c['name'] for c in pod_spec.get(key) or []]}")
+    raise AssertionError(
+        f"no {key[:-1]} named {name!r} in {[c['name'] for c in pod_spec.get(key) or []]}"
+    )
 
 
 def arg_value(args: list[str], flag: str) -> str:

@@ -86,7 +86,9 @@ def test_controller_stale_fires_when_ticks_stop_and_not_before(tmp_path: Path) -
                 _series("governor_last_tick_timestamp_seconds", leader, "0+15x40"),
                 _series("governor_leader", leader, "1x40"),
             ],
-            "alert_rule_test": [{"eval_time": "9m", "alertname": "GovernorControllerStale", "exp_alerts": []}],
+            "alert_rule_test": [
+                {"eval_time": "9m", "alertname": "GovernorControllerStale", "exp_alerts": []}
+            ],
         },
         {
             # Stuck since t=60 s: stale after 60 s more, alert after its 2 m `for`.
@@ -130,7 +132,10 @@ def test_actuation_failing_fires_on_sustained_errors(tmp_path: Path) -> None:
                     "alertname": "GovernorActuationFailing",
                     "exp_alerts": [
                         {
-                            "exp_labels": {"severity": "critical", "actuator": "KubernetesScaleActuator"},
+                            "exp_labels": {
+                                "severity": "critical",
+                                "actuator": "KubernetesScaleActuator",
+                            },
                             "exp_annotations": {
                                 "summary": "llm-governor actuation is failing",
                                 "description": "Actuator KubernetesScaleActuator has been failing "
@@ -211,8 +216,8 @@ def test_recording_rule_keeps_only_the_leaders_desired_replicas(tmp_path: Path) 
                     "eval_time": "1m",
                     "exp_samples": [
                         {
-                            "labels": 'governor_target_desired_replicas{target_deployment="llama-8b",'
-                            'target_namespace="llm"}',
+                            "labels": "governor_target_desired_replicas"
+                            '{target_deployment="llama-8b",target_namespace="llm"}',
                             "value": 5,
                         }
                     ],

@@ -116,9 +116,7 @@ def metric_names(expr: str) -> set[str]:
     text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
     text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
     # label lists of by/without/on/ignoring/group_left/group_right
-    text = re.sub(
-        r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text
-    )
+    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
     names = set()
     for m in re.finditer(r"(?<![\w:$.])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\(?)", text):
         name, call = m.group(1), m.group(2)
@@ -146,9 +144,7 @@ def test_metric_names_parser() -> None:
 def test_scaler_address_and_port_are_the_services_grpc_port(mode: str) -> None:
     ns = NAMESPACE if mode == "standalone" else "llm"
     models = ALL_MODELS if mode == "standalone" else [MODEL_8B]
-    objs = render(
-        values(mode=mode, models=models, exampleEngine={"enabled": True}), namespace=ns
-    )
+    objs = render(values(mode=mode, models=models, exampleEngine={"enabled": True}), namespace=ns)
     svc = one(objs, "Service", FULLNAME)
     svc_port = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
     scaled = find(objs, "ScaledObject")
@@ -165,7 +161,10 @@ def test_scaler_address_and_port_are_the_services_grpc_port(mode: str) -> None:
         gov = container(pod, "governor")
     else:
         engine = one(objs, "Deployment", MODEL_8B["deployment"])
-        pod, pod_labels = engine["spec"]["template"]["spec"], engine["spec"]["template"]["metadata"]["labels"]
+        pod, pod_labels = (
+            engine["spec"]["template"]["spec"],
+            engine["spec"]["template"]["metadata"]["labels"],
+        )
         gov = container(pod, "governor", init=True)
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     named = {p["name"]: p["containerPort"] for p in gov["ports"]}
@@ -176,7 +175,10 @@ def test_scaler_address_and_port_are_the_services_grpc_port(mode: str) -> None:
 
 def test_scaled_objects_name_configured_models_and_their_deployments() -> None:
     objs = render(values(models=ALL_MODELS))
-    cfg = parse_config(yaml.safe_load(one(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"]), environ={})
+    cfg = parse_config(
+        yaml.safe_load(one(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"]),
+        environ={},
+    )
     expected = {(m.namespace, m.deployment, m.name) for m in cfg.models}
     got = {
         (
@@ -197,7 +199,9 @@ def test_example_engine_is_what_the_scaled_object_scales() -> None:
     objs = render(values(exampleEngine={"enabled": True, "model": "code-assistant"}))
     engine = one(objs, "Deployment", "code-assistant")
     so = next(
-        s for s in find(objs, "ScaledObject") if s["spec"]["scaleTargetRef"]["name"] == "code-assistant"
+        s
+        for s in find(objs, "ScaledObject")
+        if s["spec"]["scaleTargetRef"]["name"] == "code-assistant"
     )
     assert so["spec"]["scaleTargetRef"]["kind"] == "Deployment"
     assert so["metadata"]["namespace"] == engine["metadata"]["namespace"]
@@ -242,7 +246,9 @@ def test_rbac_without_direct_scaling_grants_no_deployment_access() -> None:
 
 def test_rbac_hpa_conflict_check_can_be_turned_off() -> None:
     objs = render(values(scaling={"via": "kubernetes"}, rbac={"hpaConflictCheck": False}))
-    resources = {r for role in find(objs, "Role") for rule in role["rules"] for r in rule["resources"]}
+    resources = {
+        r for role in find(objs, "Role") for rule in role["rules"] for r in rule["resources"]
+    }
     assert "horizontalpodautoscalers" not in resources
 
 
@@ -296,19 +302,27 @@ def test_container_flags_are_accepted_by_the_governor_cli(via: str) -> None:
     assert args.store == "configmap" and args.leader_election == "on"
     assert args.scale_via == ("kubernetes" if via == "kubernetes" else "keda")
     assert args.shutdown_grace_s == 7.5
-    assert args.config.startswith(next(m["mountPath"] for m in gov["volumeMounts"] if m["name"] == "governor-config"))
+    assert args.config.startswith(
+        next(m["mountPath"] for m in gov["volumeMounts"] if m["name"] == "governor-config")
+    )
     # The pod's grace period leaves the governor its own shutdown grace and more.
     assert _governor_pod(objs)["terminationGracePeriodSeconds"] > args.shutdown_grace_s
 
 
 def test_engine_args_command_is_accepted_by_the_governor_cli() -> None:
     objs = render(values(exampleEngine={"enabled": True}))
-    init = container(one(objs, "Deployment", "llama-8b")["spec"]["template"]["spec"], "governor-engine-args", init=True)
+    init = container(
+        one(objs, "Deployment", "llama-8b")["spec"]["template"]["spec"],
+        "governor-engine-args",
+        init=True,
+    )
     env = {e["name"]: e.get("value") for e in init["env"]}
     script = init["args"][0].split(">", 1)[0]
-    argv = script.replace('"$GOVERNOR_MODEL"', env["GOVERNOR_MODEL"]).replace(
-        '"$GOVERNOR_SERVER"', env["GOVERNOR_SERVER"]
-    ).split()
+    argv = (
+        script.replace('"$GOVERNOR_MODEL"', env["GOVERNOR_MODEL"])
+        .replace('"$GOVERNOR_SERVER"', env["GOVERNOR_SERVER"])
+        .split()
+    )
     assert argv[0] == "governor"
     args = build_parser().parse_args(argv[1:])
     assert args.command == "engine-args"
@@ -369,7 +383,9 @@ def rendered_standalone() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def governor(rendered_standalone: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Governor]:
+def governor(
+    rendered_standalone: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[_Governor]:
     """`governor run` (the image's entry point) with the Deployment's rendered flags."""
     objs = rendered_standalone
     tmp = tmp_path_factory.mktemp("governor")
@@ -410,13 +426,17 @@ def governor(rendered_standalone: list[dict[str, Any]], tmp_path_factory: pytest
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+    # SIGTERM (what the kubelet sends) is a clean exit within the pod's grace period.
+    assert proc.returncode == 0, "".join(lines[-30:])
 
 
 @pytest.fixture(scope="module")
 def exported_series(governor: _Governor) -> set[str]:
     """Series names the running governor exports: from /metrics' families (with or without
     samples yet), counters as `_total`, histograms as `_bucket/_sum/_count`."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{governor.metrics_port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{governor.metrics_port}/metrics", timeout=10
+    ) as r:
         text = r.read().decode()
     names: set[str] = set()
     for fam in text_string_to_metric_families(text):
@@ -506,7 +526,9 @@ def test_dashboard_and_alerts_use_only_exported_metrics(
         names = metric_names(expr)
         assert names, expr
         unknown = names - known
-        assert not unknown, f"{sorted(unknown)} in {expr!r} are neither exported by the governor nor vLLM metrics"
+        assert not unknown, (
+            f"{sorted(unknown)} in {expr!r} are neither exported by the governor nor vLLM metrics"
+        )
     # The dashboard covers both sides: the governor's decisions and vLLM's SLA signals.
     used = set().union(*(metric_names(e) for e in dash_exprs))
     assert {"governor_desired_replicas", "governor_knob_max_num_seqs"} <= used
@@ -520,7 +542,11 @@ def test_alerts_cover_sla_burn_staleness_and_actuation() -> None:
     names = {r["alert"] for r in alerts}
     assert {"GovernorSLABurn", "GovernorControllerStale", "GovernorActuationFailing"} <= names
     # One SLA burn alert per model and SLA field the model sets.
-    burns = {(r["labels"]["model"], r["labels"]["sla"]) for r in alerts if r["alert"] == "GovernorSLABurn"}
+    burns = {
+        (r["labels"]["model"], r["labels"]["sla"])
+        for r in alerts
+        if r["alert"] == "GovernorSLABurn"
+    }
     expected = set()
     for m in ALL_MODELS:
         expected |= {(m["name"], "ttft_p95"), (m["name"], "itl_p95")}
@@ -589,7 +615,8 @@ spec:
     spec:
       serviceAccountName: {{ include "llm-governor.serviceAccountName" $gov }}
       initContainers:
-        {{- include "llm-governor.sidecar.initContainers" (dict "gov" $gov "model" "code-assistant") | nindent 8 }}
+        {{- $args := dict "gov" $gov "model" "code-assistant" }}
+        {{- include "llm-governor.sidecar.initContainers" $args | nindent 8 }}
       containers:
         - name: router
           image: example/router:1.0
@@ -622,7 +649,9 @@ def test_engine_chart_includes_the_sidecar_through_subcharts(tmp_path: Path) -> 
     assert gov["restartPolicy"] == "Always"
     # The same names as the subchart's own objects: Service selector, account, config.
     svc = one(objs, "Service", FULLNAME)
-    assert svc["spec"]["selector"].items() <= router["spec"]["template"]["metadata"]["labels"].items()
+    assert (
+        svc["spec"]["selector"].items() <= router["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert pod["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"]
     config_vol = next(v for v in pod["volumes"] if v["name"] == "governor-config")
     assert one(objs, "ConfigMap", config_vol["configMap"]["name"])

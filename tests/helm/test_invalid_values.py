@@ -132,7 +132,10 @@ SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
         values(models=[_with(MODEL_8B, sla={"ttft_p95_ms": 500, "itl_p95_ms": 0})]),
         "/models/0/sla/itl_p95_ms",
     ),
-    "bad-namespace": (values(models=[_with(MODEL_8B, namespace="LLM_Prod")]), "/models/0/namespace"),
+    "bad-namespace": (
+        values(models=[_with(MODEL_8B, namespace="LLM_Prod")]),
+        "/models/0/namespace",
+    ),
     "unknown-batching-policy": (
         values(models=[_with(MODEL_8B, batching_policy="fast")]),
         "/models/0/batching_policy",

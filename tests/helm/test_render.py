@@ -39,7 +39,10 @@ MATRIX: dict[str, tuple[dict[str, Any], str]] = {
             monitoring={"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
             exampleEngine={"enabled": True, "model": "code-assistant"},
             image={"digest": "sha256:" + "a" * 64},
-            governor={"extraArgs": ["--log-level", "debug"], "extraEnv": [{"name": "X", "value": "1"}]},
+            governor={
+                "extraArgs": ["--log-level", "debug"],
+                "extraEnv": [{"name": "X", "value": "1"}],
+            },
         ),
         NAMESPACE,
     ),
@@ -126,14 +129,14 @@ def test_every_object_matches_its_schema(case: str) -> None:
     assert objs, "nothing rendered"
     for obj in objs:
         validate(obj)
-    keys = Counter(
-        (o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs
-    )
+    keys = Counter((o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs)
     dupes = [k for k, n in keys.items() if n > 1]
     assert not dupes, f"objects rendered twice: {dupes}"
     for o in objs:
         if o["kind"] not in ("Namespace",):
-            assert o["metadata"].get("namespace"), f"{o['kind']} {o['metadata']['name']}: no namespace"
+            assert o["metadata"].get("namespace"), (
+                f"{o['kind']} {o['metadata']['name']}: no namespace"
+            )
 
 
 @pytest.mark.parametrize("case", sorted(MATRIX))
@@ -355,3 +358,28 @@ def test_notes_name_the_grpc_address_and_adapter_rule() -> None:
     notes = render_files(MATRIX["standalone-hpa"][0])["llm-governor/templates/NOTES.txt"]
     assert "gov-llm-governor.llm-system.svc.cluster.local:50051" in notes
     assert "seriesQuery: 'governor_target_desired_replicas'" in notes
+
+
+def test_schema_validation_is_not_vacuous() -> None:
+    """The validation above refuses what the API server would refuse."""
+    import copy
+
+    objs = _render("standalone-keda-everything")
+    broken: list[dict[str, Any]] = []
+    dep = copy.deepcopy(one(objs, "Deployment", "gov-llm-governor"))
+    dep["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["grpc"]["port"] = "grpc"
+    broken.append(dep)
+    svc = copy.deepcopy(one(objs, "Service"))
+    svc["spec"]["ports"][0]["protocl"] = "TCP"
+    broken.append(svc)
+    so = copy.deepcopy(find(objs, "ScaledObject")[0])
+    so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleUp"]["policies"][0][
+        "periodSeconds"
+    ] = 3600
+    broken.append(so)
+    rule = copy.deepcopy(one(objs, "PrometheusRule"))
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "two minutes"
+    broken.append(rule)
+    for obj in broken:
+        with pytest.raises(AssertionError):
+            validate(obj)

@@ -19,7 +19,9 @@ from tests.helm.chart import CHART, MODEL_8B, ROOT, helm, values
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_values_schema", ROOT / "helm" / "gen_values_schema.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_values_schema", ROOT / "helm" / "gen_values_schema.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -64,8 +66,15 @@ PARITY: dict[str, tuple[dict[str, Any], bool]] = {
     "valid-policy-and-prometheus": (
         {
             "models": [_model(policy={"tick_interval_s": 2})],
-            "policy": {"tick_interval_s": 10, "scale_up_limits": [{"type": "pods", "value": 2, "period_s": 30}]},
-            "prometheus": {"url": "https://prom.example:9090", "timeout_s": 5, "model_label": "model"},
+            "policy": {
+                "tick_interval_s": 10,
+                "scale_up_limits": [{"type": "pods", "value": 2, "period_s": 30}],
+            },
+            "prometheus": {
+                "url": "https://prom.example:9090",
+                "timeout_s": 5,
+                "model_label": "model",
+            },
         },
         True,
     ),
@@ -82,7 +91,10 @@ PARITY: dict[str, tuple[dict[str, Any], bool]] = {
     "negative-fallback": ({"models": [_model(fallback_replicas=-1)]}, False),
     "policy-tick-zero": ({"models": [_model()], "policy": {"tick_interval_s": 0}}, False),
     "policy-rate-limit-kind": (
-        {"models": [_model()], "policy": {"scale_up_limits": [{"type": "ratio", "value": 2, "period_s": 15}]}},
+        {
+            "models": [_model()],
+            "policy": {"scale_up_limits": [{"type": "ratio", "value": 2, "period_s": 15}]},
+        },
         False,
     ),
     "prometheus-ftp": ({"models": [_model()], "prometheus": {"url": "ftp://prom"}}, False),
