@@ -47,26 +47,26 @@ command. engine-args always exits 0 (it falls back to the model's default knobs)
 engine never fails to start because of the governor. */}}
 {{- define "llm-governor.sidecar.initContainers" -}}
 {{- $gov := .gov -}}
-{{- if and (eq $gov.Values.mode "sidecar") $gov.Values.sidecar.native }}
+{{- if and (eq $gov.Values.mode "sidecar") $gov.Values.sidecar.native -}}
 {{ include "llm-governor.container" (dict "root" $gov "native" true) }}
-{{- end }}
+{{ end -}}
 {{ include "llm-governor.engineArgsContainer" (dict "gov" $gov "model" .model "server" (default (include "llm-governor.sidecar.server" $gov) .server)) }}
 {{- end -}}
 
 {{/* The governor as a regular container (sidecar.native false). Argument: governor scope. */}}
 {{- define "llm-governor.sidecar.containers" -}}
-{{- if and (eq .Values.mode "sidecar") (not .Values.sidecar.native) }}
+{{- if and (eq .Values.mode "sidecar") (not .Values.sidecar.native) -}}
 {{ include "llm-governor.container" (dict "root" . "native" false) }}
-{{- end }}
+{{- end -}}
 {{- end -}}
 
 {{/* The governor's volumes (sidecar mode) and the engine-args hand-over directory. */}}
 {{- define "llm-governor.sidecar.volumes" -}}
-{{- if eq .Values.mode "sidecar" }}
+{{- if eq .Values.mode "sidecar" -}}
 - name: governor-config
   configMap:
     name: {{ include "llm-governor.configMapName" . }}
-{{- end }}
+{{ end -}}
 - name: governor-tmp
   emptyDir:
     sizeLimit: 64Mi
