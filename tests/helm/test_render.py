@@ -4,7 +4,9 @@ properties the design requires (security context, no HPA damping, KEDA fallback,
 
 from __future__ import annotations
 
+import tomllib
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -383,3 +385,17 @@ def test_schema_validation_is_not_vacuous() -> None:
     for obj in broken:
         with pytest.raises(AssertionError):
             validate(obj)
+
+
+def test_packaged_chart_renders_the_same(tmp_path: Path) -> None:
+    """`helm package` keeps every file the templates need (.helmignore), and the chart's
+    appVersion (the default image tag) is the package version it deploys."""
+    archive = helm.package(str(CHART), destination=str(tmp_path))
+    with helm.Chart.load(archive) as packaged:
+        assert packaged.version == "0.1.0"
+        files = packaged.render(values(), name="gov", namespace=NAMESPACE)
+    assert files == render_files(values())
+    assert "llm-governor/files/dashboard.json" not in files  # data, not a template
+    pyproject = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())
+    with helm.Chart.load(str(CHART)) as chart:
+        assert chart.metadata["appVersion"] == pyproject["project"]["version"]
