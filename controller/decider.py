@@ -12,9 +12,10 @@ can be replayed from its trace. Steps, in order:
 3. per-replica capacity at the SLA with those knobs (controller.batching), times a
    feedback correction in [0.4, 1] that shrinks while the observed SLA is violated on a
    full-sized fleet and recovers while it is met with margin.
-4. demand = max(smoothed level, Holt forecast one cold start ahead) + backlog /
-   backlog_drain_s (the smoothed level, not the raw sample, so one noisy window cannot
-   scale up on its own: sudden real surges are panic mode's job, on the short window);
+4. demand = smoothed level (+ the Holt trend over one cold start, when it predicts more
+   growth than the deadband) + backlog / backlog_drain_s. The smoothed level, not the
+   raw sample, so one noisy window cannot scale up on its own: sudden real surges are
+   panic mode's job, on the short window;
    raw = demand / capacity; idle -> min replicas, zero only after the idle period.
 5. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
    cooldown -> clamp.
@@ -124,8 +125,13 @@ class Decider:
             self.policy.forecast_beta,
         )
         backlog = (obs.waiting or 0.0) / self.policy.backlog_drain_s
-        forecast = holt_forecast(load, self.model.cold_start_s)
-        demand = max(load.level, forecast) + backlog
+        # The trend counts only when it predicts more than the deadband's worth of growth
+        # within a cold start: below that it is mostly noise, and acting on it would turn
+        # noise into scale-ups that later unwind (direction reversals).
+        uplift = holt_forecast(load, self.model.cold_start_s) - load.level
+        if uplift <= self.policy.tolerance_frac * load.level:
+            uplift = 0.0
+        demand = max(0.0, load.level + uplift) + backlog
         short = obs.arrival_rate_short_rps
         short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
 
@@ -176,8 +182,11 @@ class Decider:
         p = self.policy
         recs = state.recommendations
         if in_panic:
-            # Panic: scale up to what the short window asks for at once; never down.
-            target = max(current, math.ceil(max(demand, short_demand) / capacity - 1e-9))  # type: ignore[operator]
+            # Panic: scale up at once to what was observed (the short window, or the long
+            # one when higher), never down. Observed, not forecast: a trend fitted to the
+            # first few samples of a surge overshoots, and the overshoot later unwinds.
+            observed = max(obs.arrival_rate_rps + backlog, short_demand)
+            target = max(current, math.ceil(observed / capacity - 1e-9))  # type: ignore[operator]
             out = StageOut(target, panic_reason, f"short demand {short_demand:.2f} req/s")
             stages.append(_stage("panic", raw_int, out))
             value = out.value

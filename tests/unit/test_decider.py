@@ -273,13 +273,23 @@ def test_demand_without_lengths_holds() -> None:
 
 
 def test_forecast_scales_ahead_of_a_ramp() -> None:
-    """A steady ramp: the Holt forecast one cold start ahead asks for more than now."""
+    """A steady ramp of +0.3 req/s per second: one cold start (60 s) ahead the forecast
+    adds ~18 req/s (14 %, above the 10 % deadband), so demand leads the observed rate."""
     d = Decider(make_model(max_replicas=100, cold_start_s=60.0), make_policy())
     s = d.initial_state(4)
-    rates = [40.0 + 0.5 * i for i in range(60)]  # +0.1 req/s per second
+    rates = [40.0 + 1.5 * i for i in range(60)]
     decs, s = run(d, s, rates)
     last = decs[-1]
-    assert last.demand_rps is not None and last.demand_rps > rates[-1] + 3.0
+    assert last.demand_rps is not None and last.demand_rps > rates[-1] + 10.0
+
+
+def test_small_trend_is_treated_as_noise() -> None:
+    """+0.1 req/s per second on ~70 req/s predicts 6 req/s (8.6 %) in 60 s: under the
+    deadband, so demand is the smoothed level."""
+    d = Decider(make_model(max_replicas=100, cold_start_s=60.0), make_policy())
+    decs, s = run(d, d.initial_state(4), [40.0 + 0.5 * i for i in range(60)])
+    assert s.load is not None
+    assert decs[-1].demand_rps == s.load.level
 
 
 def test_explain_lists_every_stage() -> None:
