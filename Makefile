@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint demo bench prometheus clean
+.PHONY: all test lint demo bench prometheus proto venv clean
 
 all: test
 
@@ -32,6 +32,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# Regenerate the committed gRPC stubs (governor_api/) from proto/ with grpcio-tools.
+proto: $(STAMP)
+	PYTHON=$(BIN)/python bash scripts/gen_proto.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

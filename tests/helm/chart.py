@@ -18,17 +18,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
+import helm_python as helm  # helm-python-sdk (test extra): the real, embedded Helm 4
 import yaml
 
-helm = pytest.importorskip(
-    "helm_python", reason="helm-python-sdk (Helm 4 SDK) is not installed: pip install -e .[test]"
-)
-kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="kubernetes-validate is not installed: pip install -e .[test]"
-)
-
-from tests.helm import crd_schemas  # noqa: E402  (after the importorskip guards)
+from tests.helm import crd_schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "llm-governor"
