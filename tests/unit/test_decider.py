@@ -298,3 +298,19 @@ def test_explain_lists_every_stage() -> None:
     text = dec.explain()
     for name in ("raw", "deadband", "stabilize", "ratelimit", "cooldown", "clamp"):
         assert name in text
+
+
+def test_violation_on_demand_known_to_exceed_the_fleet_does_not_correct() -> None:
+    """3 replicas of ~17.6 req/s cannot serve 200 req/s: a violation then says nothing
+    about the capacity model (the fix is more replicas, not a smaller estimate)."""
+    d = Decider(make_model(max_replicas=3), make_policy())
+    s = d.initial_state(3)
+    _, s = run(d, s, [200.0] * 10, itl_p95_ms=300.0, ttft_p95_ms=5000.0)
+    assert s.capacity_correction == 1.0
+
+
+def test_knobs_do_not_move_on_idle_windows() -> None:
+    d = Decider(make_model(), make_policy(knob_sustain_s=0.0))
+    s = d.initial_state(2)
+    dec, s = d.decide(obs(rate=0.0, running=0.0, prompt_tokens_mean=200.0), s, ORIGIN_S)
+    assert dec.knob_reason == Reason.KNOBS_NO_DATA and dec.knobs == s.knobs == d.default_knobs
