@@ -42,7 +42,7 @@ from estimators.types import NoDataError, Observation, SourceError
 
 CORRECTION_MIN = 0.4
 CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.74
-CORRECTION_RECOVERY_PER_S = 0.001  # while healthy: +0.001 per s; 60 s -> +0.06
+CORRECTION_RECOVERY_PER_S = 0.0005  # while healthy: +0.0005 per s; 10 min -> +0.3
 HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met with margin"
 # Evidence that the SLA is violated, per signal: (attainment goal, p95 threshold factor).
 # TTFT: the SLA is a p95, so at least 95 % of first tokens within the target.
@@ -116,7 +116,7 @@ class Decider:
             * state.capacity_correction
             * (1.0 + self.policy.tolerance_frac)
         )
-        correction = self._correction(obs, state, dt, believed_enough)
+        correction = self._correction(obs, state, now_s, dt, believed_enough)
         load = holt_update(
             state.load,
             obs.arrival_rate_rps,
@@ -250,6 +250,7 @@ class Decider:
             idle_since_s=idle_since,
             no_data_ticks=0,
             last_good_s=now_s,
+            first_good_s=state.first_good_s if state.first_good_s is not None else now_s,
             load=load,
             capacity_correction=correction,
             knob_candidate=knob_state[0],
@@ -347,7 +348,12 @@ class Decider:
         )
 
     def _correction(
-        self, obs: Observation, state: ModelState, dt: float, believed_enough: bool
+        self,
+        obs: Observation,
+        state: ModelState,
+        now_s: float,
+        dt: float,
+        believed_enough: bool,
     ) -> float:
         """Feedback on the capacity estimate from the observed SLA (see module doc).
 
@@ -373,7 +379,16 @@ class Decider:
             else:
                 healthy = False
         full_fleet = obs.ready_replicas is None or obs.ready_replicas >= state.replicas
-        if violated and full_fleet and believed_enough and state.replicas > 0:
+        # Dead time: after a scale-up the new replicas need a cold start, and the window
+        # still holds samples from before they served. Judging the model during that
+        # time would count the same violation twice and overshoot.
+        # Likewise for the first window after the controller starts: it holds whatever
+        # happened before we were in charge.
+        dead_time = self.model.cold_start_s + self.policy.window_s
+        settled = (
+            state.first_good_s is not None and now_s - state.first_good_s >= self.policy.window_s
+        ) and (state.last_scale_up_s is None or now_s - state.last_scale_up_s >= dead_time)
+        if violated and full_fleet and settled and believed_enough and state.replicas > 0:
             return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt))
         if healthy and not violated:
             return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt)

@@ -163,6 +163,8 @@ class ModelState:
     idle_since_s: float | None = None
     no_data_ticks: int = 0
     last_good_s: float | None = None
+    first_good_s: float | None = None
+    """Time of the first decision on good data (the start of this model's history)."""
     load: HoltState | None = None
     capacity_correction: float = 1.0
     knob_candidate: Knobs | None = None

@@ -244,8 +244,32 @@ def test_sla_violation_on_full_fleet_adds_replicas() -> None:
 def test_sla_evidence_rules(kw: dict, corrects: bool) -> None:
     d = Decider(make_model(), make_policy())
     s = d.initial_state(3)
-    _, s = run(d, s, [40.0] * 10, **kw)
+    _, s = run(d, s, [40.0] * 20, **kw)  # 100 s: past the first window after start
     assert (s.capacity_correction < 1.0) is corrects
+
+
+def test_no_correction_in_the_first_window_or_the_dead_time_after_a_scale_up() -> None:
+    d = Decider(make_model(cold_start_s=45.0), make_policy(window_s=60.0))
+    s = d.initial_state(3)
+    _, s = run(d, s, [40.0] * 12, ttft_attainment_frac=0.5)  # 0..55 s: first window
+    assert s.capacity_correction == 1.0
+    t = ORIGIN_S + 60
+    while s.last_scale_up_s is None and t < ORIGIN_S + 600:  # violated: the estimate shrinks
+        _, s = d.decide(
+            obs(t=t, rate=40.0, ttft_attainment_frac=0.5, ready_replicas=s.replicas), s, t
+        )
+        t += TICK
+    assert s.capacity_correction < 1.0
+    up_at = s.last_scale_up_s
+    assert up_at is not None  # until the count went up
+    frozen = s.capacity_correction
+    while t < up_at + 105:  # cold start 45 s + window 60 s
+        _, s = d.decide(
+            obs(t=t, rate=40.0, ttft_attainment_frac=0.5, ready_replicas=s.replicas), s, t
+        )
+        if s.last_scale_up_s == up_at:
+            assert s.capacity_correction == frozen
+        t += TICK
 
 
 def test_sla_violation_while_fleet_short_does_not_correct() -> None:
