@@ -1356,12 +1356,11 @@ async def _serve(server: GovernorServer, grace_s: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    # A line for humans and for tests: where we listen.
-    print(
-        f"governor: serving gRPC on port {server.port}, metrics on port {server.metrics_port}",
-        file=sys.stderr,
-        flush=True,
+    # A line for humans and for tests: where we listen (one write: not split by logs).
+    sys.stderr.write(
+        f"governor: serving gRPC on port {server.port}, metrics on port {server.metrics_port}\n"
     )
+    sys.stderr.flush()
     await stop.wait()
     await server.stop(grace_s)
     return 0

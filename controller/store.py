@@ -58,12 +58,16 @@ TARGETS_KEY = "targets.yaml"
 STATE_KEY = "state.json"
 
 # ModelState fields holding a monotonic time (seconds), and (time, value) pair lists.
+# Every ModelState field must be listed in one of these (a test checks it); names not
+# (or no longer) in ModelState are skipped.
 TIME_FIELDS = (
     "last_scale_up_s",
     "panic_until_s",
     "idle_since_s",
     "last_good_s",
+    "first_good_s",
     "knob_candidate_since_s",
+    "burst_at_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
@@ -75,6 +79,7 @@ PLAIN_FIELDS = (
     "knob_candidate",
     "knob_changes",
     "lengths",
+    "burst_rps",
 )
 
 
@@ -207,11 +212,13 @@ def to_wall(state: ModelState, offset_s: float) -> dict[str, Any]:
     (= wall - monotonic, seconds) to Unix seconds."""
     d: dict[str, Any] = _STATE.dump_python(state, mode="json")
     for f in TIME_FIELDS:
-        d[f] = _shift(d[f], offset_s)
+        if d.get(f) is not None:
+            d[f] = _shift(d[f], offset_s)
     for f in TIME_PAIR_FIELDS:
-        d[f] = [[t + offset_s, v] for t, v in d[f]]
+        if d.get(f) is not None:
+            d[f] = [[t + offset_s, v] for t, v in d[f]]
     for f, sub in NESTED_TIME_FIELDS.items():
-        if d[f] is not None:
+        if d.get(f) is not None:
             d[f][sub] = d[f][sub] + offset_s
     return d
 

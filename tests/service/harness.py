@@ -4,6 +4,7 @@ tests that talk real gRPC on loopback. Ticks are driven by the test (`autotick=F
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -66,7 +67,7 @@ class ServiceProcess:
     """A service subprocess whose stderr is drained on a thread; `port` is parsed from
     the line `serve` prints once the gRPC server listens."""
 
-    PORT_LINE = "governor: serving gRPC on port "
+    PORT_LINE = re.compile(r"governor: serving gRPC on port (\d+), metrics on port (\w+)")
 
     def __init__(self, argv: list[str], cwd: str | None = None) -> None:
         import os
@@ -91,16 +92,22 @@ class ServiceProcess:
         for line in self.proc.stderr:
             self.lines.append(line.rstrip("\n"))
 
-    def port(self, timeout_s: float = 30.0) -> int:
-        def found() -> int | None:
+    def ports(self, timeout_s: float = 30.0) -> tuple[int, str]:
+        """(gRPC port, metrics port or "None") once the service listens."""
+
+        def found() -> tuple[int, str] | None:
             for line in self.lines:
-                if line.startswith(self.PORT_LINE):
-                    return int(line[len(self.PORT_LINE) :].split(",")[0])
+                m = self.PORT_LINE.search(line)
+                if m:
+                    return int(m.group(1)), m.group(2)
             if self.proc.poll() is not None:
                 raise AssertionError("service exited early:\n" + "\n".join(self.lines[-40:]))
             return None
 
         return wait_until(found, timeout_s, "the service to listen")
+
+    def port(self, timeout_s: float = 30.0) -> int:
+        return self.ports(timeout_s)[0]
 
     def output(self) -> str:
         return "\n".join(self.lines)

@@ -44,10 +44,13 @@ class SlowFileStore(FileStore):
         super().__init__(path)
         self.delay_s = delay_s
         self.marker = marker
+        self.armed = False  # set after start-up, which seeds the targets through this store
 
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
-        if self.delay_s > 0 and self.marker is not None:
-            self.marker.write_text("saving")
+        if self.armed and self.delay_s > 0 and self.marker is not None:
+            import traceback
+
+            self.marker.write_text("".join(traceback.format_stack()))
             time.sleep(self.delay_s)  # simulates a slow store: the call stays in flight
         return super().save_targets(doc, expected_revision)
 
@@ -67,6 +70,7 @@ def main() -> int:
         Path(args.state_file), args.slow_save_s, Path(args.marker) if args.marker else None
     )
     core = ServiceCore(cfg, FileRates(Path(args.rates_file)), store)
+    store.armed = True
     server = GovernorServer(core, grpc_listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
     return serve(server, args.grace_s)
 

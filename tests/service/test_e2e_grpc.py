@@ -514,3 +514,31 @@ def test_shutdown_ends_watch_streams_with_ok() -> None:
         s.thread.stop(grace_s=5)
         wait_until(done.is_set, 10, "the watch stream to end")
         assert out["code"] == grpc.StatusCode.OK
+
+
+def test_bounded_concurrency_refuses_calls_beyond_the_limit() -> None:
+    """maximum_concurrent_rpcs: a held stream uses the only slot; the next call is
+    refused at once with RESOURCE_EXHAUSTED instead of queueing without bound."""
+    clock = FakeClock()
+    log = quiet_logger()
+    core = ServiceCore(make_config(), FakeSource({"demo": 1.0}), clock=clock, logger=log)
+    with ServerThread(core, logger=log, max_concurrent_rpcs=1) as s:
+        channel = grpc.insecure_channel(s.address)
+        stub = pb_grpc.BatchingServiceStub(channel)
+        req = pb.GetBatchingConfigRequest(model="demo")
+        stream = stub.WatchBatchingConfig(req, timeout=30)
+        next(iter(stream))
+        with pytest.raises(grpc.RpcError) as ei:
+            stub.GetBatchingConfig(req, timeout=5)
+        assert _code(ei) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        stream.cancel()
+        wait_until(lambda: _try(lambda: stub.GetBatchingConfig(req, timeout=5)), 10, "a free slot")
+        channel.close()
+
+
+def _try(fn: Any) -> bool:
+    try:
+        fn()
+    except grpc.RpcError:
+        return False
+    return True

@@ -100,13 +100,14 @@ def test_sigterm_completes_in_flight_calls_and_exits_0(tmp_path: Path) -> None:
         first = next(iter(watch))
         assert first.model == "demo"
         future = admin.SetTarget.future(pb.SetTargetRequest(target=target), timeout=20)
+        assert not marker.exists(), marker.read_text()
         wait_until(marker.exists, 10, "the SetTarget call to be in flight")
         sent = time.monotonic()
         svc.proc.send_signal(signal.SIGTERM)
         resp = future.result(timeout=20)  # the in-flight call completes normally
         assert resp.target.sla.itl_p95_ms == 42
         rest = list(watch)  # the stream ends with OK (not cancelled, not an error)
-        assert watch.code() == grpc.StatusCode.OK, rest
+        assert watch.code() == grpc.StatusCode.OK, (watch.details(), rest, svc.output()[-3000:])
         code = svc.proc.wait(timeout=grace_s + 10)
         elapsed = time.monotonic() - sent
         assert code == 0, svc.output()[-3000:]
@@ -204,9 +205,8 @@ def test_governor_run_entry_point_serves_health_metrics_and_stops_on_sigterm(
         cwd=str(ROOT),
     )
     try:
-        port = svc.port()
-        line = next(x for x in svc.lines if x.startswith(ServiceProcess.PORT_LINE))
-        metrics_port = int(line.rsplit(" ", 1)[1])
+        port, metrics = svc.ports()
+        metrics_port = int(metrics)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
             resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)

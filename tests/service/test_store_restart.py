@@ -4,7 +4,7 @@ targets and hysteresis memory (no scale-down burst). Fake clocks, no sleeps."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,7 @@ STATE = ModelState(
     idle_since_s=None,
     no_data_ticks=1,
     last_good_s=1000.0,
+    first_good_s=900.0,
     load=HoltState(level=12.0, trend=0.5, at_s=1000.0),
     capacity_correction=0.9,
     knob_candidate=Knobs(80, 2048),
@@ -52,7 +53,10 @@ def test_every_model_state_field_is_classified() -> None:
     silently carry a monotonic time across processes)."""
     classified = set(TIME_FIELDS) | set(TIME_PAIR_FIELDS) | set(NESTED_TIME_FIELDS)
     classified |= set(PLAIN_FIELDS)
-    assert model_state_fields() == classified
+    unclassified = model_state_fields() - classified
+    assert not unclassified, (
+        f"classify these ModelState fields in controller/store.py: {unclassified}"
+    )
 
 
 def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
@@ -62,25 +66,17 @@ def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
     back = from_wall(saved, offset_s=1_799_950_000.0)
     shift = 50_000.0
     assert back.last_scale_up_s == 1000.0 + shift
-    assert back.recommendations == ((990.0 + shift, 3), (995.0 + shift, 4))
-    assert back.actions == ((1000.0 + shift, 2),)
-    assert back.panic_until_s == 1010.0 + shift
-    assert back.knob_candidate_since_s == 980.0 + shift
-    assert back.load == replace(STATE.load, at_s=1000.0 + shift)
-    assert back.idle_since_s is None
-    assert (
-        replace(
-            back,
-            last_scale_up_s=1000.0,
-            recommendations=STATE.recommendations,
-            actions=STATE.actions,
-            panic_until_s=1010.0,
-            last_good_s=1000.0,
-            load=STATE.load,
-            knob_candidate_since_s=980.0,
-        )
-        == STATE
-    )
+    assert back.first_good_s == 900.0 + shift
+    for f in fields(ModelState):
+        old, new = getattr(STATE, f.name), getattr(back, f.name)
+        if f.name in TIME_FIELDS:
+            assert new == (None if old is None else old + shift), f.name
+        elif f.name in TIME_PAIR_FIELDS:
+            assert new == tuple((t + shift, v) for t, v in old), f.name
+        elif f.name in NESTED_TIME_FIELDS:
+            assert new == replace(old, at_s=old.at_s + shift), f.name
+        else:
+            assert new == old, f.name
 
 
 @pytest.mark.parametrize(
@@ -196,10 +192,12 @@ def test_restart_keeps_targets_and_hysteresis_no_scale_down_burst(tmp_path: Path
         core2.tick(clock2.advance(5))
         t += 5
         assert core2.board.get("demo").replicas == high, f"scaled down {t:.0f}s after"
-    # After the window the decider may scale down (the memory expires normally).
-    for _ in range(6):
+    # After the window the decider scales down in due course (the memory expires).
+    for _ in range(60):
         core2.tick(clock2.advance(5))
-    assert core2.board.get("demo").replicas < high
+        if core2.board.get("demo").replicas < high:  # type: ignore[operator]
+            break
+    assert core2.board.get("demo").replicas < high  # type: ignore[operator]
 
 
 def test_without_restored_state_the_same_restart_would_scale_down(tmp_path: Path) -> None:
