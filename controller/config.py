@@ -134,6 +134,9 @@ class ScalingPolicy(_Strict):
     cooldown_after_scale_up_s: NonNegativeFloat = Field(default=60.0, le=3600)
     panic_threshold_frac: float = Field(default=2.0, gt=1, le=100)
     panic_hold_s: NonNegativeFloat = Field(default=60.0, le=3600)
+    burst_memory_half_life_s: NonNegativeFloat = Field(
+        default=600.0, le=86_400, description="half-life of the panic-burst memory; 0 = off"
+    )
     scale_to_zero_idle_s: PositiveFloat = Field(default=600.0, le=86_400)
     no_data_ticks_before_fallback: PositiveInt = Field(default=3, le=1000)
     target_utilization_frac: float = Field(default=0.85, gt=0, le=1)

@@ -17,7 +17,10 @@ can be replayed from its trace. Steps, in order:
    raw sample, so one noisy window cannot scale up on its own: sudden real surges are
    panic mode's job, on the short window;
    raw = demand / capacity; idle -> min replicas, zero only after the idle period.
-5. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
+5. burst memory: a demand that triggered panic is remembered, halving every
+   burst_memory_half_life_s, and the fleet is sized for it while it exceeds the demand
+   (BURST_MEMORY): on/off bursts shorter than a cold start cannot be chased, only held;
+6. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
    cooldown -> clamp.
 """
 
@@ -155,8 +158,15 @@ class Decider:
         else:
             assert base_capacity is not None  # lengths is not None
             capacity = base_capacity * correction
-            raw = max(demand / capacity, 1e-9)
-            raw_reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
+            remembered = self._burst_memory(state, now_s)
+            if remembered > demand:
+                # Bursts that needed panic recur faster than a cold start can follow:
+                # keep capacity for them (decaying) instead of chasing each one.
+                raw = remembered / capacity
+                raw_reason = Reason.BURST_MEMORY
+            else:
+                raw = max(demand / capacity, 1e-9)
+                raw_reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
         raw_int = math.ceil(raw - 1e-9)
         stages.append(
             Stage(
@@ -179,6 +189,10 @@ class Decider:
                 now_s,
                 self.policy.panic_hold_s,
             )
+        burst_rps, burst_at_s = state.burst_rps, state.burst_at_s
+        if panic_reason == Reason.PANIC:
+            seen = max(obs.arrival_rate_rps, short_demand)
+            burst_rps, burst_at_s = max(self._burst_memory(state, now_s), seen), now_s
         p = self.policy
         recs = state.recommendations
         if in_panic:
@@ -257,6 +271,8 @@ class Decider:
             knob_candidate_since_s=knob_state[1],
             knob_changes=state.knob_changes + (1 if knob_reason == Reason.KNOBS_CHANGED else 0),
             lengths=lengths,
+            burst_rps=burst_rps,
+            burst_at_s=burst_at_s,
         )
         decision = Decision(
             model=obs.model,
@@ -274,6 +290,15 @@ class Decider:
         return decision, new_state
 
     # ------------------------------------------------------------------ parts
+    def _burst_memory(self, state: ModelState, now_s: float) -> float:
+        """The largest panic-level demand seen, halved every burst_memory_half_life_s
+        (req/s); 0 when none or disabled. Example: a 120 req/s burst 20 minutes ago with
+        a 20-minute half-life is remembered as 60 req/s."""
+        hl = self.policy.burst_memory_half_life_s
+        if state.burst_rps is None or state.burst_at_s is None or hl <= 0:
+            return 0.0
+        return state.burst_rps * 0.5 ** (max(0.0, now_s - state.burst_at_s) / hl)
+
     @staticmethod
     def _prune(
         items: tuple[tuple[float, int], ...], now_s: float, keep_s: float

@@ -22,6 +22,7 @@ class Reason(StrEnum):
     SLA_FEEDBACK = "SLA_FEEDBACK"  # capacity corrected because the observed SLA is violated
     IDLE = "IDLE"  # no demand: recommend min (zero only after the idle period)
     SCALE_TO_ZERO = "SCALE_TO_ZERO"
+    BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
     # deadband
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
     OUTSIDE_TOLERANCE = "OUTSIDE_TOLERANCE"
@@ -163,6 +164,9 @@ class ModelState:
     idle_since_s: float | None = None
     no_data_ticks: int = 0
     last_good_s: float | None = None
+    burst_rps: float | None = None
+    """Demand of the last panic-level burst, req/s (decays; see the decider)."""
+    burst_at_s: float | None = None
     first_good_s: float | None = None
     """Time of the first decision on good data (the start of this model's history)."""
     load: HoltState | None = None

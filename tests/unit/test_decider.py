@@ -56,10 +56,14 @@ def test_big_jump_enters_panic_and_is_not_rate_limited() -> None:
 
 
 def test_scale_down_waits_for_stabilization_window() -> None:
-    policy = make_policy(scale_down_stabilization_s=300.0, cooldown_after_scale_up_s=0.0)
+    policy = make_policy(
+        scale_down_stabilization_s=300.0,
+        cooldown_after_scale_up_s=0.0,
+        burst_memory_half_life_s=0.0,  # the ramp panics; this test is about the window
+    )
     d = Decider(make_model(), policy)
     s = d.initial_state(2)
-    decs, s = run(d, s, [100.0] * 12)  # ramp up (rate limited) and settle
+    decs, s = run(d, s, [100.0] * 12)  # ramp up and settle
     high = decs[-1].replicas
     assert high >= 6
     t0 = ORIGIN_S + 12 * TICK
@@ -338,3 +342,22 @@ def test_knobs_do_not_move_on_idle_windows() -> None:
     s = d.initial_state(2)
     dec, s = d.decide(obs(rate=0.0, running=0.0, prompt_tokens_mean=200.0), s, ORIGIN_S)
     assert dec.knob_reason == Reason.KNOBS_NO_DATA and dec.knobs == s.knobs == d.default_knobs
+
+
+def test_burst_memory_holds_capacity_for_recurring_bursts_then_decays() -> None:
+    """A panic-level burst (150 req/s on 2 replicas) is remembered: between bursts the
+    fleet stays sized for it, halving every half-life, instead of chasing each burst."""
+    policy = make_policy(burst_memory_half_life_s=600.0, scale_down_stabilization_s=60.0)
+    d = Decider(make_model(max_replicas=30), policy)
+    s = d.initial_state(2)
+    _, s = run(d, s, [20.0] * 4)
+    dec, s = d.decide(
+        obs(t=ORIGIN_S + 20, rate=20.0, arrival_rate_short_rps=150.0), s, ORIGIN_S + 20
+    )
+    assert dec.panic and s.burst_rps is not None and s.burst_rps >= 150.0
+    peak = dec.replicas
+    decs, s = run(d, s, [5.0] * 24, start=ORIGIN_S + 25)  # two quiet minutes
+    assert decs[-1].replicas >= peak - 1 and Reason.BURST_MEMORY in decs[-1].reasons
+    decs, s = run(d, s, [5.0] * 12 * 60, start=ORIGIN_S + 150)  # an hour of quiet
+    assert decs[-1].replicas == 1  # 150 req/s / 2^6 = 2.3 req/s: below the demand
+    assert Reason.BURST_MEMORY not in decs[-1].reasons
