@@ -189,17 +189,17 @@ class Decider:
                 now_s,
                 self.policy.panic_hold_s,
             )
+        # What was observed (the short window, or the long one when higher): the size of
+        # a panic and of a remembered burst. Observed, not forecast: a trend fitted to the
+        # first few samples of a surge overshoots, and the overshoot later unwinds.
+        observed = max(obs.arrival_rate_rps + backlog, short_demand)
         burst_rps, burst_at_s = state.burst_rps, state.burst_at_s
         if panic_reason == Reason.PANIC:
-            seen = max(obs.arrival_rate_rps, short_demand)
-            burst_rps, burst_at_s = max(self._burst_memory(state, now_s), seen), now_s
+            burst_rps, burst_at_s = max(self._burst_memory(state, now_s), observed), now_s
         p = self.policy
         recs = state.recommendations
         if in_panic:
-            # Panic: scale up at once to what was observed (the short window, or the long
-            # one when higher), never down. Observed, not forecast: a trend fitted to the
-            # first few samples of a surge overshoots, and the overshoot later unwinds.
-            observed = max(obs.arrival_rate_rps + backlog, short_demand)
+            # Panic: scale up at once to what was observed, never down.
             target = max(current, math.ceil(observed / capacity - 1e-9))  # type: ignore[operator]
             out = StageOut(target, panic_reason, f"short demand {short_demand:.2f} req/s")
             stages.append(_stage("panic", raw_int, out))
