@@ -277,7 +277,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"    ttft {_fmt_q(o.ttft)}\n    itl  {_fmt_q(o.itl)}\n    e2e  {_fmt_q(o.e2e)}"
             )
         else:
-            print(f"  observed: no data ({o.no_data})")
+            why = o.no_data if len(o.no_data) <= 300 else o.no_data[:297] + "..."
+            print(f"  observed: no data ({why})")
         if m.HasField("decision"):
             d = m.decision
             print(

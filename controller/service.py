@@ -446,6 +446,10 @@ class ServiceCore:
 
     def _take_over(self) -> None:
         """We just became leader: continue from the leader's last saved state."""
+        with self._targets_lock:  # no admin change may land on the loop being replaced
+            self._take_over_locked()
+
+    def _take_over_locked(self) -> None:
         try:
             doc = self.store.load_state()
         except StoreError as exc:
