@@ -132,6 +132,7 @@ def test_5xx_and_timeouts_are_retried_with_backoff(api: FakeKubeAPI) -> None:
 
 
 def test_persistent_failure_is_reported_not_raised(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     api.add_deployment(NS, "demo", 1)
     api.inject("PATCH", "/deployments/demo/scale", 500, times=100)
     sleeps = Sleeps()
@@ -144,6 +145,7 @@ def test_persistent_failure_is_reported_not_raised(api: FakeKubeAPI) -> None:
 
 
 def test_missing_deployment_is_not_found(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     act = _actuator(api, Sleeps())
     act.apply([_decision("demo", 3)])
     st = act.status()["demo"]
@@ -168,6 +170,7 @@ def test_refuses_a_deployment_an_hpa_also_scales(api: FakeKubeAPI) -> None:
 
 
 def test_background_worker_applies_without_blocking(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     from tests.service.harness import wait_until
 
     api.add_deployment(NS, "demo", 1)
@@ -214,7 +217,8 @@ def test_configmap_targets_optimistic_concurrency(api: FakeKubeAPI) -> None:
 
 
 def test_configmap_write_race_gets_409(api: FakeKubeAPI) -> None:
-    """A concurrent write between the store's GET and PUT: the API server answers 409."""
+    """Against FakeKubeAPI, a fake of the published API contract: a concurrent write
+    between the store's GET and PUT makes the API server answer 409."""
     store = _store(api)
     rev = store.save_targets(config_to_targets(make_config()), "")
     api.inject("PUT", "/configmaps/governor-targets", 409)
@@ -223,6 +227,7 @@ def test_configmap_write_race_gets_409(api: FakeKubeAPI) -> None:
 
 
 def test_configmap_transient_errors_are_retried(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     sleeps = Sleeps()
     store = _store(api, sleeps)
     store.save_targets(config_to_targets(make_config()), "")
@@ -247,6 +252,7 @@ def test_configmap_transient_errors_are_retried(api: FakeKubeAPI) -> None:
 def test_configmap_invalid_content_names_the_problem(
     api: FakeKubeAPI, text: str, problem: str
 ) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     store = _store(api)
     rev = api.edit_configmap(NS, "governor-targets", {"targets.yaml": text})
     with pytest.raises(TargetsInvalidError) as ei:
@@ -256,6 +262,7 @@ def test_configmap_invalid_content_names_the_problem(
 
 
 def test_configmap_state_round_trip_and_conflict_retry(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     from controller.store import StateDoc
 
     store = _store(api)
@@ -286,6 +293,7 @@ def _targets(models: list[dict[str, Any]]) -> dict[str, str]:
 def test_operator_edits_apply_within_one_tick_and_invalid_ones_are_refused(
     api: FakeKubeAPI,
 ) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     core = _core(api, clock)
     assert (NS, "governor-targets") in api.configmaps  # seeded from the config file
@@ -319,6 +327,7 @@ def test_operator_edits_apply_within_one_tick_and_invalid_ones_are_refused(
 
 
 def test_restart_with_a_broken_configmap_keeps_the_last_valid_targets(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     core = _core(api, clock)
     edited = model_entry("demo", namespace=NS, sla={"ttft_p95_ms": 700, "itl_p95_ms": 33})
@@ -331,6 +340,7 @@ def test_restart_with_a_broken_configmap_keeps_the_last_valid_targets(api: FakeK
 
 
 def test_admin_write_goes_through_the_configmap(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     core = _core(api, clock)
     core.set_target(model_entry("demo", namespace=NS, sla={"ttft_p95_ms": 600, "itl_p95_ms": 20}))
@@ -390,6 +400,7 @@ def test_lease_acquire_renew_and_failover_within_15s(api: FakeKubeAPI) -> None:
 
 
 def test_leader_steps_down_when_it_cannot_renew(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     a = _elector(api, "a", clock)
     assert a.step()
@@ -403,6 +414,7 @@ def test_leader_steps_down_when_it_cannot_renew(api: FakeKubeAPI) -> None:
 
 
 def test_takeover_race_conflict_means_follower(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     a, b = _elector(api, "a", clock), _elector(api, "b", clock)
     a.step()
@@ -415,6 +427,7 @@ def test_takeover_race_conflict_means_follower(api: FakeKubeAPI) -> None:
 
 
 def test_release_hands_over_at_the_next_step(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     a, b = _elector(api, "a", clock), _elector(api, "b", clock)
     a.step()
@@ -429,6 +442,7 @@ def test_release_hands_over_at_the_next_step(api: FakeKubeAPI) -> None:
 def test_follower_serves_the_leaders_decisions_and_takes_over_with_its_memory(
     api: FakeKubeAPI,
 ) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     source = FakeSource({"demo": 120.0})
     cfg_policy = {"scale_down_stabilization_s": 120, "cooldown_after_scale_up_s": 0}
