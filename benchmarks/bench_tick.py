@@ -1,0 +1,377 @@
+"""Tick cost and Prometheus queries per tick for 1, 100, 1,000 and 5,000 models.
+
+One control tick as `governor run` does it, on replayed Prometheus answers:
+observe (`PrometheusSource` over `benchmarks.promreplay.ReplayClient`: the recording of
+a real Prometheus scaled to N models, JSON-decoded on every query as PrometheusConnect
+does) + decide (one `Decider` per model) + publish (the `DecisionBoard` engines and
+KEDA read), with the controller's own metrics and one structlog JSON line per model
+(`controller.logs.configure_logging`, written to /dev/null). The HTTP round trip to
+Prometheus is not included (it is Prometheus's CPU, not ours).
+
+Reported per size: median CPU ms per tick over the measured ticks (after warm-up
+ticks), CPU per model (us), queries per tick, and a phase breakdown from a second,
+instrumented pass: JSON decode, answer parsing (observe minus decode), decide,
+metrics, logging, publish, and the rest of the loop (snapshots, bookkeeping). Also
+the service tick (`ServiceCore.tick`: + targets poll + state document, MemoryStore)
+at 1,000 models.
+
+Goals (issue 7): 1,000 models <= 50 ms CPU per tick; cost per model not growing with
+N (5,000 vs 1,000 within +25 %); queries per tick constant in N and <= 15.
+Run: `.venv/bin/python -m benchmarks.bench_tick [--sizes 1,100,1000,5000] [--json F]`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from actuators.publisher import DecisionBoard, ModelSlot
+from benchmarks.common import (
+    Row,
+    bench_args,
+    fleet_config,
+    median,
+    print_rows,
+    write_rows,
+)
+from benchmarks.promreplay import ReplayClient, model_names
+from controller.config import GovernorConfig
+from controller.loop import ControlLoop
+from controller.metrics import GovernorMetrics
+from controller.types import Decision, Knobs
+from estimators.prometheus import PrometheusSource
+from estimators.types import ModelQuery, ObservationResult
+
+GOAL_CPU_MS_1000 = 50.0
+GOAL_QUERIES = 15
+GOAL_LINEAR_FRAC = 1.25
+TICK_S = 5.0
+WINDOW_S = 60.0
+PANIC_WINDOW_S = 10.0
+
+
+def _devnull_logging() -> None:
+    """`governor run`'s logging (JSON lines, info) with the stream on /dev/null."""
+    from controller.logs import configure_logging
+
+    saved = sys.stderr
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the logger keeps it for the process
+    try:
+        configure_logging("info", json=True)
+    finally:
+        sys.stderr = saved
+
+
+class _Phases:
+    """CPU seconds per phase, summed (instrumented pass only)."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.s[name] = self.s.get(name, 0.0) + seconds
+
+
+class _TimedSource:
+    def __init__(self, inner: PrometheusSource, phases: _Phases) -> None:
+        self.inner, self.phases = inner, phases
+
+    def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, ObservationResult]:
+        c0 = time.process_time()
+        try:
+            return self.inner.observe(models, now_s)
+        finally:
+            self.phases.add("observe", time.process_time() - c0)
+
+
+class _TimedBoard:
+    def __init__(self, inner: DecisionBoard, phases: _Phases) -> None:
+        self.inner, self.phases = inner, phases
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        c0 = time.process_time()
+        self.inner.apply(decisions)
+        self.phases.add("publish", time.process_time() - c0)
+
+
+class _TimedLogger:
+    def __init__(self, inner: Any, phases: _Phases) -> None:
+        self.inner, self.phases = inner, phases
+
+    def info(self, *a: Any, **k: Any) -> Any:
+        c0 = time.process_time()
+        self.inner.info(*a, **k)
+        self.phases.add("log", time.process_time() - c0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _TimedMetrics(GovernorMetrics):
+    phases: _Phases
+
+    def record(self, d: Decision, staleness_s: float | None) -> None:
+        c0 = time.process_time()
+        super().record(d, staleness_s)
+        self.phases.add("metrics", time.process_time() - c0)
+
+
+class Rig:
+    """One governor's loop over N models on replayed answers (see module doc)."""
+
+    def __init__(self, n: int, *, instrumented: bool = False, variants: int = 4) -> None:
+        import structlog
+
+        names = model_names(n)
+        self.config: GovernorConfig = fleet_config(n, names)
+        self.phases = _Phases()
+        self.client: ReplayClient | None = None
+        source = PrometheusSource(
+            "http://replay",
+            window_s=WINDOW_S,
+            short_window_s=PANIC_WINDOW_S,
+            client=_Lazy(),
+        )
+        self.client = ReplayClient(source.queries, n, variants=variants)
+        source._client = self.client
+        self.source = source
+        self.board = DecisionBoard(
+            [
+                ModelSlot(
+                    m.name,
+                    m.namespace,
+                    Knobs(m.knobs.default_max_num_seqs, m.knobs.default_max_num_batched_tokens),
+                )
+                for m in self.config.models
+            ],
+            logger=structlog.wrap_logger(structlog.ReturnLogger()),
+        )
+        logger = structlog.get_logger("governor.loop")
+        metrics: GovernorMetrics
+        if instrumented:
+            metrics = _TimedMetrics()
+            metrics.phases = self.phases
+            self.loop = ControlLoop(
+                self.config,
+                _TimedSource(source, self.phases),
+                [_TimedBoard(self.board, self.phases)],
+                metrics=metrics,
+                logger=_TimedLogger(logger, self.phases),
+            )
+            for d in self.loop._deciders.values():
+                d.decide = _timed(d.decide, self.phases, "decide")  # type: ignore[method-assign]
+        else:
+            self.loop = ControlLoop(self.config, source, [self.board], metrics=GovernorMetrics())
+        self.now = 1000.0
+
+    def tick(self) -> float:
+        """One tick; returns its CPU seconds."""
+        c0 = time.process_time()
+        self.loop.tick(self.now)
+        cpu = time.process_time() - c0
+        self.now += TICK_S
+        return cpu
+
+
+class _Lazy:
+    """Placeholder client until the replay client (which needs the queries) exists."""
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        raise RuntimeError("replay client not set")
+
+
+def _timed(fn: Any, phases: _Phases, name: str) -> Any:
+    def wrapper(*a: Any, **k: Any) -> Any:
+        c0 = time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            phases.add(name, time.process_time() - c0)
+
+    return wrapper
+
+
+def measure(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
+    """Median CPU/wall per tick and the phase breakdown for `n` models."""
+    rig = Rig(n)
+    assert rig.client is not None
+    for _ in range(warmup):
+        rig.tick()
+    cpus, walls, queries = [], [], []
+    gc_before = sum(s["collections"] for s in gc.get_stats())
+    for _ in range(ticks):
+        w0 = time.perf_counter()
+        cpus.append(rig.tick())
+        walls.append(time.perf_counter() - w0)
+        queries.append(rig.source.queries_last_tick)
+    gc_runs = sum(s["collections"] for s in gc.get_stats()) - gc_before
+    bytes_per_tick = rig.client.bytes_per_tick
+    valid = sum(1 for d in rig.board.snapshot().values() if d.replicas is not None)
+    del rig
+    gc.collect()
+
+    # Instrumented pass: where the time goes (timer overhead included, so the phases
+    # add up to a little more than the headline).
+    rig = Rig(n, instrumented=True)
+    assert rig.client is not None
+    for _ in range(warmup):
+        rig.tick()
+    rig.phases.s.clear()
+    rig.client.decode_cpu_s = 0.0
+    inst_cpu = 0.0
+    for _ in range(ticks):
+        inst_cpu += rig.tick()
+    ph = {k: v / ticks * 1000.0 for k, v in rig.phases.s.items()}
+    decode_ms = rig.client.decode_cpu_s / ticks * 1000.0
+    breakdown = {
+        "decode_ms": decode_ms,
+        "parse_ms": ph.get("observe", 0.0) - decode_ms,
+        "decide_ms": ph.get("decide", 0.0),
+        "metrics_ms": ph.get("metrics", 0.0),
+        "log_ms": ph.get("log", 0.0),
+        "publish_ms": ph.get("publish", 0.0),
+    }
+    breakdown["loop_other_ms"] = inst_cpu / ticks * 1000.0 - sum(breakdown.values())
+    del rig
+    gc.collect()
+    return {
+        "models": n,
+        "ticks": ticks,
+        "cpu_ms_median": median(cpus) * 1000.0,
+        "wall_ms_median": median(walls) * 1000.0,
+        "cpu_ms_all": [round(c * 1000.0, 2) for c in cpus],
+        "cpu_us_per_model": median(cpus) * 1e6 / n,
+        "queries_per_tick": max(queries),
+        "queries_per_tick_min": min(queries),
+        "answer_mb_per_tick": bytes_per_tick / 1e6,
+        "gc_collections_per_tick": gc_runs / ticks,
+        "models_published": valid,
+        "breakdown_ms": {k: round(v, 2) for k, v in breakdown.items()},
+    }
+
+
+def measure_service(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
+    """Median CPU ms of `ServiceCore.tick` (the `governor run` tick: targets poll, loop
+    tick, state document) for `n` models, MemoryStore, with `governor run`'s logging."""
+    from controller.service import ServiceCore
+    from controller.store import MemoryStore
+
+    names = model_names(n)
+    cfg = fleet_config(n, names)
+    src = PrometheusSource(
+        "http://replay", window_s=WINDOW_S, short_window_s=PANIC_WINDOW_S, client=_Lazy()
+    )
+    src._client = ReplayClient(src.queries, n)
+    core = ServiceCore(cfg, src, MemoryStore())
+    now = 1000.0
+    cpus = []
+    for i in range(warmup + ticks):
+        c0 = time.process_time()
+        core.tick(now)
+        if i >= warmup:
+            cpus.append(time.process_time() - c0)
+        now += TICK_S
+    core.close()
+    return {"models": n, "cpu_ms_median": median(cpus) * 1000.0}
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = bench_args(__doc__)
+    ap.add_argument("--sizes", default="1,100,1000,5000")
+    ap.add_argument("--ticks", type=int, default=0, help="measured ticks per size (0: auto)")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.quick:
+        sizes = [s for s in sizes if s <= 100] or [1]
+    _devnull_logging()
+    results = []
+    for n in sizes:
+        ticks = args.ticks or (15 if n <= 100 else 9 if n <= 1000 else 5)
+        r = measure(n, ticks)
+        results.append(r)
+        b = r["breakdown_ms"]
+        print(
+            f"{n:>5} models: {r['cpu_ms_median']:8.1f} ms cpu/tick "
+            f"(wall {r['wall_ms_median']:.1f}), {r['cpu_us_per_model']:.0f} us/model, "
+            f"{r['queries_per_tick']} queries, "
+            f"{r['answer_mb_per_tick']:.2f} MB answers; "
+            + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in b.items()),
+            flush=True,
+        )
+    service = None
+    if not args.quick and 1000 in sizes:
+        service = measure_service(1000, 5)
+        print(f"service tick, 1000 models: {service['cpu_ms_median']:.1f} ms cpu", flush=True)
+
+    rows: list[Row] = []
+    by_n = {r["models"]: r for r in results}
+    for r in results:
+        n = r["models"]
+        goal, met = "", None
+        if n == 1000:
+            goal, met = f"<= {GOAL_CPU_MS_1000:g} ms", r["cpu_ms_median"] <= GOAL_CPU_MS_1000
+        rows.append(
+            Row(
+                "1 tick cost",
+                f"observe+decide+publish, {n:,} models (CPU/tick)",
+                f"{r['cpu_ms_median']:.1f} ms ({r['cpu_us_per_model']:.0f} us/model)",
+                goal,
+                met,
+                r,
+            )
+        )
+    if 1000 in by_n and 5000 in by_n:
+        ratio = by_n[5000]["cpu_us_per_model"] / by_n[1000]["cpu_us_per_model"]
+        rows.append(
+            Row(
+                "1 tick cost",
+                "growth: per-model cost at 5,000 / at 1,000",
+                f"{ratio:.2f}x",
+                f"<= {GOAL_LINEAR_FRAC:g}x (linear)",
+                ratio <= GOAL_LINEAR_FRAC,
+                {"ratio": ratio},
+            )
+        )
+    if 1000 in by_n:
+        b = by_n[1000]["breakdown_ms"]
+        rows.append(
+            Row(
+                "1 tick cost",
+                "breakdown at 1,000 models (ms CPU)",
+                ", ".join(f"{k[:-3]} {v:.1f}" for k, v in b.items()),
+                data=b,
+            )
+        )
+    if service is not None:
+        rows.append(
+            Row(
+                "1 tick cost",
+                "service tick (+ targets poll, state doc), 1,000",
+                f"{service['cpu_ms_median']:.1f} ms",
+                data=service,
+            )
+        )
+    qs = {r["models"]: r["queries_per_tick"] for r in results}
+    constant = len(set(qs.values())) == 1 and all(
+        r["queries_per_tick"] == r["queries_per_tick_min"] for r in results
+    )
+    rows.append(
+        Row(
+            "2 Prometheus queries",
+            "queries per tick for " + ", ".join(f"{n:,}" for n in qs) + " models",
+            ", ".join(str(q) for q in qs.values()),
+            f"constant, <= {GOAL_QUERIES}",
+            constant and max(qs.values()) <= GOAL_QUERIES,
+            {"queries_per_tick": qs},
+        )
+    )
+    write_rows(args.json, "tick", rows, results)
+    return rows
+
+
+if __name__ == "__main__":
+    print_rows(main())
