@@ -1151,16 +1151,18 @@ class GovernorServer:
 
 
 # ====================================================================== governor run
-def simulated_fleet_factory(trace: str, config: GovernorConfig) -> tuple[MetricSource, Actuator]:
+def simulated_fleet_factory(
+    trace: str, config: GovernorConfig, *, rate_scale: float = 1.0, speed: float = 1.0
+) -> tuple[MetricSource, Actuator]:
     """The seam `governor run --simulated-fleet TRACE` uses: build the embedded simulated
     fleet for `trace` (a trace file path or `synthetic:NAME`) serving `config`'s models,
     and return (its MetricSource, the Actuator that resizes it), both in real time.
 
-    Raises SimulatorUnavailableError with a clear message when the trace spec is wrong or
-    the simulator (simulator.fleet, simulator.metrics) cannot be imported. To wire it:
-    replace the final raise with the simulator's constructors.
+    `rate_scale` multiplies the trace's rate (same span); `speed` is simulated seconds
+    per real second. Raises SimulatorUnavailableError with a clear message when the trace
+    spec is wrong or the simulator cannot be imported.
     """
-    if trace.startswith("synthetic:"):
+    if trace.startswith(("synthetic:", "azure:")):
         if not trace.removeprefix("synthetic:"):
             raise SimulatorUnavailableError(
                 "--simulated-fleet synthetic:NAME needs a NAME (e.g. synthetic:steady)"
@@ -1173,17 +1175,17 @@ def simulated_fleet_factory(trace: str, config: GovernorConfig) -> tuple[MetricS
     import importlib
 
     try:
-        importlib.import_module("simulator.fleet")
-        importlib.import_module("simulator.metrics")
+        realtime = importlib.import_module("simulator.realtime")
     except ImportError as exc:
         raise SimulatorUnavailableError(
-            "--simulated-fleet needs the simulator (simulator.fleet, simulator.metrics), "
+            "--simulated-fleet needs the simulator (simulator.realtime), "
             f"which is not available in this build: {exc}"
         ) from None
-    raise SimulatorUnavailableError(
-        "the simulator is installed but not yet wired into `governor run` "
-        "(controller/service.py: simulated_fleet_factory)"
-    )
+    try:
+        fleet = realtime.build(trace, config, rate_scale=rate_scale, speed=speed)
+    except (OSError, ValueError) as exc:
+        raise SimulatorUnavailableError(f"--simulated-fleet {trace}: {exc}") from None
+    return fleet, fleet
 
 
 def demo_config() -> GovernorConfig:
@@ -1219,8 +1221,23 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--simulated-fleet",
         metavar="TRACE",
-        help="run against the embedded simulated fleet in real time: a trace path or "
-        "synthetic:NAME (serves one model `demo` unless --config names others)",
+        help="run against the embedded simulated fleet in real time: a trace path, "
+        "azure:conv|azure:code or synthetic:NAME (serves one model `demo` unless --config "
+        "names others)",
+    )
+    p.add_argument(
+        "--sim-rate-scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="with --simulated-fleet: K times the trace's requests over the same span",
+    )
+    p.add_argument(
+        "--sim-speed",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="with --simulated-fleet: simulated seconds per real second",
     )
     p.add_argument("--grpc-listen", default=DEFAULT_GRPC_LISTEN, metavar="HOST:PORT")
     p.add_argument("--metrics-listen", default=DEFAULT_METRICS_LISTEN, metavar="HOST:PORT")
@@ -1277,6 +1294,9 @@ def run_service(args: argparse.Namespace) -> int:
         return _fail(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
     if args.max_concurrent_rpcs < 1:
         return _fail(f"--max-concurrent-rpcs must be >= 1 (got {args.max_concurrent_rpcs})", 2)
+    for flag, value in (("--sim-rate-scale", args.sim_rate_scale), ("--sim-speed", args.sim_speed)):
+        if not math.isfinite(value) or value <= 0:
+            return _fail(f"{flag} must be > 0 (got {value})", 2)
     if args.config is None and args.simulated_fleet is None:
         return _fail("give --config FILE (or --simulated-fleet TRACE)", 2)
     try:
@@ -1287,14 +1307,20 @@ def run_service(args: argparse.Namespace) -> int:
     actuators: list[Actuator] = []
     if args.simulated_fleet is not None:
         try:
-            source, fleet = simulated_fleet_factory(args.simulated_fleet, config)
+            source, fleet = simulated_fleet_factory(
+                args.simulated_fleet, config, rate_scale=args.sim_rate_scale, speed=args.sim_speed
+            )
         except SimulatorUnavailableError as exc:
             return _fail(str(exc), 2)
         actuators.append(fleet)
     else:
         from estimators.prometheus import PrometheusSource
 
-        source = PrometheusSource(config.prometheus, window_s=config.policy.window_s)
+        source = PrometheusSource(
+            config.prometheus,
+            window_s=config.policy.window_s,
+            short_window_s=config.policy.panic_window_s,
+        )
 
     configure_logging(args.log_level)  # after validation: a refused command changes nothing
     kind = args.store
