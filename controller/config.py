@@ -135,7 +135,7 @@ class ScalingPolicy(_Strict):
     panic_threshold_frac: float = Field(default=2.0, gt=1, le=100)
     panic_hold_s: NonNegativeFloat = Field(default=60.0, le=3600)
     burst_memory_half_life_s: NonNegativeFloat = Field(
-        default=600.0, le=86_400, description="half-life of the panic-burst memory; 0 = off"
+        default=1800.0, le=86_400, description="half-life of the panic-burst memory; 0 = off"
     )
     scale_to_zero_idle_s: PositiveFloat = Field(default=600.0, le=86_400)
     no_data_ticks_before_fallback: PositiveInt = Field(default=3, le=1000)
@@ -144,6 +144,9 @@ class ScalingPolicy(_Strict):
     forecast_alpha: float = Field(default=0.3, gt=0, le=1)
     forecast_beta: float = Field(default=0.05, ge=0, le=1)
     backlog_drain_s: PositiveFloat = Field(default=30.0, le=3600)
+    lengths_half_life_s: PositiveFloat = Field(
+        default=300.0, le=86_400, description="smoothing of request-length statistics"
+    )
     knob_min_gain_frac: float = Field(default=0.1, ge=0, le=10)
     knob_sustain_s: NonNegativeFloat = Field(default=120.0, le=86_400)
 

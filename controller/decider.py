@@ -18,8 +18,9 @@ can be replayed from its trace. Steps, in order:
    panic mode's job, on the short window;
    raw = demand / capacity; idle -> min replicas, zero only after the idle period.
 5. burst memory: a demand that triggered panic is remembered, halving every
-   burst_memory_half_life_s, and the fleet is sized for it while it exceeds the demand
-   (BURST_MEMORY): on/off bursts shorter than a cold start cannot be chased, only held;
+   burst_memory_half_life_s, and from then on follows the envelope of the observed
+   demand; the fleet is sized for it while it exceeds the demand (BURST_MEMORY): on/off
+   bursts shorter than a cold start cannot be chased, only held;
 6. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
    cooldown -> clamp.
 """
@@ -39,7 +40,7 @@ from controller.batching import (
 from controller.config import ModelConfig, ScalingPolicy
 from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
 from controller.types import Decision, Knobs, Lengths, ModelState, Reason, Stage
-from estimators.smoothing import holt_forecast, holt_update
+from estimators.smoothing import ewma, holt_forecast, holt_update
 from estimators.stepmodel import Profile, load_profile
 from estimators.types import NoDataError, Observation, SourceError
 
@@ -98,7 +99,7 @@ class Decider:
         if not isinstance(observation, Observation):
             return self._no_data(observation, state, now_s)
         obs = observation
-        lengths = self._lengths(obs, state)
+        lengths = self._lengths(obs, state, now_s)
         knobs, knob_reason, knob_state = self._knobs(obs, lengths, state, now_s)
         prev_tick = state.load.at_s if state.load is not None else None
         dt = 0.0 if prev_tick is None else max(0.0, now_s - prev_tick)
@@ -158,8 +159,7 @@ class Decider:
         else:
             assert base_capacity is not None  # lengths is not None
             capacity = base_capacity * correction
-            remembered = self._burst_memory(state, now_s)
-            if remembered > demand:
+            if (remembered := self._burst_memory(state, now_s)) > demand:
                 # Bursts that needed panic recur faster than a cold start can follow:
                 # keep capacity for them (decaying) instead of chasing each one.
                 raw = remembered / capacity
@@ -193,9 +193,13 @@ class Decider:
         # a panic and of a remembered burst. Observed, not forecast: a trend fitted to the
         # first few samples of a surge overshoots, and the overshoot later unwinds.
         observed = max(obs.arrival_rate_rps + backlog, short_demand)
+        # A panic starts the burst memory; once started it follows the envelope of the
+        # observed demand (a decaying max), so bursts that the grown fleet now absorbs
+        # without panicking keep it from shrinking back into the next panic.
         burst_rps, burst_at_s = state.burst_rps, state.burst_at_s
-        if panic_reason == Reason.PANIC:
-            burst_rps, burst_at_s = max(self._burst_memory(state, now_s), observed), now_s
+        remembered = self._burst_memory(state, now_s)
+        if panic_reason == Reason.PANIC or (remembered > 0 and observed > remembered):
+            burst_rps, burst_at_s = max(remembered, observed), now_s
         p = self.policy
         recs = state.recommendations
         if in_panic:
@@ -305,23 +309,40 @@ class Decider:
     ) -> tuple[tuple[float, int], ...]:
         return tuple(it for it in items if now_s - it[0] < keep_s)
 
-    @staticmethod
-    def _lengths(obs: Observation, state: ModelState) -> Lengths | None:
-        """This tick's length statistics, else the last known ones, else None."""
+    def _lengths(self, obs: Observation, state: ModelState, now_s: float) -> Lengths | None:
+        """Smoothed length statistics: this tick's, blended into the last known ones with
+        a half-life of `lengths_half_life_s`; the last known when this tick has none.
+
+        The per-window means of a bursty trace swing by 2x or more from one minute to
+        the next, and capacity and knobs follow them: smoothing keeps one odd window from
+        resizing the fleet. Example: last 2,000 tokens, this window 4,000, 5 s later with
+        a 300 s half-life -> 2,023 tokens.
+        """
         pm, pp, om, op = (
             obs.prompt_tokens_mean,
             obs.prompt_tokens_p95,
             obs.output_tokens_mean,
             obs.output_tokens_p95,
         )
-        if pm is not None and om is not None:
-            return Lengths(
-                prompt_mean=pm,
-                prompt_p95=pp if pp is not None else pm,
-                output_mean=om,
-                output_p95=op if op is not None else om,
-            )
-        return state.lengths
+        if pm is None or om is None:
+            return state.lengths
+        new = Lengths(
+            prompt_mean=pm,
+            prompt_p95=pp if pp is not None else pm,
+            output_mean=om,
+            output_p95=op if op is not None else om,
+        )
+        old = state.lengths
+        last = state.load.at_s if state.load is not None else None
+        if old is None or last is None:
+            return new
+        dt, hl = now_s - last, self.policy.lengths_half_life_s
+        return Lengths(
+            prompt_mean=ewma(old.prompt_mean, new.prompt_mean, dt, hl),
+            prompt_p95=ewma(old.prompt_p95, new.prompt_p95, dt, hl),
+            output_mean=ewma(old.output_mean, new.output_mean, dt, hl),
+            output_p95=ewma(old.output_p95, new.output_p95, dt, hl),
+        )
 
     def _knobs(
         self, obs: Observation, lengths: Lengths | None, state: ModelState, now_s: float

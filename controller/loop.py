@@ -8,13 +8,25 @@ the monotonic clock, so a wall-clock jump cannot fire a burst of actions.
 Thread safety: `tick` runs on one thread at a time (the scheduler job has
 max_instances=1); readers (gRPC handlers) get immutable snapshots swapped in whole
 under a lock.
+
+Cost (benchmarks/bench_tick.py; 2-core machine, 1,000 models): a tick decodes ~12 MB of
+Prometheus answers into ~500,000 short-lived containers. With the cyclic garbage
+collector running, each of them that lives through a young collection is promoted and
+soon triggers a full collection of the whole heap, again and again within one tick:
+measured ~40 % of the tick's CPU. Everything a tick allocates is acyclic and freed by
+reference counting, so `tick` pauses the collector while it runs (`pause_gc`, default
+on) and restores it after; garbage from other threads meanwhile waits at most one tick.
+The structlog logger is resolved once per tick (a lazy proxy from `get_logger` rebuilds
+its logger on every call when not cached: ~45 of the ~65 us per log line).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,6 +38,23 @@ from controller.decider import Decider
 from controller.metrics import GovernorMetrics
 from controller.types import Decision, ModelState
 from estimators.types import MetricSource, ModelQuery, NoDataError, Observation, SourceError
+
+# The class of structlog's lazy logger proxy (not exported by structlog under a name).
+_LAZY_LOGGER = type(structlog.get_logger())
+
+
+@contextlib.contextmanager
+def gc_paused(enabled: bool = True) -> Iterator[None]:
+    """Pause the cyclic garbage collector within the block (see the module doc), when
+    `enabled` and it is running; restore it after, also when the block raises."""
+    if not enabled or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class Clock(Protocol):
@@ -100,6 +129,7 @@ class ControlLoop:
         logger: Any = None,
         initial_replicas: Callable[[ModelConfig], int | None] | None = None,
         states: Mapping[str, ModelState] | None = None,
+        pause_gc: bool = True,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.source = source
@@ -107,6 +137,7 @@ class ControlLoop:
         self.metrics = metrics or GovernorMetrics()
         self.log = logger or structlog.get_logger("governor.loop")
         self._initial_replicas = initial_replicas
+        self.pause_gc = pause_gc
         self._lock = threading.Lock()
         self._listeners: list[Callable[[LoopSnapshot], None]] = []
         self._states: dict[str, ModelState] = dict(states or {})
@@ -178,7 +209,12 @@ class ControlLoop:
     # ------------------------------------------------------------------ tick
     def tick(self, now_s: float | None = None) -> list[Decision]:
         """One control tick at `now_s` (monotonic seconds; default: the clock's)."""
+        with gc_paused(self.pause_gc):
+            return self._tick(now_s)
+
+    def _tick(self, now_s: float | None) -> list[Decision]:
         started = time.perf_counter()
+        log = self.log.bind() if isinstance(self.log, _LAZY_LOGGER) else self.log
         now = self.clock.monotonic() if now_s is None else now_s
         with self._lock:
             deciders = dict(self._deciders)
@@ -221,7 +257,7 @@ class ControlLoop:
             decisions.append(decision)
             staleness = obs.staleness_s if isinstance(obs, Observation) else None
             self.metrics.record(decision, staleness)
-            self.log.info(
+            log.info(
                 "decision",
                 model=name,
                 valid=decision.valid,

@@ -1,15 +1,50 @@
 """The controller's own Prometheus metrics (prometheus-client), on an injectable registry.
 
 Names are prefixed `governor_`. Per-model series carry the `model` label.
+
+`record` runs once per model per tick, so it keeps each model's labelled children
+(`Gauge.labels(model)` takes a lock, joins and validates the label values, and looks up
+a dict on every call: about 15 such calls per model per tick, ~40 ms per tick at 1,000
+models on the 2-core benchmark machine, against ~5 ms with the children kept). `forget`
+drops a model's kept children with its series, so a model that comes back gets new ones.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.types import Decision
+
+
+class _ModelSeries:
+    """One model's gauge children (see the module doc)."""
+
+    __slots__ = (
+        "capacity",
+        "demand",
+        "desired_replicas",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "panic",
+        "reasons",
+        "stale",
+        "staleness",
+    )
+
+    def __init__(self, metrics: GovernorMetrics, model: str) -> None:
+        self.desired_replicas = metrics.desired_replicas.labels(model)
+        self.max_num_seqs = metrics.max_num_seqs.labels(model)
+        self.max_num_batched_tokens = metrics.max_num_batched_tokens.labels(model)
+        self.demand = metrics.demand.labels(model)
+        self.capacity = metrics.capacity.labels(model)
+        self.staleness = metrics.staleness.labels(model)
+        self.stale = metrics.stale.labels(model)
+        self.panic = metrics.panic.labels(model)
+        self.reasons: dict[tuple[str, str], Any] = {}
+        """(stage, reason) -> the reasons counter's child for this model."""
 
 
 class GovernorMetrics:
@@ -81,28 +116,39 @@ class GovernorMetrics:
             registry=r,
         )
         self.ticks = Counter("governor_ticks", "Control ticks run", registry=r)
+        self._series: dict[str, _ModelSeries] = {}
 
     def record(self, d: Decision, staleness_s: float | None) -> None:
         """Update the per-model series from one decision."""
         m = d.model
+        series = self._series.get(m)
+        if series is None:
+            series = self._series[m] = _ModelSeries(self, m)
+        reasons = series.reasons
         for s in d.stages:
-            self.reasons.labels(m, s.name, s.reason.value).inc()
-        self.stale.labels(m).set(0 if d.valid and d.demand_rps is not None else 1)
+            # `_value_`, not the member: hashing a StrEnum member is a Python-level call.
+            key = (s.name, s.reason._value_)
+            child = reasons.get(key)
+            if child is None:
+                child = reasons[key] = self.reasons.labels(m, s.name, s.reason.value)
+            child.inc()
+        series.stale.set(0 if d.valid and d.demand_rps is not None else 1)
         if staleness_s is not None:
-            self.staleness.labels(m).set(staleness_s)
+            series.staleness.set(staleness_s)
         if not d.valid:
             return
-        self.desired_replicas.labels(m).set(d.replicas)
-        self.max_num_seqs.labels(m).set(d.knobs.max_num_seqs)
-        self.max_num_batched_tokens.labels(m).set(d.knobs.max_num_batched_tokens)
-        self.panic.labels(m).set(1 if d.panic else 0)
+        series.desired_replicas.set(d.replicas)
+        series.max_num_seqs.set(d.knobs.max_num_seqs)
+        series.max_num_batched_tokens.set(d.knobs.max_num_batched_tokens)
+        series.panic.set(1 if d.panic else 0)
         if d.demand_rps is not None:
-            self.demand.labels(m).set(d.demand_rps)
+            series.demand.set(d.demand_rps)
         if d.capacity_rps_per_replica is not None:
-            self.capacity.labels(m).set(d.capacity_rps_per_replica)
+            series.capacity.set(d.capacity_rps_per_replica)
 
     def forget(self, model: str) -> None:
-        """Drop a removed model's per-model gauge series."""
+        """Drop a removed model's per-model gauge series (and the children kept for it)."""
+        self._series.pop(model, None)
         for g in (
             self.desired_replicas,
             self.max_num_seqs,

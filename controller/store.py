@@ -174,7 +174,37 @@ def build_config(
     unknown = [p for p in targets.paused if p not in names]
     if unknown:
         raise ConfigError([f"paused: {p!r} is not a configured model" for p in unknown], where)
+    problems = [
+        f"models.{i}.profile: {problem}"
+        for i, m in enumerate(cfg.models)
+        if (problem := profile_problem(m.profile)) is not None
+    ]
+    if problems:
+        raise ConfigError(problems, where)
     return cfg
+
+
+_GOOD_PROFILES: set[str] = set()
+
+
+def profile_problem(name: str) -> str | None:
+    """Why the step-time profile `name` (a shipped name or a YAML path) cannot be
+    loaded, or None. Checked before a target set is stored or applied: a profile that
+    fails later, when the loop builds the model's decider, would stop every tick."""
+    if name in _GOOD_PROFILES:
+        return None
+    from estimators.stepmodel import load_profile
+
+    try:
+        load_profile(name)
+    except FileNotFoundError as exc:
+        return str(exc)[:300]
+    except ValidationError as exc:
+        return "invalid profile: " + "; ".join(format_validation_error(exc))[:300]
+    except (OSError, yaml.YAMLError, ValueError, TypeError) as exc:
+        return f"cannot load profile {name[:100]!r}: {type(exc).__name__}"
+    _GOOD_PROFILES.add(name)
+    return None
 
 
 def parse_targets_yaml(text: str, where: str, revision: str) -> TargetsDoc:
@@ -538,15 +568,24 @@ class ConfigMapStore:
         return StoredTargets(rev, parse_targets_yaml(cm.data[TARGETS_KEY], where, rev))
 
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
+        """Write `doc` to the key `targets.yaml` (see `Store.save_targets`).
+
+        A ConfigMap that exists without that key (created by hand or by a chart with
+        other keys only) holds no targets: its targets revision is "" (as
+        `load_targets` reports None), so the seeding write (`expected_revision` "")
+        adds the key, keeping the other keys, under the ConfigMap's resourceVersion.
+        """
         with self._lock:
             cm = self._get(self.name)
-            current = str(cm.metadata.resource_version) if cm is not None else ""
+            rv = str(cm.metadata.resource_version) if cm is not None else ""
+            has_key = cm is not None and TARGETS_KEY in (cm.data or {})
+            current = rv if has_key else ""
             if expected_revision is not None and expected_revision != current:
                 raise ConflictError(
                     f"targets changed: at revision {current or 'none'}, not {expected_revision}"
                 )
             text = yaml.safe_dump(doc.model_dump(mode="json"), sort_keys=False)
-            return self._put(self.name, TARGETS_KEY, text, cm, current or None)
+            return self._put(self.name, TARGETS_KEY, text, cm, rv or None)
 
     # ------------------------------------------------------------------ state
     def load_state(self) -> StateDoc | None:
