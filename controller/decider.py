@@ -11,7 +11,7 @@ can be replayed from its trace. Steps, in order:
    the change is material (>= knob_min_gain_frac) and sustained (knob_sustain_s).
 3. per-replica capacity at the SLA with those knobs (controller.batching), times a
    feedback correction in [0.4, 1] that shrinks while the observed SLA is violated on a
-   full-sized fleet and recovers while it is met with margin.
+   full-sized fleet and recovers while it is met with margin on a loaded fleet.
 4. demand = smoothed level (+ the Holt trend over one cold start, when it predicts more
    growth than the deadband) + backlog / backlog_drain_s. The smoothed level, not the
    raw sample, so one noisy window cannot scale up on its own: sudden real surges are
@@ -47,6 +47,7 @@ from estimators.types import NoDataError, Observation, SourceError
 CORRECTION_MIN = 0.4
 CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.74
 CORRECTION_RECOVERY_PER_S = 0.0005  # while healthy: +0.0005 per s; 10 min -> +0.3
+LOADED_FRAC = 0.8  # demand >= 80 % of the corrected fleet capacity counts as "loaded"
 HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met with margin"
 # Evidence that the SLA is violated, per signal: (attainment goal, p95 threshold factor).
 # TTFT: the SLA is a p95, so at least 95 % of first tokens within the target.
@@ -120,7 +121,16 @@ class Decider:
             * state.capacity_correction
             * (1.0 + self.policy.tolerance_frac)
         )
-        correction = self._correction(obs, state, now_s, dt, believed_enough)
+        # ...and it is only shown too pessimistic by a fleet that is healthy while loaded
+        # near what the corrected estimate says it can take (a healthy idle fleet proves
+        # nothing about its limit).
+        loaded = (
+            base_capacity is not None
+            and obs.ready_replicas is not None
+            and obs.arrival_rate_rps
+            >= LOADED_FRAC * obs.ready_replicas * base_capacity * state.capacity_correction
+        )
+        correction = self._correction(obs, state, now_s, dt, believed_enough, loaded)
         load = holt_update(
             state.load,
             obs.arrival_rate_rps,
@@ -400,6 +410,7 @@ class Decider:
         now_s: float,
         dt: float,
         believed_enough: bool,
+        loaded: bool,
     ) -> float:
         """Feedback on the capacity estimate from the observed SLA (see module doc).
 
@@ -436,7 +447,7 @@ class Decider:
         ) and (state.last_scale_up_s is None or now_s - state.last_scale_up_s >= dead_time)
         if violated and full_fleet and settled and believed_enough and state.replicas > 0:
             return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt))
-        if healthy and not violated:
+        if healthy and not violated and loaded:
             return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt)
         return c
 

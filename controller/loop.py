@@ -278,7 +278,7 @@ class ControlLoop:
             try:
                 act.apply(to_apply)
             except Exception as exc:  # one actuator's failure must not stop the others
-                self.metrics.actuation_errors.labels(type(act).__name__).inc()
+                self.metrics.actuation_errors.labels(type(act).__name__, "exception").inc()
                 self.log.error("actuator_failed", actuator=type(act).__name__, error=repr(exc))
 
         with self._lock:

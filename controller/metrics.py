@@ -102,7 +102,12 @@ class GovernorMetrics:
             "governor_source_errors", "Metric source failures by kind", ["kind"], registry=r
         )
         self.actuation_errors = Counter(
-            "governor_actuation_errors", "Actuator failures", ["actuator"], registry=r
+            "governor_actuation_errors",
+            "Actuator failures: `exception` when an actuator raised, else the actuator's "
+            "own reason (e.g. Kubernetes: hpa_conflict, not_found, forbidden, conflict, "
+            "retries_exhausted, rejected)",
+            ["actuator", "reason"],
+            registry=r,
         )
         self.tick_duration = Histogram(
             "governor_tick_duration_seconds",

@@ -361,3 +361,16 @@ def test_burst_memory_holds_capacity_for_recurring_bursts_then_decays() -> None:
     decs, s = run(d, s, [5.0] * 12 * 60, start=ORIGIN_S + 150)  # an hour of quiet
     assert decs[-1].replicas == 1  # 150 req/s / 2^6 = 2.3 req/s: below the demand
     assert Reason.BURST_MEMORY not in decs[-1].reasons
+
+
+def test_correction_recovers_only_on_a_loaded_healthy_fleet() -> None:
+    """A learned correction is kept while the fleet is healthy but lightly loaded (that
+    proves nothing about its limit); it recovers when healthy near its corrected limit."""
+    d = Decider(make_model(), make_policy())
+    learned = replace(d.initial_state(4), capacity_correction=0.7, first_good_s=ORIGIN_S - 1000)
+    healthy = {"ttft_attainment_frac": 1.0, "itl_attainment_frac": 1.0}
+    _, light = run(d, learned, [5.0] * 20, **healthy)  # 5 req/s on 4 replicas
+    assert light.capacity_correction == 0.7
+    # ~45 req/s on 4 replicas whose corrected capacity is ~4 x 17.6 x 0.7 = 49 req/s
+    _, busy = run(d, replace(learned, replicas=4), [45.0] * 20, **healthy)
+    assert busy.capacity_correction > 0.7

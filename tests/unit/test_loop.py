@@ -145,7 +145,7 @@ def test_broken_actuator_does_not_stop_others(clock: FakeClock) -> None:
     assert len(good.batches) == 1
     assert (
         metrics.registry.get_sample_value(
-            "governor_actuation_errors_total", {"actuator": "BrokenActuator"}
+            "governor_actuation_errors_total", {"actuator": "BrokenActuator", "reason": "exception"}
         )
         == 1.0
     )

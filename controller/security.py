@@ -1,0 +1,432 @@
+"""Security and input hardening of the governor's gRPC server.
+
+Owns:
+
+- `AdminToken`: the admin API's bearer token, read from a file (in-cluster: a key of a
+  Kubernetes Secret mounted as a volume), re-read when the file changes (Secret
+  rotation), compared in constant time (`hmac.compare_digest`). The token's bytes are
+  never logged, never put in an error message and never part of `repr`.
+- `AdminAuthInterceptor`: requires `authorization: Bearer <token>` on the AdminService
+  methods only; the read-only engine (BatchingService), KEDA (ExternalScaler), health
+  and reflection services stay open on the listeners the server was given. Without
+  valid credentials an admin call ends with UNAUTHENTICATED before its request is read.
+- `HardeningInterceptor`: parses each unary request itself, so malformed protobuf bytes
+  end with INVALID_ARGUMENT (grpc's own answer would be an opaque INTERNAL), and clips
+  every error message a handler sends to `MAX_DETAIL_CHARS` (an echoed value must not
+  overflow the 8 KiB trailing-metadata limit and turn a clear error into a transport
+  failure).
+- `StreamLimiter`: a bound on concurrent watch streams (engines' WatchBatchingConfig and
+  KEDA's StreamIsActive together), so long-lived streams cannot take every RPC slot.
+- TLS: server credentials from PEM files (optionally requiring client certificates
+  signed by a CA: mTLS) and the matching channel credentials for the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import inspect
+import os
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+ADMIN_SERVICE = "governor.v1.AdminService"
+ADMIN_METHOD_PREFIX = f"/{ADMIN_SERVICE}/"
+MIN_TOKEN_BYTES = 16
+MAX_TOKEN_BYTES = 4096
+TOKEN_RELOAD_INTERVAL_S = 10.0
+MAX_DETAIL_CHARS = 1024
+# RFC 6750 b64token characters: what an HTTP/2 header value can carry as it is.
+_TOKEN_CHARS = re.compile(rb"^[A-Za-z0-9\-._~+/]+=*$")
+
+
+class SecurityConfigError(ValueError):
+    """A token or TLS file that cannot be used (the message names the file, never its
+    content)."""
+
+
+def clip(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """`text` cut to at most `limit` characters, saying how long it was.
+
+    Example: clip("x" * 5000, 40) -> 'xxxxxxxxxxxxxxxxxx... (5000 characters)'.
+    """
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(text)} characters)"
+    return text[: max(0, limit - len(tail))] + tail
+
+
+# ====================================================================== admin token
+def read_token(path: str | Path) -> bytes:
+    """The token in `path`, surrounding whitespace removed (a Secret written with a
+    trailing newline works). SecurityConfigError when the file cannot be read, is empty,
+    shorter than MIN_TOKEN_BYTES, longer than MAX_TOKEN_BYTES, or holds characters a
+    bearer token cannot carry (RFC 6750: letters, digits, -._~+/ and trailing =)."""
+    p = Path(path)
+    try:
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_TOKEN_BYTES + 64)
+    except OSError as exc:
+        raise SecurityConfigError(
+            f"admin token file {p}: cannot read: {exc.strerror or type(exc).__name__}"
+        ) from None
+    token = raw.strip()
+    if not token:
+        raise SecurityConfigError(f"admin token file {p}: is empty")
+    if len(token) > MAX_TOKEN_BYTES:
+        raise SecurityConfigError(f"admin token file {p}: longer than {MAX_TOKEN_BYTES} bytes")
+    if len(token) < MIN_TOKEN_BYTES:
+        raise SecurityConfigError(
+            f"admin token file {p}: the token is {len(token)} bytes; use at least "
+            f"{MIN_TOKEN_BYTES} (e.g. `openssl rand -hex 32`)"
+        )
+    if not _TOKEN_CHARS.match(token):
+        raise SecurityConfigError(
+            f"admin token file {p}: holds characters a bearer token cannot carry "
+            "(allowed: letters, digits, -._~+/ and trailing =)"
+        )
+    return token
+
+
+class AdminToken:
+    """The admin bearer token, from a file that may change (Secret rotation).
+
+    The file is checked again at most every `reload_interval_s` seconds (monotonic);
+    when its identity (inode, size, mtime) changed it is re-read. A file that became
+    unreadable or invalid keeps the last good token and `reload_error` says why.
+    Raises SecurityConfigError at construction when the file is not usable.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        reload_interval_s: float = TOKEN_RELOAD_INTERVAL_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = Path(path)
+        self.reload_interval_s = reload_interval_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._token = read_token(self.path)
+        self._stamp = self._file_stamp()
+        self._checked_at = monotonic()
+        self.reload_error = ""
+
+    @classmethod
+    def from_value(cls, token: str) -> AdminToken:
+        """A fixed token (tests, embedding); the same rules as a file's content."""
+        obj = cls.__new__(cls)
+        value = token.strip().encode()
+        if len(value) < MIN_TOKEN_BYTES or not _TOKEN_CHARS.match(value):
+            raise SecurityConfigError(
+                f"admin token: at least {MIN_TOKEN_BYTES} characters of [A-Za-z0-9-._~+/]"
+            )
+        obj.path = Path("<value>")
+        obj.reload_interval_s = float("inf")
+        obj._monotonic = time.monotonic
+        obj._lock = threading.Lock()
+        obj._token = value
+        obj._stamp = None
+        obj._checked_at = 0.0
+        obj.reload_error = ""
+        return obj
+
+    def __repr__(self) -> str:  # never the token itself
+        return f"AdminToken(path={str(self.path)!r})"
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _current(self) -> bytes:
+        now = self._monotonic()
+        with self._lock:
+            if now - self._checked_at < self.reload_interval_s:
+                return self._token
+            self._checked_at = now
+            stamp = self._file_stamp()
+            if stamp is not None and stamp == self._stamp:
+                return self._token
+            try:
+                self._token = read_token(self.path)
+                self._stamp = stamp
+                self.reload_error = ""
+            except SecurityConfigError as exc:
+                self.reload_error = str(exc)  # keep the last good token
+            return self._token
+
+    def matches(self, authorization: str | None) -> bool:
+        """True when `authorization` is `Bearer <the token>` (scheme case-insensitive).
+        The comparison of the credential takes the same time wherever it differs."""
+        if not authorization:
+            return False
+        scheme, _, credential = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(credential.strip().encode("utf-8", "replace"), self._current())
+
+
+def _metadata_value(metadata: Any, key: str) -> str | None:
+    for item in metadata or ():
+        k, v = item[0], item[1]
+        if k == key:
+            return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+    return None
+
+
+class AdminAuthInterceptor(grpc.aio.ServerInterceptor):
+    """UNAUTHENTICATED for AdminService calls without `authorization: Bearer <token>`.
+
+    `token` None: the admin API is disabled (every admin call is refused), unless
+    `allow_unauthenticated` (tests, a loopback-only development server).
+    `on_denied()` is called once per refused call (a metric), never with the credential.
+    """
+
+    def __init__(
+        self,
+        token: AdminToken | None,
+        *,
+        allow_unauthenticated: bool = False,
+        on_denied: Callable[[], None] | None = None,
+    ) -> None:
+        self.token = token
+        self.allow_unauthenticated = allow_unauthenticated
+        self.on_denied = on_denied
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method or ""
+        if not method.startswith(ADMIN_METHOD_PREFIX):
+            return await continuation(handler_call_details)
+        if self.token is None:
+            if self.allow_unauthenticated:
+                return await continuation(handler_call_details)
+            message = (
+                "the admin API is disabled: this governor was started without an admin "
+                "token (governor run --admin-token-file FILE)"
+            )
+        else:
+            header = _metadata_value(handler_call_details.invocation_metadata, "authorization")
+            if self.token.matches(header):
+                return await continuation(handler_call_details)
+            message = (
+                "the admin API needs credentials: send metadata 'authorization: Bearer "
+                "<token>' (governor CLI: --token-file FILE or $GOVERNOR_ADMIN_TOKEN_FILE)"
+                if header is None
+                else "the admin API refused the credentials: wrong or malformed bearer token"
+            )
+        if self.on_denied is not None:
+            with contextlib.suppress(Exception):
+                self.on_denied()
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+# ====================================================================== hardening
+class _ClippedContext:
+    """A ServicerContext whose `abort`/`set_details` clip the message (see module doc)."""
+
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()):
+        await self._ctx.abort(code, clip(details or ""), trailing_metadata)
+
+    def set_details(self, details: str) -> None:
+        self._ctx.set_details(clip(details or ""))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+
+async def _parse(
+    deserializer: Callable[[bytes], Any] | None,
+    raw: Any,
+    context: grpc.aio.ServicerContext,
+    method: str,
+) -> Any:
+    if deserializer is None or not isinstance(raw, bytes | bytearray | memoryview):
+        return raw
+    try:
+        return deserializer(bytes(raw))
+    except Exception as exc:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"malformed request for {method}: not a valid protobuf message "
+            f"({type(exc).__name__}); nothing was changed",
+        )
+
+
+class HardeningInterceptor(grpc.aio.ServerInterceptor):
+    """Parses unary requests itself (malformed bytes -> INVALID_ARGUMENT) and clips every
+    error message handlers send. Streaming-request methods (reflection) pass through."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        method = handler_call_details.method or "?"
+        deserializer = handler.request_deserializer
+        serializer = handler.response_serializer
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+                request = await _parse(deserializer, raw, context, method)
+                result = inner(request, _ClippedContext(context))
+                return await result if inspect.isawaitable(result) else result
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, request_deserializer=None, response_serializer=serializer
+            )
+        inner_stream = handler.unary_stream
+        if inner_stream is None:
+            return handler
+        if inspect.isasyncgenfunction(inner_stream):
+
+            async def stream_gen(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+                request = await _parse(deserializer, raw, context, method)
+                async for item in inner_stream(request, _ClippedContext(context)):
+                    yield item
+
+            wrapped: Any = stream_gen
+        else:  # a coroutine that writes with context.write (grpc_health's Watch)
+
+            async def stream_coro(raw: Any, context: grpc.aio.ServicerContext) -> Any:
+                request = await _parse(deserializer, raw, context, method)
+                result = inner_stream(request, _ClippedContext(context))
+                return await result if inspect.isawaitable(result) else result
+
+            wrapped = stream_coro
+        return grpc.unary_stream_rpc_method_handler(
+            wrapped, request_deserializer=None, response_serializer=serializer
+        )
+
+
+# ====================================================================== stream limit
+class StreamLimiter:
+    """At most `limit` concurrent watch streams (thread-safe counter)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"stream limit must be >= 1 (got {limit})")
+        self.limit = limit
+        self._active = 0
+        self.peak = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return self._active
+
+    def try_acquire(self) -> bool:
+        """Take a slot; False (and counted as refused) when all are taken."""
+        with self._lock:
+            if self._active >= self.limit:
+                self.refused += 1
+                return False
+            self._active += 1
+            self.peak = max(self.peak, self._active)
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._active = max(0, self._active - 1)
+
+    def message(self, what: str) -> str:
+        return (
+            f"too many open watch streams (limit {self.limit}); {what} was refused: retry "
+            "later with backoff, or poll instead"
+        )
+
+
+# ====================================================================== TLS
+@dataclass(frozen=True, slots=True)
+class TlsFiles:
+    """PEM files of the server's TLS: certificate chain, private key and, for mTLS, the
+    CA that client certificates must be signed by."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str | None = None
+
+
+def _read_pem(path: str, what: str, marker: bytes) -> bytes:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SecurityConfigError(
+            f"{what} {path}: cannot read: {exc.strerror or type(exc).__name__}"
+        ) from None
+    if b"-----BEGIN" not in data or marker not in data:
+        raise SecurityConfigError(f"{what} {path}: not a PEM file holding a {marker.decode()}")
+    return data
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """gRPC server credentials from `tls`; with a client CA, client certificates are
+    required and verified (mTLS). SecurityConfigError names a bad file."""
+    cert = _read_pem(tls.cert_file, "TLS certificate file", b"CERTIFICATE")
+    key = _read_pem(tls.key_file, "TLS key file", b"PRIVATE KEY")
+    ca = None
+    if tls.client_ca_file:
+        ca = _read_pem(tls.client_ca_file, "TLS client CA file", b"CERTIFICATE")
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+def channel_credentials(
+    ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None
+) -> grpc.ChannelCredentials:
+    """Client credentials: trust `ca_file` (default: the system roots) and, for mTLS,
+    present `cert_file`/`key_file` (both or neither)."""
+    if bool(cert_file) != bool(key_file):
+        raise SecurityConfigError("give both --tls-cert-file and --tls-key-file, or neither")
+    ca = _read_pem(ca_file, "TLS CA file", b"CERTIFICATE") if ca_file else None
+    cert = _read_pem(cert_file, "TLS certificate file", b"CERTIFICATE") if cert_file else None
+    key = _read_pem(key_file, "TLS key file", b"PRIVATE KEY") if key_file else None
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+__all__ = [
+    "ADMIN_METHOD_PREFIX",
+    "MAX_DETAIL_CHARS",
+    "AdminAuthInterceptor",
+    "AdminToken",
+    "HardeningInterceptor",
+    "SecurityConfigError",
+    "StreamLimiter",
+    "TlsFiles",
+    "channel_credentials",
+    "clip",
+    "read_token",
+    "server_credentials",
+]
