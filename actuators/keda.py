@@ -19,13 +19,17 @@ because KEDA's fallback does not cover an unreachable or slow external scaler):
 Before the first decision for a model (no restored state either) GetMetrics and
 IsActive answer UNAVAILABLE: KEDA then leaves the workload as it is instead of reading
 a zero. Bad metadata -> INVALID_ARGUMENT; unknown model or namespace -> NOT_FOUND; each
-with a message naming what is wrong.
+with a message naming what is wrong (echoed values are clipped to 80 characters). A
+metadata map of more than `MAX_METADATA_ENTRIES` entries is refused. StreamIsActive
+streams count against the server's watch-stream limit (`streams`): beyond it,
+RESOURCE_EXHAUSTED, and KEDA retries with its own backoff.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,6 +40,14 @@ from governor_api import externalscaler_pb2_grpc as pb_grpc
 
 METRIC_PREFIX = "governor-"
 TARGET_SIZE = 1  # AverageValue target: 1 replica per replica -> HPA desired = metric
+MAX_METADATA_ENTRIES = 256
+ECHO_CHARS = 80
+
+
+def _echo(value: Any) -> str:
+    """repr of a client-sent value for an error message, at most ECHO_CHARS characters."""
+    text = repr(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
 
 
 class ScalerMetadata(BaseModel):
@@ -66,18 +78,26 @@ def _metadata_problem(exc: ValidationError) -> str:
         if err["type"] == "missing":
             parts.append(f"scalerMetadata.{key}: required (set it in the trigger's metadata)")
         else:
-            parts.append(f"scalerMetadata.{key}: {msg} (got {err.get('input')!r})")
+            parts.append(f"scalerMetadata.{key}: {msg} (got {_echo(err.get('input'))})")
     return "; ".join(parts)
 
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
-    """KEDA's external scaler, answering from `board`."""
+    """KEDA's external scaler, answering from `board`. `streams`: an optional limit on
+    open streams (anything with `try_acquire()`, `release()` and `message(what)`)."""
 
-    def __init__(self, board: DecisionBoard) -> None:
+    def __init__(self, board: DecisionBoard, *, streams: Any = None) -> None:
         self.board = board
+        self.streams = streams
 
     # ------------------------------------------------------------------ helpers
     async def _resolve(self, ref: pb.ScaledObjectRef, context: grpc.aio.ServicerContext) -> str:
+        if len(ref.scalerMetadata) > MAX_METADATA_ENTRIES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"scalerMetadata: at most {MAX_METADATA_ENTRIES} entries "
+                f"(got {len(ref.scalerMetadata)})",
+            )
         try:
             meta = ScalerMetadata.model_validate(dict(ref.scalerMetadata))
         except ValidationError as exc:
@@ -131,7 +151,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         if request.metricName and request.metricName != expected:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
-                f"metricName {request.metricName!r} is not served for model {model!r} "
+                f"metricName {_echo(request.metricName)} is not served for model {model!r} "
                 f"(expected {expected!r}, from GetMetricSpec)",
             )
         entry = await self._known(model, context)
@@ -154,16 +174,24 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """The current value at open (once one is known), then each change. Ends with OK
         when the server shuts down; with NOT_FOUND when the model is removed."""
         model = await self._resolve(request, context)
-        last: bool | None = None
-        async for _ in self.board.watch():
-            try:
-                active = self.board.get(model).active
-            except KeyError:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"model {model!r} was removed")
-            if active is None or active == last:
-                continue
-            last = active
-            yield pb.IsActiveResponse(result=active)
+        if self.streams is not None and not self.streams.try_acquire():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.message("StreamIsActive")
+            )
+        try:
+            last: bool | None = None
+            async for _ in self.board.watch():
+                try:
+                    active = self.board.get(model).active
+                except KeyError:
+                    await context.abort(grpc.StatusCode.NOT_FOUND, f"model {model!r} was removed")
+                if active is None or active == last:
+                    continue
+                last = active
+                yield pb.IsActiveResponse(result=active)
+        finally:
+            if self.streams is not None:
+                self.streams.release()
 
     async def StreamMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext

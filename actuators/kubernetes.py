@@ -19,12 +19,25 @@ namespace, not every tick.
 Never blocks the control loop: with `background=True` (production) `apply` only records
 the latest desired replicas per model and a worker thread does the API calls
 (coalescing: only the newest value per model is applied).
+
+No lost intent: an attempt that fails for a transient reason (5xx, 429, timeouts or
+409s past the retries) keeps its desired value queued and is tried again after a
+per-model backoff (`backoff_s` doubling per consecutive failure, capped at
+`MAX_RETRY_DELAY_S`, +-10 % jitter), unless a newer decision replaced it meanwhile.
+No duplicated intent: every write sets an absolute replica count under the
+resourceVersion it read, so a retried write that already landed reads back as equal
+(UNCHANGED) instead of scaling twice.
+
+Failures are reported: each failed or refused attempt calls `on_error(reason)` with a
+lower-case reason (`FAILURE_REASONS`), which the service counts in
+`governor_actuation_errors_total{actuator="KubernetesScaleActuator", reason=...}`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import threading
 import time
@@ -39,6 +52,17 @@ from controller.types import Decision
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_BACKOFF_S = 5.0
+MAX_RETRY_DELAY_S = 30.0
+"""Cap of the delay before a failed intent is tried again, seconds."""
+FAILURE_REASONS = (
+    "hpa_conflict",  # an HPA also scales the Deployment: refused, never retried alone
+    "not_found",  # 404: no such Deployment
+    "forbidden",  # 401/403: RBAC does not allow it
+    "conflict",  # 409 on every attempt: someone keeps writing the scale
+    "retries_exhausted",  # 5xx, 429, timeouts on every attempt (queued again)
+    "rejected",  # any other 4xx (e.g. 422)
+)
+"""The `reason` label values of actuation errors."""
 
 
 class KubeCallError(Exception):
@@ -135,6 +159,8 @@ class ScaleStatus:
     observed: int | None
     detail: str
     at_unix_s: float
+    transient: bool = False
+    """A FAILED attempt that is tried again on its own (5xx, 429, timeout, 409)."""
 
     def describe(self) -> str:
         seen = "?" if self.observed is None else str(self.observed)
@@ -148,8 +174,10 @@ class KubernetesScaleActuator:
 
     `targets()` returns model -> (namespace, deployment) for the configured models.
     `request_timeout_s`: per API call, seconds. `retries`/`backoff_s`: see
-    `call_with_retries`; 409 conflicts are retried by re-reading, `retries` times.
-    `sleep`/`wall`/`monotonic` are injected in tests.
+    `call_with_retries`; 409 conflicts are retried by re-reading, `retries` times, with
+    the same jittered backoff. `on_error(reason)`: called once per failed or refused
+    attempt (reasons: `FAILURE_REASONS`). `sleep`/`wall`/`monotonic` are injected in
+    tests.
     """
 
     def __init__(
@@ -166,6 +194,7 @@ class KubernetesScaleActuator:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         logger: Any = None,
+        on_error: Callable[[str], None] | None = None,
     ) -> None:
         from kubernetes import client as k8s
 
@@ -184,6 +213,9 @@ class KubernetesScaleActuator:
         self._pending: dict[str, int] = {}
         self._status: dict[str, ScaleStatus] = {}
         self._hpa_cache: dict[str, tuple[float, list[tuple[str, str]]]] = {}
+        self._on_error = on_error
+        self._failures: dict[str, int] = {}  # consecutive transient failures per model
+        self._retry_at: dict[str, float] = {}  # monotonic s before which it is not retried
         self._stopped = False
         self._worker: threading.Thread | None = None
         if background:
@@ -202,18 +234,42 @@ class KubernetesScaleActuator:
             self.run_pending()
 
     def run_pending(self) -> dict[str, ScaleStatus]:
-        """Apply every pending desired value now (in the calling thread)."""
+        """Apply every pending desired value that is due now (in the calling thread).
+
+        A model whose last attempt failed transiently is due again at its retry time;
+        its value stays queued until then (a newer decision replaces it)."""
+        now = self._monotonic()
         with self._lock:
-            pending, self._pending = self._pending, {}
+            due = {
+                m: r for m, r in self._pending.items() if self._retry_at.get(m, -math.inf) <= now
+            }
+            for m in due:
+                del self._pending[m]
         targets = self.targets()
         out = {}
-        for model, replicas in pending.items():
+        for model, replicas in due.items():
             if model not in targets:
                 continue
             ns, deployment = targets[model]
             st = self.scale(model, ns, deployment, replicas)
             out[model] = st
+            with self._lock:
+                if st.reason is ScaleReason.FAILED and st.transient:
+                    n = self._failures.get(model, 0) + 1
+                    self._failures[model] = n
+                    delay = min(MAX_RETRY_DELAY_S, self.backoff_s * 2**n)
+                    self._retry_at[model] = self._monotonic() + delay * random.uniform(0.9, 1.1)
+                    self._pending.setdefault(model, replicas)  # unless a newer one came
+                    self._lock.notify_all()
+                else:
+                    self._failures.pop(model, None)
+                    self._retry_at.pop(model, None)
         return out
+
+    def pending(self) -> dict[str, int]:
+        """Desired replicas not applied yet (queued or waiting for a retry), per model."""
+        with self._lock:
+            return dict(self._pending)
 
     def status(self) -> dict[str, ScaleStatus]:
         with self._lock:
@@ -227,10 +283,19 @@ class KubernetesScaleActuator:
         if self._worker is not None:
             self._worker.join(timeout_s)
 
+    def _wait_due_locked(self) -> None:
+        """Wait (lock held) until a pending value is due or the actuator stops."""
+        while not self._stopped:
+            now = self._monotonic()
+            waits = [self._retry_at.get(m, -math.inf) - now for m in self._pending]
+            if waits and min(waits) <= 0:
+                return
+            self._lock.wait(min(waits) if waits else None)
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: self._pending or self._stopped)
+                self._wait_due_locked()
                 if self._stopped:
                     return
             try:
@@ -316,7 +381,8 @@ class KubernetesScaleActuator:
                     )
                 except KubeCallError as exc:
                     if exc.status == 409 and attempt < self.retries:
-                        self._sleep(min(MAX_BACKOFF_S, self.backoff_s * 2**attempt))
+                        delay = min(MAX_BACKOFF_S, self.backoff_s * 2**attempt)
+                        self._sleep(delay * random.uniform(0.9, 1.1))
                         continue
                     raise
                 self._log.info("scaled", target=where, model=model, replicas=replicas, was=observed)
@@ -324,7 +390,16 @@ class KubernetesScaleActuator:
             raise AssertionError("unreachable")  # pragma: no cover
         except KubeCallError as exc:
             reason = ScaleReason.NOT_FOUND if exc.status == 404 else ScaleReason.FAILED
-            return self._record(model, reason, replicas, observed, str(exc), warn=True)
+            return self._record(
+                model,
+                reason,
+                replicas,
+                observed,
+                str(exc),
+                warn=True,
+                error=failure_reason(exc),
+                transient=exc.retryable or exc.status == 409,
+            )
 
     def _record(
         self,
@@ -334,10 +409,32 @@ class KubernetesScaleActuator:
         observed: int | None,
         detail: str,
         warn: bool = False,
+        error: str | None = None,
+        transient: bool = False,
     ) -> ScaleStatus:
-        st = ScaleStatus(model, reason, desired, observed, detail, self._wall())
+        st = ScaleStatus(model, reason, desired, observed, detail, self._wall(), transient)
         with self._lock:
             self._status[model] = st
         if warn:
             self._log.warning("scale_refused_or_failed", model=model, reason=reason, detail=detail)
+        if reason is ScaleReason.HPA_CONFLICT:
+            error = "hpa_conflict"
+        if error is not None and self._on_error is not None:
+            try:
+                self._on_error(error)
+            except Exception as exc:  # counting must never break actuation
+                self._log.error("actuation_error_hook_failed", error=repr(exc))
         return st
+
+
+def failure_reason(exc: KubeCallError) -> str:
+    """The `FAILURE_REASONS` label of a failed scale call."""
+    if exc.status == 404:
+        return "not_found"
+    if exc.status in (401, 403):
+        return "forbidden"
+    if exc.status == 409:
+        return "conflict"
+    if exc.retryable:
+        return "retries_exhausted"
+    return "rejected"

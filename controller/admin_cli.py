@@ -2,10 +2,18 @@
 (`target set|get|list|delete`, `status`, `explain`, `pause`, `resume`) over the admin
 gRPC API. `register(subparsers)` adds them to `controller.cli`'s parser.
 
-Exit status: 0 success; 2 bad input (invalid values, unknown model, conflicting change):
-a message naming what is wrong, and nothing changed; 1 the server could not be reached
-or failed. `engine-args` is the exception: it always exits 0 (an engine must never fail
-to start because of the governor) and falls back to the configured default knobs.
+Exit status: 0 success; 2 bad input (invalid values, unknown model, conflicting change,
+missing or refused credentials): a message naming what is wrong, and nothing changed; 1
+the server could not be reached or failed.
+
+Credentials: admin commands send `authorization: Bearer <token>` with the token read
+from `--token-file` (default `$GOVERNOR_ADMIN_TOKEN_FILE`); the token never appears in
+output. TLS: `--tls` (system roots), `--tls-ca-file` (a private CA), and for mTLS
+`--tls-cert-file`/`--tls-key-file`; `--tls-server-name` when the address is not the
+certificate's name (e.g. through `kubectl port-forward`).
+
+`engine-args` is the exception: it always exits 0 (an engine must never fail to start
+because of the governor) and falls back to the configured default knobs.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ EXIT_USAGE = 2
 DEFAULT_SERVER = "localhost:50051"
 ENGINE_ARGS_TIMEOUT_S = 3.0
 ADMIN_TIMEOUT_S = 10.0
+TOKEN_FILE_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
 
 # gRPC codes that mean "your request is wrong" (exit 2), not "the service failed" (exit 1).
 _USER_ERRORS = {
@@ -38,6 +47,8 @@ _USER_ERRORS = {
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.ALREADY_EXISTS,
     grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
@@ -53,21 +64,59 @@ class CliError(Exception):
         super().__init__(message)
 
 
-def _stubs(server: str) -> tuple[grpc.Channel, Any]:
+def open_channel(args: argparse.Namespace) -> grpc.Channel:
+    """A channel to `args.server`: TLS when asked for (see module doc), else plaintext.
+    CliError (exit 2) naming a bad TLS file."""
+    from controller.security import SecurityConfigError, channel_credentials
+
+    ca = getattr(args, "tls_ca_file", None)
+    cert = getattr(args, "tls_cert_file", None)
+    key = getattr(args, "tls_key_file", None)
+    if not (getattr(args, "tls", False) or ca or cert or key):
+        return grpc.insecure_channel(args.server)
+    try:
+        creds = channel_credentials(ca, cert, key)
+    except SecurityConfigError as exc:
+        raise CliError(str(exc)) from None
+    options = []
+    if getattr(args, "tls_server_name", None):
+        options.append(("grpc.ssl_target_name_override", args.tls_server_name))
+    return grpc.secure_channel(args.server, creds, options=options)
+
+
+def _credentials(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The call metadata carrying the admin token (empty without a token file)."""
+    from controller.security import SecurityConfigError, read_token
+
+    path = getattr(args, "token_file", None)
+    if not path:
+        return ()
+    try:
+        token = read_token(path)
+    except SecurityConfigError as exc:
+        raise CliError(f"--token-file: {exc}") from None
+    return (("authorization", "Bearer " + token.decode()),)
+
+
+def _stubs(args: argparse.Namespace) -> tuple[grpc.Channel, Any]:
     from governor_api import governor_v1_pb2_grpc
 
-    channel = grpc.insecure_channel(server)
+    channel = open_channel(args)
     return channel, governor_v1_pb2_grpc.AdminServiceStub(channel)
 
 
 def _rpc(args: argparse.Namespace, method: str, request: Any) -> Any:
-    """Call an admin rpc with the command's deadline; RpcError -> CliError."""
-    channel, stub = _stubs(args.server)
+    """Call an admin rpc with the command's deadline and credentials; RpcError ->
+    CliError."""
+    metadata = _credentials(args)
+    channel, stub = _stubs(args)
     try:
-        return getattr(stub, method)(request, timeout=args.timeout_s)
+        return getattr(stub, method)(request, timeout=args.timeout_s, metadata=metadata)
     except grpc.RpcError as exc:
         code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
         detail = exc.details() if hasattr(exc, "details") else str(exc)
+        if code == grpc.StatusCode.UNAUTHENTICATED and not metadata:
+            detail += f" (no token given: --token-file FILE or ${TOKEN_FILE_ENV})"
         if code in _USER_ERRORS:
             raise CliError(f"{detail}", EXIT_USAGE, code) from None
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -342,7 +391,7 @@ def _cmd_engine_args(args: argparse.Namespace) -> int:
 
     knobs: Knobs | None = None
     try:
-        with grpc.insecure_channel(args.server) as channel:
+        with open_channel(args) as channel:
             stub = governor_v1_pb2_grpc.BatchingServiceStub(channel)
             resp = stub.GetBatchingConfig(
                 pb.GetBatchingConfigRequest(model=args.model, engine_id=args.engine_id),
@@ -415,6 +464,24 @@ def register(sub: Any) -> None:
         "--timeout-s", type=_positive_timeout, default=ADMIN_TIMEOUT_S, help="call deadline"
     )
     client.add_argument("--output", choices=("text", "json"), default="text")
+    client.add_argument(
+        "--token-file",
+        default=os.environ.get(TOKEN_FILE_ENV) or None,
+        metavar="FILE",
+        help=f"admin bearer token file (default ${TOKEN_FILE_ENV})",
+    )
+    client.add_argument("--tls", action="store_true", help="use TLS (system root CAs)")
+    client.add_argument(
+        "--tls-ca-file",
+        default=os.environ.get("GOVERNOR_TLS_CA_FILE") or None,
+        metavar="PEM",
+        help="use TLS, trusting this CA (default $GOVERNOR_TLS_CA_FILE)",
+    )
+    client.add_argument("--tls-cert-file", metavar="PEM", help="client certificate (mTLS)")
+    client.add_argument("--tls-key-file", metavar="PEM", help="client key (mTLS)")
+    client.add_argument(
+        "--tls-server-name", metavar="NAME", help="expected name in the server's certificate"
+    )
 
     p = sub.add_parser(
         "engine-args",

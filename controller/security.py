@@ -330,10 +330,11 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
 class StreamLimiter:
     """At most `limit` concurrent watch streams (thread-safe counter)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_refused: Callable[[], None] | None = None) -> None:
         if limit < 1:
             raise ValueError(f"stream limit must be >= 1 (got {limit})")
         self.limit = limit
+        self.on_refused = on_refused
         self._active = 0
         self.peak = 0
         self.refused = 0
@@ -349,10 +350,15 @@ class StreamLimiter:
         with self._lock:
             if self._active >= self.limit:
                 self.refused += 1
-                return False
-            self._active += 1
-            self.peak = max(self.peak, self._active)
-            return True
+                refused = True
+            else:
+                refused = False
+                self._active += 1
+                self.peak = max(self.peak, self._active)
+        if refused and self.on_refused is not None:
+            with contextlib.suppress(Exception):
+                self.on_refused()
+        return not refused
 
     def release(self) -> None:
         with self._lock:

@@ -16,7 +16,18 @@ Owns the wiring that `governor run` starts:
   keepalive), the HTTP /metrics endpoint, the ticker thread, and the graceful shutdown:
   health NOT_SERVING -> stop accepting -> end streams (board closed) -> let in-flight
   calls finish within the grace period -> final state flush -> release the Lease.
+  Security (controller.security): the admin API needs `authorization: Bearer <token>`
+  (the token from `--admin-token-file`, a mounted Secret); without a token it is
+  disabled. The engines' and KEDA's read-only APIs need none. TLS from PEM files,
+  optionally mTLS. Every unary request is parsed by the server itself (malformed bytes:
+  INVALID_ARGUMENT) and error messages are clipped.
+- Limits (each refusal names the limit): request message size (`MAX_REQUEST_BYTES`),
+  concurrent RPCs, concurrent watch streams (`MAX_WATCH_STREAMS`), configured models
+  (`MAX_MODELS`, for admin additions), models per GetStatus, string lengths (model and
+  engine names: 253 characters; everything else through the config models).
 - `run_service(args)`: the `governor run` entry point (signals, exit status).
+- `WallClockSource`: the loop measures windows on the monotonic clock; Prometheus is
+  queried at wall time. The adapter gives the source the wall time of each tick.
 - `simulated_fleet_factory`: the seam `--simulated-fleet` uses (see its docstring).
 
 Restart safety: state is saved after every tick with monotonic times converted to wall
@@ -31,6 +42,7 @@ import asyncio
 import contextlib
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -64,6 +76,16 @@ from controller.config import (
 from controller.leader import AlwaysLeader, Elector
 from controller.loop import Clock, ControlLoop, SystemClock
 from controller.metrics import GovernorMetrics
+from controller.security import (
+    AdminAuthInterceptor,
+    AdminToken,
+    HardeningInterceptor,
+    SecurityConfigError,
+    StreamLimiter,
+    TlsFiles,
+    clip,
+    server_credentials,
+)
 from controller.store import (
     ConflictError,
     FileStore,
@@ -86,8 +108,13 @@ pb = governor_v1_pb2
 
 DEFAULT_GRPC_LISTEN = "0.0.0.0:50051"
 DEFAULT_METRICS_LISTEN = "0.0.0.0:9464"
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-MAX_CONCURRENT_RPCS = 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # largest response (GetStatus of many models), bytes
+MAX_REQUEST_BYTES = 1024 * 1024  # largest request a client may send, bytes
+MAX_CONCURRENT_RPCS = 2048
+MAX_WATCH_STREAMS = 1024  # WatchBatchingConfig + StreamIsActive streams open at once
+MAX_MODELS = 2000  # models a target set may hold after an admin addition
+MAX_NAME_CHARS = 253
+ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
 ADMIN_CALL_TIMEOUT_S = 10.0  # server-side cap on one admin call's store I/O
 SHUTDOWN_GRACE_S = 10.0
 MAX_ENGINES_TRACKED = 10_000  # per model, for status
@@ -99,8 +126,8 @@ class AdminError(Exception):
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         self.code = code
-        self.message = message
-        super().__init__(f"{code.name}: {message}")
+        self.message = clip(message)
+        super().__init__(f"{code.name}: {self.message}")
 
 
 class SimulatorUnavailableError(Exception):
@@ -134,6 +161,25 @@ def validate_target(data: dict[str, Any]) -> ModelConfig:
     except ValidationError as exc:
         problems = format_validation_error(exc, prefix="target")
         raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems)) from None
+
+
+_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def profile_name_problem(profile: str, allowed: Iterable[str] = ()) -> str | None:
+    """Why an admin call may not use `profile`, or None.
+
+    Through the admin API a profile is a shipped profile's name, never a file path (an
+    operator may point the config file at a profile file; a remote caller may not make
+    the server read files), unless it is one already configured (`allowed`)."""
+    if profile in set(allowed):
+        return None
+    if _PROFILE_NAME.fullmatch(profile) and not profile.endswith((".yaml", ".yml")):
+        return None
+    return (
+        "target.profile: must be the name of a shipped profile, not a path "
+        f"(got {clip(profile, 80)!r})"
+    )
 
 
 def _quantiles(obs: Observation, signal_name: str, p95: float | None, p99: float | None) -> Any:
@@ -302,8 +348,10 @@ class ServiceCore:
         clock: Clock | None = None,
         metrics: GovernorMetrics | None = None,
         logger: Any = None,
+        max_models: int = MAX_MODELS,
     ) -> None:
         self.base = base_config
+        self.max_models = max_models
         self.source = source
         self.store: Store = store if store is not None else MemoryStore()
         self.clock: Clock = clock or SystemClock()
@@ -340,6 +388,19 @@ class ServiceCore:
         )
         self.m_store_errors = Counter(
             "governor_store_errors", "Store read/write failures by operation", ["op"], registry=r
+        )
+        self.m_admin_denied = Counter(
+            "governor_admin_unauthenticated",
+            "Admin API calls refused for missing or wrong credentials",
+            registry=r,
+        )
+        self.m_streams_refused = Counter(
+            "governor_watch_streams_refused",
+            "Watch streams (engines + KEDA) refused at the --max-watch-streams limit",
+            registry=r,
+        )
+        self.m_watch_streams = Gauge(
+            "governor_watch_streams", "Open watch streams (engines + KEDA)", registry=r
         )
 
     # ------------------------------------------------------------------ restore
@@ -663,6 +724,10 @@ class ServiceCore:
     ) -> tuple[ModelConfig, str]:
         """Create or replace one model's target (validated alone, then as a whole)."""
         model = validate_target(data)
+        configured = [m.profile for m in (*self.base.models, *self.config.models)]
+        problem = profile_name_problem(model.profile, configured)
+        if problem is not None:
+            raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, problem)
         entry = model.model_dump(mode="json", exclude_defaults=True) | {"name": model.name}
 
         def change(doc: TargetsDoc) -> TargetsDoc:
@@ -672,6 +737,12 @@ class ServiceCore:
                     models[i] = entry
                     break
             else:
+                if len(models) >= self.max_models:
+                    raise AdminError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"the target set holds {len(models)} models, the limit "
+                        f"(--max-models {self.max_models}); delete one first",
+                    )
                 models.append(entry)
             return TargetsDoc(models=tuple(models), paused=doc.paused)
 
@@ -832,10 +903,12 @@ def _model_arg(name: str, what: str = "model") -> str | None:
 
 
 class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
-    """Engines' API: knobs from the board (last-known values, never waits)."""
+    """Engines' API: knobs from the board (last-known values, never waits).
+    `streams` bounds the open WatchBatchingConfig streams (shared with KEDA's)."""
 
-    def __init__(self, core: ServiceCore) -> None:
+    def __init__(self, core: ServiceCore, streams: StreamLimiter | None = None) -> None:
         self.core = core
+        self.streams = streams
 
     async def _entry(
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
@@ -865,18 +938,26 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
     ) -> Any:
         await self._entry(request, context)
-        last: tuple[int, Knobs] | None = None
-        async for _ in self.core.board.watch():
-            try:
-                entry = self.core.board.get(request.model)
-            except KeyError:
-                await context.abort(
-                    grpc.StatusCode.NOT_FOUND, f"model {request.model!r} was removed"
-                )
-            key = (entry.generation, entry.knobs)
-            if key != last:
-                last = key
-                yield batching_to_pb(entry)
+        if self.streams is not None and not self.streams.try_acquire():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.message("WatchBatchingConfig")
+            )
+        try:
+            last: tuple[int, Knobs] | None = None
+            async for _ in self.core.board.watch():
+                try:
+                    entry = self.core.board.get(request.model)
+                except KeyError:
+                    await context.abort(
+                        grpc.StatusCode.NOT_FOUND, f"model {request.model!r} was removed"
+                    )
+                key = (entry.generation, entry.knobs)
+                if key != last:
+                    last = key
+                    yield batching_to_pb(entry)
+        finally:
+            if self.streams is not None:
+                self.streams.release()
 
 
 class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
@@ -927,6 +1008,11 @@ class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
     async def GetStatus(
         self, request: governor_v1_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> governor_v1_pb2.GetStatusResponse:
+        if len(request.models) > self.core.max_models:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"models: at most {self.core.max_models} names (got {len(request.models)})",
+            )
         view: StatusView = await self._blocking.run(context, self.core.status, list(request.models))
         models = []
         for m in view.models:
@@ -1029,6 +1115,11 @@ class GovernorServer:
     `grpc_listen`/`metrics_listen`: HOST:PORT (port 0: pick one; see `port` and
     `metrics_port` after `start`); `metrics_listen` None: no HTTP server.
     `autotick` False: the caller drives `core.tick()` (tests).
+    `admin_token`: required on AdminService calls (controller.security); None: the admin
+    API is disabled unless `allow_unauthenticated_admin` (tests, loopback development).
+    `tls`: serve TLS (mTLS with a client CA) instead of plaintext.
+    `max_watch_streams`: open WatchBatchingConfig + StreamIsActive streams at most.
+    `max_request_bytes`/`max_message_bytes`: largest request received / response sent.
     """
 
     def __init__(
@@ -1041,9 +1132,19 @@ class GovernorServer:
         tick_interval_s: float | None = None,
         max_concurrent_rpcs: int = MAX_CONCURRENT_RPCS,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+        max_watch_streams: int = MAX_WATCH_STREAMS,
+        admin_token: AdminToken | None = None,
+        allow_unauthenticated_admin: bool = False,
+        tls: TlsFiles | None = None,
         logger: Any = None,
     ) -> None:
         self.core = core
+        self.max_request_bytes = max_request_bytes
+        self.admin_token = admin_token
+        self.allow_unauthenticated_admin = allow_unauthenticated_admin
+        self.tls = tls
+        self.streams = StreamLimiter(max_watch_streams, on_refused=core.m_streams_refused.inc)
         self.grpc_listen = grpc_listen
         self.metrics_listen = metrics_listen
         self.autotick = autotick
@@ -1065,8 +1166,18 @@ class GovernorServer:
         from grpc_health.v1 import health, health_pb2, health_pb2_grpc
         from grpc_reflection.v1alpha import reflection
 
+        streams = self.streams
+        self.core.m_watch_streams.set_function(lambda: streams.active)
+        interceptors = [
+            AdminAuthInterceptor(
+                self.admin_token,
+                allow_unauthenticated=self.allow_unauthenticated_admin,
+                on_denied=self.core.m_admin_denied.inc,
+            ),
+            HardeningInterceptor(),
+        ]
         options = [
-            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_request_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.keepalive_timeout_ms", 20_000),
@@ -1074,13 +1185,17 @@ class GovernorServer:
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=options, maximum_concurrent_rpcs=self.max_concurrent_rpcs)
+        server = grpc.aio.server(
+            options=options,
+            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
+            interceptors=interceptors,
+        )
         governor_v1_pb2_grpc.add_BatchingServiceServicer_to_server(
-            BatchingServicer(self.core), server
+            BatchingServicer(self.core, self.streams), server
         )
         governor_v1_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.core), server)
         externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server(
-            ExternalScalerService(self.core.board), server
+            ExternalScalerService(self.core.board, streams=self.streams), server
         )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -1095,7 +1210,10 @@ class GovernorServer:
         host, port = parse_listen(self.grpc_listen, "--grpc-listen")
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            self.port = server.add_insecure_port(bind)
+            if self.tls is not None:
+                self.port = server.add_secure_port(bind, server_credentials(self.tls))
+            else:
+                self.port = server.add_insecure_port(bind)
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {self.grpc_listen} for gRPC: {exc}") from None
         await server.start()
@@ -1114,6 +1232,12 @@ class GovernorServer:
         if self.autotick:
             self._ticker = _Ticker(self.core.tick, self.tick_interval_s, self.log)
             self._ticker.start()
+        if self.admin_token is not None:
+            admin = f"token from {self.admin_token.path}"
+        elif self.allow_unauthenticated_admin:
+            admin = "UNAUTHENTICATED (development only)"
+        else:
+            admin = "disabled (no admin token)"
         self.log.info(
             "serving",
             grpc_port=self.port,
@@ -1121,6 +1245,9 @@ class GovernorServer:
             store=self.core.store.description,
             models=[m.name for m in self.core.config.models],
             identity=self.core.elector.identity,
+            tls="mtls" if self.tls and self.tls.client_ca_file else ("tls" if self.tls else "off"),
+            admin_api=admin,
+            max_watch_streams=self.streams.limit,
         )
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
@@ -1148,6 +1275,26 @@ class GovernorServer:
             self._httpd.shutdown()
             self._httpd.server_close()
         self.log.info("stopped", seconds=round(time.monotonic() - started, 3))
+
+
+class WallClockSource:
+    """Feeds a wall-time metric source from the monotonic control loop.
+
+    The loop's `now_s` is monotonic seconds (windows must not jump with the wall
+    clock); Prometheus evaluates queries at a Unix time. `observe(models, now_s)` asks
+    `inner` at `clock.wall()` instead. Example: a loop tick at monotonic 8123.4 s on a
+    host whose wall clock reads 1,764,400,000.0 queries Prometheus at time=1764400000.
+    """
+
+    def __init__(self, inner: MetricSource, clock: Clock) -> None:
+        self.inner = inner
+        self.clock = clock
+
+    def observe(self, models: Any, now_s: float) -> Any:
+        return self.inner.observe(models, self.clock.wall())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 # ====================================================================== governor run
@@ -1271,6 +1418,38 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--shutdown-grace-s", type=float, default=SHUTDOWN_GRACE_S)
     p.add_argument("--max-concurrent-rpcs", type=int, default=MAX_CONCURRENT_RPCS)
+    p.add_argument(
+        "--max-watch-streams",
+        type=int,
+        default=MAX_WATCH_STREAMS,
+        help="open WatchBatchingConfig + StreamIsActive streams at most",
+    )
+    p.add_argument(
+        "--max-models",
+        type=int,
+        default=MAX_MODELS,
+        help="models the target set may hold after an admin addition",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=os.environ.get(ADMIN_TOKEN_ENV) or None,
+        metavar="FILE",
+        help="file holding the admin API's bearer token, e.g. a mounted Secret key "
+        f"(default ${ADMIN_TOKEN_ENV}); without it the admin API is disabled",
+    )
+    p.add_argument(
+        "--insecure-admin",
+        action="store_true",
+        help="serve the admin API without a token (development only; needs a loopback "
+        "--grpc-listen)",
+    )
+    p.add_argument("--tls-cert-file", metavar="PEM", help="serve gRPC over TLS: certificate")
+    p.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key")
+    p.add_argument(
+        "--tls-client-ca-file",
+        metavar="PEM",
+        help="require client certificates signed by this CA (mTLS)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 
@@ -1294,6 +1473,19 @@ def run_service(args: argparse.Namespace) -> int:
         return _fail(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
     if args.max_concurrent_rpcs < 1:
         return _fail(f"--max-concurrent-rpcs must be >= 1 (got {args.max_concurrent_rpcs})", 2)
+    if not 1 <= args.max_watch_streams < args.max_concurrent_rpcs:
+        return _fail(
+            f"--max-watch-streams must be >= 1 and below --max-concurrent-rpcs "
+            f"({args.max_concurrent_rpcs}), so streams cannot take every slot "
+            f"(got {args.max_watch_streams})",
+            2,
+        )
+    if args.max_models < 1:
+        return _fail(f"--max-models must be >= 1 (got {args.max_models})", 2)
+    try:
+        admin_token, tls = _security_args(args)
+    except (SecurityConfigError, ValueError) as exc:
+        return _fail(str(exc), 2)
     for flag, value in (("--sim-rate-scale", args.sim_rate_scale), ("--sim-speed", args.sim_speed)):
         if not math.isfinite(value) or value <= 0:
             return _fail(f"{flag} must be > 0 (got {value})", 2)
@@ -1316,10 +1508,14 @@ def run_service(args: argparse.Namespace) -> int:
     else:
         from estimators.prometheus import PrometheusSource
 
-        source = PrometheusSource(
-            config.prometheus,
-            window_s=config.policy.window_s,
-            short_window_s=config.policy.panic_window_s,
+        # Prometheus evaluates at Unix time; the loop's clock is monotonic.
+        source = WallClockSource(
+            PrometheusSource(
+                config.prometheus,
+                window_s=config.policy.window_s,
+                short_window_s=config.policy.panic_window_s,
+            ),
+            SystemClock(),
         )
 
     configure_logging(args.log_level)  # after validation: a refused command changes nothing
@@ -1353,12 +1549,28 @@ def run_service(args: argparse.Namespace) -> int:
         elector = LeaseElector(kube, namespace, args.lease, args.identity)
 
     core_ref: list[ServiceCore] = []
+    metrics = GovernorMetrics()
     if args.scale_via == "kubernetes":
         from actuators.kubernetes import KubernetesScaleActuator
 
-        actuators.append(KubernetesScaleActuator(kube, lambda: core_ref[0].deployments()))
+        errors = metrics.actuation_errors
+        actuators.append(
+            KubernetesScaleActuator(
+                kube,
+                lambda: core_ref[0].deployments(),
+                on_error=lambda reason: errors.labels("KubernetesScaleActuator", reason).inc(),
+            )
+        )
     try:
-        core = ServiceCore(config, source, store, actuators=actuators, elector=elector)
+        core = ServiceCore(
+            config,
+            source,
+            store,
+            actuators=actuators,
+            elector=elector,
+            metrics=metrics,
+            max_models=args.max_models,
+        )
     except StoreError as exc:
         return _fail(f"cannot restore state: {exc}", 1)
     core_ref.append(core)
@@ -1368,10 +1580,41 @@ def run_service(args: argparse.Namespace) -> int:
             grpc_listen=args.grpc_listen,
             metrics_listen=args.metrics_listen,
             max_concurrent_rpcs=args.max_concurrent_rpcs,
+            max_watch_streams=args.max_watch_streams,
+            admin_token=admin_token,
+            allow_unauthenticated_admin=args.insecure_admin,
+            tls=tls,
         )
         return serve(server, args.shutdown_grace_s)
     except OSError as exc:
         return _fail(str(exc), 1)
+
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _security_args(args: argparse.Namespace) -> tuple[AdminToken | None, TlsFiles | None]:
+    """The admin token and TLS files of `governor run`; SecurityConfigError or
+    ValueError naming the flag (never a file's content)."""
+    token = AdminToken(args.admin_token_file) if args.admin_token_file else None
+    if args.insecure_admin:
+        if token is not None:
+            raise ValueError("--insecure-admin and --admin-token-file exclude each other")
+        host, _ = parse_listen(args.grpc_listen, "--grpc-listen")
+        if host not in _LOOPBACK:
+            raise ValueError(
+                "--insecure-admin needs a loopback --grpc-listen (127.0.0.1:PORT): an "
+                f"unauthenticated admin API must not be reachable from other hosts (got {host})"
+            )
+    tls = None
+    if args.tls_cert_file or args.tls_key_file:
+        if not (args.tls_cert_file and args.tls_key_file):
+            raise ValueError("give both --tls-cert-file and --tls-key-file")
+        tls = TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+        server_credentials(tls)  # read and check the files now: exit 2 naming a bad one
+    elif args.tls_client_ca_file:
+        raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    return token, tls
 
 
 def serve(server: GovernorServer, grace_s: float = SHUTDOWN_GRACE_S) -> int:

@@ -21,6 +21,8 @@ class ServerThread:
             "grpc_listen": "127.0.0.1:0",
             "metrics_listen": None,
             "autotick": False,
+            # These tests exercise the admin API itself; tests/faults covers its credentials.
+            "allow_unauthenticated_admin": True,
         }
         kw.update(server_kw)
         self.core = core

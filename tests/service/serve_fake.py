@@ -71,7 +71,12 @@ def main() -> int:
     )
     core = ServiceCore(cfg, FileRates(Path(args.rates_file)), store)
     store.armed = True
-    server = GovernorServer(core, grpc_listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+    server = GovernorServer(
+        core,
+        grpc_listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        allow_unauthenticated_admin=True,  # loopback test server; tests/faults checks auth
+    )
     return serve(server, args.grace_s)
 
 

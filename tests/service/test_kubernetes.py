@@ -94,7 +94,9 @@ def test_conflict_is_retried_after_rereading(api: FakeKubeAPI) -> None:
     act.apply([_decision("demo", 4)])
     assert api.replicas(NS, "demo") == 4
     assert api.count("GET", "/deployments/demo/scale") == 3  # read again after each 409
-    assert sleeps.calls == [0.1, 0.2]  # backoff doubles
+    # backoff doubles, with +-10 % jitter
+    assert len(sleeps.calls) == 2
+    assert 0.09 <= sleeps.calls[0] <= 0.11 and 0.18 <= sleeps.calls[1] <= 0.22
 
 
 def test_real_conflict_from_a_concurrent_writer(api: FakeKubeAPI) -> None:
