@@ -24,10 +24,11 @@ step is 3.0/(1 - 0.797) = 14.8 ms with 56 sequences decoding.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from controller.config import SLA, KnobBounds
 from controller.types import Knobs, Lengths
-from estimators.stepmodel import Profile
+from estimators.stepmodel import Profile, StepTimeModel
 
 SEQS_QUANTUM = 8
 TOKENS_QUANTUM = 256
@@ -65,6 +66,71 @@ def clamp_knobs(knobs: Knobs, bounds: KnobBounds) -> Knobs:
     return Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens)
 
 
+def _step_model(profile: Profile) -> StepTimeModel:
+    """`profile.step_model()`, kept per profile object (the decider asks three times per
+    model per tick; profiles are immutable and few)."""
+    entry = _STEP_MODELS.get(id(profile))
+    if entry is None or entry[0] is not profile:
+        if len(_STEP_MODELS) >= 64:
+            _STEP_MODELS.clear()
+        entry = _STEP_MODELS[id(profile)] = (profile, profile.step_model())
+    return entry[1]
+
+
+_STEP_MODELS: dict[int, tuple[Profile, StepTimeModel]] = {}
+
+
+def _largest_within(pred: Callable[[int], bool], guess: int, hi: int) -> int:
+    """The largest b in [1, hi] with `pred(b)`, else 0, for `pred` true up to some b and
+    false above it: exactly what a bisection over [0, hi] returns, found by galloping
+    from `guess` (a couple of evaluations when the guess is close)."""
+    if hi < 1:
+        return 0
+    b = min(max(guess, 1), hi)
+    if pred(b):
+        step = 1
+        while b < hi:
+            up = min(hi, b + step)
+            if not pred(up):
+                lo, top = b, up - 1  # answer in [b, up - 1]
+                break
+            b, step = up, step * 2
+        else:
+            return b
+    else:
+        top, step = b - 1, 1  # pred fails at b: answer in [0, b - 1]
+        lo = 0
+        while top >= 1:
+            down = max(1, top - step + 1)
+            if pred(down):
+                lo = down
+                break
+            top, step = down - 1, step * 2
+    while lo < top:
+        mid = (lo + top + 1) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            top = mid - 1
+    return lo
+
+
+def _decode_seqs_guess(model: StepTimeModel, budget_ms: float, ctx: float) -> int:
+    """Continuous solution of decode_step_ms(B, B * ctx) <= budget_ms: the smaller of
+    the linear branch (base + per_token B) and the floor branch; a starting point only."""
+    try:
+        linear = (budget_ms - model.base - model.fixed) / (
+            model.per_token + model.per_seq + model.per_kv * ctx
+        )
+        per_b = model.per_seq + model.per_kv * ctx
+        room = budget_ms - model.floor - model.fixed
+        floor_branch = room / per_b if per_b > 0 else (math.inf if room >= 0 else -1.0)
+        guess = min(linear, floor_branch)
+        return int(guess) if math.isfinite(guess) else 1 << 20
+    except (ArithmeticError, ValueError):
+        return 1
+
+
 def slo_knobs(
     lengths: Lengths, sla: SLA, profile: Profile, bounds: KnobBounds, itl_margin_frac: float
 ) -> Knobs:
@@ -75,18 +141,17 @@ def slo_knobs(
     -> 160 after quantizing; a mixed step of up to 85 ms with 160 decodes leaves room for
     a chunk of ~2,500 tokens -> budget 2,560.
     """
-    model = profile.step_model()
+    model = _step_model(profile)
     step_budget_ms = sla.itl_p95_ms * itl_margin_frac
     decode_ctx = lengths.prompt_p95 + lengths.output_p95 / 2.0
-    # Largest B with decode_step_ms(B, B * ctx) <= budget (monotone in B): bisection.
-    lo, hi = 0, bounds.max_num_seqs_max
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if model.decode_step_ms(mid, mid * decode_ctx) <= step_budget_ms:
-            lo = mid
-        else:
-            hi = mid - 1
-    seqs = lo
+    # Largest B with decode_step_ms(B, B * ctx) <= budget (monotone in B), searched from
+    # the continuous solution of the linear and floor branches (2-3 evaluations instead
+    # of a bisection's 10; the same answer).
+    seqs = _largest_within(
+        lambda b: model.decode_step_ms(b, b * decode_ctx) <= step_budget_ms,
+        _decode_seqs_guess(model, step_budget_ms, decode_ctx),
+        bounds.max_num_seqs_max,
+    )
     # KV bound: the seqs must fit at their mean full context with a 10 % reserve.
     mean_ctx = max(1.0, lengths.prompt_mean + lengths.output_mean)
     seqs = min(seqs, int(profile.kv_capacity_tokens * 0.9 / mean_ctx))
@@ -116,7 +181,7 @@ def slo_knobs(
 
 def per_request_work_ms(lengths: Lengths, profile: Profile) -> float:
     """GPU time one average request adds to the steps it shares, ms (see module doc)."""
-    m = profile.step_model()
+    m = _step_model(profile)
     ctx = lengths.prompt_mean + lengths.output_mean / 2.0
     lin = lengths.prompt_mean
     return (
@@ -141,38 +206,53 @@ def replica_capacity_rps(
     within capacity; estimated p95 TTFT (prefill steps plus queueing on the token
     budget, M/D/1-like) within the TTFT target.
     """
-    m = profile.step_model()
+    # The 24-step bisection below runs for every model on every tick: the feasibility
+    # test is inlined with its loop invariants hoisted, computing each quantity with the
+    # same operations in the same order as written in the docstring's constraints, so
+    # the result is the same float as with a `feasible(lam)` helper, at ~half the CPU.
+    m = _step_model(profile)
     overhead_ms = m.base + m.fixed
     work_ms = max(1e-6, per_request_work_ms(lengths, profile))
     lam_ceiling = 1000.0 / work_ms  # the rate that saturates the GPU completely
     ctx_full = lengths.prompt_mean + lengths.output_mean
     kv_cap = profile.kv_capacity_tokens * 0.9
     budget = knobs.max_num_batched_tokens
-
-    def feasible(lam: float) -> bool:
-        util = lam * work_ms / 1000.0
-        if util >= 1.0:
-            return False
-        step_ms = max(m.floor + m.fixed, overhead_ms / (1.0 - util))
-        if step_ms > sla.itl_p95_ms:
-            return False
-        decodes = lam * lengths.output_mean * step_ms / 1000.0
-        if decodes > knobs.max_num_seqs or decodes * ctx_full > kv_cap:
-            return False
-        tokens_per_step = lam * (lengths.prompt_mean + lengths.output_mean) * step_ms / 1000.0
-        load = tokens_per_step / budget
-        if load >= 1.0:
-            return False
-        prefill_room = max(1.0, budget - decodes)
-        prefill_ms = math.ceil(lengths.prompt_p95 / prefill_room) * step_ms
-        # p95 of an exponential wait is 3x its mean; M/D/1 mean wait rho/(2(1-rho)) steps.
-        wait_ms = 3.0 * load / (2.0 * (1.0 - load)) * step_ms
-        return prefill_ms + wait_ms <= sla.ttft_p95_ms
+    min_step_ms = m.floor + m.fixed
+    itl_ms, ttft_ms = sla.itl_p95_ms, sla.ttft_p95_ms
+    out_mean, prompt_p95, max_seqs = lengths.output_mean, lengths.prompt_p95, knobs.max_num_seqs
+    ceil = math.ceil
 
     lo, hi = 0.0, lam_ceiling
     for _ in range(24):  # 2^-24 of the ceiling: far below any replica-count effect
         mid = (lo + hi) / 2.0
-        if feasible(mid):
+        # feasible(mid): mean step within the ITL target, decodes within max_num_seqs
+        # and KV capacity, tokens per step within the budget, estimated p95 TTFT
+        # (prefill steps + M/D/1-like queueing on the budget) within the TTFT target.
+        util = mid * work_ms / 1000.0
+        if util >= 1.0:
+            hi = mid
+            continue
+        step_ms = overhead_ms / (1.0 - util)
+        if not step_ms > min_step_ms:
+            step_ms = min_step_ms
+        if step_ms > itl_ms:
+            hi = mid
+            continue
+        decodes = mid * out_mean * step_ms / 1000.0
+        if decodes > max_seqs or decodes * ctx_full > kv_cap:
+            hi = mid
+            continue
+        load = mid * ctx_full * step_ms / 1000.0 / budget
+        if load >= 1.0:
+            hi = mid
+            continue
+        prefill_room = budget - decodes
+        if not prefill_room > 1.0:
+            prefill_room = 1.0
+        prefill_ms = ceil(prompt_p95 / prefill_room) * step_ms
+        # p95 of an exponential wait is 3x its mean; M/D/1 mean wait rho/(2(1-rho)) steps.
+        wait_ms = 3.0 * load / (2.0 * (1.0 - load)) * step_ms
+        if prefill_ms + wait_ms <= ttft_ms:
             lo = mid
         else:
             hi = mid
