@@ -148,6 +148,9 @@ class ScalingPolicy(_Strict):
         default=300.0, le=86_400, description="smoothing of request-length statistics"
     )
     knob_min_gain_frac: float = Field(default=0.1, ge=0, le=10)
+    knob_rollout_gain_frac: float = Field(
+        default=0.25, ge=0, le=10, description="knob change that is worth a rolling restart"
+    )
     knob_sustain_s: NonNegativeFloat = Field(default=120.0, le=86_400)
 
     @model_validator(mode="after")

@@ -300,6 +300,8 @@ class Decider:
             demand_rps=demand,
             capacity_rps_per_replica=capacity,
             panic=in_panic,
+            rollout=knob_reason == Reason.KNOBS_CHANGED
+            and self._material(knobs, state.knobs, self.policy.knob_rollout_gain_frac),
         )
         return decision, new_state
 
@@ -395,8 +397,10 @@ class Decider:
             return candidate, Reason.KNOBS_CHANGED, (None, None)
         return current, Reason.KNOBS_PENDING, (candidate, since)
 
-    def _material(self, a: Knobs, b: Knobs) -> bool:
-        g = self.policy.knob_min_gain_frac
+    def _material(self, a: Knobs, b: Knobs, gain_frac: float | None = None) -> bool:
+        """Whether `a` differs from `b` by at least `gain_frac` (default knob_min_gain_frac)
+        of `b` in either knob."""
+        g = self.policy.knob_min_gain_frac if gain_frac is None else gain_frac
         return (
             abs(a.max_num_seqs - b.max_num_seqs) >= g * b.max_num_seqs
             or abs(a.max_num_batched_tokens - b.max_num_batched_tokens)

@@ -367,6 +367,8 @@ class ServiceCore:
         self._engines_lock = threading.Lock()
         self.counters = _Counters()
         self._install_metrics()
+        for act in self.extra_actuators:
+            self._wire_error_hook(act)
         self.config: GovernorConfig = base_config
         self.targets: TargetsDoc = config_to_targets(base_config)
         self.targets_revision = ""
@@ -402,6 +404,16 @@ class ServiceCore:
         self.m_watch_streams = Gauge(
             "governor_watch_streams", "Open watch streams (engines + KEDA)", registry=r
         )
+
+    def _wire_error_hook(self, act: Actuator) -> None:
+        """Count an actuator's own failure reports (e.g. the Kubernetes actuator's 403,
+        404, HPA conflict, retries exhausted) in governor_actuation_errors_total."""
+        hook = getattr(act, "set_error_hook", None)
+        if not callable(hook):
+            return
+        errors = self.metrics.actuation_errors
+        name = type(act).__name__
+        hook(lambda reason: errors.labels(name, reason).inc())
 
     # ------------------------------------------------------------------ restore
     def _offset(self) -> float:
@@ -1549,18 +1561,11 @@ def run_service(args: argparse.Namespace) -> int:
         elector = LeaseElector(kube, namespace, args.lease, args.identity)
 
     core_ref: list[ServiceCore] = []
-    metrics = GovernorMetrics()
     if args.scale_via == "kubernetes":
         from actuators.kubernetes import KubernetesScaleActuator
 
-        errors = metrics.actuation_errors
-        actuators.append(
-            KubernetesScaleActuator(
-                kube,
-                lambda: core_ref[0].deployments(),
-                on_error=lambda reason: errors.labels("KubernetesScaleActuator", reason).inc(),
-            )
-        )
+        # its failures are counted by ServiceCore (set_error_hook)
+        actuators.append(KubernetesScaleActuator(kube, lambda: core_ref[0].deployments()))
     try:
         core = ServiceCore(
             config,
@@ -1568,7 +1573,6 @@ def run_service(args: argparse.Namespace) -> int:
             store,
             actuators=actuators,
             elector=elector,
-            metrics=metrics,
             max_models=args.max_models,
         )
     except StoreError as exc:

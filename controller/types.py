@@ -114,6 +114,9 @@ class Decision:
     demand_rps: float | None = None
     capacity_rps_per_replica: float | None = None
     panic: bool = False
+    rollout: bool = False
+    """True on the tick a knob change big enough to be worth restarting the running
+    replicas is adopted (a rolling restart); smaller changes reach new replicas only."""
     detail: str = ""
 
     @property

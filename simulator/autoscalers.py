@@ -61,8 +61,9 @@ class Autoscaler(Protocol):
         """Knobs for replicas that start from now on (None: leave the fleet's)."""
         ...
 
-    rolls_out_knobs: bool
-    """True when a knob change triggers a rolling restart of the fleet."""
+    def rollout(self) -> bool:
+        """True when the last knob change should be rolled out to running replicas."""
+        ...
 
     @property
     def passthrough(self) -> bool:
@@ -103,7 +104,9 @@ class _HpaCore:
 class _Base:
     interval_s = 15.0
     passthrough = False
-    rolls_out_knobs = False
+
+    def rollout(self) -> bool:
+        return False
 
     def knobs(self) -> Knobs | None:
         return None
@@ -285,9 +288,6 @@ class Governor(_Base):
 
     name = "governor"
     passthrough = True
-    # A material knob change is rolled out (rolling restart, one surge replica at a
-    # time), so replicas that would not start anyway also get the new knobs.
-    rolls_out_knobs = True
 
     def __init__(
         self,
@@ -313,6 +313,12 @@ class Governor(_Base):
     def knobs(self) -> Knobs | None:
         d = self.capture.latest
         return None if d is None else d.knobs
+
+    def rollout(self) -> bool:
+        # A big knob change is rolled out (rolling restart, one surge replica at a time),
+        # so replicas that would not start anyway also get the new knobs.
+        d = self.capture.latest
+        return d is not None and d.rollout
 
 
 class _NullLogger:

@@ -106,7 +106,8 @@ class RealTimeSimulatedFleet:
             fleet = mf.fleet
             if d.knobs != fleet.knobs:
                 fleet.set_knobs(d.knobs)
-                fleet.roll_out()
+                if d.rollout:
+                    fleet.roll_out()
             if d.replicas != fleet.active_replicas:
                 fleet.scale_to(d.replicas)
 

@@ -218,7 +218,7 @@ def run_policy(
             if k is not None and k != fleet.knobs:
                 fleet.set_knobs(k)
                 knob_changes += 1
-                if policy.rolls_out_knobs:
+                if policy.rollout():
                     fleet.roll_out()
             heapq.heappush(events, (t + policy.interval_s, 0))
         else:

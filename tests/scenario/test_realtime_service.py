@@ -121,7 +121,10 @@ def test_realtime_fleet_follows_the_clock_and_applies_decisions() -> None:
     assert rt.fleets["demo"].fleet.active_replicas == 2  # invalid: ignored
     rt.apply([Decision("demo", 60.0, True, 4, k, stage, Reason.KNOBS_CHANGED)])
     fleet = rt.fleets["demo"].fleet
-    assert fleet.active_replicas == 4 and fleet.knobs == k and fleet.rollouts_started == 1
+    assert fleet.active_replicas == 4 and fleet.knobs == k and fleet.rollouts_started == 0
+    k2 = Knobs(64, 1024)
+    rt.apply([Decision("demo", 65.0, True, 4, k2, stage, Reason.KNOBS_CHANGED, rollout=True)])
+    assert fleet.knobs == k2 and fleet.rollouts_started == 1
     # the trace loops: long after its span there is still traffic
     t[0] = 100.0 + 1000.0 / 10
     res = rt.observe([ModelQuery("demo")], t[0])

@@ -374,3 +374,14 @@ def test_correction_recovers_only_on_a_loaded_healthy_fleet() -> None:
     # ~45 req/s on 4 replicas whose corrected capacity is ~4 x 17.6 x 0.7 = 49 req/s
     _, busy = run(d, replace(learned, replicas=4), [45.0] * 20, **healthy)
     assert busy.capacity_correction > 0.7
+
+
+def test_big_knob_changes_ask_for_a_rollout_small_ones_do_not() -> None:
+    policy = make_policy(knob_sustain_s=0.0, knob_rollout_gain_frac=0.25, lengths_half_life_s=0.01)
+    d = Decider(make_model(), policy)
+    s = d.initial_state(3)
+    dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S)  # 256/8192 -> 160/2560: big
+    assert dec.knob_reason == Reason.KNOBS_CHANGED and dec.rollout
+    # p95 prompt 4083 -> 3400: seqs 160 -> 184 (+15 %): published, not rolled out
+    dec, s = d.decide(obs(rate=30.0, prompt_tokens_p95=3400.0), s, ORIGIN_S + 5)
+    assert dec.knob_reason == Reason.KNOBS_CHANGED and not dec.rollout, dec.knobs
