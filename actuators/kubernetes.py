@@ -266,6 +266,10 @@ class KubernetesScaleActuator:
                     self._retry_at.pop(model, None)
         return out
 
+    def set_error_hook(self, on_error: Callable[[str], None] | None) -> None:
+        """Set the `on_error(reason)` callback (ServiceCore wires it to its metrics)."""
+        self._on_error = on_error
+
     def pending(self) -> dict[str, int]:
         """Desired replicas not applied yet (queued or waiting for a retry), per model."""
         with self._lock:
