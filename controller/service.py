@@ -98,6 +98,7 @@ from controller.store import (
     config_to_targets,
     from_wall,
     published_doc,
+    restore_offset,
     to_wall,
 )
 from controller.types import Decision, Knobs
@@ -459,7 +460,9 @@ class ServiceCore:
         self.board.configure(_slots(cfg))
         states = {}
         if state_doc is not None:
-            offset = self._offset()
+            offset = restore_offset(
+                self.clock.wall(), self.clock.monotonic(), state_doc.saved_at_unix_s
+            )
             names = {m.name for m in cfg.models}
             for name, raw in state_doc.models.items():
                 if name in names:
@@ -530,7 +533,7 @@ class ServiceCore:
             doc = None
         states = {}
         if doc is not None:
-            offset = self._offset()
+            offset = restore_offset(self.clock.wall(), self.clock.monotonic(), doc.saved_at_unix_s)
             for name, raw in doc.models.items():
                 if name in {m.name for m in self.config.models}:
                     try:

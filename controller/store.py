@@ -17,7 +17,8 @@ Times in `ModelState` are on the loop's monotonic clock, which restarts with the
 process. The state document stores them as wall time (Unix seconds): `to_wall(state,
 offset)` adds `offset = wall - monotonic` taken at save time, and `from_wall(doc,
 offset)` subtracts the offset of the loading process, so "scaled up 40 s ago" survives a
-restart as 40 s plus the downtime.
+restart as 40 s plus the downtime. (A wall clock set back during the downtime would put
+the restored state in the future; `restore_offset` then treats the downtime as zero.)
 
 Everything read from outside is validated on load: a corrupt or unreadable document is
 a `StoreError` naming the place and the problem (a service refuses to start on a corrupt
@@ -251,6 +252,23 @@ def to_wall(state: ModelState, offset_s: float) -> dict[str, Any]:
         if d.get(f) is not None:
             d[f][sub] = d[f][sub] + offset_s
     return d
+
+
+def restore_offset(wall_s: float, monotonic_s: float, saved_at_unix_s: float) -> float:
+    """The offset (wall - monotonic, seconds) to load a state saved at `saved_at_unix_s`
+    with, in a process whose clocks read `wall_s` and `monotonic_s` now.
+
+    Normally `wall_s - monotonic_s`. When the wall clock was set back during the
+    downtime the save would lie in the future, and every restored cooldown and window
+    would hold for as long as the clock went back; the offset then maps the save to
+    now (downtime taken as zero), keeping the state's own spacing (a panic hold that
+    had 30 s left still has 30 s). Example: saved at wall 10,000, clock set back 2 h,
+    restarted at wall 2,800 and monotonic 50: offset 9,950 instead of 2,750.
+    """
+    offset = wall_s - monotonic_s
+    if math.isfinite(saved_at_unix_s) and saved_at_unix_s - offset > monotonic_s:
+        return saved_at_unix_s - monotonic_s
+    return offset
 
 
 def from_wall(data: Mapping[str, Any], offset_s: float, where: str = "state") -> ModelState:
@@ -636,5 +654,6 @@ __all__ = [
     "config_to_targets",
     "from_wall",
     "parse_targets_yaml",
+    "restore_offset",
     "to_wall",
 ]

@@ -1,0 +1,178 @@
+"""Wall-clock jumps (NTP steps, an operator setting the date, a VM resumed): the loop's
+windows run on the monotonic clock, so a jump of the wall clock must change nothing the
+governor does. Fake clocks whose wall time jumps independently of monotonic time; no
+sleeps except the ticker case, which runs the real `_Ticker` for a fraction of a second
+while `time.time` jumps."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.leader import LeaseElector
+from controller.service import ServiceCore, _Ticker
+from controller.store import FileStore
+from tests.faults.helpers import JumpClock
+from tests.service.fake_kube import FakeKubeAPI
+from tests.service.fakes import FakeSource, make_config, model_entry, quiet_logger
+
+POLICY: dict[str, Any] = {
+    "scale_down_stabilization_s": 120,
+    "cooldown_after_scale_up_s": 30,
+    "burst_memory_half_life_s": 0,
+    "knob_sustain_s": 0,
+}
+HOUR = 3600.0
+# (tick index, wall jump in seconds): forward an hour, back two, forward a day, back a day
+JUMPS = {10: HOUR, 25: -2 * HOUR, 40: 86_400.0, 55: -86_400.0, 70: 37.5}
+
+
+def _rate(i: int) -> float:
+    return 120.0 if i < 20 else (8.0 if i < 60 else 90.0)
+
+
+def _run(tmp: Path, jumps: dict[int, float]) -> list[tuple[int, tuple[str, ...]]]:
+    clock = JumpClock()
+    source = FakeSource({"demo": _rate(0)})
+    core = ServiceCore(
+        make_config(model_entry("demo"), **POLICY),
+        source,
+        FileStore(tmp / "state.json"),
+        clock=clock,
+        logger=quiet_logger(),
+    )
+    out = []
+    for i in range(90):
+        if i in jumps:
+            clock.jump(jumps[i])
+        source.set("demo", _rate(i))
+        d = core.tick(clock.advance(5))[0]
+        out.append((d.replicas, tuple(f"{s.name}:{s.reason}" for s in d.stages)))
+    return out
+
+
+def _actions(replicas: list[int]) -> int:
+    return sum(1 for a, b in itertools.pairwise(replicas) if a != b)
+
+
+@pytest.mark.fault_case(
+    "Clock",
+    "wall clock jumps +1 h, -2 h, +1 day, -1 day while running (90 ticks, load up/down/up)",
+    "every decision (replicas and each stage's reason code) identical to the same run "
+    "without jumps: no burst of actions, no window cut short or stretched",
+)
+def test_wall_jumps_change_no_decision(tmp_path: Path, fault_note: Any) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    steady = _run(tmp_path / "a", {})
+    jumped = _run(tmp_path / "b", JUMPS)
+    assert jumped == steady
+    replicas = [r for r, _ in steady]
+    assert max(replicas) > min(replicas)  # the run did scale both ways
+    fault_note(f"{len(JUMPS)} jumps, 90 ticks, {_actions(replicas)} actions in both runs")
+
+
+@pytest.mark.fault_case(
+    "Clock",
+    "wall clock set back 2 h while the governor was down, then restarted",
+    "restored state is not put 2 h into the future: no scale-down inside the "
+    "stabilization window (120 s), and the scale-down comes after it, not 2 h later",
+)
+def test_restart_after_the_clock_went_back(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    clock = JumpClock(mono=5_000.0)
+    source = FakeSource({"demo": 120.0})
+    cfg = make_config(model_entry("demo"), **POLICY)
+    core = ServiceCore(cfg, source, FileStore(path), clock=clock, logger=quiet_logger())
+    for _ in range(12):
+        core.tick(clock.advance(5))
+    high = core.board.get("demo").replicas
+    assert high is not None and high >= 5
+    saved_wall = clock.wall()
+    del core  # killed
+    # 20 s later, but the wall clock was set back 2 h meanwhile; new process: mono 30
+    clock2 = JumpClock(mono=30.0, wall_origin=saved_wall + 20.0 - 30.0 - 2 * HOUR)
+    source.set("demo", 2.0)
+    core2 = ServiceCore(cfg, source, FileStore(path), clock=clock2, logger=quiet_logger())
+    assert core2.board.get("demo").replicas == high
+    held_s = 0.0
+    while core2.board.get("demo").replicas == high and held_s < 2 * HOUR:
+        core2.tick(clock2.advance(5))
+        held_s += 5
+    assert held_s >= 120 - 20, f"scaled down {held_s:.0f}s after the restart"
+    assert held_s <= 300, f"held {held_s:.0f}s: the restored windows were stretched"
+
+
+@pytest.mark.fault_case(
+    "Clock",
+    "time.time() jumping +-1 h every 0.1 s under the real ticker",
+    "the ticker (monotonic) fires at its interval: no burst of ticks, none missed",
+)
+def test_ticker_ignores_wall_jumps(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_time = time.time
+    offset = [0.0]
+    monkeypatch.setattr(time, "time", lambda: real_time() + offset[0])
+    ticks: list[float] = []
+    ticker = _Ticker(lambda: ticks.append(time.monotonic()), 0.05, quiet_logger())
+    stop = threading.Event()
+
+    def jumper() -> None:
+        sign = 1.0
+        while not stop.wait(0.1):
+            offset[0] += sign * HOUR
+            sign = -sign * 2 if abs(sign) < 4 else -1.0
+
+    threading.Thread(target=jumper, daemon=True).start()
+    started = time.monotonic()
+    ticker.start()
+    time.sleep(1.0)
+    ticker.stop()
+    stop.set()
+    elapsed = time.monotonic() - started
+    expected = elapsed / 0.05
+    assert 0.6 * expected <= len(ticks) <= expected + 2, (len(ticks), expected)
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert min(gaps) > 0.02, "a burst of ticks"
+
+
+@pytest.mark.fault_case(
+    "Clock",
+    "wall clock jumps on both candidates of the Lease election",
+    "the leader keeps the Lease (renewals are judged on the monotonic clock), the "
+    "follower never takes over while it renews, never two leaders",
+)
+def test_lease_survives_wall_jumps() -> None:
+    with FakeKubeAPI() as api:
+        from actuators.kubernetes import api_client
+
+        ca, cb = JumpClock(), JumpClock()
+
+        def elector(identity: str, c: JumpClock) -> LeaseElector:
+            return LeaseElector(
+                api_client(api.url),
+                "llm",
+                "governor-leader",
+                identity,
+                monotonic=c.monotonic,
+                wall=c.wall,
+                request_timeout_s=0.3,
+                logger=quiet_logger(),
+            )
+
+        a, b = elector("a", ca), elector("b", cb)
+        assert a.step() is True and b.step() is False
+        for i in range(20):
+            for c in (ca, cb):
+                c.advance(2)
+            if i % 3 == 0:
+                ca.jump(HOUR * (1 if i % 2 else -1))
+            if i % 4 == 0:
+                cb.jump(-HOUR * 3 if i % 2 else HOUR * 5)
+            assert a.step() is True, f"step {i}: the leader lost the Lease"
+            assert b.step() is False, f"step {i}: the follower took over"
+            assert not (a.is_leader() and b.is_leader())
