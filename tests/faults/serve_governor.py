@@ -1,0 +1,57 @@
+"""A governor service process for the crash tests: production code throughout
+(ServiceCore, FileStore, KubernetesScaleActuator with its background worker,
+GovernorServer with an admin token, `serve` and its signal handling) except the metric
+source, which reads request rates from a JSON file ({model: req/s}, re-read on every
+observation; tests.service.serve_fake.FileRates).
+
+    python -m tests.faults.serve_governor --config FILE --state-file FILE \
+        --rates-file FILE --kube-url URL --admin-token-file FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from actuators.kubernetes import KubernetesScaleActuator, api_client
+from controller.config import load_config
+from controller.logs import configure_logging
+from controller.security import AdminToken
+from controller.service import GovernorServer, ServiceCore, serve
+from controller.store import FileStore
+from tests.service.serve_fake import FileRates
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--state-file", required=True)
+    p.add_argument("--rates-file", required=True)
+    p.add_argument("--kube-url", required=True)
+    p.add_argument("--admin-token-file", required=True)
+    args = p.parse_args()
+    configure_logging("warning")
+    cfg = load_config(args.config)
+    core_ref: list[ServiceCore] = []
+    actuator = KubernetesScaleActuator(
+        api_client(args.kube_url),
+        lambda: core_ref[0].deployments(),
+        request_timeout_s=2.0,
+        backoff_s=0.05,
+    )
+    core = ServiceCore(
+        cfg, FileRates(Path(args.rates_file)), FileStore(args.state_file), actuators=[actuator]
+    )
+    core_ref.append(core)
+    server = GovernorServer(
+        core,
+        grpc_listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        admin_token=AdminToken(args.admin_token_file),
+    )
+    return serve(server, 5.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
