@@ -1436,8 +1436,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-watch-streams",
         type=int,
-        default=MAX_WATCH_STREAMS,
-        help="open WatchBatchingConfig + StreamIsActive streams at most",
+        default=None,
+        help=f"open WatchBatchingConfig + StreamIsActive streams at most (default "
+        f"{MAX_WATCH_STREAMS}, at most half of --max-concurrent-rpcs)",
     )
     p.add_argument(
         "--max-models",
@@ -1488,7 +1489,9 @@ def run_service(args: argparse.Namespace) -> int:
         return _fail(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
     if args.max_concurrent_rpcs < 1:
         return _fail(f"--max-concurrent-rpcs must be >= 1 (got {args.max_concurrent_rpcs})", 2)
-    if not 1 <= args.max_watch_streams < args.max_concurrent_rpcs:
+    if args.max_watch_streams is None:
+        args.max_watch_streams = min(MAX_WATCH_STREAMS, max(1, args.max_concurrent_rpcs // 2))
+    if not 1 <= args.max_watch_streams < max(2, args.max_concurrent_rpcs):
         return _fail(
             f"--max-watch-streams must be >= 1 and below --max-concurrent-rpcs "
             f"({args.max_concurrent_rpcs}), so streams cannot take every slot "

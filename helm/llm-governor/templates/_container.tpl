@@ -31,6 +31,10 @@ new instance continues the stabilization windows instead of starting over. */}}
 - {{ int .Values.governor.maxConcurrentRpcs | toString | quote }}
 - --log-level
 - {{ .Values.governor.logLevel }}
+{{- if .Values.adminToken.existingSecret }}
+- --admin-token-file
+- /etc/governor-admin/token
+{{- end }}
 {{- range .Values.governor.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -106,6 +110,11 @@ timeoutSeconds: 2
     # The root filesystem is read-only; Python and grpc may still want a scratch directory.
     - name: governor-tmp
       mountPath: /tmp
+    {{- if $v.adminToken.existingSecret }}
+    - name: governor-admin-token
+      mountPath: /etc/governor-admin
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
 {{- define "llm-governor.volumes" -}}
@@ -115,4 +124,16 @@ timeoutSeconds: 2
 - name: governor-tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- if .Values.adminToken.existingSecret }}
+# The admin bearer token (only this key, as the file `token`). Mounted into the governor
+# container alone; world-readable inside it because in sidecar mode the pod may have no
+# fsGroup to give uid 10001 the group bit.
+- name: governor-admin-token
+  secret:
+    secretName: {{ .Values.adminToken.existingSecret | quote }}
+    items:
+      - key: {{ .Values.adminToken.key | quote }}
+        path: token
+    defaultMode: 0444
+{{- end }}
 {{- end -}}
