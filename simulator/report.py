@@ -91,6 +91,7 @@ def plot(
 ) -> Path:
     """Three panels: load, replicas per policy (with the oracle), p95 TTFT per minute."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -114,14 +115,16 @@ def plot(
             s["total"],
             where="post",
             label=name,
-            lw=2 if name == "governor" else 1,
+            lw=2.5 if name == "governor" else 1,
+            zorder=3 if name == "governor" else 2,
         )
         if "ttft_p95_by_minute" in s:
             ax_lat.plot(
                 np.arange(len(s["ttft_p95_by_minute"])) + 0.5,
                 s["ttft_p95_by_minute"],
                 label=name,
-                lw=2 if name == "governor" else 1,
+                lw=2.5 if name == "governor" else 1,
+                zorder=3 if name == "governor" else 2,
             )
     if orc is not None:
         ax_rep.step(
@@ -132,7 +135,10 @@ def plot(
             ls="--",
             label="oracle",
         )
-    ax_rep.set_ylabel("replicas (holding a GPU)")
+    # Log scale: baselines that pin at 64 must not flatten the governor and the oracle.
+    ax_rep.set_yscale("log", base=2)
+    ax_rep.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
+    ax_rep.set_ylabel("replicas holding a GPU (log)")
     ax_rep.legend(ncol=4, fontsize=8)
     ax_lat.axhline(sc.sla.ttft_p95_ms, color="red", ls=":", label="SLA")
     ax_lat.set_yscale("log")
