@@ -6,7 +6,9 @@ and `ReplayClient`, a drop-in for `PrometheusConnect` in `PrometheusSource(clien
 
 Scaling: model j of N (`model-00000`, ...) answers with the series of recorded model
 `j % len(recorded)`, its model label rewritten; every other label and the
-`[timestamp, "value"]` form stay as Prometheus wrote them. So that deciders see moving
+`[timestamp, "value"]` form stay as Prometheus wrote them, except the newest-sample times
+(`gauge_sample_ts`, `counter_sample_ts`), set to one second before the query's evaluation
+time so staleness reads as it would live. So that deciders see moving
 inputs (as they do live: rates over a sliding window), each of `variants` tick variants
 multiplies a model's rates (arrival, completions, bucket rates) and mean lengths by its
 own factor in [1 - jitter, 1 + jitter] (seeded, deterministic).
@@ -33,6 +35,9 @@ from estimators.promql import SIGNAL_LABEL, TickQueries
 
 RECORDING = Path(__file__).resolve().parent / "data" / "prometheus_answers.json"
 # Signals whose value is a rate or a mean length: jittered per model and variant.
+SAMPLE_TS_SIGNALS = frozenset({"gauge_sample_ts", "counter_sample_ts"})
+NOW = b"@NOW@"
+"""Placeholder of the newest-sample times in rendered bodies; `fill_now` replaces it."""
 JITTERED_SIGNALS = frozenset(
     {
         "arrival_rps",
@@ -81,6 +86,8 @@ def render_answers(
             metric[label] = "\x00MODEL\x00"
             text = json.dumps(metric).replace('"\\u0000MODEL\\u0000"', "{model}")
             ts, value = item["value"]
+            if metric.get(SIGNAL_LABEL) in SAMPLE_TS_SIGNALS:
+                value = NOW.decode()  # the recording's sample times are long past
             jitter = is_buckets or metric.get(SIGNAL_LABEL) in JITTERED_SIGNALS
             templates.setdefault(model, []).append((text, json.dumps(ts), value, jitter))
         parts: list[str] = []
@@ -92,6 +99,13 @@ def render_answers(
                 parts.append(f'{{"metric":{text.replace("{model}", q)},"value":[{ts},"{v}"]}}')
         out[qname] = ("[" + ",".join(parts) + "]").encode()
     return out
+
+
+def fill_now(body: bytes, eval_time_s: float, age_s: float = 1.0) -> bytes:
+    """`body` with the newest-sample times set to `eval_time_s - age_s` (Unix seconds)."""
+    if NOW not in body:
+        return body
+    return body.replace(NOW, repr(eval_time_s - age_s).encode())
 
 
 class ReplayClient:
@@ -127,7 +141,10 @@ class ReplayClient:
         self._decoded = (
             []
             if decode
-            else [{q: json.loads(b) for q, b in bodies.items()} for bodies in self._bodies]
+            else [
+                {q: json.loads(fill_now(b, time.time())) for q, b in bodies.items()}
+                for bodies in self._bodies
+            ]
         )
         self.calls = 0
         self.tick = -1
@@ -145,7 +162,10 @@ class ReplayClient:
         v = max(0, self.tick) % len(self._bodies)
         if not self.decode:
             return self._decoded[v][name]
+        body = self._bodies[v][name]
+        if name == "state":
+            body = fill_now(body, float((params or {}).get("time", time.time())))
         c0 = time.process_time()
-        result = json.loads(self._bodies[v][name])
+        result = json.loads(body)
         self.decode_cpu_s += time.process_time() - c0
         return result

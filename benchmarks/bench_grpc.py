@@ -1,0 +1,397 @@
+"""gRPC serving: GetBatchingConfig and KEDA GetMetrics against `governor run`, side by side
+with the ceiling of the stack (benchmarks/grpc_ceiling.py), on loopback.
+
+Set-up (three processes besides this one, the client): the fake Prometheus answering
+the recording for N models (benchmarks/fake_prometheus.py), a real `governor run
+--config` for those N models (memory store, control loop ticking every 5 s as in
+production, JSON logs drained) and the minimal grpc.aio server.
+
+Measured, each repeated `--reps` times alternating the two servers (medians reported):
+- closed loop: `--concurrency` callers on 4 channels call as fast as they can for
+  `--seconds`: calls/s, client-side p50/p99 latency (ms), and the server's CPU per call
+  (us, from /proc; for the governor it includes its control ticks in that window);
+- open loop at `--rate` calls/s for `--open-seconds` (GetBatchingConfig, governor only,
+  ticks running): p50/p99/max latency from send to answer (ms), and the ticks meanwhile:
+  how many ran against the 5 s schedule and how long they took (from the governor's
+  /metrics) and the longest gap between ticks (from its log lines' arrival times).
+
+Goals (issue 7): GetBatchingConfig throughput >= 70 % of the ceiling's; p99 <= 5 ms at
+1,000 calls/s while control ticks stay on time.
+Run: `.venv/bin/python -m benchmarks.bench_grpc [--models 1000] [--json F]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import random
+import re
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from actuators.keda import metric_name
+from benchmarks.common import Row, bench_args, median, percentile, print_rows, write_rows
+from benchmarks.procs import (
+    Child,
+    fake_prometheus,
+    governor_run,
+    grpc_ceiling,
+    write_governor_config,
+)
+from benchmarks.promreplay import model_names
+from governor_api import externalscaler_pb2 as es
+from governor_api import externalscaler_pb2_grpc as es_grpc
+from governor_api import governor_v1_pb2 as pb
+from governor_api import governor_v1_pb2_grpc as pb_grpc
+
+GOAL_FRAC_OF_CEILING = 0.70
+GOAL_P99_MS = 5.0
+TICK_S = 5.0
+CHANNELS = 4
+
+Call = Callable[[grpc.aio.Channel, int], Awaitable[Any]]
+
+
+def batching_call(names: list[str]) -> Call:
+    """GetBatchingConfig for a random configured model, as engines call it."""
+    reqs = [
+        pb.GetBatchingConfigRequest(model=n, engine_id=f"engine-{i % 64}")
+        for i, n in enumerate(names)
+    ]
+
+    async def call(channel: grpc.aio.Channel, i: int) -> Any:
+        return await pb_grpc.BatchingServiceStub(channel).GetBatchingConfig(
+            reqs[i % len(reqs)], timeout=10
+        )
+
+    return call
+
+
+def keda_call(names: list[str]) -> Call:
+    """GetMetrics as KEDA sends it (the trigger's whole metadata map)."""
+    reqs = [
+        es.GetMetricsRequest(
+            scaledObjectRef=es.ScaledObjectRef(
+                name=f"so-{n}",
+                namespace="default",
+                scalerMetadata={"model": n, "scalerAddress": "governor:50051"},
+            ),
+            metricName=metric_name(n),
+        )
+        for n in names
+    ]
+
+    async def call(channel: grpc.aio.Channel, i: int) -> Any:
+        return await es_grpc.ExternalScalerStub(channel).GetMetrics(reqs[i % len(reqs)], timeout=10)
+
+    return call
+
+
+async def closed_loop(
+    address: str, call: Call, concurrency: int, seconds: float, server: Child
+) -> dict[str, float]:
+    """`concurrency` callers back to back for `seconds` (after 1 s of warm-up)."""
+    channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
+    try:
+        for ch in channels:
+            await ch.channel_ready()
+        lat: list[float] = []
+        errors = 0
+        measuring = False
+        stop_at = time.perf_counter() + 1.0 + seconds
+        rng = random.Random(1)
+
+        async def worker(k: int) -> None:
+            nonlocal errors
+            ch = channels[k % CHANNELS]
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop_at:
+                    return
+                try:
+                    await call(ch, rng.randrange(1 << 30))
+                except grpc.aio.AioRpcError:
+                    errors += 1
+                    continue
+                if measuring:
+                    lat.append(time.perf_counter() - t0)
+
+        tasks = [asyncio.create_task(worker(k)) for k in range(concurrency)]
+        await asyncio.sleep(1.0)
+        measuring = True
+        cpu0, w0 = server.cpu_s(), time.perf_counter()
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - w0
+        cpu = server.cpu_s() - cpu0
+    finally:
+        for ch in channels:
+            await ch.close()
+    n = len(lat)
+    return {
+        "calls_per_s": n / wall,
+        "p50_ms": percentile(lat, 0.5) * 1000 if n else float("nan"),
+        "p99_ms": percentile(lat, 0.99) * 1000 if n else float("nan"),
+        "server_cpu_us_per_call": cpu / n * 1e6 if n else float("nan"),
+        "calls": n,
+        "errors": errors,
+    }
+
+
+async def open_loop(address: str, call: Call, rate: float, seconds: float) -> dict[str, float]:
+    """Calls started at a fixed `rate` (calls/s) for `seconds`, whatever the answers do."""
+    channels = [grpc.aio.insecure_channel(address) for _ in range(CHANNELS)]
+    try:
+        for ch in channels:
+            await ch.channel_ready()
+        lat: list[float] = []
+        late: list[float] = []
+        errors = 0
+        loop = asyncio.get_running_loop()
+        total = int(rate * seconds)
+        start = loop.time() + 0.05
+        tasks = []
+
+        async def one(i: int, due: float) -> None:
+            nonlocal errors
+            t0 = time.perf_counter()
+            late.append(loop.time() - due)
+            try:
+                await call(channels[i % CHANNELS], i)
+            except grpc.aio.AioRpcError:
+                errors += 1
+                return
+            lat.append(time.perf_counter() - t0)
+
+        for i in range(total):
+            due = start + i / rate
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i, due)))
+        await asyncio.gather(*tasks)
+    finally:
+        for ch in channels:
+            await ch.close()
+    return {
+        "rate_per_s": rate,
+        "calls": len(lat),
+        "errors": errors,
+        "p50_ms": percentile(lat, 0.5) * 1000,
+        "p99_ms": percentile(lat, 0.99) * 1000,
+        "max_ms": max(lat) * 1000,
+        "client_send_lag_p99_ms": percentile(late, 0.99) * 1000,
+    }
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The governor's tick counters from its /metrics (one scrape)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    out: dict[str, float] = {}
+    for key in (
+        "governor_ticks_total",
+        "governor_tick_duration_seconds_sum",
+        "governor_tick_duration_seconds_count",
+    ):
+        m = re.search(rf"^{key} (\S+)$", text, re.M)
+        if m:
+            out[key] = float(m.group(1))
+    return out
+
+
+def tick_gaps(line_times: list[float], since: float, until: float) -> list[float]:
+    """Gaps (s) between the starts of consecutive ticks, from log line arrival times: a
+    tick writes one line per model in a burst; a pause over 1 s starts a new burst."""
+    starts: list[float] = []
+    prev = None
+    for t in line_times:
+        if prev is None or t - prev > 1.0:
+            starts.append(t)
+        prev = t
+    starts = [s for s in starts if since <= s <= until]
+    return [b - a for a, b in itertools.pairwise(starts)]
+
+
+def wait_ticks(gov: Child, metrics_port: int, n: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while scrape(metrics_port).get("governor_ticks_total", 0) < n:
+        if time.monotonic() > deadline or gov.proc.poll() is not None:
+            raise RuntimeError("governor did not tick:\n" + "\n".join(gov.kept[-20:]))
+        time.sleep(0.5)
+
+
+def _start_governor(names: list[str], url: str, workdir: Path, tick_s: float) -> Child:
+    cfg = write_governor_config(
+        workdir / f"governor-{tick_s:g}.yaml", names, url, tick_interval_s=tick_s
+    )
+    gov = governor_run(cfg)
+    gov.port()
+    wait_ticks(gov, gov.ports[1], 1)  # every model has a decision on the board
+    return gov
+
+
+def throughput(
+    names: list[str], url: str, workdir: Path, args: argparse.Namespace
+) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """Phase A: closed loop, governor (its loop idle: tick interval 300 s, one tick done)
+    against the ceiling, alternating, `args.reps` times per method."""
+    gov = _start_governor(names, url, workdir, 300.0)
+    ceiling = grpc_ceiling()
+    try:
+        addrs = {"governor": (f"127.0.0.1:{gov.ports[0]}", gov)}
+        addrs["ceiling"] = (f"127.0.0.1:{ceiling.port()}", ceiling)
+        results: dict[str, dict[str, list[dict[str, float]]]] = {}
+        for method, make in (("GetBatchingConfig", batching_call), ("GetMetrics", keda_call)):
+            call = make(names)
+            per: dict[str, list[dict[str, float]]] = {"governor": [], "ceiling": []}
+            for rep in range(args.reps):
+                order = ("governor", "ceiling") if rep % 2 == 0 else ("ceiling", "governor")
+                for label in order:
+                    addr, child = addrs[label]
+                    r = asyncio.run(closed_loop(addr, call, args.concurrency, args.seconds, child))
+                    per[label].append(r)
+                    print(
+                        f"{method:17s} {label:8s} {r['calls_per_s']:7.0f} calls/s "
+                        f"p50 {r['p50_ms']:.2f} ms p99 {r['p99_ms']:.2f} ms, server "
+                        f"{r['server_cpu_us_per_call']:.0f} us CPU/call, {r['errors']} errors",
+                        flush=True,
+                    )
+            results[method] = per
+    finally:
+        ceiling.stop()
+        gov.stop()
+    return results
+
+
+def latency_under_ticks(
+    names: list[str], url: str, workdir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Phase B: open loop at each rate against the governor ticking every 5 s (and the
+    ceiling at the same rates, for reference), with the ticks' timing meanwhile."""
+    gov = _start_governor(names, url, workdir, TICK_S)
+    ceiling = grpc_ceiling()
+    out: dict[str, Any] = {}
+    try:
+        gov_addr, ceil_addr = f"127.0.0.1:{gov.ports[0]}", f"127.0.0.1:{ceiling.port()}"
+        wait_ticks(gov, gov.ports[1], 2)
+        call = batching_call(names)
+        for rate in args.rates:
+            ref = asyncio.run(open_loop(ceil_addr, call, rate, args.open_seconds))
+            before = scrape(gov.ports[1])
+            t0 = time.monotonic()
+            ol = asyncio.run(open_loop(gov_addr, call, rate, args.open_seconds))
+            t1 = time.monotonic()
+            after = scrape(gov.ports[1])
+            ticks = after["governor_ticks_total"] - before["governor_ticks_total"]
+            dur = (
+                after["governor_tick_duration_seconds_sum"]
+                - before["governor_tick_duration_seconds_sum"]
+            )
+            gaps = tick_gaps(gov.line_times, t0 - TICK_S, t1)
+            ol.update(
+                {
+                    "seconds": t1 - t0,
+                    "ticks": ticks,
+                    "ticks_expected": (t1 - t0) / TICK_S,
+                    "tick_wall_s_mean": dur / ticks if ticks else float("nan"),
+                    "tick_gap_max_s": max(gaps) if gaps else float("nan"),
+                    "tick_gaps_s": [round(g, 3) for g in gaps],
+                    "ceiling": ref,
+                }
+            )
+            out[f"{rate:g}"] = ol
+            print(
+                f"open loop {rate:.0f}/s, {t1 - t0:.1f} s: governor p50 {ol['p50_ms']:.2f} "
+                f"p99 {ol['p99_ms']:.2f} max {ol['max_ms']:.1f} ms ({ol['errors']} errors); "
+                f"ceiling p50 {ref['p50_ms']:.2f} p99 {ref['p99_ms']:.2f} ms; {ticks:.0f} "
+                f"ticks (schedule {ol['ticks_expected']:.1f}), tick {ol['tick_wall_s_mean']:.2f}"
+                f" s wall, max gap {ol['tick_gap_max_s']:.2f} s",
+                flush=True,
+            )
+        out["governor_rss_mb"] = gov.rss_mb()[0]
+    finally:
+        ceiling.stop()
+        gov.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = bench_args(__doc__)
+    ap.add_argument("--models", type=int, default=1000)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--rates", default="1000,250", help="open-loop rates, calls/s")
+    ap.add_argument("--open-seconds", type=float, default=10.0)
+    args = ap.parse_args(argv)
+    args.rates = [float(r) for r in args.rates.split(",")]
+    if args.quick:
+        args.models, args.seconds, args.reps, args.open_seconds = 10, 1.0, 1, 2.0
+    names = model_names(args.models)
+    prom, url = fake_prometheus(args.models)
+    tmp = tempfile.TemporaryDirectory()
+    try:
+        results = throughput(names, url, Path(tmp.name), args)
+        lat = latency_under_ticks(names, url, Path(tmp.name), args)
+    finally:
+        prom.stop()
+        tmp.cleanup()
+
+    rows: list[Row] = []
+    med: dict[str, dict[str, dict[str, float]]] = {}
+    for method, per in results.items():
+        med[method] = {
+            label: {k: median(r[k] for r in runs) for k in runs[0]} for label, runs in per.items()
+        }
+        g, c = med[method]["governor"], med[method]["ceiling"]
+        # On 2 cores the Python client saturates before either server does, so calls/s
+        # is client-bound; server CPU per call is each server's own cost (its capacity
+        # is 1 / that per core). The goal is judged on capacity.
+        frac = c["server_cpu_us_per_call"] / g["server_cpu_us_per_call"]
+        is_goal = method == "GetBatchingConfig"
+        rows.append(
+            Row(
+                "3 gRPC",
+                f"{method}, {args.models:,} models, {args.concurrency} callers: governor / ceiling",
+                f"server CPU {g['server_cpu_us_per_call']:.0f} / "
+                f"{c['server_cpu_us_per_call']:.0f} us/call = {frac:.0%} of ceiling capacity; "
+                f"{g['calls_per_s']:,.0f} / {c['calls_per_s']:,.0f} calls/s (client-bound); "
+                f"p50 {g['p50_ms']:.1f} / {c['p50_ms']:.1f} ms, p99 {g['p99_ms']:.1f} / "
+                f"{c['p99_ms']:.1f} ms",
+                f">= {GOAL_FRAC_OF_CEILING:.0%} of ceiling" if is_goal else "",
+                frac >= GOAL_FRAC_OF_CEILING if is_goal else None,
+                {"governor": g, "ceiling": c, "capacity_fraction": frac, "runs": per},
+            )
+        )
+    for rate in args.rates:
+        ol = lat[f"{rate:g}"]
+        ref = ol["ceiling"]
+        on_time = ol["ticks"] >= int(ol["ticks_expected"]) and ol["tick_gap_max_s"] <= TICK_S + 1.0
+        is_goal = rate == 1000.0
+        rows.append(
+            Row(
+                "3 gRPC",
+                f"GetBatchingConfig open loop {rate:,.0f}/s, {args.models:,} models ticking",
+                f"governor p50 {ol['p50_ms']:.1f} ms, p99 {ol['p99_ms']:.1f} ms "
+                f"({ol['errors']} errors); ceiling p99 {ref['p99_ms']:.1f} ms; ticks "
+                f"{ol['ticks']:.0f}/{ol['ticks_expected']:.1f} due, max gap "
+                f"{ol['tick_gap_max_s']:.2f} s, {ol['tick_wall_s_mean']:.2f} s each",
+                f"p99 <= {GOAL_P99_MS:g} ms, ticks on time" if is_goal else "",
+                (ol["p99_ms"] <= GOAL_P99_MS and on_time and ol["errors"] == 0)
+                if is_goal
+                else None,
+                ol,
+            )
+        )
+    write_rows(args.json, "grpc", rows, {"medians": med, "open_loop": lat})
+    return rows
+
+
+if __name__ == "__main__":
+    print_rows(main())

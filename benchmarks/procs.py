@@ -1,0 +1,205 @@
+"""Child processes of the service benchmarks: `governor run`, the fake Prometheus and the
+gRPC ceiling server, started, read and stopped from the benchmark process.
+
+This owns starting a child with a port line to wait for (on stdout or stderr), draining
+its output on a thread (line arrival times are kept: the governor's one log line per
+model per tick shows when each tick ran), its CPU seconds and resident set from /proc,
+and writing the governor config for N models pointed at the fake Prometheus.
+
+Units: seconds (CPU, wall), MB (10^6 bytes) of resident memory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from benchmarks.common import SLA_MS
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class Child:
+    """A child process whose `port_prefix` line (on `stream`) gives its port.
+
+    `line_times`: monotonic arrival time of every other output line (bounded only by
+    the run's length: a 1,000-model governor writes 1,000 lines per 5 s tick).
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        port_prefix: str,
+        *,
+        stream: str = "stdout",
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        keep_lines: int = 0,
+    ) -> None:
+        self.port_prefix = port_prefix
+        self.line_times: list[float] = []
+        self.kept: list[str] = []
+        self._keep = keep_lines
+        self.ports: list[int] = []
+        self._port_seen = threading.Event()
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if stream == "stderr" else subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            cwd=cwd,
+        )
+        pipe = self.proc.stdout if stream == "stdout" else self.proc.stderr
+        assert pipe is not None
+        self._reader = threading.Thread(target=self._drain, args=(pipe,), daemon=True)
+        self._reader.start()
+
+    def _drain(self, pipe: object) -> None:
+        for raw in iter(pipe.readline, b""):  # type: ignore[attr-defined]
+            now = time.monotonic()
+            line = raw.decode(errors="replace")
+            if line.startswith(self.port_prefix):
+                rest = line[len(self.port_prefix) :]
+                self.ports = [int(p) for p in _ints(rest)]
+                self._port_seen.set()
+                continue
+            self.line_times.append(now)
+            if len(self.kept) < self._keep:
+                self.kept.append(line.rstrip("\n"))
+
+    def port(self, timeout_s: float = 120.0) -> int:
+        """The first port on the port line (waits for it; RuntimeError if the child dies)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._port_seen.wait(0.1):
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.proc.args!r} exited ({self.proc.returncode}):\n" + "\n".join(self.kept)
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.proc.args!r}: no port line in {timeout_s} s")
+        return self.ports[0]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the child so far (all its threads)."""
+        with open(f"/proc/{self.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+    def rss_mb(self) -> tuple[float, float]:
+        """(current, peak) resident set of the child, MB."""
+        cur = peak = 0.0
+        with open(f"/proc/{self.pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    cur = int(line.split()[1]) * 1024 / 1e6
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024 / 1e6
+        return cur, peak
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout_s`; returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def _ints(text: str) -> list[str]:
+    out, cur = [], ""
+    for ch in text:
+        if ch.isdigit():
+            cur += ch
+        elif cur:
+            out.append(cur)
+            cur = ""
+    if cur:
+        out.append(cur)
+    return out
+
+
+def write_governor_config(
+    path: Path, names: Sequence[str], prometheus_url: str, **policy: object
+) -> Path:
+    """A `governor run` config for `names` (SLA as the tick benchmark's) -> `path`."""
+    doc = {
+        "prometheus": {"url": prometheus_url, "timeout_s": 30},
+        "policy": dict(policy),
+        "models": [
+            {
+                "name": n,
+                "deployment": f"d{i}",
+                "sla": dict(SLA_MS),
+                "replicas": {"min_replicas": 1, "max_replicas": 64},
+            }
+            for i, n in enumerate(names)
+        ],
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def fake_prometheus(n_models: int, variants: int = 4) -> tuple[Child, str]:
+    """Start the fake Prometheus for `n_models`; returns (child, base URL)."""
+    from benchmarks.fake_prometheus import PORT_LINE
+
+    child = Child(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.fake_prometheus",
+            "--models",
+            str(n_models),
+            "--variants",
+            str(variants),
+        ],
+        PORT_LINE,
+    )
+    return child, f"http://127.0.0.1:{child.port()}"
+
+
+def governor_run(config: Path, extra: Sequence[str] = (), keep_lines: int = 50) -> Child:
+    """Start `governor run --config CONFIG` on loopback ports (memory store); its port line
+    gives the gRPC port (`ports[0]`) and the /metrics port (`ports[1]`)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "controller.cli",
+        "run",
+        "--config",
+        str(config),
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--store",
+        "memory",
+        "--leader-election",
+        "off",
+        *extra,
+    ]
+    return Child(argv, "governor: serving gRPC on port ", stream="stderr", keep_lines=keep_lines)
+
+
+def grpc_ceiling() -> Child:
+    """Start the minimal grpc.aio server (benchmarks.grpc_ceiling)."""
+    from benchmarks.grpc_ceiling import PORT_LINE
+
+    return Child([sys.executable, "-m", "benchmarks.grpc_ceiling"], PORT_LINE)
