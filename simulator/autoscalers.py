@@ -112,79 +112,66 @@ class _Base:
         return None
 
 
-class HpaGpu(_Base):
+class _MetricHpa(_Base):
+    """An HPA on one metric read from the simulated Prometheus: `ratio(observation,
+    current)` turns the observation into the HPA's usage ratio (None: metric missing, the
+    HPA does not act)."""
+
+    def __init__(
+        self, fleet: Fleet, source: SimulatedSource, model: str, lo: int, hi: int, target: float
+    ) -> None:
+        self.fleet, self.source, self.model, self.target = fleet, source, model, target
+        self.hpa = _HpaCore(lo, hi)
+
+    def ratio(self, o: Observation, current: int) -> float | None:
+        raise NotImplementedError
+
+    def evaluate(self, now_s: float) -> int | None:
+        o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
+        current = self.fleet.active_replicas
+        ratio = self.ratio(o, current) if isinstance(o, Observation) else None
+        return self.hpa.desired(ratio, current, now_s)
+
+
+class HpaGpu(_MetricHpa):
     """HPA on average GPU busy fraction of ready pods, target 70 %."""
 
     name = "hpa-gpu"
 
-    def __init__(
-        self,
-        fleet: Fleet,
-        source: SimulatedSource,
-        model: str,
-        lo: int,
-        hi: int,
-        target: float = 0.7,
-    ):
-        self.fleet, self.source, self.model, self.target = fleet, source, model, target
-        self.hpa = _HpaCore(lo, hi)
+    def __init__(self, fleet: Fleet, source: SimulatedSource, model: str, lo: int, hi: int):
+        super().__init__(fleet, source, model, lo, hi, target=0.7)
 
-    def evaluate(self, now_s: float) -> int | None:
-        o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
-        util = o.gpu_busy_frac if isinstance(o, Observation) else None
-        ratio = None if util is None else util / self.target
-        return self.hpa.desired(ratio, self.fleet.active_replicas, now_s)
+    def ratio(self, o: Observation, current: int) -> float | None:
+        return None if o.gpu_busy_frac is None else o.gpu_busy_frac / self.target
 
 
-class HpaQueue(_Base):
+class HpaQueue(_MetricHpa):
     """HPA on fleet p95 queue time (a Value metric), target 500 ms."""
 
     name = "hpa-queue"
 
-    def __init__(
-        self,
-        fleet: Fleet,
-        source: SimulatedSource,
-        model: str,
-        lo: int,
-        hi: int,
-        target_ms: float = 500.0,
-    ):
-        self.fleet, self.source, self.model, self.target_ms = fleet, source, model, target_ms
-        self.hpa = _HpaCore(lo, hi)
+    def __init__(self, fleet: Fleet, source: SimulatedSource, model: str, lo: int, hi: int):
+        super().__init__(fleet, source, model, lo, hi, target=500.0)
 
-    def evaluate(self, now_s: float) -> int | None:
-        o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
-        q = o.queue_time_p95_ms if isinstance(o, Observation) else None
-        ratio = None if q is None else q / self.target_ms
-        return self.hpa.desired(ratio, self.fleet.active_replicas, now_s)
+    def ratio(self, o: Observation, current: int) -> float | None:
+        q = o.queue_time_p95_ms
+        return None if q is None else q / self.target
 
 
-class Keda(_Base):
+class Keda(_MetricHpa):
     """KEDA Prometheus scaler: sum(vllm:num_requests_waiting), threshold 5, AverageValue."""
 
     name = "keda"
 
-    def __init__(
-        self,
-        fleet: Fleet,
-        source: SimulatedSource,
-        model: str,
-        lo: int,
-        hi: int,
-        threshold: float = 5.0,
-    ):
-        self.fleet, self.source, self.model, self.threshold = fleet, source, model, threshold
-        self.hpa = _HpaCore(lo, hi)
+    def __init__(self, fleet: Fleet, source: SimulatedSource, model: str, lo: int, hi: int):
+        super().__init__(fleet, source, model, lo, hi, target=5.0)
 
-    def evaluate(self, now_s: float) -> int | None:
-        o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
-        if not isinstance(o, Observation) or o.waiting is None:
+    def ratio(self, o: Observation, current: int) -> float | None:
+        if o.waiting is None:
             return None
         waiting = o.waiting + o.extra.get("router_queue", 0.0)
-        current = max(1, self.fleet.active_replicas)
-        # AverageValue: usage ratio = value / (target * current)
-        return self.hpa.desired(waiting / (self.threshold * current), current, now_s)
+        # AverageValue: usage ratio = value / (target * current replicas)
+        return waiting / (self.target * max(1, current))
 
 
 class Kpa(_Base):
