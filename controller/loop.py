@@ -17,13 +17,18 @@ measured ~40 % of the tick's CPU. Everything a tick allocates is acyclic and fre
 reference counting, so `tick` pauses the collector while it runs (`pause_gc`, default
 on) and restores it after; garbage from other threads meanwhile waits at most one tick.
 The structlog logger is resolved once per tick (a lazy proxy from `get_logger` rebuilds
-its logger on every call when not cached: ~45 of the ~65 us per log line).
+its logger on every call when not cached: ~45 of the ~65 us per log line). While a tick
+runs, other threads (the gRPC server) may take the GIL every 0.5 ms instead of every
+5 ms (`switch_interval_s`): measured with a thread that sleeps 1 ms in a loop, its
+median wake-up lag during a 1,000-model tick fell from 5.2 to 0.7 ms (long C calls, the
+JSON decoding of one answer, still hold the GIL for tens of ms).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -55,6 +60,21 @@ def gc_paused(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+@contextlib.contextmanager
+def gil_switch_interval(seconds: float | None) -> Iterator[None]:
+    """Within the block, let other threads take the GIL every `seconds` (if shorter than
+    the interpreter's current interval, 5 ms by default); restore it after."""
+    old = sys.getswitchinterval()
+    if seconds is None or seconds >= old:
+        yield
+        return
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
 
 
 class Clock(Protocol):
@@ -130,6 +150,7 @@ class ControlLoop:
         initial_replicas: Callable[[ModelConfig], int | None] | None = None,
         states: Mapping[str, ModelState] | None = None,
         pause_gc: bool = True,
+        switch_interval_s: float | None = 0.0005,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.source = source
@@ -138,6 +159,7 @@ class ControlLoop:
         self.log = logger or structlog.get_logger("governor.loop")
         self._initial_replicas = initial_replicas
         self.pause_gc = pause_gc
+        self.switch_interval_s = switch_interval_s
         self._lock = threading.Lock()
         self._listeners: list[Callable[[LoopSnapshot], None]] = []
         self._states: dict[str, ModelState] = dict(states or {})
@@ -209,7 +231,7 @@ class ControlLoop:
     # ------------------------------------------------------------------ tick
     def tick(self, now_s: float | None = None) -> list[Decision]:
         """One control tick at `now_s` (monotonic seconds; default: the clock's)."""
-        with gc_paused(self.pause_gc):
+        with gc_paused(self.pause_gc), gil_switch_interval(self.switch_interval_s):
             return self._tick(now_s)
 
     def _tick(self, now_s: float | None) -> list[Decision]:
