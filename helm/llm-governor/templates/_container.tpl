@@ -124,10 +124,14 @@ timeoutSeconds: 2
 - name: governor-tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- include "llm-governor.adminTokenVolume" . }}
+{{- end -}}
+
+{{/* The admin bearer token's volume (only its key, as the file `token`), when a Secret is
+given. Mounted into the governor container alone; world-readable inside it because in
+sidecar mode the pod may have no fsGroup to give uid 10001 the group bit. */}}
+{{- define "llm-governor.adminTokenVolume" -}}
 {{- if .Values.adminToken.existingSecret }}
-# The admin bearer token (only this key, as the file `token`). Mounted into the governor
-# container alone; world-readable inside it because in sidecar mode the pod may have no
-# fsGroup to give uid 10001 the group bit.
 - name: governor-admin-token
   secret:
     secretName: {{ .Values.adminToken.existingSecret | quote }}

@@ -66,6 +66,7 @@ engine never fails to start because of the governor. */}}
 - name: governor-config
   configMap:
     name: {{ include "llm-governor.configMapName" . }}
+{{- include "llm-governor.adminTokenVolume" . }}
 {{ end -}}
 - name: governor-tmp
   emptyDir:
