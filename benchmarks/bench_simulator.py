@@ -1,7 +1,7 @@
 """Simulator speed benchmark: one hour of the Azure conversation trace at x16 on a fixed
 fleet, with a metric source scraping every 5 s (as a controller run would).
 
-Run: `.venv/bin/python benchmarks/bench_simulator.py [--runs 3] [--replicas 6] ...`.
+Run: `.venv/bin/python -m benchmarks.bench_simulator [--runs 3] [--replicas 6] [--json F]`.
 Prints per-run wall and CPU time (seconds), the medians, the simulated/real-time ratio
 (simulated seconds per wall second, from the median; also per CPU second, which a
 loaded machine disturbs less), requests simulated and engine steps per wall second.
@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from benchmarks.common import Row, print_rows, span, write_rows
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
 from simulator.traces import load_trace
@@ -51,7 +52,10 @@ def one_run(args: argparse.Namespace, trace_spec: str) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+GOAL_X_REAL_TIME = 200.0
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--trace", default="azure:conv")
     ap.add_argument("--multiplier", type=float, default=16.0)
@@ -60,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-source", action="store_true", help="do not attach a metric source")
+    ap.add_argument("--json", default=None, help="write the rows as JSON here")
+    ap.add_argument("--quick", action="store_true", help="60 simulated seconds, one run")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.duration, args.runs = 60.0, 1
 
     t0 = time.perf_counter()
     trace = load_trace(
@@ -94,8 +102,32 @@ def main(argv: list[str] | None = None) -> int:
         f"latency (per-request truth): TTFT p50 {last['ttft_p50_s'] * 1000:.0f} ms, "
         f"p95 {last['ttft_p95_s'] * 1000:.0f} ms; mean ITL p95 {last['itl_p95_ms']:.1f} ms"
     )
-    return 0
+    x_wall, x_cpu = args.duration / med, args.duration / med_cpu
+    data = {
+        "simulated_s": args.duration,
+        "wall_median_s": med,
+        "cpu_median_s": med_cpu,
+        "x_real_time_wall": x_wall,
+        "x_real_time_cpu": x_cpu,
+        "requests": last["requests"],
+        "steps_per_s": last["steps"] / med,
+        "runs": results,
+    }
+    rows = [
+        Row(
+            "6 simulator",
+            f"fixed fleet ({args.replicas} replicas), {span(args.duration)} {args.trace} "
+            f"x{args.multiplier:g}",
+            f"{x_cpu:.0f}x real time per CPU s ({x_wall:.0f}x wall; {med_cpu:.1f} s CPU, "
+            f"{last['requests']:,.0f} requests)",
+            f">= {GOAL_X_REAL_TIME:g}x",
+            x_cpu >= GOAL_X_REAL_TIME,
+            data,
+        )
+    ]
+    write_rows(args.json, "simulator", rows, data)
+    return rows
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    print_rows(main())

@@ -195,9 +195,10 @@ def _timed(fn: Any, phases: _Phases, name: str) -> Any:
     return wrapper
 
 
-def measure(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
-    """Median CPU/wall per tick and the phase breakdown for `n` models."""
-    rig = Rig(n)
+def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict[str, Any]:
+    """Median CPU/wall per tick and (with `breakdown`) the phase breakdown for `n` models.
+    Every tick gets its own answers (`warmup + ticks` variants): no input repeats."""
+    rig = Rig(n, variants=warmup + ticks)
     assert rig.client is not None
     for _ in range(warmup):
         rig.tick()
@@ -214,31 +215,7 @@ def measure(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
     del rig
     gc.collect()
 
-    # Instrumented pass: where the time goes (timer overhead included, so the phases
-    # add up to a little more than the headline).
-    rig = Rig(n, instrumented=True)
-    assert rig.client is not None
-    for _ in range(warmup):
-        rig.tick()
-    rig.phases.s.clear()
-    rig.client.decode_cpu_s = 0.0
-    inst_cpu = 0.0
-    for _ in range(ticks):
-        inst_cpu += rig.tick()
-    ph = {k: v / ticks * 1000.0 for k, v in rig.phases.s.items()}
-    decode_ms = rig.client.decode_cpu_s / ticks * 1000.0
-    breakdown = {
-        "decode_ms": decode_ms,
-        "parse_ms": ph.get("observe", 0.0) - decode_ms,
-        "decide_ms": ph.get("decide", 0.0),
-        "metrics_ms": ph.get("metrics", 0.0),
-        "log_ms": ph.get("log", 0.0),
-        "publish_ms": ph.get("publish", 0.0),
-    }
-    breakdown["loop_other_ms"] = inst_cpu / ticks * 1000.0 - sum(breakdown.values())
-    del rig
-    gc.collect()
-    return {
+    out: dict[str, Any] = {
         "models": n,
         "ticks": ticks,
         "cpu_ms_median": median(cpus) * 1000.0,
@@ -250,8 +227,36 @@ def measure(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
         "answer_mb_per_tick": bytes_per_tick / 1e6,
         "gc_collections_per_tick": gc_runs / ticks,
         "models_published": valid,
-        "breakdown_ms": {k: round(v, 2) for k, v in breakdown.items()},
+        "breakdown_ms": {},
     }
+    if not breakdown:
+        return out
+    # Instrumented pass: where the time goes (timer overhead included, so the phases
+    # add up to a little more than the headline).
+    rig = Rig(n, instrumented=True, variants=warmup + ticks)
+    assert rig.client is not None
+    for _ in range(warmup):
+        rig.tick()
+    rig.phases.s.clear()
+    rig.client.decode_cpu_s = 0.0
+    inst_cpu = 0.0
+    for _ in range(ticks):
+        inst_cpu += rig.tick()
+    ph = {k: v / ticks * 1000.0 for k, v in rig.phases.s.items()}
+    decode_ms = rig.client.decode_cpu_s / ticks * 1000.0
+    phases = {
+        "decode_ms": decode_ms,
+        "parse_ms": ph.get("observe", 0.0) - decode_ms,
+        "decide_ms": ph.get("decide", 0.0),
+        "metrics_ms": ph.get("metrics", 0.0),
+        "log_ms": ph.get("log", 0.0),
+        "publish_ms": ph.get("publish", 0.0),
+    }
+    phases["loop_other_ms"] = inst_cpu / ticks * 1000.0 - sum(phases.values())
+    del rig
+    gc.collect()
+    out["breakdown_ms"] = {k: round(v, 2) for k, v in phases.items()}
+    return out
 
 
 def measure_service(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
@@ -291,15 +296,15 @@ def main(argv: list[str] | None = None) -> list[Row]:
     results = []
     for n in sizes:
         ticks = args.ticks or (15 if n <= 100 else 9 if n <= 1000 else 5)
-        r = measure(n, ticks)
+        r = measure(n, ticks, breakdown=n <= 1000)
         results.append(r)
         b = r["breakdown_ms"]
         print(
             f"{n:>5} models: {r['cpu_ms_median']:8.1f} ms cpu/tick "
             f"(wall {r['wall_ms_median']:.1f}), {r['cpu_us_per_model']:.0f} us/model, "
             f"{r['queries_per_tick']} queries, "
-            f"{r['answer_mb_per_tick']:.2f} MB answers; "
-            + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in b.items()),
+            f"{r['answer_mb_per_tick']:.2f} MB answers"
+            + "".join(f", {k[:-3]} {v:.1f}" for k, v in b.items()),
             flush=True,
         )
     service = None

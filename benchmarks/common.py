@@ -56,6 +56,15 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(ordered[rank - 1])
 
 
+def span(seconds: float) -> str:
+    """A duration for a table cell: `1 h`, `20 min`, `45 s`."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
 def rss_mb() -> float:
     """Resident set size of this process now, MB (from /proc; falls back to the peak)."""
     try:
