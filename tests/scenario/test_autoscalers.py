@@ -205,3 +205,31 @@ def test_simulate_cli_missing_trace_exit_2(
 ) -> None:
     assert main(["simulate", "--trace", str(tmp_path / "nope.csv"), "--no-oracle"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_cli_live_view_table_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(
+        [
+            "demo",
+            "--duration",
+            "120",
+            "--speed",
+            "0",
+            "--baselines",
+            "static",
+            "--out",
+            str(tmp_path),
+            "--trace",
+            "synthetic:poisson:rate=30,duration=120",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "replicas" in out and "SLO so far" in out  # the live view
+    assert "governor" in out and "static" in out and "oracle" in out  # the table
+    doc = json.loads((tmp_path / "demo.json").read_text())
+    assert set(doc["policies"]) == {"governor", "static"}
+    assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
