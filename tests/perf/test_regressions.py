@@ -1,0 +1,369 @@
+"""Cheap, non-timing checks that the performance work kept behaviour (issue 7).
+
+- the one-pass answer parsers of `PrometheusSource` give what the straightforward
+  parse-then-group code gave (a reference copy below), on randomized answers with NaN,
+  infinities, duplicate buckets and noise;
+- observing the replayed recording gives the recorded fleet's known values;
+- the inlined capacity bisection returns the same float as a `feasible(lam)` bisection,
+  and the galloping search the same integer as a bisection;
+- a tick pauses the cyclic GC and shortens the GIL switch interval only while it runs;
+- the metrics' kept children follow `forget`;
+- the tick benchmark runs (tiny sizes).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import sys
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from benchmarks.promreplay import ReplayClient, load_recording, model_names
+from controller.batching import _largest_within, replica_capacity_rps, slo_knobs
+from controller.config import SLA, KnobBounds
+from controller.loop import ControlLoop
+from controller.metrics import GovernorMetrics
+from controller.types import Knobs, Lengths
+from estimators.prometheus import PrometheusSource, _parse_buckets, _parse_tagged
+from estimators.promql import SIGNAL_LABEL
+from estimators.stepmodel import load_profile
+from estimators.types import ModelQuery, Observation, SourceError
+from tests.conftest import FakeClock, make_model
+from tests.service.fakes import quiet_logger
+from tests.unit.helpers import obs
+
+LABEL = "model_name"
+
+
+# --- reference parsers: the straightforward code the one-pass parsers replaced ---------
+def _ref_vector(raw: Any) -> list[tuple[dict[str, str], float]]:
+    if not isinstance(raw, list):
+        raise SourceError("not a vector")
+    out = []
+    for item in raw:
+        try:
+            metric = item["metric"]
+            _ts, value = item["value"]
+            if not isinstance(metric, dict) or not isinstance(value, str | int | float):
+                raise TypeError("bad sample")
+            out.append(({str(k): str(v) for k, v in metric.items()}, float(value)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SourceError("malformed") from exc
+    return out
+
+
+def _ref_tagged(raw: Any) -> dict[str, dict[str, float]]:
+    table: defaultdict[str, dict[str, float]] = defaultdict(dict)
+    for labels, value in _ref_vector(raw):
+        model, signal = labels.get(LABEL), labels.get(SIGNAL_LABEL)
+        if model is not None and signal is not None:
+            table[signal][model] = value
+    return dict(table)
+
+
+def _ref_buckets(raw: Any) -> dict[str, list[tuple[float, float]]]:
+    acc: defaultdict[str, defaultdict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for labels, value in _ref_vector(raw):
+        model, le = labels.get(LABEL), labels.get("le")
+        if model is None or le is None:
+            continue
+        try:
+            bound = float(le)
+        except ValueError:
+            continue
+        if math.isnan(bound):
+            continue
+        acc[model][bound] += value
+    out = {}
+    for model, by_bound in acc.items():
+        if not all(math.isfinite(v) for v in by_bound.values()):
+            continue
+        running, buckets = 0.0, []
+        for bound in sorted(by_bound):
+            running = max(running, by_bound[bound])
+            buckets.append((bound, running))
+        out[model] = buckets
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _mutated(rng: random.Random, result: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for item in result:
+        item = {"metric": dict(item["metric"]), "value": list(item["value"])}
+        x = rng.random()
+        if x < 0.03:
+            item["value"][1] = "NaN"
+        elif x < 0.05:
+            item["value"][1] = rng.choice(["+Inf", "-Inf"])
+        elif x < 0.08:
+            item["value"][1] = rng.uniform(0, 50)  # a number, not a string
+        elif x < 0.25:
+            item["value"][1] = repr(float(item["value"][1]) * rng.uniform(0.5, 1.5))
+        elif x < 0.27:
+            item["metric"]["le"] = rng.choice(["NaN", "x", 0.5, "1e400"])
+        elif x < 0.29:
+            item["metric"].pop(LABEL, None)
+        out.append(item)
+        if rng.random() < 0.05:
+            out.append({"metric": dict(item["metric"]), "value": list(item["value"])})
+    rng.shuffle(out)
+    return out
+
+
+def test_one_pass_parsers_equal_the_reference_on_randomized_answers() -> None:
+    rec = load_recording()
+    rng = random.Random(7)
+    for _ in range(60):
+        for name, result in rec["answers"].items():
+            raw = _mutated(rng, result)
+            if name.endswith("_buckets"):
+                assert _same(_parse_buckets(raw, name, LABEL), _ref_buckets(raw)), name
+            else:
+                assert _same(_parse_tagged(raw, name, LABEL), _ref_tagged(raw)), name
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        {"resultType": "vector"},
+        [1.0, "2"],
+        [{"metric": {LABEL: "a"}}],
+        [{"metric": "x", "value": [1, "2"]}],
+        [{"metric": {LABEL: "a"}, "value": [1, "abc"]}],
+        [{"metric": {LABEL: "a"}, "value": [1, None]}],
+    ],
+)
+def test_malformed_answers_are_refused_like_the_reference(raw: Any) -> None:
+    with pytest.raises(SourceError):
+        _ref_vector(raw)
+    with pytest.raises(SourceError):
+        _parse_tagged(raw, "q", LABEL)
+    with pytest.raises(SourceError):
+        _parse_buckets(raw, "q", LABEL)
+
+
+def test_replayed_recording_gives_the_recorded_fleets_values() -> None:
+    src = PrometheusSource("http://replay.invalid", window_s=60.0, short_window_s=10.0)
+    src._client = ReplayClient(src.queries, 4, variants=1)
+    res = src.observe([ModelQuery(n, 1.0, 0.05) for n in model_names(4)], 1_800_000_000.0)
+    a, b = res["model-00000"], res["model-00003"]  # clones of llama-a and qwen/qwen-b
+    assert isinstance(a, Observation) and isinstance(b, Observation)
+    # tests/integration/conftest.py: A 40 req/s, ITL p95 65.625 ms, TTFT p95 625 ms,
+    # means 330/84 tokens; B 32 req/s (30 completions + queue growth 2/s), ITL p95 125 ms.
+    assert a.arrival_rate_rps == pytest.approx(40.0, rel=0.01)
+    assert a.itl_p95_ms == pytest.approx(65.625)
+    assert a.ttft_p95_ms == pytest.approx(625.0)
+    assert (a.prompt_tokens_mean, a.output_tokens_mean) == (pytest.approx(330), pytest.approx(84))
+    assert a.itl_attainment_frac == pytest.approx(0.90)
+    assert b.arrival_rate_rps == pytest.approx(32.0, rel=0.02)
+    assert b.itl_p95_ms == pytest.approx(125.0)
+    assert a.staleness_s == pytest.approx(1.0) and a.ready_replicas == 2
+
+
+# --- batching --------------------------------------------------------------------------
+def _ref_capacity(knobs: Knobs, lengths: Lengths, sla: SLA, util_frac: float) -> float:
+    """replica_capacity_rps as first written: bisection on a `feasible(lam)` helper."""
+    profile = load_profile()
+    m = profile.step_model()
+    overhead_ms = m.base + m.fixed
+    ctx = lengths.prompt_mean + lengths.output_mean / 2.0
+    lin = lengths.prompt_mean
+    work = (
+        lengths.output_mean * (m.per_token + m.per_seq + m.per_kv * ctx)
+        + lin * m.per_token
+        + m.attn * lin * lin / 2.0
+    )
+    work_ms = max(1e-6, work)
+    ctx_full = lengths.prompt_mean + lengths.output_mean
+    kv_cap = profile.kv_capacity_tokens * 0.9
+    budget = knobs.max_num_batched_tokens
+
+    def feasible(lam: float) -> bool:
+        util = lam * work_ms / 1000.0
+        if util >= 1.0:
+            return False
+        step_ms = max(m.floor + m.fixed, overhead_ms / (1.0 - util))
+        if step_ms > sla.itl_p95_ms:
+            return False
+        decodes = lam * lengths.output_mean * step_ms / 1000.0
+        if decodes > knobs.max_num_seqs or decodes * ctx_full > kv_cap:
+            return False
+        load = lam * (lengths.prompt_mean + lengths.output_mean) * step_ms / 1000.0 / budget
+        if load >= 1.0:
+            return False
+        room = max(1.0, budget - decodes)
+        prefill_ms = math.ceil(lengths.prompt_p95 / room) * step_ms
+        wait_ms = 3.0 * load / (2.0 * (1.0 - load)) * step_ms
+        return prefill_ms + wait_ms <= sla.ttft_p95_ms
+
+    lo, hi = 0.0, 1000.0 / work_ms
+    for _ in range(24):
+        mid = (lo + hi) / 2.0
+        if feasible(mid):
+            lo = mid
+        else:
+            hi = mid
+    return max(lo * util_frac, 1e-3)
+
+
+def _random_case(rng: random.Random) -> tuple[Lengths, SLA]:
+    pm = rng.choice([rng.uniform(1, 200), rng.uniform(100, 3000), rng.uniform(1000, 100_000)])
+    om = rng.choice([rng.uniform(1, 50), rng.uniform(50, 1000), rng.uniform(500, 8000)])
+    lengths = Lengths(pm, pm * rng.uniform(1, 4), om, om * rng.uniform(1, 4))
+    sla = SLA(
+        ttft_p95_ms=rng.choice([1, 50, 200, 1000, 5000, 60_000]),
+        itl_p95_ms=rng.choice([1, 5, 6.5, 8, 10, 20, 50, 100, 1000]),
+    )
+    return lengths, sla
+
+
+def test_inlined_capacity_bisection_returns_the_same_float() -> None:
+    rng = random.Random(3)
+    p = load_profile()
+    for _ in range(3000):
+        lengths, sla = _random_case(rng)
+        knobs = Knobs(rng.choice([8, 64, 256, 1024]), rng.choice([256, 2048, 8192, 65_536]))
+        u = rng.uniform(0.5, 1.0)
+        assert replica_capacity_rps(knobs, lengths, sla, p, u) == _ref_capacity(
+            knobs, lengths, sla, u
+        )
+
+
+def _bisect(pred: Any, hi: int) -> int:
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def test_galloping_search_equals_bisection_and_stays_in_range() -> None:
+    for hi in range(0, 40):
+        for edge in range(-1, hi + 2):
+            for guess in range(-3, hi + 5):
+                seen: list[int] = []
+
+                def pred(b: int, edge: int = edge, seen: list[int] = seen) -> bool:
+                    seen.append(b)
+                    return b <= edge
+
+                assert _largest_within(pred, guess, hi) == _bisect(lambda b, e=edge: b <= e, hi)
+                assert all(1 <= b <= hi for b in seen)
+
+
+def test_slo_knobs_seqs_equal_a_bisection_over_the_decode_step() -> None:
+    rng = random.Random(5)
+    p = load_profile()
+    m = p.step_model()
+    for _ in range(2000):
+        lengths, sla = _random_case(rng)
+        top = rng.choice([8, 9, 64, 256, 1024, 4096])
+        bounds = KnobBounds(max_num_seqs_max=top, max_num_seqs_min=8, default_max_num_seqs=8)
+        margin = rng.uniform(0.1, 1.0)
+        budget = sla.itl_p95_ms * margin
+        ctx = lengths.prompt_p95 + lengths.output_p95 / 2.0
+        seqs = _bisect(lambda b, c=ctx, t=budget: m.decode_step_ms(b, b * c) <= t, top)
+        mean_ctx = max(1.0, lengths.prompt_mean + lengths.output_mean)
+        seqs = min(seqs, int(p.kv_capacity_tokens * 0.9 / mean_ctx))
+        seqs = min(max(8, seqs // 8 * 8), top)  # quantized, then clamped to the bounds
+        assert slo_knobs(lengths, sla, p, bounds, margin).max_num_seqs == seqs
+
+
+# --- the loop ---------------------------------------------------------------------------
+class _Probe:
+    """A source that records the GC state and switch interval it runs under."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.seen: list[tuple[bool, float]] = []
+        self.fail = fail
+
+    def observe(self, models: Any, now_s: float) -> dict[str, Any]:
+        self.seen.append((gc.isenabled(), sys.getswitchinterval()))
+        if self.fail:
+            raise RuntimeError("source bug")
+        return {m.name: obs(model=m.name, t=now_s, rate=10.0) for m in models}
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_tick_pauses_gc_and_shortens_the_switch_interval_only_while_it_runs(fail: bool) -> None:
+    from controller.config import GovernorConfig
+
+    probe = _Probe(fail)
+    loop = ControlLoop(
+        GovernorConfig(models=(make_model("a"),)),
+        probe,
+        [],
+        clock=FakeClock(),
+        metrics=GovernorMetrics(CollectorRegistry()),
+        logger=quiet_logger(),
+    )
+    interval = sys.getswitchinterval()
+    assert gc.isenabled()
+    loop.tick(1000.0)
+    assert probe.seen == [(False, 0.0005)]
+    assert gc.isenabled() and sys.getswitchinterval() == interval
+    gc.disable()  # a process that runs without the cyclic GC keeps it off
+    try:
+        loop.tick(1005.0)
+        assert probe.seen[-1][0] is False and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_metrics_children_follow_forget() -> None:
+    from controller.types import Decision, Reason, Stage
+
+    m = GovernorMetrics(CollectorRegistry())
+
+    def decision(replicas: int) -> Decision:
+        return Decision(
+            model="a",
+            at_s=0.0,
+            valid=True,
+            replicas=replicas,
+            knobs=Knobs(64, 2048),
+            stages=(Stage("raw", 1, replicas, Reason.CAPACITY),),
+            knob_reason=Reason.KNOBS_UNCHANGED,
+            demand_rps=1.0,
+        )
+
+    def sample(name: str, **labels: str) -> float | None:
+        return m.registry.get_sample_value(name, {"model": "a", **labels})
+
+    m.record(decision(3), 1.0)
+    assert sample("governor_desired_replicas") == 3
+    m.forget("a")
+    assert sample("governor_desired_replicas") is None
+    m.record(decision(5), 1.0)
+    assert sample("governor_desired_replicas") == 5
+    total = sample("governor_stage_reasons_total", stage="raw", reason="CAPACITY")
+    assert total == 2
+
+
+def test_tick_benchmark_runs_on_a_tiny_fleet() -> None:
+    from benchmarks.bench_tick import measure
+
+    r = measure(5, ticks=2, warmup=1)
+    assert r["models_published"] == 5
+    assert r["queries_per_tick"] == r["queries_per_tick_min"] <= 15
+    assert r["cpu_ms_median"] > 0 and set(r["breakdown_ms"]) >= {"decode_ms", "decide_ms"}
