@@ -380,7 +380,7 @@ class ServiceCore:
 
     # ------------------------------------------------------------------ metrics
     def _install_metrics(self) -> None:
-        from prometheus_client import Counter, Gauge
+        from prometheus_client import Counter, Gauge, Histogram
 
         r = self.metrics.registry
         self.m_leader = Gauge(
@@ -404,6 +404,13 @@ class ServiceCore:
         )
         self.m_watch_streams = Gauge(
             "governor_watch_streams", "Open watch streams (engines + KEDA)", registry=r
+        )
+        self.m_tick_lateness = Histogram(
+            "governor_tick_lateness_seconds",
+            "How long after its scheduled time each tick started (the ticker's monotonic "
+            "schedule; 0 = on time)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
         )
 
     def _wire_error_hook(self, act: Actuator) -> None:
@@ -1096,12 +1103,22 @@ def parse_listen(value: str, what: str = "address") -> tuple[str, int]:
 
 class _Ticker:
     """Calls `fn()` every `interval_s` seconds on a thread, first at once; a slow tick
-    delays the next one instead of queueing several (missed ticks are coalesced)."""
+    delays the next one instead of queueing several (missed ticks are coalesced).
+    `on_late(seconds)` gets each tick's lateness: how long after its scheduled monotonic
+    time it started (0 when on time; a tick delayed by a slow previous one or by a
+    starved thread shows here)."""
 
-    def __init__(self, fn: Callable[[], Any], interval_s: float, logger: Any) -> None:
+    def __init__(
+        self,
+        fn: Callable[[], Any],
+        interval_s: float,
+        logger: Any,
+        on_late: Callable[[float], None] | None = None,
+    ) -> None:
         self.fn = fn
         self.interval_s = interval_s
         self.log = logger
+        self.on_late = on_late
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="governor-ticker", daemon=True)
 
@@ -1111,6 +1128,9 @@ class _Ticker:
     def _run(self) -> None:
         next_at = time.monotonic()
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            if self.on_late is not None:
+                with contextlib.suppress(Exception):
+                    self.on_late(max(0.0, time.monotonic() - next_at))
             try:
                 self.fn()
             except Exception as exc:
@@ -1245,7 +1265,12 @@ class GovernorServer:
             self.metrics_port = self._httpd.server_address[1]
         self.core.elector.start()
         if self.autotick:
-            self._ticker = _Ticker(self.core.tick, self.tick_interval_s, self.log)
+            self._ticker = _Ticker(
+                self.core.tick,
+                self.tick_interval_s,
+                self.log,
+                on_late=self.core.m_tick_lateness.observe,
+            )
             self._ticker.start()
         if self.admin_token is not None:
             admin = f"token from {self.admin_token.path}"

@@ -5,7 +5,7 @@ source, which reads request rates from a JSON file ({model: req/s}, re-read on e
 observation; tests.service.serve_fake.FileRates).
 
     python -m tests.faults.serve_governor --config FILE --state-file FILE \
-        --rates-file FILE --kube-url URL --admin-token-file FILE
+        --rates-file FILE --admin-token-file FILE [--kube-url URL]
 """
 
 from __future__ import annotations
@@ -28,20 +28,24 @@ def main() -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--state-file", required=True)
     p.add_argument("--rates-file", required=True)
-    p.add_argument("--kube-url", required=True)
+    p.add_argument("--kube-url", help="a fake Kubernetes API to scale through (optional)")
     p.add_argument("--admin-token-file", required=True)
     args = p.parse_args()
     configure_logging("warning")
     cfg = load_config(args.config)
     core_ref: list[ServiceCore] = []
-    actuator = KubernetesScaleActuator(
-        api_client(args.kube_url),
-        lambda: core_ref[0].deployments(),
-        request_timeout_s=2.0,
-        backoff_s=0.05,
-    )
+    actuators = []
+    if args.kube_url:
+        actuators.append(
+            KubernetesScaleActuator(
+                api_client(args.kube_url),
+                lambda: core_ref[0].deployments(),
+                request_timeout_s=2.0,
+                backoff_s=0.05,
+            )
+        )
     core = ServiceCore(
-        cfg, FileRates(Path(args.rates_file)), FileStore(args.state_file), actuators=[actuator]
+        cfg, FileRates(Path(args.rates_file)), FileStore(args.state_file), actuators=actuators
     )
     core_ref.append(core)
     server = GovernorServer(

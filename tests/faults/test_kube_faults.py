@@ -95,7 +95,7 @@ BURSTS = [
 @pytest.mark.fault_case(
     "Kubernetes API",
     "bursts of 409 / 500 / 429 / 503 / timeouts / lost replies on the scale subresource",
-    "40 decisions, each under a random burst of 1-7 failures (some past the 4 retries) and "
+    "30 decisions, each under a random burst of 1-7 failures (some past the 4 retries) and "
     "followed by 0-3 ticks without data; backoff doubles with +-10 % jitter; every applied "
     "write is a new decision in decision order (none lost, none twice); final scale = last "
     "decision; failures counted by reason",
@@ -108,7 +108,7 @@ def test_bursts_final_scale_is_the_last_decision(api: FaultyKubeAPI, fault_note:
     decided: list[int] = []
     failed_attempts = 0
     faults = 0
-    for _ in range(40):
+    for _ in range(30):
         value = rng.choice([v for v in range(1, 21) if not decided or v != decided[-1]])
         method, status = rng.choice(BURSTS)
         times = rng.randint(1, 7) if status not in ("timeout", "lost") else rng.randint(1, 2)
