@@ -252,7 +252,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
     sc = Scenario(trace=trace, sla=sla, start_replicas=args.start_replicas, seed=args.seed)
     print(
-        f"llm-governor demo: {trace.name} x{args.rate_scale:g}, {len(trace):,} requests over "
+        f"llm-governor demo: {trace.name}, {len(trace):,} requests over "
         f"{trace.span_s / 60:.0f} min; "
         f"SLA TTFT p95 {sla.ttft_p95_ms:g} ms, ITL p95 {sla.itl_p95_ms:g} ms"
     )
