@@ -20,14 +20,17 @@ at real wall time. Waits on the real Prometheus are bounded polls."""
 
 from __future__ import annotations
 
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from controller.config import GovernorConfig
@@ -45,7 +48,7 @@ from tests.integration.conftest import A_E2E, A_ITL, A_OUTPUT, A_PROMPT, A_QUEUE
 from tests.integration.fake_vllm import EngineSpec, FakeVllmCollector, ModelSpec, serve_registry
 from tests.integration.promserver import MISSING_BINARY, find_prometheus, wait_for
 from tests.service.fakes import quiet_logger
-from tests.service.harness import ServerThread
+from tests.service.harness import ServerThread, ServiceProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
 
@@ -297,3 +300,66 @@ def test_killed_and_restarted(world: World, fault_note: Any) -> None:
         f"24 ticks (120 s loop time, {outage:.1f} s real) down; before {before}; "
         f"resumed in {resumed} tick(s) after Prometheus answered again"
     )
+
+
+@pytest.mark.fault_case(
+    "Prometheus",
+    "`governor run` itself against the real Prometheus (then Prometheus killed)",
+    "the entry point's source queries Prometheus at wall time (it used to pass the loop's "
+    "monotonic clock, i.e. a time in 1970, and never saw data): decisions from data within "
+    "20 s; after a SIGKILL of Prometheus, KEDA keeps the held value and status says no "
+    "data; Prometheus is restarted for the cases after",
+)
+def test_governor_run_reads_prometheus_at_wall_time(
+    world: World, tmp_path: Path, fault_note: Any
+) -> None:
+    cfg = _config().model_dump(mode="json", exclude_defaults=True)
+    cfg["prometheus"] = {"url": world.prom.url, "timeout_s": TIMEOUT_S}
+    cfg["policy"]["tick_interval_s"] = 0.5
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    root = Path(__file__).resolve().parents[2]
+    svc = ServiceProcess(
+        ["-m", "controller.cli", "run", "--config", str(tmp_path / "config.yaml"),
+         "--store", "memory", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
+         "--insecure-admin"],
+        cwd=str(root),
+    )  # fmt: skip
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{svc.port()}") as channel:
+            keda = es_grpc.ExternalScalerStub(channel)
+            admin = pb_grpc.AdminServiceStub(channel)
+
+            def replicas() -> int | None:
+                ref = es.ScaledObjectRef(scalerMetadata={"model": ALPHA})
+                try:
+                    resp = keda.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=5)
+                except grpc.RpcError:
+                    return None  # UNAVAILABLE until a decision from data
+                return resp.metricValues[0].metricValue
+
+            started = time.monotonic()
+            wait_for(lambda: replicas() is not None, 20, "a decision from Prometheus data")
+            took = time.monotonic() - started
+            status = admin.GetStatus(pb.GetStatusRequest(models=[ALPHA]), timeout=5).models[0]
+            assert status.observation.present and status.observation.arrival_rate_rps > 100
+            held = replicas()
+            world.prom.kill()
+            try:
+                wait_for(
+                    lambda: (
+                        not admin.GetStatus(pb.GetStatusRequest(models=[ALPHA]), timeout=5)
+                        .models[0]
+                        .observation.present
+                    ),
+                    20,
+                    "status to say no data",
+                )
+                assert (replicas() or 0) >= (held or 0)
+            finally:
+                world.prom.restart()
+                wait_for(lambda: data_ready(world.prom, {ALPHA, BETA}, WINDOW_S), 60, "data")
+        svc.proc.send_signal(signal.SIGTERM)
+        assert svc.proc.wait(15) == 0
+    finally:
+        svc.kill()
+    fault_note(f"first decision from data {took:.1f} s after start; held {held} without data")
