@@ -24,27 +24,72 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+AREA_ORDER = (
+    "Prometheus",
+    "Kubernetes API",
+    "Controller crash",
+    "Clock",
+    "Simulator",
+    "Security",
+    "Bad input",
+    "Load",
+)
+"""Row order of the table: the order of the issue's list; other areas after, by name."""
+
+
+def _rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per case: the parametrized variants of a case (`case [id]`) are merged,
+    their outcomes and notes kept in order."""
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for r in records:
+        base, _, param = r["case"].partition(" [")
+        key = (r["area"], base, r["checked"])
+        row = rows.setdefault(
+            key, {"area": r["area"], "case": base, "checked": r["checked"], "runs": []}
+        )
+        row["runs"].append((param.rstrip("]"), r))
+
+    def order(row: dict[str, Any]) -> tuple[int, str]:
+        area = row["area"]
+        return (AREA_ORDER.index(area) if area in AREA_ORDER else len(AREA_ORDER), area)
+
+    return sorted(rows.values(), key=order)  # stable: run order within an area
+
+
+def _result(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    words = {"passed": "pass", "failed": "FAIL", "skipped": "skipped"}
+    passed = sum(1 for _, r in runs if r["outcome"] == "passed")
+    seconds = sum(r["duration_s"] for _, r in runs)
+    if len(runs) == 1:
+        head = words.get(runs[0][1]["outcome"], runs[0][1]["outcome"])
+    else:
+        head = "pass" if passed == len(runs) else "FAIL"
+        head += f" ({passed}/{len(runs)}: {', '.join(p for p, _ in runs)})"
+        failed = [p for p, r in runs if r["outcome"] != "passed"]
+        if failed:
+            head += f"; failed: {', '.join(failed)}"
+    notes = [n for _, r in runs for n in r.get("notes", [])]
+    text = f"{head}: {'; '.join(notes)}" if notes else head
+    return f"{text} ({seconds:.1f} s)"
+
+
 def render(records: list[dict[str, Any]]) -> str:
-    """The Markdown table (one row per case, in run order) and a totals line."""
+    """The Markdown table (one row per case, parametrized variants merged, areas in
+    `AREA_ORDER`) and a totals line."""
     lines = [
         "| area | case | what was checked | result |",
         "| --- | --- | --- | --- |",
     ]
-    for r in records:
-        outcome = r["outcome"]
-        result = {"passed": "pass", "failed": "FAIL", "skipped": "skipped"}.get(outcome, outcome)
-        notes = "; ".join(r.get("notes", []))
-        if notes:
-            result = f"{result}: {notes}"
+    for row in _rows(records):
         lines.append(
-            f"| {_cell(r['area'])} | {_cell(r['case'])} | {_cell(r['checked'])} | "
-            f"{_cell(result)} ({r['duration_s']:.1f} s) |"
+            f"| {_cell(row['area'])} | {_cell(row['case'])} | {_cell(row['checked'])} | "
+            f"{_cell(_result(row['runs']))} |"
         )
     passed = sum(1 for r in records if r["outcome"] == "passed")
     total_s = sum(r["duration_s"] for r in records)
     lines.append("")
     lines.append(
-        f"{passed} of {len(records)} cases passed in {total_s:.0f} s "
+        f"{passed} of {len(records)} test cases passed in {total_s:.0f} s "
         f"(tests/faults, {records[0]['when'] if records else 'no run'})."
     )
     return "\n".join(lines) + "\n"

@@ -314,10 +314,10 @@ def _cli(*argv: str) -> tuple[int, str]:
 @pytest.mark.fault_case(
     "Security",
     "`governor run` with --admin-token-file, TLS and mTLS; the operator CLI",
-    "CLI with --token-file over TLS: exit 0; no token / wrong token: exit 2 naming "
-    "UNAUTHENTICATED; plaintext client to the TLS port: exit 1; mTLS without a client "
-    "certificate: refused, with one: served; neither token nor wrong token ever appears "
-    "in the server's debug log or the CLI's output",
+    "CLI with --token-file over TLS: exit 0; no token / wrong token: exit 2 saying what to "
+    "send / that the token was refused; plaintext client to the TLS port: exit 1; mTLS "
+    "without a client certificate: refused, with one: served; neither token nor wrong "
+    "token ever appears in the server's debug log or the CLI's output",
 )
 def test_governor_run_with_token_tls_and_mtls(tmp_path: Path, pki: Path, fault_note: Any) -> None:
     token_file = tmp_path / "token"
