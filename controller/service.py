@@ -1153,6 +1153,10 @@ class GovernorServer:
     `admin_token`: required on AdminService calls (controller.security); None: the admin
     API is disabled unless `allow_unauthenticated_admin` (tests, loopback development).
     `tls`: serve TLS (mTLS with a client CA) instead of plaintext.
+    `admin_listen`: HOST:PORT serving the AdminService (and health) alone, e.g. a
+    loopback address reached with `kubectl port-forward`; the `grpc_listen` listener
+    then serves only the engines' and KEDA's read-only APIs (admin calls there:
+    UNIMPLEMENTED). None: everything on `grpc_listen`.
     `max_watch_streams`: open WatchBatchingConfig + StreamIsActive streams at most.
     `max_request_bytes`/`max_message_bytes`: largest request received / response sent.
     """
@@ -1172,9 +1176,11 @@ class GovernorServer:
         admin_token: AdminToken | None = None,
         allow_unauthenticated_admin: bool = False,
         tls: TlsFiles | None = None,
+        admin_listen: str | None = None,
         logger: Any = None,
     ) -> None:
         self.core = core
+        self.admin_listen = admin_listen
         self.max_request_bytes = max_request_bytes
         self.admin_token = admin_token
         self.allow_unauthenticated_admin = allow_unauthenticated_admin
@@ -1190,10 +1196,14 @@ class GovernorServer:
         self.port: int | None = None
         self.metrics_port: int | None = None
         self._server: grpc.aio.Server | None = None
+        self._admin_server: grpc.aio.Server | None = None
+        self.admin_port: int | None = None
         self._health: Any = None
         self._httpd: Any = None
         self._ticker: _Ticker | None = None
         parse_listen(grpc_listen, "--grpc-listen")
+        if admin_listen is not None:
+            parse_listen(admin_listen, "--admin-listen")
         if metrics_listen is not None:
             parse_listen(metrics_listen, "--metrics-listen")
 
@@ -1220,40 +1230,51 @@ class GovernorServer:
             ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(
-            options=options,
-            maximum_concurrent_rpcs=self.max_concurrent_rpcs,
-            interceptors=interceptors,
-        )
+
+        def new_server() -> grpc.aio.Server:
+            return grpc.aio.server(
+                options=options,
+                maximum_concurrent_rpcs=self.max_concurrent_rpcs,
+                interceptors=interceptors,
+            )
+
+        server = new_server()
+        admin_server = server if self.admin_listen is None else new_server()
         governor_v1_pb2_grpc.add_BatchingServiceServicer_to_server(
             BatchingServicer(self.core, self.streams), server
         )
-        governor_v1_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.core), server)
+        governor_v1_pb2_grpc.add_AdminServiceServicer_to_server(
+            AdminServicer(self.core), admin_server
+        )
         externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server(
             ExternalScalerService(self.core.board, streams=self.streams), server
         )
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        admin_name = governor_v1_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
         names = [
             governor_v1_pb2.DESCRIPTOR.services_by_name["BatchingService"].full_name,
-            governor_v1_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
             "externalscaler.ExternalScaler",
         ]
+        if admin_server is server:
+            names.insert(1, admin_name)
+        else:
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, admin_server)
+            reflection.enable_server_reflection(
+                [admin_name, health.SERVICE_NAME, reflection.SERVICE_NAME], admin_server
+            )
         reflection.enable_server_reflection(
             [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
         )
-        host, port = parse_listen(self.grpc_listen, "--grpc-listen")
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            if self.tls is not None:
-                self.port = server.add_secure_port(bind, server_credentials(self.tls))
-            else:
-                self.port = server.add_insecure_port(bind)
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {self.grpc_listen} for gRPC: {exc}") from None
+        self.port = self._bind(server, self.grpc_listen, "--grpc-listen")
+        if admin_server is not server:
+            assert self.admin_listen is not None
+            self.admin_port = self._bind(admin_server, self.admin_listen, "--admin-listen")
+            await admin_server.start()
+            self._admin_server = admin_server
         await server.start()
         self._server = server
-        for name in ["", *names]:
+        for name in ["", *names, admin_name]:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics_listen is not None:
             from prometheus_client import start_http_server
@@ -1287,8 +1308,21 @@ class GovernorServer:
             identity=self.core.elector.identity,
             tls="mtls" if self.tls and self.tls.client_ca_file else ("tls" if self.tls else "off"),
             admin_api=admin,
+            admin_port=self.admin_port or self.port,
             max_watch_streams=self.streams.limit,
         )
+
+    def _bind(self, server: grpc.aio.Server, listen: str, flag: str) -> int:
+        """Add the listener `listen` (TLS when configured); its port. OSError when it
+        cannot listen."""
+        host, port = parse_listen(listen, flag)
+        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            if self.tls is not None:
+                return int(server.add_secure_port(bind, server_credentials(self.tls)))
+            return int(server.add_insecure_port(bind))
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {listen} for gRPC ({flag}): {exc}") from None
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Graceful shutdown within `grace_s` seconds (see module doc)."""
@@ -1298,10 +1332,17 @@ class GovernorServer:
         stop_task = (
             asyncio.create_task(self._server.stop(grace_s)) if self._server is not None else None
         )
+        admin_stop = (
+            asyncio.create_task(self._admin_server.stop(grace_s))
+            if self._admin_server is not None
+            else None
+        )
         self.core.board.close()  # ends watch streams: clients reconnect elsewhere
         waits: list[Any] = []
         if stop_task is not None:
             waits.append(stop_task)
+        if admin_stop is not None:
+            waits.append(admin_stop)
         if self._ticker is not None:
             waits.append(asyncio.to_thread(self._ticker.stop, grace_s))
         await asyncio.gather(*waits)
@@ -1479,6 +1520,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         f"(default ${ADMIN_TOKEN_ENV}); without it the admin API is disabled",
     )
     p.add_argument(
+        "--admin-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the admin API on this listener only (e.g. 127.0.0.1:50052); "
+        "--grpc-listen then serves the engines' and KEDA's read-only APIs alone",
+    )
+    p.add_argument(
         "--insecure-admin",
         action="store_true",
         help="serve the admin API without a token (development only; needs a loopback "
@@ -1505,6 +1553,8 @@ def run_service(args: argparse.Namespace) -> int:
     from controller.logs import configure_logging
 
     listens = (("--grpc-listen", args.grpc_listen), ("--metrics-listen", args.metrics_listen))
+    if args.admin_listen is not None:
+        listens += (("--admin-listen", args.admin_listen),)
     for flag, value in listens:
         try:
             parse_listen(value, flag)
@@ -1619,6 +1669,7 @@ def run_service(args: argparse.Namespace) -> int:
             admin_token=admin_token,
             allow_unauthenticated_admin=args.insecure_admin,
             tls=tls,
+            admin_listen=args.admin_listen,
         )
         return serve(server, args.shutdown_grace_s)
     except OSError as exc:
@@ -1635,10 +1686,15 @@ def _security_args(args: argparse.Namespace) -> tuple[AdminToken | None, TlsFile
     if args.insecure_admin:
         if token is not None:
             raise ValueError("--insecure-admin and --admin-token-file exclude each other")
-        host, _ = parse_listen(args.grpc_listen, "--grpc-listen")
+        flag, listen = (
+            ("--admin-listen", args.admin_listen)
+            if args.admin_listen is not None
+            else ("--grpc-listen", args.grpc_listen)
+        )
+        host, _ = parse_listen(listen, flag)
         if host not in _LOOPBACK:
             raise ValueError(
-                "--insecure-admin needs a loopback --grpc-listen (127.0.0.1:PORT): an "
+                f"--insecure-admin needs a loopback {flag} (127.0.0.1:PORT): an "
                 f"unauthenticated admin API must not be reachable from other hosts (got {host})"
             )
     tls = None
@@ -1665,8 +1721,10 @@ async def _serve(server: GovernorServer, grace_s: float) -> int:
         loop.add_signal_handler(sig, stop.set)
     await server.start()
     # A line for humans and for tests: where we listen (one write: not split by logs).
+    admin = f", admin on port {server.admin_port}" if server.admin_port is not None else ""
     sys.stderr.write(
-        f"governor: serving gRPC on port {server.port}, metrics on port {server.metrics_port}\n"
+        f"governor: serving gRPC on port {server.port}, metrics on port {server.metrics_port}"
+        f"{admin}\n"
     )
     sys.stderr.flush()
     await stop.wait()

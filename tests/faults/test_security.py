@@ -207,6 +207,47 @@ def test_token_file_rotation_and_bad_files(tmp_path: Path) -> None:
         AdminToken(tmp_path / "missing")
 
 
+@pytest.mark.fault_case(
+    "Security",
+    "a separate admin listener (--admin-listen)",
+    "the AdminService is served only on the admin listener (with its token); the main "
+    "listener answers admin calls UNIMPLEMENTED and serves engines, KEDA and health; the "
+    "admin listener serves no engine API",
+)
+def test_admin_on_its_own_listener() -> None:
+    core, clock = _core()
+    core.tick(clock.advance(5))
+    good = (("authorization", f"Bearer {TOKEN}"),)
+    with ServerThread(
+        core,
+        admin_token=AdminToken.from_value(TOKEN),
+        allow_unauthenticated_admin=False,
+        admin_listen="127.0.0.1:0",
+        logger=quiet_logger(),
+    ) as s:
+        admin_addr = f"127.0.0.1:{s.server.admin_port}"
+        assert s.server.admin_port not in (None, s.server.port)
+        with grpc.insecure_channel(s.address) as main, grpc.insecure_channel(admin_addr) as adm:
+            on_main = pb_grpc.AdminServiceStub(main)
+            code = _code(lambda: on_main.GetStatus(pb.GetStatusRequest(), timeout=5, metadata=good))
+            assert code == grpc.StatusCode.UNIMPLEMENTED
+            batching = pb_grpc.BatchingServiceStub(main)
+            assert batching.GetBatchingConfig(pb.GetBatchingConfigRequest(model="demo"), timeout=5)
+            on_admin = pb_grpc.AdminServiceStub(adm)
+            assert on_admin.GetStatus(pb.GetStatusRequest(), timeout=5, metadata=good).models
+            code = _code(lambda: on_admin.GetStatus(pb.GetStatusRequest(), timeout=5))
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+            other = pb_grpc.BatchingServiceStub(adm)
+            req = pb.GetBatchingConfigRequest(model="demo")
+            assert _code(lambda: other.GetBatchingConfig(req, timeout=5)) == (
+                grpc.StatusCode.UNIMPLEMENTED
+            )
+            for channel in (main, adm):
+                health = health_pb2_grpc.HealthStub(channel)
+                resp = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+                assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
 # ---------------------------------------------------------------------- real process, TLS
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
@@ -416,6 +457,8 @@ def test_bad_security_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--admin-token-file", str(empty)], "is empty"),
         (["--admin-token-file", str(short)], "at least 16"),
         (["--insecure-admin", "--grpc-listen", "0.0.0.0:0"], "loopback"),
+        (["--insecure-admin", "--admin-listen", "0.0.0.0:0"], "loopback --admin-listen"),
+        (["--admin-listen", "nowhere"], "--admin-listen"),
         (["--tls-cert-file", str(notpem)], "both --tls-cert-file and --tls-key-file"),
         (["--tls-cert-file", str(notpem), "--tls-key-file", str(notpem)], "not a PEM"),
         (["--tls-client-ca-file", str(notpem)], "needs --tls-cert-file"),
