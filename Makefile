@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all test lint demo bench prometheus proto venv clean
+.PHONY: all test test-faults lint demo bench prometheus proto venv clean
 
 all: test
 
@@ -20,8 +20,17 @@ venv: $(STAMP)
 prometheus:
 	@bash scripts/ensure-prometheus.sh
 
+# The faults gate runs silently so pytest's summary stays the closing line; the table is
+# in out/faults.md (`make test-faults` prints it).
 test: $(STAMP) prometheus
 	$(BIN)/python -m pytest -q
+	@$(BIN)/python scripts/faults_report.py --check > /dev/null
+
+# Fault injection, security, bad input and load (tests/faults): writes out/faults.json and
+# out/faults.md, prints the README table "Faults and bad input"; exit 1 if a case failed.
+test-faults: $(STAMP) prometheus
+	$(BIN)/python -m pytest -q tests/faults
+	$(BIN)/python scripts/faults_report.py --check
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
