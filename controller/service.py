@@ -48,7 +48,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -325,6 +325,25 @@ def _slots(cfg: GovernorConfig) -> list[ModelSlot]:
     ]
 
 
+def _published(
+    saved: Mapping[str, Any], keep: Container[str] | None = None
+) -> dict[str, Published]:
+    """Board entries from a state document's saved publications (only the `keep` models)."""
+    return {
+        name: Published(
+            model=name,
+            namespace="",
+            knobs=Knobs(p.max_num_seqs, p.max_num_batched_tokens),
+            generation=p.generation,
+            replicas=p.replicas,
+            reason=p.reason,
+            decided_at_unix_s=p.decided_at_unix_s,
+        )
+        for name, p in saved.items()
+        if keep is None or name in keep
+    }
+
+
 class ServiceCore:
     """Targets, loop, board, persistence and leadership of one governor instance.
 
@@ -474,21 +493,7 @@ class ServiceCore:
             for name, raw in state_doc.models.items():
                 if name in names:
                     states[name] = from_wall(raw, offset, f"{self.store.description}: {name}")
-            self.board.restore(
-                {
-                    name: Published(
-                        model=name,
-                        namespace="",
-                        knobs=Knobs(p.max_num_seqs, p.max_num_batched_tokens),
-                        generation=p.generation,
-                        replicas=p.replicas,
-                        reason=p.reason,
-                        decided_at_unix_s=p.decided_at_unix_s,
-                    )
-                    for name, p in state_doc.published.items()
-                    if name in names
-                }
-            )
+            self.board.restore(_published(state_doc.published, keep=names))
             self.log.info(
                 "state_restored",
                 store=self.store.description,
@@ -574,21 +579,7 @@ class ServiceCore:
             return
         if doc is None:
             return
-        self.board.restore(
-            {
-                name: Published(
-                    model=name,
-                    namespace="",
-                    knobs=Knobs(p.max_num_seqs, p.max_num_batched_tokens),
-                    generation=p.generation,
-                    replicas=p.replicas,
-                    reason=p.reason,
-                    decided_at_unix_s=p.decided_at_unix_s,
-                )
-                for name, p in doc.published.items()
-            },
-            origin=ORIGIN_LEADER,
-        )
+        self.board.restore(_published(doc.published), origin=ORIGIN_LEADER)
 
     def _state_doc(self) -> Any:
         from controller.store import StateDoc
