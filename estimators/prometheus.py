@@ -393,6 +393,19 @@ def _label(metric: dict[Any, Any], name: str) -> str | None:
 # decides what non-finite means).
 
 
+def _sample(item: Any, query: str) -> tuple[dict[str, str], float]:
+    """One instant-vector sample as (labels, value); SourceError naming the query when
+    it is malformed."""
+    try:
+        metric = item["metric"]
+        _ts, value = item["value"]
+        if not isinstance(metric, dict) or not isinstance(value, _NUMBER):
+            raise TypeError("metric must be an object and value a number")
+        return metric, float(value)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _malformed(item, exc, query) from exc
+
+
 def _parse_tagged(raw: Any, query: str, model_label: str) -> SignalTable:
     """Validate a query API `data.result` as an instant vector and index a tagged
     (multi-signal) answer: signal -> model -> value. Series without both labels are
@@ -401,14 +414,7 @@ def _parse_tagged(raw: Any, query: str, model_label: str) -> SignalTable:
         raise _not_a_vector(raw, query)
     table: SignalTable = {}
     for item in raw:
-        try:
-            metric = item["metric"]
-            _ts, value = item["value"]
-            if not isinstance(metric, dict) or not isinstance(value, _NUMBER):
-                raise TypeError("metric must be an object and value a number")
-            value = float(value)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _malformed(item, exc, query) from exc
+        metric, value = _sample(item, query)
         model, signal = _label(metric, model_label), _label(metric, SIGNAL_LABEL)
         if model is not None and signal is not None:
             column = table.get(signal)
@@ -448,14 +454,7 @@ def _parse_buckets(raw: Any, query: str, model_label: str) -> dict[str, Buckets]
     by_model: dict[str, dict[float, float]] = {}
     cached = _LE_CACHE.get
     for item in raw:
-        try:
-            metric = item["metric"]
-            _ts, value = item["value"]
-            if not isinstance(metric, dict) or not isinstance(value, _NUMBER):
-                raise TypeError("metric must be an object and value a number")
-            value = float(value)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _malformed(item, exc, query) from exc
+        metric, value = _sample(item, query)
         model = metric.get(model_label)
         le = metric.get("le")
         if model is None or le is None:
