@@ -25,12 +25,10 @@ import pytest
 import yaml
 
 from controller.store import FileStore
-from governor_api import externalscaler_pb2 as es
-from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from tests.faults.helpers import FaultyKubeAPI
-from tests.service.harness import ServiceProcess, wait_until
+from tests.service.harness import ServiceProcess, keda_replicas, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "llm"
@@ -63,21 +61,13 @@ def _start(tmp: Path, kube_url: str) -> ServiceProcess:
     )
 
 
-def _keda(channel: grpc.Channel) -> int | None:
-    stub = es_grpc.ExternalScalerStub(channel)
-    ref = es.ScaledObjectRef(scalerMetadata={"model": "demo"})
-    try:
-        resp = stub.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=2)
-    except grpc.RpcError:
-        return None
-    return resp.metricValues[0].metricValue
-
-
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 def _await_applied(api: FaultyKubeAPI, channel: grpc.Channel) -> None:
-    wait_until(lambda: api.replicas(NS, "demo") == _keda(channel), 30, "the decision applied")
+    wait_until(
+        lambda: api.replicas(NS, "demo") == keda_replicas(channel), 30, "the decision applied"
+    )
 
 
 @pytest.mark.slow
@@ -142,13 +132,13 @@ def test_sigkill_mid_actuation(tmp_path: Path, fault_note: Any) -> None:
                 assert state.models["demo"]["recommendations"], "hysteresis memory lost"
                 svc = _start(tmp_path, api.url)
                 channel = grpc.insecure_channel(f"127.0.0.1:{svc.port()}")
-                assert _keda(channel) == saved  # served at once, before any tick
+                assert keda_replicas(channel) == saved  # served at once, before any tick
                 admin = pb_grpc.AdminServiceStub(channel)
                 got = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5, metadata=AUTH)
                 assert got.target.sla.itl_p95_ms == 42
                 # the interrupted actuation is completed by the new process
                 _await_applied(api, channel)
-            high = _keda(channel)
+            high = keda_replicas(channel)
             assert high is not None
             wait_until(lambda: api.replicas(NS, "demo") == high, 30, "the last decision applied")
             # load drops right after the last restart: nothing scales down in the window
@@ -156,7 +146,7 @@ def test_sigkill_mid_actuation(tmp_path: Path, fault_note: Any) -> None:
             deadline = time.monotonic() + 3.0  # 30 ticks
             while time.monotonic() < deadline:
                 assert api.replicas(NS, "demo") == high
-                assert _keda(channel) == high
+                assert keda_replicas(channel) == high
                 time.sleep(0.1)
             explain = admin.Explain(pb.ExplainRequest(model="demo", last=1), timeout=5,
                                     metadata=AUTH)  # fmt: skip

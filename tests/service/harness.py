@@ -10,7 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
+
 from controller.service import GovernorServer, ServiceCore
+from governor_api import externalscaler_pb2 as es
+from governor_api import externalscaler_pb2_grpc as es_grpc
 
 
 class ServerThread:
@@ -118,3 +122,15 @@ class ServiceProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def keda_replicas(channel: grpc.Channel, model: str = "demo") -> int | None:
+    """The replica count KEDA would read (GetMetrics' metricValue); None while the
+    scaler answers with an error (no decision yet, server not ready)."""
+    stub = es_grpc.ExternalScalerStub(channel)
+    ref = es.ScaledObjectRef(scalerMetadata={"model": model})
+    try:
+        resp = stub.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=2)
+    except grpc.RpcError:
+        return None
+    return resp.metricValues[0].metricValue

@@ -18,11 +18,9 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controller.cli import main as cli_main
-from governor_api import externalscaler_pb2 as es
-from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
-from tests.service.harness import ServiceProcess, wait_until
+from tests.service.harness import ServiceProcess, keda_replicas, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TICK_S = 0.2
@@ -68,16 +66,6 @@ def _start(tmp: Path, *extra: str) -> ServiceProcess:
     )
 
 
-def _replicas(channel: grpc.Channel) -> int | None:
-    stub = es_grpc.ExternalScalerStub(channel)
-    ref = es.ScaledObjectRef(scalerMetadata={"model": "demo"})
-    try:
-        resp = stub.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=2)
-    except grpc.RpcError:
-        return None
-    return resp.metricValues[0].metricValue
-
-
 @pytest.mark.slow
 def test_sigterm_completes_in_flight_calls_and_exits_0(tmp_path: Path) -> None:
     _write_config(tmp_path / "config.yaml")
@@ -88,7 +76,7 @@ def test_sigterm_completes_in_flight_calls_and_exits_0(tmp_path: Path) -> None:
     try:
         port = svc.port()
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        wait_until(lambda: _replicas(channel), 20, "the first decision")
+        wait_until(lambda: keda_replicas(channel), 20, "the first decision")
         admin = pb_grpc.AdminServiceStub(channel)
         got = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5)
         target = pb.ModelTarget()
@@ -128,7 +116,7 @@ def test_kill_and_restart_keeps_targets_and_does_not_scale_down(tmp_path: Path) 
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{svc.port()}")
         high = wait_until(
-            lambda: (r := _replicas(channel)) is not None and r >= 5 and r, 30, "scale-up"
+            lambda: (r := keda_replicas(channel)) is not None and r >= 5 and r, 30, "scale-up"
         )
         admin = pb_grpc.AdminServiceStub(channel)
         got = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5)
@@ -141,7 +129,7 @@ def test_kill_and_restart_keeps_targets_and_does_not_scale_down(tmp_path: Path) 
             10,
             "a tick after the target change",
         )
-        high = _replicas(channel)
+        high = keda_replicas(channel)
         channel.close()
     finally:
         svc.kill()  # SIGKILL: no shutdown hook runs
@@ -152,7 +140,7 @@ def test_kill_and_restart_keeps_targets_and_does_not_scale_down(tmp_path: Path) 
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{svc2.port()}")
         admin = pb_grpc.AdminServiceStub(channel)
-        assert _replicas(channel) == high  # restored, served at once
+        assert keda_replicas(channel) == high  # restored, served at once
         target = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5).target
         assert target.sla.ttft_p95_ms == 950
 
@@ -170,7 +158,7 @@ def test_kill_and_restart_keeps_targets_and_does_not_scale_down(tmp_path: Path) 
         assert last.raw_replicas < high
         held = {"panic:PANIC_HOLD", "stabilize:SCALE_DOWN_STABILIZED"}
         assert held & set(last.stage_reasons), list(last.stage_reasons)
-        assert _replicas(channel) == high
+        assert keda_replicas(channel) == high
         channel.close()
         svc2.proc.send_signal(signal.SIGTERM)
         assert svc2.proc.wait(timeout=15) == 0
@@ -220,7 +208,7 @@ def test_governor_run_entry_point_serves_health_metrics_and_stops_on_sigterm(
 
             wait_until(ticked, 20, "a tick counted in /metrics")
             # no data from Prometheus: KEDA is told UNAVAILABLE, never a zero
-            assert _replicas(channel) is None
+            assert keda_replicas(channel) is None
         svc.proc.send_signal(signal.SIGTERM)
         assert svc.proc.wait(timeout=15) == 0
     finally:
