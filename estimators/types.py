@@ -54,6 +54,16 @@ class ModelQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencyQuantiles:
+    """A latency distribution, milliseconds; a quantile is None when it has no data."""
+
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
     """One model's signals over the query window. `None` means "no data", never zero."""
 
@@ -85,6 +95,30 @@ class Observation:
     preemption_rate_per_s: float | None = None
     gpu_busy_frac: float | None = None
     ready_replicas: int | None = None
+    # --- signals added for the seed policy, latency distributions and online calibration.
+    # Every one is None when the source has no data for it (never 0).
+    arrival_rate_5m_rps: float | None = None
+    """Requests arriving per second over a 5-minute window (the seed policy's window)."""
+    decode_time_p95_ms: float | None = None
+    """p95 of per-request decode time (`vllm:request_decode_time_seconds`), ms."""
+    decode_time_mean_ms: float | None = None
+    prefill_time_mean_ms: float | None = None
+    """Mean per-request prefill time (`vllm:request_prefill_time_seconds`), ms."""
+    tpot_p95_ms: float | None = None
+    """p95 of per-request time per output token (`vllm:request_time_per_output_token_seconds`)."""
+    tpot_attainment_frac: float | None = None
+    """Fraction of requests whose TPOT <= the ITL SLA, exact from buckets."""
+    itl_mean_ms: float | None = None
+    ttft_mean_ms: float | None = None
+    step_tokens_mean: float | None = None
+    """Mean tokens scheduled per engine step (`vllm:iteration_tokens_total`)."""
+    ttft_dist: LatencyQuantiles | None = None
+    itl_dist: LatencyQuantiles | None = None
+    e2e_dist: LatencyQuantiles | None = None
+    targets_up: int | None = None
+    """Engine scrape targets of this model with `up == 1` (None: unknown to the source)."""
+    targets_down: int | None = None
+    """Engine scrape targets of this model that are down (`up == 0`)."""
     extra: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
