@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from controller.types import Decision, Knobs
+from estimators.types import LatencyQuantiles, Observation, latency_quantiles
 
 ORIGIN_DEFAULT = "default"  # configured default knobs, nothing decided yet
 ORIGIN_DECISION = "decision"  # this instance's loop decided it
@@ -45,6 +46,29 @@ class ModelSlot:
     name: str
     namespace: str
     default_knobs: Knobs
+
+
+LATENCY_SIGNALS = ("ttft", "itl", "e2e")
+"""The latency signals served to engines (`X-Latency-Dist`) and in `governor status`."""
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyDistribution:
+    """A model's latency distribution as last observed, ms per quantile (None = no
+    data), and the wall time (Unix seconds) it was taken from the observation."""
+
+    ttft: LatencyQuantiles
+    itl: LatencyQuantiles
+    e2e: LatencyQuantiles
+    observed_at_unix_s: float
+
+    @classmethod
+    def of(cls, obs: Observation, wall_s: float) -> LatencyDistribution | None:
+        """The distribution in `obs`; None when it holds no latency quantile at all."""
+        q = {s: latency_quantiles(obs, s) for s in LATENCY_SIGNALS}
+        if all(v == LatencyQuantiles() for v in q.values()):
+            return None
+        return cls(ttft=q["ttft"], itl=q["itl"], e2e=q["e2e"], observed_at_unix_s=wall_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +89,9 @@ class Published:
     reason: str
     decided_at_unix_s: float | None
     origin: str = ORIGIN_DEFAULT
+    latency: LatencyDistribution | None = None
+    """The model's last observed latency distribution (engines' `X-Latency-Dist`);
+    kept through ticks without latency data, mirrored by followers."""
 
     @property
     def active(self) -> bool | None:
@@ -190,6 +217,15 @@ class DecisionBoard:
                 self._bump()
         if changed:
             self._notify()
+
+    def set_latency(self, latencies: Mapping[str, LatencyDistribution]) -> None:
+        """Record each configured model's latest latency distribution. Not a change of
+        the served knobs or replicas: watchers are not woken and the version stays."""
+        with self._cond:
+            for name, dist in latencies.items():
+                old = self._entries.get(name)
+                if old is not None:
+                    self._entries[name] = replace(old, latency=dist)
 
     def restore(self, entries: Mapping[str, Published], origin: str = ORIGIN_RESTORED) -> None:
         """Load persisted (or the leader's) values for configured models.

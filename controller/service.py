@@ -49,7 +49,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,10 @@ from actuators.keda import ExternalScalerService
 from actuators.publisher import (
     ORIGIN_LEADER,
     DecisionBoard,
+    LatencyDistribution,
     ModelSlot,
     Published,
+    latency_quantiles,
 )
 from controller.config import (
     ConfigError,
@@ -89,7 +91,9 @@ from controller.security import (
 from controller.store import (
     ConflictError,
     FileStore,
+    LatencyDoc,
     MemoryStore,
+    QuantilesDoc,
     Store,
     StoreError,
     TargetsDoc,
@@ -102,7 +106,13 @@ from controller.store import (
     to_wall,
 )
 from controller.types import Decision, Knobs
-from estimators.types import MetricSource, NoDataError, Observation, SourceError
+from estimators.types import (
+    LatencyQuantiles,
+    MetricSource,
+    NoDataError,
+    Observation,
+    SourceError,
+)
 from governor_api import externalscaler_pb2_grpc, governor_v1_pb2, governor_v1_pb2_grpc
 
 pb = governor_v1_pb2
@@ -183,28 +193,58 @@ def profile_name_problem(profile: str, allowed: Iterable[str] = ()) -> str | Non
     )
 
 
-def _quantiles(obs: Observation, signal_name: str, p95: float | None, p99: float | None) -> Any:
-    q = pb.LatencyQuantiles()
-    extra = obs.extra or {}
-    values = {
-        "p50_ms": extra.get(f"{signal_name}_p50_ms"),
-        "p90_ms": extra.get(f"{signal_name}_p90_ms"),
-        "p95_ms": p95 if p95 is not None else extra.get(f"{signal_name}_p95_ms"),
-        "p99_ms": p99 if p99 is not None else extra.get(f"{signal_name}_p99_ms"),
-    }
-    for k, v in values.items():
-        if v is not None and math.isfinite(v):
-            setattr(q, k, float(v))
-    return q
+def _quantiles_pb(q: LatencyQuantiles) -> governor_v1_pb2.LatencyQuantiles:
+    out = pb.LatencyQuantiles()
+    for k in ("p50_ms", "p90_ms", "p95_ms", "p99_ms"):
+        v = getattr(q, k)
+        if v is not None:
+            setattr(out, k, float(v))
+    return out
+
+
+def latency_to_pb(
+    model: str, dist: LatencyDistribution | None
+) -> governor_v1_pb2.LatencyDistribution:
+    """GetLatencyDistribution's answer; `present` False when nothing was observed yet."""
+    if dist is None:
+        return pb.LatencyDistribution(model=model, present=False)
+    return pb.LatencyDistribution(
+        model=model,
+        present=True,
+        observed_at_unix_s=dist.observed_at_unix_s,
+        ttft=_quantiles_pb(dist.ttft),
+        itl=_quantiles_pb(dist.itl),
+        e2e=_quantiles_pb(dist.e2e),
+    )
+
+
+def _latency_doc(dist: LatencyDistribution | None) -> LatencyDoc | None:
+    if dist is None:
+        return None
+    return LatencyDoc(
+        ttft=QuantilesDoc(**asdict(dist.ttft)),
+        itl=QuantilesDoc(**asdict(dist.itl)),
+        e2e=QuantilesDoc(**asdict(dist.e2e)),
+        observed_at_unix_s=dist.observed_at_unix_s,
+    )
+
+
+def _latency_from_doc(doc: LatencyDoc | None) -> LatencyDistribution | None:
+    if doc is None:
+        return None
+    return LatencyDistribution(
+        ttft=LatencyQuantiles(**doc.ttft.model_dump()),
+        itl=LatencyQuantiles(**doc.itl.model_dump()),
+        e2e=LatencyQuantiles(**doc.e2e.model_dump()),
+        observed_at_unix_s=doc.observed_at_unix_s,
+    )
 
 
 def observation_to_pb(
     obs: Observation | NoDataError | SourceError | None,
 ) -> governor_v1_pb2.ObservationStatus:
-    """Status view of an observation. Latency quantiles: p95 (and e2e p99) from the
-    Observation's fields; p50/p90/p99 from `Observation.extra` keys named
-    `<signal>_<quantile>_ms` (signal: ttft, itl, e2e, queue_time) when the source
-    provides them."""
+    """Status view of an observation. Latency quantiles as `latency_quantiles` reads
+    them: the source's distributions, else the point fields and `extra` keys."""
     if obs is None:
         return pb.ObservationStatus(present=False, no_data="no tick yet")
     if not isinstance(obs, Observation):
@@ -214,10 +254,10 @@ def observation_to_pb(
         observed_at_s=obs.observed_at_s,
         staleness_s=obs.staleness_s,
         arrival_rate_rps=obs.arrival_rate_rps,
-        ttft=_quantiles(obs, "ttft", obs.ttft_p95_ms, None),
-        itl=_quantiles(obs, "itl", obs.itl_p95_ms, None),
-        e2e=_quantiles(obs, "e2e", None, obs.e2e_p99_ms),
-        queue_time=_quantiles(obs, "queue_time", obs.queue_time_p95_ms, None),
+        ttft=_quantiles_pb(latency_quantiles(obs, "ttft")),
+        itl=_quantiles_pb(latency_quantiles(obs, "itl")),
+        e2e=_quantiles_pb(latency_quantiles(obs, "e2e")),
+        queue_time=_quantiles_pb(latency_quantiles(obs, "queue_time")),
     )
     for name in (
         "arrival_rate_short_rps",
@@ -338,6 +378,7 @@ def _published(
             replicas=p.replicas,
             reason=p.reason,
             decided_at_unix_s=p.decided_at_unix_s,
+            latency=_latency_from_doc(p.latency),
         )
         for name, p in saved.items()
         if keep is None or name in keep
@@ -529,8 +570,22 @@ class ServiceCore:
                 self._follow()
                 return []
             decisions = self.loop.tick(now_s)
+            self._publish_latency()
             self._save_state()
             return decisions
+
+    def _publish_latency(self) -> None:
+        """Put each model's latency distribution of this tick on the board (served by
+        GetLatencyDistribution, saved with the publications so followers serve it too);
+        a model without latency data this tick keeps its last one."""
+        wall = self.clock.wall()
+        latencies = {}
+        for name, ms in self.loop.snapshot().models.items():
+            if isinstance(ms.observation, Observation):
+                dist = LatencyDistribution.of(ms.observation, wall)
+                if dist is not None:
+                    latencies[name] = dist
+        self.board.set_latency(latencies)
 
     def _take_over(self) -> None:
         """We just became leader: continue from the leader's last saved state."""
@@ -592,6 +647,7 @@ class ServiceCore:
                 replicas=p.replicas,
                 reason=p.reason[:64],
                 decided_at_unix_s=p.decided_at_unix_s,
+                latency=_latency_doc(p.latency),
             )
             for name, p in self.board.snapshot().items()
         }
@@ -946,6 +1002,12 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
     ) -> governor_v1_pb2.BatchingConfig:
         return batching_to_pb(await self._entry(request, context))
+
+    async def GetLatencyDistribution(
+        self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
+    ) -> governor_v1_pb2.LatencyDistribution:
+        entry = await self._entry(request, context)
+        return latency_to_pb(entry.model, entry.latency)
 
     async def WatchBatchingConfig(
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext

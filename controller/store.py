@@ -44,6 +44,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveInt,
     TypeAdapter,
@@ -117,6 +118,24 @@ class TargetsDoc(_Doc):
     paused: tuple[str, ...] = ()
 
 
+class QuantilesDoc(_Doc):
+    """Latency quantiles, ms (None = no data)."""
+
+    p50_ms: NonNegativeFloat | None = None
+    p90_ms: NonNegativeFloat | None = None
+    p95_ms: NonNegativeFloat | None = None
+    p99_ms: NonNegativeFloat | None = None
+
+
+class LatencyDoc(_Doc):
+    """A model's last observed latency distribution (see actuators.publisher)."""
+
+    ttft: QuantilesDoc = QuantilesDoc()
+    itl: QuantilesDoc = QuantilesDoc()
+    e2e: QuantilesDoc = QuantilesDoc()
+    observed_at_unix_s: float
+
+
 class PublishedDoc(_Doc):
     """A published value (see actuators.publisher.Published), wall times."""
 
@@ -126,6 +145,7 @@ class PublishedDoc(_Doc):
     replicas: NonNegativeInt | None
     reason: str = Field(max_length=64)
     decided_at_unix_s: float | None
+    latency: LatencyDoc | None = None
 
 
 class StateDoc(_Doc):

@@ -156,3 +156,22 @@ def finite_or_none(value: float | None) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
+
+def latency_quantiles(obs: Observation, signal: str) -> LatencyQuantiles:
+    """p50/p90/p95/p99 of `signal` (ttft, itl, e2e or queue_time) in `obs`, ms.
+
+    The source's distribution (`<signal>_dist`) first; a quantile it lacks falls back to
+    the Observation's point field (`<signal>_p95_ms`, `e2e_p99_ms`), then to
+    `extra["<signal>_<q>_ms"]`. Non-finite values are dropped (None = no data)."""
+    dist = getattr(obs, f"{signal}_dist", None)
+    extra = obs.extra or {}
+    values: dict[str, float | None] = {}
+    for q in ("p50", "p90", "p95", "p99"):
+        v = getattr(dist, f"{q}_ms", None) if dist is not None else None
+        if v is None:
+            v = getattr(obs, f"{signal}_{q}_ms", None)
+        if v is None:
+            v = extra.get(f"{signal}_{q}_ms")
+        values[f"{q}_ms"] = finite_or_none(v)
+    return LatencyQuantiles(**values)

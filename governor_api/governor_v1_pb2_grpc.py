@@ -45,6 +45,11 @@ class BatchingServiceStub:
                 request_serializer=governor__api_dot_governor__v1__pb2.GetBatchingConfigRequest.SerializeToString,
                 response_deserializer=governor__api_dot_governor__v1__pb2.BatchingConfig.FromString,
                 _registered_method=True)
+        self.GetLatencyDistribution = channel.unary_unary(
+                '/governor.v1.BatchingService/GetLatencyDistribution',
+                request_serializer=governor__api_dot_governor__v1__pb2.GetBatchingConfigRequest.SerializeToString,
+                response_deserializer=governor__api_dot_governor__v1__pb2.LatencyDistribution.FromString,
+                _registered_method=True)
 
 
 class BatchingServiceServicer:
@@ -67,6 +72,16 @@ class BatchingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLatencyDistribution(self, request, context):
+        """The model's latency distribution as the governor last observed it (p50/p90/p95/p99
+        of TTFT, ITL and e2e), for the engine's `X-Latency-Dist` response header. Read-only,
+        answered from the decision board like GetBatchingConfig; NOT_FOUND when the model is
+        not configured, `present` false before any latency was observed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BatchingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +94,11 @@ def add_BatchingServiceServicer_to_server(servicer, server):
                     servicer.WatchBatchingConfig,
                     request_deserializer=governor__api_dot_governor__v1__pb2.GetBatchingConfigRequest.FromString,
                     response_serializer=governor__api_dot_governor__v1__pb2.BatchingConfig.SerializeToString,
+            ),
+            'GetLatencyDistribution': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLatencyDistribution,
+                    request_deserializer=governor__api_dot_governor__v1__pb2.GetBatchingConfigRequest.FromString,
+                    response_serializer=governor__api_dot_governor__v1__pb2.LatencyDistribution.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +156,33 @@ class BatchingService:
             '/governor.v1.BatchingService/WatchBatchingConfig',
             governor__api_dot_governor__v1__pb2.GetBatchingConfigRequest.SerializeToString,
             governor__api_dot_governor__v1__pb2.BatchingConfig.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLatencyDistribution(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/governor.v1.BatchingService/GetLatencyDistribution',
+            governor__api_dot_governor__v1__pb2.GetBatchingConfigRequest.SerializeToString,
+            governor__api_dot_governor__v1__pb2.LatencyDistribution.FromString,
             options,
             channel_credentials,
             insecure,

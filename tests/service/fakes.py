@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.config import GovernorConfig
-from estimators.types import ModelQuery, NoDataError, Observation
+from estimators.types import LatencyQuantiles, ModelQuery, NoDataError, Observation
 
 
 @dataclass
@@ -38,6 +38,8 @@ class FakeSource:
     prompt_tokens: float = 1000.0
     output_tokens: float = 200.0
     calls: int = 0
+    dists: dict[str, LatencyQuantiles] = field(default_factory=dict)
+    """Latency distributions by signal (ttft, itl, e2e) put on every Observation."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, model: str, rate: float | None) -> None:
@@ -66,6 +68,9 @@ class FakeSource:
                     running=rate,
                     waiting=0.0,
                     extra={"ttft_p50_ms": 120.0, "ttft_p90_ms": 250.0, "itl_p99_ms": 35.0},
+                    ttft_dist=self.dists.get("ttft"),
+                    itl_dist=self.dists.get("itl"),
+                    e2e_dist=self.dists.get("e2e"),
                 )
             return out
 

@@ -74,7 +74,7 @@ def test_governor_services_exist() -> None:
     fd = governor_v1_pb2.DESCRIPTOR
     assert fd.package == "governor.v1"
     batching = {m.name for m in fd.services_by_name["BatchingService"].methods}
-    assert batching == {"GetBatchingConfig", "WatchBatchingConfig"}
+    assert batching == {"GetBatchingConfig", "WatchBatchingConfig", "GetLatencyDistribution"}
     admin = {m.name for m in fd.services_by_name["AdminService"].methods}
     assert {"SetTarget", "GetTarget", "ListTargets", "DeleteTarget", "GetStatus"} <= admin
     assert {"Explain", "PauseActuation", "ResumeActuation"} <= admin
