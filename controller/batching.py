@@ -1,7 +1,7 @@
 """Batching knobs and per-replica capacity at the SLA.
 
 Two knob policies:
-- `seed`: the source design's rule, kept exactly for comparison (ARCHITECTURE.md s.5).
+- `seed`: the source design's rule, kept exactly for comparison (`seed_policy_knobs`).
 - `slo`: from the step-time model, the largest `max_num_seqs` whose decode step at p95
   context stays under the ITL target with margin, and the token budget such that a
   mixed step (those decodes + one prefill chunk) stays under the ITL target, raised
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from controller.config import SLA, KnobBounds
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, StepTimeModel
+from estimators.types import Observation
 
 SEQS_QUANTUM = 8
 TOKENS_QUANTUM = 256
@@ -52,6 +53,48 @@ def seed_knobs(
     return Knobs(
         max_num_seqs=min(SEED_MAX_SEQS, int(arrival_rate_5min * 1.8)),
         max_num_batched_tokens=int(p95_request_len * (target_concurrency + 1)),
+    )
+
+
+def seed_policy_knobs(obs: Observation, sla: SLA) -> Knobs | str:
+    """The `seed` policy's knobs from one observation (unclamped), or what is missing.
+
+    Inputs, as the source design means them:
+    - SLA: `sla.e2e_p95_ms`, a p95 end-to-end latency target (ms);
+    - p95 decode latency: `obs.decode_time_p95_ms`, the p95 of the per-request decode
+      time (`vllm:request_decode_time_seconds`: first token to last, one observation
+      per request), not the per-token ITL;
+    - p95 request length: `obs.prompt_tokens_p95`, from `vllm:request_prompt_tokens`.
+      `max_num_batched_tokens` caps the tokens scheduled in one engine step; a request
+      enters that budget with its whole prompt (prefill) but with one token per step
+      while decoding, so the length the budget must hold (concurrency + 1) times is the
+      prompt's. Interpolated quantiles are rounded to a whole token;
+    - arrival rate: `obs.arrival_rate_5m_rps`, over a 5-minute window.
+    Worked example (the source's): prompt p95 512, decode p95 380 ms, e2e p95 target
+    1,200 ms, 5-min rate 10 req/s -> floor(1200 / 380) = 3 -> 512 x 4 = 2,048 tokens,
+    min(256, int(18.0)) = 18 sequences.
+    """
+    missing = [
+        name
+        for name, v in (
+            ("sla.e2e_p95_ms", sla.e2e_p95_ms),
+            ("decode_time_p95_ms", obs.decode_time_p95_ms),
+            ("prompt_tokens_p95", obs.prompt_tokens_p95),
+            ("arrival_rate_5m_rps", obs.arrival_rate_5m_rps),
+        )
+        if v is None or not math.isfinite(v)
+    ]
+    if obs.decode_time_p95_ms is not None and obs.decode_time_p95_ms <= 0:
+        missing.append("decode_time_p95_ms > 0")
+    if missing or sla.e2e_p95_ms is None:
+        return "seed policy lacks " + ", ".join(missing)
+    assert obs.decode_time_p95_ms is not None and obs.prompt_tokens_p95 is not None
+    assert obs.arrival_rate_5m_rps is not None
+    return seed_knobs(
+        sla.e2e_p95_ms,
+        obs.decode_time_p95_ms,
+        round(obs.prompt_tokens_p95),
+        obs.arrival_rate_5m_rps,
     )
 
 

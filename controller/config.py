@@ -50,6 +50,11 @@ class SLA(_Strict):
     e2e_p99_ms: PositiveFloat | None = Field(
         default=None, le=3_600_000, description="optional p99 end-to-end latency, ms"
     )
+    e2e_p95_ms: PositiveFloat | None = Field(
+        default=None,
+        le=3_600_000,
+        description="p95 end-to-end latency target, ms: the `seed` policy's SLA (required there)",
+    )
     attainment_goal_frac: float = Field(
         default=0.99, gt=0, le=1, description="fraction of requests that must meet the SLA"
     )
@@ -187,6 +192,11 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _fallback_in_bounds(self) -> Self:
+        if self.batching_policy == "seed" and self.sla.e2e_p95_ms is None:
+            raise ValueError(
+                "batching_policy 'seed' needs sla.e2e_p95_ms (the p95 latency target its "
+                "rule divides by the p95 per-request decode time)"
+            )
         fb = self.fallback_replicas
         if fb is not None and fb > self.replicas.max_replicas:
             raise ValueError(

@@ -34,7 +34,7 @@ from controller.batching import (
     MIXED_STEP_FACTOR,
     clamp_knobs,
     replica_capacity_rps,
-    seed_knobs,
+    seed_policy_knobs,
     slo_knobs,
 )
 from controller.config import ModelConfig, ScalingPolicy
@@ -373,13 +373,10 @@ class Decider:
                 (state.knob_candidate, state.knob_candidate_since_s),
             )
         if policy == "seed":
-            sla = self.model.sla
-            sla_ms = sla.e2e_p99_ms if sla.e2e_p99_ms is not None else sla.ttft_p95_ms
-            if obs.itl_p95_ms is None or obs.itl_p95_ms <= 0:
+            seed = seed_policy_knobs(obs, self.model.sla)
+            if isinstance(seed, str):
                 return state.knobs, Reason.KNOBS_NO_DATA, (None, None)
-            candidate = clamp_knobs(
-                seed_knobs(sla_ms, obs.itl_p95_ms, lengths.prompt_p95, obs.arrival_rate_rps), bounds
-            )
+            candidate = clamp_knobs(seed, bounds)
         else:
             candidate = slo_knobs(
                 lengths, self.model.sla, self.profile, bounds, self.policy.itl_margin_frac

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from pydantic import ValidationError
 
 from controller.batching import (
     clamp_knobs,
     per_request_work_ms,
     replica_capacity_rps,
     seed_knobs,
+    seed_policy_knobs,
     slo_knobs,
 )
-from controller.config import SLA, KnobBounds
+from controller.config import SLA, KnobBounds, ModelConfig
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import load_profile
+from estimators.types import Observation
 
 CONV = Lengths(prompt_mean=1155, prompt_p95=4083, output_mean=211, output_p95=451)
 CODE = Lengths(prompt_mean=2048, prompt_p95=7303, output_mean=28, output_p95=90)
@@ -103,3 +108,35 @@ def test_capacity_below_gpu_saturation_and_scaled_by_utilization() -> None:
     full = replica_capacity_rps(k, CONV, SLA_STD, p, 1.0)
     assert full < 1000.0 / per_request_work_ms(CONV, p)
     assert replica_capacity_rps(k, CONV, SLA_STD, p, 0.5) == pytest.approx(full * 0.5)
+
+
+def test_seed_policy_reads_the_per_request_decode_time_and_5_minute_rate() -> None:
+    """The seed's inputs as the source means them (see `seed_policy_knobs`): decode p95
+    per request, prompt p95 (rounded to a whole token), e2e p95 target, 5-min rate."""
+    sla = SLA(ttft_p95_ms=500, itl_p95_ms=50, e2e_p95_ms=1200)
+    o = Observation(
+        model="m",
+        observed_at_s=0.0,
+        arrival_rate_rps=40.0,
+        itl_p95_ms=25.0,
+        decode_time_p95_ms=380.00000000000006,  # what interpolation in (0.3, 0.5] s gives
+        prompt_tokens_p95=511.99999999999994,
+        arrival_rate_5m_rps=10.0,
+    )
+    assert seed_policy_knobs(o, sla) == Knobs(max_num_seqs=18, max_num_batched_tokens=2048)
+    missing = seed_policy_knobs(replace(o, decode_time_p95_ms=None, arrival_rate_5m_rps=None), sla)
+    assert missing == "seed policy lacks decode_time_p95_ms, arrival_rate_5m_rps"
+    assert "sla.e2e_p95_ms" in str(seed_policy_knobs(o, SLA(ttft_p95_ms=500, itl_p95_ms=50)))
+    assert "decode_time_p95_ms > 0" in str(
+        seed_policy_knobs(replace(o, decode_time_p95_ms=0.0), sla)
+    )
+
+
+def test_seed_policy_needs_its_latency_target_at_config_time() -> None:
+    with pytest.raises(ValidationError, match=r"batching_policy 'seed' needs sla\.e2e_p95_ms"):
+        ModelConfig(
+            name="m",
+            deployment="m",
+            sla=SLA(ttft_p95_ms=500, itl_p95_ms=50),
+            batching_policy="seed",
+        )

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from controller.config import SLA, ModelConfig
 from controller.decider import Decider
 from controller.types import Knobs, Reason
 from estimators.types import NoDataError, SourceError
@@ -212,10 +213,30 @@ def test_static_and_seed_batching_policies() -> None:
     dstatic = Decider(make_model(batching_policy="static"), make_policy())
     dec, _ = dstatic.decide(obs(), dstatic.initial_state(2), ORIGIN_S)
     assert dec.knobs == Knobs(256, 8192) and dec.knob_reason == Reason.KNOBS_STATIC
-    dseed = Decider(make_model(batching_policy="seed"), make_policy(knob_sustain_s=0.0))
-    dec, _ = dseed.decide(obs(rate=10.0, itl_p95_ms=25.0), dseed.initial_state(2), ORIGIN_S)
-    # concurrency floor(500/25)=20 -> 4083*21 = 85,743 -> clamped to the 65,536 bound
-    assert dec.knobs == Knobs(18, 65536) and dec.knob_reason == Reason.KNOBS_CHANGED
+    seed_model = ModelConfig(
+        name="llama",
+        deployment="llama",
+        sla=SLA(ttft_p95_ms=500, itl_p95_ms=50, e2e_p95_ms=1200),
+        batching_policy="seed",
+    )
+    dseed = Decider(seed_model, make_policy(knob_sustain_s=0.0))
+    # The source's worked example: the per-request decode p95 (380 ms), not the per-token
+    # ITL, against the p95 latency target: floor(1200/380) = 3 -> 512 x 4 = 2,048 tokens;
+    # seqs from the 5-minute rate (10 req/s -> 18), not the 60 s one (40 req/s).
+    seed_obs = obs(
+        rate=40.0,
+        itl_p95_ms=25.0,
+        decode_time_p95_ms=380.0,
+        prompt_tokens_p95=512.0,
+        arrival_rate_5m_rps=10.0,
+    )
+    dec, s = dseed.decide(seed_obs, dseed.initial_state(2), ORIGIN_S)
+    assert dec.knobs == Knobs(18, 2048) and dec.knob_reason == Reason.KNOBS_CHANGED
+    # Without the per-request decode time (older vLLM) the seed holds its knobs.
+    dec, _ = dseed.decide(replace(seed_obs, decode_time_p95_ms=None), s, ORIGIN_S + 5)
+    assert dec.knobs == Knobs(18, 2048) and dec.knob_reason == Reason.KNOBS_NO_DATA
+    dec, _ = dseed.decide(replace(seed_obs, arrival_rate_5m_rps=None), s, ORIGIN_S + 5)
+    assert dec.knob_reason == Reason.KNOBS_NO_DATA
 
 
 def test_sla_violation_on_full_fleet_adds_replicas() -> None:
