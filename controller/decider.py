@@ -28,7 +28,7 @@ can be replayed from its trace. Steps, in order:
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from controller.batching import (
     MIXED_STEP_FACTOR,
@@ -39,8 +39,20 @@ from controller.batching import (
 )
 from controller.config import ModelConfig, ScalingPolicy
 from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
-from controller.types import Decision, Knobs, Lengths, ModelState, Reason, Stage
-from estimators.smoothing import ewma, holt_forecast, holt_update
+from controller.types import (
+    DataHealth,
+    Decision,
+    Forecast,
+    Hysteresis,
+    KnobMemory,
+    Knobs,
+    Lengths,
+    ModelState,
+    PlantBelief,
+    Reason,
+    Stage,
+)
+from estimators.smoothing import HoltState, ewma, holt_forecast, holt_update
 from estimators.stepmodel import Profile, load_profile
 from estimators.types import NoDataError, Observation, SourceError
 
@@ -59,6 +71,38 @@ HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met wi
 # violation is fewer than 90 % of gaps within the target, or a p95 past 2x the target.
 TTFT_EVIDENCE = (0.95, 1.0)
 ITL_EVIDENCE = (0.90, MIXED_STEP_FACTOR)
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """Step 4's demand (req/s): smoothed `load`, `demand` (level + trend uplift +
+    backlog), `short` (short window + backlog), `observed` (what was seen, the larger
+    window), and whether the fleet is idle."""
+
+    load: HoltState
+    demand: float
+    short: float
+    observed: float
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Raw:
+    """The raw recommendation (replicas, fractional), its reason, the corrected
+    per-replica capacity (req/s; None when idle) and the idle clock."""
+
+    raw: float
+    reason: Reason
+    capacity: float | None
+    idle_since: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """The final replicas and the stage memory they leave behind."""
+
+    replicas: int
+    memory: Hysteresis
 
 
 def _stage(name: str, before: int, out: StageOut) -> Stage:
@@ -87,7 +131,9 @@ class Decider:
         """
         r = max(0, self.model.replicas.min_replicas if replicas is None else replicas)
         recs = () if now_s is None else ((now_s, r),)
-        return ModelState(replicas=r, knobs=self.default_knobs, recommendations=recs)
+        return ModelState(
+            replicas=r, knobs=self.default_knobs, windows=Hysteresis(recommendations=recs)
+        )
 
     # ------------------------------------------------------------------ decide
     def decide(
@@ -96,197 +142,45 @@ class Decider:
         state: ModelState,
         now_s: float,
     ) -> tuple[Decision, ModelState]:
-        """One decision for this model at `now_s` (seconds, loop's monotonic clock)."""
+        """One decision for this model at `now_s` (seconds, loop's monotonic clock).
+
+        The steps of the module docstring, in order, each a method below.
+        """
         if not isinstance(observation, Observation):
-            return self._no_data(observation, state, now_s)
+            return self._no_data(observation, state, now_s)  # step 1
         obs = observation
         lengths = self._lengths(obs, state, now_s)
-        knobs, knob_reason, knob_state = self._knobs(obs, lengths, state, now_s)
-        prev_tick = state.load.at_s if state.load is not None else None
-        dt = 0.0 if prev_tick is None else max(0.0, now_s - prev_tick)
-        base_capacity = (
-            replica_capacity_rps(
-                knobs, lengths, self.model.sla, self.profile, self.policy.target_utilization_frac
-            )
-            if lengths is not None
-            else None
-        )
-        # The model is only wrong if the fleet we have was believed big enough (demand
-        # within the deadband of its estimated capacity: we did not mean to scale up).
-        believed_enough = (
-            base_capacity is not None
-            and obs.arrival_rate_rps
-            <= state.replicas
-            * base_capacity
-            * state.capacity_correction
-            * (1.0 + self.policy.tolerance_frac)
-        )
-        # ...and it is only shown too pessimistic by a fleet that is healthy while loaded
-        # near what the corrected estimate says it can take (a healthy idle fleet proves
-        # nothing about its limit).
-        loaded = (
-            base_capacity is not None
-            and obs.ready_replicas is not None
-            and obs.arrival_rate_rps
-            >= LOADED_FRAC * obs.ready_replicas * base_capacity * state.capacity_correction
-        )
-        correction = self._correction(obs, state, now_s, dt, believed_enough, loaded)
-        load = holt_update(
-            state.load,
-            obs.arrival_rate_rps,
-            now_s,
-            self.policy.forecast_alpha,
-            self.policy.forecast_beta,
-        )
-        backlog = (obs.waiting or 0.0) / self.policy.backlog_drain_s
-        # The trend counts only when it predicts more than the deadband's worth of growth
-        # within a cold start: below that it is mostly noise, and acting on it would turn
-        # noise into scale-ups that later unwind (direction reversals).
-        uplift = holt_forecast(load, self.model.cold_start_s) - load.level
-        if uplift <= self.policy.tolerance_frac * load.level:
-            uplift = 0.0
-        demand = max(0.0, load.level + uplift) + backlog
-        short = obs.arrival_rate_short_rps
-        short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
-
-        idle = obs.arrival_rate_rps == 0 and not obs.waiting and not obs.running
-        idle_since = (
-            (state.idle_since_s if state.idle_since_s is not None else now_s) if idle else None
-        )
-        current = state.replicas
-        stages: list[Stage] = []
-        capacity: float | None = None
-
-        if idle:
-            mn = self.model.replicas.min_replicas
-            if mn == 0 and now_s - idle_since >= self.policy.scale_to_zero_idle_s:  # type: ignore[operator]
-                raw, raw_reason = 0.0, Reason.SCALE_TO_ZERO
-            else:
-                raw, raw_reason = float(max(mn, 1) if current > 0 or mn > 0 else 0), Reason.IDLE
-        elif lengths is None:
+        knobs, knob_reason, knob_memory = self._knobs(obs, lengths, state, now_s)  # step 2
+        base_capacity, plant = self._plant(obs, state, knobs, lengths, now_s)  # step 3
+        demand = self._demand(obs, state, now_s)  # step 4
+        if lengths is None and not demand.idle:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
             return self._hold(obs.model, state, now_s, "demand without length statistics")
-        else:
-            assert base_capacity is not None  # lengths is not None
-            capacity = base_capacity * correction
-            if (remembered := self._burst_memory(state, now_s)) > demand:
-                # Bursts that needed panic recur faster than a cold start can follow:
-                # keep capacity for them (decaying) instead of chasing each one.
-                raw = remembered / capacity
-                raw_reason = Reason.BURST_MEMORY
-            else:
-                raw = max(demand / capacity, 1e-9)
-                raw_reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
-        raw_int = math.ceil(raw - 1e-9)
-        stages.append(
-            Stage(
-                "raw",
-                current,
-                raw_int,
-                raw_reason,
-                f"demand {demand:.3f} req/s" if not idle else "",
-            )
-        )
-
-        in_panic, panic_until, panic_reason = False, None, Reason.NO_PANIC
-        if capacity is not None:
-            in_panic, panic_until, panic_reason = panic(
-                short_demand,
-                current,
-                capacity,
-                self.policy.panic_threshold_frac,
-                state.panic_until_s,
-                now_s,
-                self.policy.panic_hold_s,
-            )
-        # What was observed (the short window, or the long one when higher): the size of
-        # a panic and of a remembered burst. Observed, not forecast: a trend fitted to the
-        # first few samples of a surge overshoots, and the overshoot later unwinds.
-        observed = max(obs.arrival_rate_rps + backlog, short_demand)
-        # A panic starts the burst memory; once started it follows the envelope of the
-        # observed demand (a decaying max), so bursts that the grown fleet now absorbs
-        # without panicking keep it from shrinking back into the next panic.
-        burst_rps, burst_at_s = state.burst_rps, state.burst_at_s
-        remembered = self._burst_memory(state, now_s)
-        if panic_reason == Reason.PANIC or (remembered > 0 and observed > remembered):
-            burst_rps, burst_at_s = max(remembered, observed), now_s
-        p = self.policy
-        recs = state.recommendations
-        if in_panic:
-            # Panic: scale up at once to what was observed, never down.
-            target = max(current, math.ceil(observed / capacity - 1e-9))  # type: ignore[operator]
-            out = StageOut(target, panic_reason, f"short demand {short_demand:.2f} req/s")
-            stages.append(_stage("panic", raw_int, out))
-            value = out.value
-            recs = (*recs, (now_s, value))
-        else:
-            out = deadband(raw, current, p.tolerance_frac)
-            stages.append(_stage("deadband", raw_int, out))
-            value = out.value
-            recs = (*recs, (now_s, value))
-            if raw_reason == Reason.SCALE_TO_ZERO:
-                # The idle period already was the window: zero is not re-stabilized.
-                out = StageOut(value, Reason.STABLE, "scale to zero after idle period")
-            else:
-                out = stabilize(
-                    value,
-                    current,
-                    state.recommendations,
-                    now_s,
-                    p.scale_up_stabilization_s,
-                    p.scale_down_stabilization_s,
-                )
-            stages.append(_stage("stabilize", value, out))
-            value = out.value
-            out = rate_limit(
-                value, current, state.actions, now_s, p.scale_up_limits, p.scale_down_limits
-            )
-            stages.append(_stage("ratelimit", value, out))
-            value = out.value
-        out = cooldown(value, current, state.last_scale_up_s, now_s, p.cooldown_after_scale_up_s)
-        stages.append(_stage("cooldown", value, out))
-        value = out.value
-        bounds = self.model.replicas
-        lo = (
-            bounds.min_replicas
-            if raw_reason == Reason.SCALE_TO_ZERO
-            else max(bounds.min_replicas, 0 if idle and current == 0 else 1)
-        )
-        out = clamp(value, lo, bounds.max_replicas)
-        stages.append(_stage("clamp", value, out))
-        final = out.value
-
-        actions = state.actions
-        last_up = state.last_scale_up_s
-        if final != current:
-            actions = (*actions, (now_s, final - current))
-        if final > current:
-            last_up = now_s
+        raw = self._raw(state, now_s, demand, base_capacity, plant)  # steps 4 and 5
+        panic_state = self._panic(state, now_s, demand, raw)
+        burst = self._burst(state, now_s, demand, panic_state[2])
+        stages, windows = self._stages(state, now_s, raw, demand, panic_state)  # step 6
+        final = windows.replicas
         new_state = ModelState(
             replicas=final,
             knobs=knobs,
-            last_scale_up_s=last_up,
-            recommendations=self._prune(
-                recs, now_s, max(p.scale_up_stabilization_s, p.scale_down_stabilization_s)
+            windows=windows.memory,
+            forecast=Forecast(
+                load=demand.load, lengths=lengths, burst_rps=burst[0], burst_at_s=burst[1]
             ),
-            actions=self._prune(
-                actions,
-                now_s,
-                max(lim.period_s for lim in (*p.scale_up_limits, *p.scale_down_limits)),
+            knob_memory=replace(
+                knob_memory,
+                changes=state.knob_memory.changes
+                + (1 if knob_reason == Reason.KNOBS_CHANGED else 0),
             ),
-            panic_until_s=panic_until,
-            idle_since_s=idle_since,
-            no_data_ticks=0,
-            last_good_s=now_s,
-            first_good_s=state.first_good_s if state.first_good_s is not None else now_s,
-            load=load,
-            capacity_correction=correction,
-            knob_candidate=knob_state[0],
-            knob_candidate_since_s=knob_state[1],
-            knob_changes=state.knob_changes + (1 if knob_reason == Reason.KNOBS_CHANGED else 0),
-            lengths=lengths,
-            burst_rps=burst_rps,
-            burst_at_s=burst_at_s,
+            health=DataHealth(
+                no_data_ticks=0,
+                last_good_s=now_s,
+                first_good_s=(
+                    state.health.first_good_s if state.health.first_good_s is not None else now_s
+                ),
+            ),
+            plant=plant,
         )
         decision = Decision(
             model=obs.model,
@@ -296,14 +190,221 @@ class Decider:
             knobs=knobs,
             stages=tuple(stages),
             knob_reason=knob_reason,
-            raw_replicas=raw,
-            demand_rps=demand,
-            capacity_rps_per_replica=capacity,
-            panic=in_panic,
+            raw_replicas=raw.raw,
+            demand_rps=demand.demand,
+            capacity_rps_per_replica=raw.capacity,
+            panic=panic_state[0],
             rollout=knob_reason == Reason.KNOBS_CHANGED
             and self._material(knobs, state.knobs, self.policy.knob_rollout_gain_frac),
         )
         return decision, new_state
+
+    # ------------------------------------------------------------------ steps
+    def _plant(
+        self,
+        obs: Observation,
+        state: ModelState,
+        knobs: Knobs,
+        lengths: Lengths | None,
+        now_s: float,
+    ) -> tuple[float | None, PlantBelief]:
+        """Step 3: the profile's per-replica capacity at the SLA with `knobs` (req/s;
+        None without length statistics) and the updated belief about the plant."""
+        prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
+        dt = 0.0 if prev_tick is None else max(0.0, now_s - prev_tick)
+        base_capacity = (
+            replica_capacity_rps(
+                knobs, lengths, self.model.sla, self.profile, self.policy.target_utilization_frac
+            )
+            if lengths is not None
+            else None
+        )
+        c = state.plant.capacity_correction
+        # The model is only wrong if the fleet we have was believed big enough (demand
+        # within the deadband of its estimated capacity: we did not mean to scale up).
+        believed_enough = (
+            base_capacity is not None
+            and obs.arrival_rate_rps
+            <= state.replicas * base_capacity * c * (1.0 + self.policy.tolerance_frac)
+        )
+        # ...and it is only shown too pessimistic by a fleet that is healthy while loaded
+        # near what the corrected estimate says it can take (a healthy idle fleet proves
+        # nothing about its limit).
+        loaded = (
+            base_capacity is not None
+            and obs.ready_replicas is not None
+            and obs.arrival_rate_rps >= LOADED_FRAC * obs.ready_replicas * base_capacity * c
+        )
+        correction = self._correction(obs, state, now_s, dt, believed_enough, loaded)
+        return base_capacity, replace(state.plant, capacity_correction=correction)
+
+    def _demand(self, obs: Observation, state: ModelState, now_s: float) -> _Demand:
+        """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""
+        p = self.policy
+        load = holt_update(
+            state.forecast.load, obs.arrival_rate_rps, now_s, p.forecast_alpha, p.forecast_beta
+        )
+        backlog = (obs.waiting or 0.0) / p.backlog_drain_s
+        # The trend counts only when it predicts more than the deadband's worth of growth
+        # within a cold start: below that it is mostly noise, and acting on it would turn
+        # noise into scale-ups that later unwind (direction reversals).
+        uplift = holt_forecast(load, self.model.cold_start_s) - load.level
+        if uplift <= p.tolerance_frac * load.level:
+            uplift = 0.0
+        demand = max(0.0, load.level + uplift) + backlog
+        short = obs.arrival_rate_short_rps
+        short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
+        idle = obs.arrival_rate_rps == 0 and not obs.waiting and not obs.running
+        # What was observed (the short window, or the long one when higher): the size of
+        # a panic and of a remembered burst. Observed, not forecast: a trend fitted to the
+        # first few samples of a surge overshoots, and the overshoot later unwinds.
+        observed = max(obs.arrival_rate_rps + backlog, short_demand)
+        return _Demand(load, demand, short_demand, observed, idle)
+
+    def _raw(
+        self,
+        state: ModelState,
+        now_s: float,
+        demand: _Demand,
+        base_capacity: float | None,
+        plant: PlantBelief,
+    ) -> _Raw:
+        """Steps 4 and 5: the raw replica count (idle, capacity or burst memory)."""
+        w = state.windows
+        if demand.idle:
+            idle_since = w.idle_since_s if w.idle_since_s is not None else now_s
+            mn = self.model.replicas.min_replicas
+            if mn == 0 and now_s - idle_since >= self.policy.scale_to_zero_idle_s:
+                return _Raw(0.0, Reason.SCALE_TO_ZERO, None, idle_since)
+            raw = float(max(mn, 1) if state.replicas > 0 or mn > 0 else 0)
+            return _Raw(raw, Reason.IDLE, None, idle_since)
+        assert base_capacity is not None  # the caller holds without lengths
+        correction = plant.capacity_correction
+        capacity = base_capacity * correction
+        if (remembered := self._burst_memory(state, now_s)) > demand.demand:
+            # Bursts that needed panic recur faster than a cold start can follow:
+            # keep capacity for them (decaying) instead of chasing each one.
+            return _Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None)
+        reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
+        return _Raw(max(demand.demand / capacity, 1e-9), reason, capacity, None)
+
+    def _panic(
+        self, state: ModelState, now_s: float, demand: _Demand, raw: _Raw
+    ) -> tuple[bool, float | None, Reason]:
+        """Panic mode on the short window: (in panic, panic until, reason)."""
+        if raw.capacity is None:
+            return False, None, Reason.NO_PANIC
+        p = self.policy
+        return panic(
+            demand.short,
+            state.replicas,
+            raw.capacity,
+            p.panic_threshold_frac,
+            state.windows.panic_until_s,
+            now_s,
+            p.panic_hold_s,
+        )
+
+    def _burst(
+        self, state: ModelState, now_s: float, demand: _Demand, panic_reason: Reason
+    ) -> tuple[float | None, float | None]:
+        """Step 5: the burst memory's (demand req/s, time) after this tick.
+
+        A panic starts the burst memory; once started it follows the envelope of the
+        observed demand (a decaying max), so bursts that the grown fleet now absorbs
+        without panicking keep it from shrinking back into the next panic.
+        """
+        remembered = self._burst_memory(state, now_s)
+        if panic_reason == Reason.PANIC or (remembered > 0 and demand.observed > remembered):
+            return max(remembered, demand.observed), now_s
+        return state.forecast.burst_rps, state.forecast.burst_at_s
+
+    def _stages(
+        self,
+        state: ModelState,
+        now_s: float,
+        raw: _Raw,
+        demand: _Demand,
+        panic_state: tuple[bool, float | None, Reason],
+    ) -> tuple[list[Stage], _Outcome]:
+        """Step 6: panic, or deadband -> stabilize -> rate-limit; then cooldown -> clamp.
+        Returns the stage trace and the final replicas with the new stage memory."""
+        p, w, current = self.policy, state.windows, state.replicas
+        in_panic, panic_until, panic_reason = panic_state
+        raw_int = math.ceil(raw.raw - 1e-9)
+        detail = f"demand {demand.demand:.3f} req/s" if not demand.idle else ""
+        stages = [Stage("raw", current, raw_int, raw.reason, detail)]
+        if in_panic:
+            # Panic: scale up at once to what was observed, never down.
+            target = max(current, math.ceil(demand.observed / raw.capacity - 1e-9))  # type: ignore[operator]
+            out = StageOut(target, panic_reason, f"short demand {demand.short:.2f} req/s")
+            stages.append(_stage("panic", raw_int, out))
+            value = out.value
+            recs = (*w.recommendations, (now_s, value))
+        else:
+            out = deadband(raw.raw, current, p.tolerance_frac)
+            stages.append(_stage("deadband", raw_int, out))
+            value = out.value
+            recs = (*w.recommendations, (now_s, value))
+            if raw.reason == Reason.SCALE_TO_ZERO:
+                # The idle period already was the window: zero is not re-stabilized.
+                out = StageOut(value, Reason.STABLE, "scale to zero after idle period")
+            else:
+                out = stabilize(
+                    value,
+                    current,
+                    w.recommendations,
+                    now_s,
+                    p.scale_up_stabilization_s,
+                    p.scale_down_stabilization_s,
+                )
+            stages.append(_stage("stabilize", value, out))
+            value = out.value
+            out = rate_limit(
+                value, current, w.actions, now_s, p.scale_up_limits, p.scale_down_limits
+            )
+            stages.append(_stage("ratelimit", value, out))
+            value = out.value
+        out = cooldown(value, current, w.last_scale_up_s, now_s, p.cooldown_after_scale_up_s)
+        stages.append(_stage("cooldown", value, out))
+        value = out.value
+        bounds = self.model.replicas
+        lo = (
+            bounds.min_replicas
+            if raw.reason == Reason.SCALE_TO_ZERO
+            else max(bounds.min_replicas, 0 if demand.idle and current == 0 else 1)
+        )
+        out = clamp(value, lo, bounds.max_replicas)
+        stages.append(_stage("clamp", value, out))
+        return stages, self._outcome(state, now_s, out.value, recs, panic_until, raw.idle_since)
+
+    def _outcome(
+        self,
+        state: ModelState,
+        now_s: float,
+        final: int,
+        recs: tuple[tuple[float, int], ...],
+        panic_until: float | None,
+        idle_since: float | None,
+    ) -> _Outcome:
+        """The final replicas and the stage memory they leave (windows pruned)."""
+        p, w = self.policy, state.windows
+        actions, last_up = w.actions, w.last_scale_up_s
+        if final != state.replicas:
+            actions = (*actions, (now_s, final - state.replicas))
+        if final > state.replicas:
+            last_up = now_s
+        longest_limit = max(lim.period_s for lim in (*p.scale_up_limits, *p.scale_down_limits))
+        memory = Hysteresis(
+            recommendations=self._prune(
+                recs, now_s, max(p.scale_up_stabilization_s, p.scale_down_stabilization_s)
+            ),
+            actions=self._prune(actions, now_s, longest_limit),
+            last_scale_up_s=last_up,
+            panic_until_s=panic_until,
+            idle_since_s=idle_since,
+        )
+        return _Outcome(final, memory)
 
     # ------------------------------------------------------------------ parts
     def _burst_memory(self, state: ModelState, now_s: float) -> float:
@@ -311,9 +412,10 @@ class Decider:
         (req/s); 0 when none or disabled. Example: a 120 req/s burst 20 minutes ago with
         a 20-minute half-life is remembered as 60 req/s."""
         hl = self.policy.burst_memory_half_life_s
-        if state.burst_rps is None or state.burst_at_s is None or hl <= 0:
+        f = state.forecast
+        if f.burst_rps is None or f.burst_at_s is None or hl <= 0:
             return 0.0
-        return state.burst_rps * 0.5 ** (max(0.0, now_s - state.burst_at_s) / hl)
+        return f.burst_rps * 0.5 ** (max(0.0, now_s - f.burst_at_s) / hl)
 
     @staticmethod
     def _prune(
@@ -337,15 +439,15 @@ class Decider:
             obs.output_tokens_p95,
         )
         if pm is None or om is None:
-            return state.lengths
+            return state.forecast.lengths
         new = Lengths(
             prompt_mean=pm,
             prompt_p95=pp if pp is not None else pm,
             output_mean=om,
             output_p95=op if op is not None else om,
         )
-        old = state.lengths
-        last = state.load.at_s if state.load is not None else None
+        old = state.forecast.lengths
+        last = state.forecast.load.at_s if state.forecast.load is not None else None
         if old is None or last is None:
             return new
         dt, hl = now_s - last, self.policy.lengths_half_life_s
@@ -358,24 +460,25 @@ class Decider:
 
     def _knobs(
         self, obs: Observation, lengths: Lengths | None, state: ModelState, now_s: float
-    ) -> tuple[Knobs, Reason, tuple[Knobs | None, float | None]]:
-        """Knobs to publish, the reason, and the (candidate, since) memory."""
+    ) -> tuple[Knobs, Reason, KnobMemory]:
+        """Step 2: knobs to publish, the reason, and the candidate memory (its `changes`
+        count is the caller's)."""
         bounds = self.model.knobs
         policy = self.model.batching_policy
         if policy == "static":
-            return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, (None, None)
+            return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, KnobMemory()
         # Knobs move only on this tick's own length statistics under real demand: not on
         # remembered lengths, nor on the few requests of an idle window.
         if lengths is None or obs.prompt_tokens_mean is None or obs.arrival_rate_rps <= 0:
             return (
                 state.knobs,
                 Reason.KNOBS_NO_DATA,
-                (state.knob_candidate, state.knob_candidate_since_s),
+                state.knob_memory,
             )
         if policy == "seed":
             seed = seed_policy_knobs(obs, self.model.sla)
             if isinstance(seed, str):
-                return state.knobs, Reason.KNOBS_NO_DATA, (None, None)
+                return state.knobs, Reason.KNOBS_NO_DATA, KnobMemory()
             candidate = clamp_knobs(seed, bounds)
         else:
             candidate = slo_knobs(
@@ -383,16 +486,16 @@ class Decider:
             )
         current = state.knobs
         if candidate == current:
-            return current, Reason.KNOBS_UNCHANGED, (None, None)
+            return current, Reason.KNOBS_UNCHANGED, KnobMemory()
         if not self._material(candidate, current):
-            return current, Reason.KNOBS_NOT_MATERIAL, (None, None)
-        prev = state.knob_candidate
-        since = state.knob_candidate_since_s
+            return current, Reason.KNOBS_NOT_MATERIAL, KnobMemory()
+        prev = state.knob_memory.candidate
+        since = state.knob_memory.candidate_since_s
         if prev is None or since is None or self._material(candidate, prev):
             since = now_s
         if now_s - since >= self.policy.knob_sustain_s:
-            return candidate, Reason.KNOBS_CHANGED, (None, None)
-        return current, Reason.KNOBS_PENDING, (candidate, since)
+            return candidate, Reason.KNOBS_CHANGED, KnobMemory()
+        return current, Reason.KNOBS_PENDING, KnobMemory(candidate, since)
 
     def _material(self, a: Knobs, b: Knobs, gain_frac: float | None = None) -> bool:
         """Whether `a` differs from `b` by at least `gain_frac` (default knob_min_gain_frac)
@@ -420,7 +523,7 @@ class Decider:
         on a fleet still cold-starting, or on demand we knew exceeded it, says nothing
         about the capacity model.
         """
-        c = state.capacity_correction
+        c = state.plant.capacity_correction
         sla = self.model.sla
         violated = False
         healthy = True
@@ -443,9 +546,10 @@ class Decider:
         # Likewise for the first window after the controller starts: it holds whatever
         # happened before we were in charge.
         dead_time = self.model.cold_start_s + self.policy.window_s
-        settled = (
-            state.first_good_s is not None and now_s - state.first_good_s >= self.policy.window_s
-        ) and (state.last_scale_up_s is None or now_s - state.last_scale_up_s >= dead_time)
+        first, last_up = state.health.first_good_s, state.windows.last_scale_up_s
+        settled = (first is not None and now_s - first >= self.policy.window_s) and (
+            last_up is None or now_s - last_up >= dead_time
+        )
         if violated and full_fleet and settled and believed_enough and state.replicas > 0:
             return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt))
         if healthy and not violated and loaded:
@@ -472,11 +576,13 @@ class Decider:
     def _no_data(
         self, err: NoDataError | SourceError, state: ModelState, now_s: float
     ) -> tuple[Decision, ModelState]:
-        ticks = state.no_data_ticks + 1
+        """Step 1: hold; after N failed ticks re-assert the last good replicas or the
+        fallback if higher (NO_DATA_FALLBACK)."""
+        ticks = state.health.no_data_ticks + 1
         why = str(err)
-        new_state = replace(state, no_data_ticks=ticks)
+        new_state = replace(state, health=replace(state.health, no_data_ticks=ticks))
         # Never had good data: the fleet's size is unknown to us, so only hold.
-        if ticks < self.policy.no_data_ticks_before_fallback or state.last_good_s is None:
+        if ticks < self.policy.no_data_ticks_before_fallback or state.health.last_good_s is None:
             d, _ = self._hold(self.model.name, state, now_s, why)
             return d, new_state
         target = state.replicas
@@ -486,23 +592,24 @@ class Decider:
             target = fb
             detail = f"{ticks} ticks without data; fallback {fb} > last good {state.replicas}"
         stage = Stage("raw", state.replicas, target, Reason.NO_DATA_FALLBACK, detail)
+        w = state.windows
         actions = (
-            state.actions
+            w.actions
             if target == state.replicas
-            else (*state.actions, (now_s, target - state.replicas))
+            else (*w.actions, (now_s, target - state.replicas))
         )
-        new_state = replace(
-            new_state,
-            replicas=target,
+        windows = Hysteresis(
             actions=actions,
-            last_scale_up_s=now_s if target > state.replicas else state.last_scale_up_s,
+            last_scale_up_s=now_s if target > state.replicas else w.last_scale_up_s,
             # The fallback is a recommendation like any other: the down-stabilization
             # window must see it, or the next good tick could drop below it at once.
-            recommendations=(*state.recommendations, (now_s, target)),
+            recommendations=(*w.recommendations, (now_s, target)),
+            panic_until_s=w.panic_until_s,
             # A fallback raise restarts the idle clock, so scale-to-zero cannot follow it
             # within the stabilization window.
-            idle_since_s=None if target > state.replicas else state.idle_since_s,
+            idle_since_s=None if target > state.replicas else w.idle_since_s,
         )
+        new_state = replace(new_state, replicas=target, windows=windows)
         d = Decision(
             model=self.model.name,
             at_s=now_s,

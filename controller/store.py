@@ -52,16 +52,16 @@ from pydantic import (
 )
 
 from controller.config import GovernorConfig, format_validation_error
-from controller.types import Knobs, ModelState
+from controller.types import Knobs, ModelState, SavedState
 
 STATE_FORMAT = "llm-governor/state/v1"
 FILE_FORMAT = "llm-governor/store/v1"
 TARGETS_KEY = "targets.yaml"
 STATE_KEY = "state.json"
 
-# ModelState fields holding a monotonic time (seconds), and (time, value) pair lists.
-# Every ModelState field must be listed in one of these (a test checks it); names not
-# (or no longer) in ModelState are skipped.
+# Fields of the saved ModelState (`SavedState`, one flat record) holding a monotonic time
+# (seconds), and (time, value) pair lists. Every SavedState field must be listed in one
+# of these (a test checks it); names not (or no longer) in SavedState are skipped.
 TIME_FIELDS = (
     "last_scale_up_s",
     "panic_until_s",
@@ -251,7 +251,7 @@ def _targets_doc(data: Any, where: str, revision: str) -> TargetsDoc:
 
 
 # ---------------------------------------------------------------------- state <-> wall
-_STATE = TypeAdapter(ModelState)
+_STATE = TypeAdapter(SavedState)
 
 
 def _shift(value: float | None, delta: float) -> float | None:
@@ -261,7 +261,7 @@ def _shift(value: float | None, delta: float) -> float | None:
 def to_wall(state: ModelState, offset_s: float) -> dict[str, Any]:
     """JSON-able form of `state` with every monotonic time shifted by `offset_s`
     (= wall - monotonic, seconds) to Unix seconds."""
-    d: dict[str, Any] = _STATE.dump_python(state, mode="json")
+    d: dict[str, Any] = _STATE.dump_python(SavedState.of(state), mode="json")
     for f in TIME_FIELDS:
         if d.get(f) is not None:
             d[f] = _shift(d[f], offset_s)
@@ -307,7 +307,7 @@ def from_wall(data: Mapping[str, Any], offset_s: float, where: str = "state") ->
         for f, sub in NESTED_TIME_FIELDS.items():
             if isinstance(d.get(f), Mapping) and d[f].get(sub) is not None:
                 d[f] = dict(d[f]) | {sub: _finite(d[f][sub], f"{f}.{sub}") - offset_s}
-        state = _STATE.validate_python(d)
+        state = _STATE.validate_python(d).state()
     except ValidationError as exc:
         raise StoreError(f"{where}: " + "; ".join(format_validation_error(exc))) from None
     except (TypeError, ValueError) as exc:
@@ -652,8 +652,8 @@ class ConfigMapStore:
 
 
 def model_state_fields() -> set[str]:
-    """Every ModelState field name (a test checks each one is classified above)."""
-    return {f.name for f in fields(ModelState)}
+    """Every saved ModelState field name (a test checks each one is classified above)."""
+    return {f.name for f in fields(SavedState)}
 
 
 __all__ = [

@@ -150,12 +150,82 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
-class ModelState:
-    """Everything the decider remembers about one model between ticks.
+class Hysteresis:
+    """Memory of the post-processing stages (controller.stages).
 
     `recommendations`: (time, replicas) of recent post-deadband recommendations, for the
-    stabilization windows. `actions`: (time, replicas) of recent outputs, for the rate
-    limits. Both are pruned to the longest window that reads them.
+    stabilization windows. `actions`: (time, replica delta) of recent output changes, for
+    the rate limits. Both are pruned to the longest window that reads them.
+    """
+
+    recommendations: tuple[tuple[float, int], ...] = ()
+    actions: tuple[tuple[float, int], ...] = ()
+    last_scale_up_s: float | None = None
+    panic_until_s: float | None = None
+    idle_since_s: float | None = None
+    """Start of the current idle stretch (no demand, no requests), for scale to zero."""
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """What the decider believes about demand: the smoothed arrival rate with its trend,
+    the request lengths, and the remembered panic-level burst."""
+
+    load: HoltState | None = None
+    lengths: Lengths | None = None
+    """Last known request length statistics (tokens), kept through gaps in the data."""
+    burst_rps: float | None = None
+    """Demand of the last panic-level burst, req/s (decays; see the decider)."""
+    burst_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KnobMemory:
+    """A better knob setting waiting to be sustained, and how often knobs changed."""
+
+    candidate: Knobs | None = None
+    candidate_since_s: float | None = None
+    changes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DataHealth:
+    """Consecutive ticks without usable data, and the first and last good tick."""
+
+    no_data_ticks: int = 0
+    last_good_s: float | None = None
+    first_good_s: float | None = None
+    """Time of the first decision on good data (the start of this model's history)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlantBelief:
+    """What the decider has learned about the engines, as factors on its profile."""
+
+    capacity_correction: float = 1.0
+    """Feedback factor on the per-replica capacity from observed SLA violations."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Everything the decider remembers about one model between ticks: the replicas and
+    knobs it asked for last, and one small frozen record per concern."""
+
+    replicas: int
+    knobs: Knobs
+    windows: Hysteresis = Hysteresis()
+    forecast: Forecast = Forecast()
+    knob_memory: KnobMemory = KnobMemory()
+    health: DataHealth = DataHealth()
+    plant: PlantBelief = PlantBelief()
+
+
+@dataclass(frozen=True, slots=True)
+class SavedState:
+    """`ModelState` in its saved form (state document format v1): one flat record.
+
+    Every field keeps the name it had in the flat state of earlier versions, so saved
+    documents stay readable in both directions; fields added later have defaults.
     """
 
     replicas: int
@@ -168,14 +238,67 @@ class ModelState:
     no_data_ticks: int = 0
     last_good_s: float | None = None
     burst_rps: float | None = None
-    """Demand of the last panic-level burst, req/s (decays; see the decider)."""
     burst_at_s: float | None = None
     first_good_s: float | None = None
-    """Time of the first decision on good data (the start of this model's history)."""
     load: HoltState | None = None
     capacity_correction: float = 1.0
     knob_candidate: Knobs | None = None
     knob_candidate_since_s: float | None = None
     knob_changes: int = 0
     lengths: Lengths | None = None
-    """Last known request length statistics (tokens), kept through gaps in the data."""
+
+    @classmethod
+    def of(cls, s: ModelState) -> SavedState:
+        """The saved form of `s`."""
+        w, f, k, h = s.windows, s.forecast, s.knob_memory, s.health
+        return cls(
+            replicas=s.replicas,
+            knobs=s.knobs,
+            last_scale_up_s=w.last_scale_up_s,
+            recommendations=w.recommendations,
+            actions=w.actions,
+            panic_until_s=w.panic_until_s,
+            idle_since_s=w.idle_since_s,
+            no_data_ticks=h.no_data_ticks,
+            last_good_s=h.last_good_s,
+            burst_rps=f.burst_rps,
+            burst_at_s=f.burst_at_s,
+            first_good_s=h.first_good_s,
+            load=f.load,
+            capacity_correction=s.plant.capacity_correction,
+            knob_candidate=k.candidate,
+            knob_candidate_since_s=k.candidate_since_s,
+            knob_changes=k.changes,
+            lengths=f.lengths,
+        )
+
+    def state(self) -> ModelState:
+        """The `ModelState` this saved form describes."""
+        return ModelState(
+            replicas=self.replicas,
+            knobs=self.knobs,
+            windows=Hysteresis(
+                recommendations=self.recommendations,
+                actions=self.actions,
+                last_scale_up_s=self.last_scale_up_s,
+                panic_until_s=self.panic_until_s,
+                idle_since_s=self.idle_since_s,
+            ),
+            forecast=Forecast(
+                load=self.load,
+                lengths=self.lengths,
+                burst_rps=self.burst_rps,
+                burst_at_s=self.burst_at_s,
+            ),
+            knob_memory=KnobMemory(
+                candidate=self.knob_candidate,
+                candidate_since_s=self.knob_candidate_since_s,
+                changes=self.knob_changes,
+            ),
+            health=DataHealth(
+                no_data_ticks=self.no_data_ticks,
+                last_good_s=self.last_good_s,
+                first_good_s=self.first_good_s,
+            ),
+            plant=PlantBelief(capacity_correction=self.capacity_correction),
+        )

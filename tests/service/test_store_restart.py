@@ -24,11 +24,11 @@ from controller.store import (
     model_state_fields,
     to_wall,
 )
-from controller.types import Knobs, Lengths, ModelState
+from controller.types import Knobs, Lengths, ModelState, SavedState
 from estimators.smoothing import HoltState
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
 
-STATE = ModelState(
+STATE = SavedState(
     replicas=4,
     knobs=Knobs(64, 2048),
     last_scale_up_s=1000.0,
@@ -45,7 +45,9 @@ STATE = ModelState(
     knob_candidate_since_s=980.0,
     knob_changes=3,
     lengths=Lengths(100.0, 200.0, 50.0, 90.0),
-)
+    burst_rps=40.0,
+    burst_at_s=950.0,
+).state()
 
 
 def test_every_model_state_field_is_classified() -> None:
@@ -65,10 +67,11 @@ def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
     # The new process's monotonic clock started elsewhere: offset differs by 50_000 s.
     back = from_wall(saved, offset_s=1_799_950_000.0)
     shift = 50_000.0
-    assert back.last_scale_up_s == 1000.0 + shift
-    assert back.first_good_s == 900.0 + shift
-    for f in fields(ModelState):
-        old, new = getattr(STATE, f.name), getattr(back, f.name)
+    assert back.windows.last_scale_up_s == 1000.0 + shift
+    assert back.health.first_good_s == 900.0 + shift
+    saved, restored = SavedState.of(STATE), SavedState.of(back)
+    for f in fields(SavedState):
+        old, new = getattr(saved, f.name), getattr(restored, f.name)
         if f.name in TIME_FIELDS:
             assert new == (None if old is None else old + shift), f.name
         elif f.name in TIME_PAIR_FIELDS:
@@ -77,6 +80,16 @@ def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
             assert new == replace(old, at_s=old.at_s + shift), f.name
         else:
             assert new == old, f.name
+
+
+def test_saved_form_holds_every_state_field_and_round_trips() -> None:
+    """Every field of ModelState's records has a place in the saved (flat, v1) form, so
+    a field added to a record cannot silently be dropped from restarts."""
+    records = [f for f in fields(ModelState) if f.name not in ("replicas", "knobs")]
+    leaves = 2 + sum(len(fields(f.default)) for f in records)
+    assert leaves == len(fields(SavedState))
+    assert from_wall(to_wall(STATE, 0.0), 0.0) == STATE
+    assert from_wall(json.loads(json.dumps(to_wall(STATE, 7.0))), 7.0) == STATE
 
 
 @pytest.mark.parametrize(
@@ -183,9 +196,9 @@ def test_restart_keeps_targets_and_hysteresis_no_scale_down_burst(tmp_path: Path
     old = saved_states["demo"]
     shift = clock2.monotonic() - (clock1.monotonic() + 20.0)
     assert st.replicas == old.replicas
-    assert st.last_scale_up_s == pytest.approx(old.last_scale_up_s + shift)
-    assert [t for t, _ in st.recommendations] == pytest.approx(
-        [t + shift for t, _ in old.recommendations]
+    assert st.windows.last_scale_up_s == pytest.approx(old.windows.last_scale_up_s + shift)
+    assert [t for t, _ in st.windows.recommendations] == pytest.approx(
+        [t + shift for t, _ in old.windows.recommendations]
     )
     # KEDA and engines are served the restored values before any tick
     restored = core2.board.get("demo")

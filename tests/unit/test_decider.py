@@ -8,7 +8,7 @@ import pytest
 
 from controller.config import SLA, ModelConfig
 from controller.decider import Decider
-from controller.types import Knobs, Reason
+from controller.types import DataHealth, Knobs, PlantBelief, Reason
 from estimators.types import NoDataError, SourceError
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import obs
@@ -129,7 +129,7 @@ def test_recovery_after_no_data_decides_at_once() -> None:
     for i in range(5):
         _, s = d.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S + 5 * (i + 1))
     dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S + 30)
-    assert dec.valid and s.no_data_ticks == 0
+    assert dec.valid and s.health.no_data_ticks == 0
 
 
 def test_panic_on_flash_crowd_skips_rate_limit() -> None:
@@ -187,7 +187,7 @@ def test_knobs_change_only_when_material_and_sustained() -> None:
     assert Reason.KNOBS_CHANGED in reasons
     changed_at = reasons.index(Reason.KNOBS_CHANGED)
     assert changed_at * 5 >= 60
-    assert s.knobs == Knobs(160, 2560) and s.knob_changes == 1
+    assert s.knobs == Knobs(160, 2560) and s.knob_memory.changes == 1
     # a small wobble in lengths (<10 %) does not move the knobs
     dec, s = d.decide(obs(rate=30.0, prompt_tokens_p95=4200.0), s, ORIGIN_S + 70)
     assert dec.knobs == Knobs(160, 2560)
@@ -202,7 +202,7 @@ def test_knob_candidate_interrupted_restarts_the_clock() -> None:
     _, s = d.decide(
         obs(rate=30.0, prompt_tokens_p95=800.0, prompt_tokens_mean=300.0), s, ORIGIN_S + 50
     )
-    assert s.knob_candidate_since_s == ORIGIN_S + 50
+    assert s.knob_memory.candidate_since_s == ORIGIN_S + 50
     dec, s = d.decide(
         obs(rate=30.0, prompt_tokens_p95=800.0, prompt_tokens_mean=300.0), s, ORIGIN_S + 65
     )
@@ -246,7 +246,7 @@ def test_sla_violation_on_full_fleet_adds_replicas() -> None:
     base = ok[-1].replicas
     # per-token ITL p95 past 2x the 50 ms target is evidence of a violation
     bad, s_bad = run(d, s_ok, [40.0] * 30, start=ORIGIN_S + 15, itl_p95_ms=120.0)
-    assert s_bad.capacity_correction < 1.0
+    assert s_bad.plant.capacity_correction < 1.0
     assert bad[-1].replicas > base
     assert Reason.SLA_FEEDBACK in bad[-1].reasons
 
@@ -270,30 +270,32 @@ def test_sla_evidence_rules(kw: dict, corrects: bool) -> None:
     d = Decider(make_model(), make_policy())
     s = d.initial_state(3)
     _, s = run(d, s, [40.0] * 20, **kw)  # 100 s: past the first window after start
-    assert (s.capacity_correction < 1.0) is corrects
+    assert (s.plant.capacity_correction < 1.0) is corrects
 
 
 def test_no_correction_in_the_first_window_or_the_dead_time_after_a_scale_up() -> None:
     d = Decider(make_model(cold_start_s=45.0), make_policy(window_s=60.0))
     s = d.initial_state(3)
     _, s = run(d, s, [40.0] * 12, ttft_attainment_frac=0.5)  # 0..55 s: first window
-    assert s.capacity_correction == 1.0
+    assert s.plant.capacity_correction == 1.0
     t = ORIGIN_S + 60
-    while s.last_scale_up_s is None and t < ORIGIN_S + 600:  # violated: the estimate shrinks
+    while (
+        s.windows.last_scale_up_s is None and t < ORIGIN_S + 600
+    ):  # violated: the estimate shrinks
         _, s = d.decide(
             obs(t=t, rate=40.0, ttft_attainment_frac=0.5, ready_replicas=s.replicas), s, t
         )
         t += TICK
-    assert s.capacity_correction < 1.0
-    up_at = s.last_scale_up_s
+    assert s.plant.capacity_correction < 1.0
+    up_at = s.windows.last_scale_up_s
     assert up_at is not None  # until the count went up
-    frozen = s.capacity_correction
+    frozen = s.plant.capacity_correction
     while t < up_at + 105:  # cold start 45 s + window 60 s
         _, s = d.decide(
             obs(t=t, rate=40.0, ttft_attainment_frac=0.5, ready_replicas=s.replicas), s, t
         )
-        if s.last_scale_up_s == up_at:
-            assert s.capacity_correction == frozen
+        if s.windows.last_scale_up_s == up_at:
+            assert s.plant.capacity_correction == frozen
         t += TICK
 
 
@@ -302,7 +304,7 @@ def test_sla_violation_while_fleet_short_does_not_correct() -> None:
     s = replace(d.initial_state(6))
     for i in range(10):
         _, s = d.decide(obs(rate=40.0, itl_p95_ms=150.0, ready_replicas=1), s, ORIGIN_S + 5 * i)
-    assert s.capacity_correction == 1.0
+    assert s.plant.capacity_correction == 1.0
 
 
 def test_bounds_respected_under_huge_demand() -> None:
@@ -337,8 +339,8 @@ def test_small_trend_is_treated_as_noise() -> None:
     deadband, so demand is the smoothed level."""
     d = Decider(make_model(max_replicas=100, cold_start_s=60.0), make_policy())
     decs, s = run(d, d.initial_state(4), [40.0 + 0.5 * i for i in range(60)])
-    assert s.load is not None
-    assert decs[-1].demand_rps == s.load.level
+    assert s.forecast.load is not None
+    assert decs[-1].demand_rps == s.forecast.load.level
 
 
 def test_explain_lists_every_stage() -> None:
@@ -355,7 +357,7 @@ def test_violation_on_demand_known_to_exceed_the_fleet_does_not_correct() -> Non
     d = Decider(make_model(max_replicas=3), make_policy())
     s = d.initial_state(3)
     _, s = run(d, s, [200.0] * 10, itl_p95_ms=300.0, ttft_p95_ms=5000.0)
-    assert s.capacity_correction == 1.0
+    assert s.plant.capacity_correction == 1.0
 
 
 def test_knobs_do_not_move_on_idle_windows() -> None:
@@ -375,7 +377,7 @@ def test_burst_memory_holds_capacity_for_recurring_bursts_then_decays() -> None:
     dec, s = d.decide(
         obs(t=ORIGIN_S + 20, rate=20.0, arrival_rate_short_rps=150.0), s, ORIGIN_S + 20
     )
-    assert dec.panic and s.burst_rps is not None and s.burst_rps >= 150.0
+    assert dec.panic and s.forecast.burst_rps is not None and s.forecast.burst_rps >= 150.0
     peak = dec.replicas
     decs, s = run(d, s, [5.0] * 24, start=ORIGIN_S + 25)  # two quiet minutes
     assert decs[-1].replicas >= peak - 1 and Reason.BURST_MEMORY in decs[-1].reasons
@@ -388,13 +390,17 @@ def test_correction_recovers_only_on_a_loaded_healthy_fleet() -> None:
     """A learned correction is kept while the fleet is healthy but lightly loaded (that
     proves nothing about its limit); it recovers when healthy near its corrected limit."""
     d = Decider(make_model(), make_policy())
-    learned = replace(d.initial_state(4), capacity_correction=0.7, first_good_s=ORIGIN_S - 1000)
+    learned = replace(
+        d.initial_state(4),
+        plant=PlantBelief(capacity_correction=0.7),
+        health=DataHealth(first_good_s=ORIGIN_S - 1000),
+    )
     healthy = {"ttft_attainment_frac": 1.0, "itl_attainment_frac": 1.0}
     _, light = run(d, learned, [5.0] * 20, **healthy)  # 5 req/s on 4 replicas
-    assert light.capacity_correction == 0.7
+    assert light.plant.capacity_correction == 0.7
     # ~45 req/s on 4 replicas whose corrected capacity is ~4 x 17.6 x 0.7 = 49 req/s
     _, busy = run(d, replace(learned, replicas=4), [45.0] * 20, **healthy)
-    assert busy.capacity_correction > 0.7
+    assert busy.plant.capacity_correction > 0.7
 
 
 def test_big_knob_changes_ask_for_a_rollout_small_ones_do_not() -> None:
