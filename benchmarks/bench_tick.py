@@ -115,9 +115,9 @@ class _TimedLogger:
 class _TimedMetrics(GovernorMetrics):
     phases: _Phases
 
-    def record(self, d: Decision, staleness_s: float | None) -> None:
+    def record(self, d: Decision, staleness_s: float | None, paused: bool = False) -> None:
         c0 = time.process_time()
-        super().record(d, staleness_s)
+        super().record(d, staleness_s, paused)
         self.phases.add("metrics", time.process_time() - c0)
 
 

@@ -278,7 +278,7 @@ class ControlLoop:
             new_states[name] = new_state
             decisions.append(decision)
             staleness = obs.staleness_s if isinstance(obs, Observation) else None
-            self.metrics.record(decision, staleness)
+            self.metrics.record(decision, staleness, paused=name in paused)
             log.info(
                 "decision",
                 model=name,

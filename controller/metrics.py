@@ -29,6 +29,7 @@ class _ModelSeries:
         "max_num_batched_tokens",
         "max_num_seqs",
         "panic",
+        "paused",
         "reasons",
         "stale",
         "staleness",
@@ -43,6 +44,7 @@ class _ModelSeries:
         self.staleness = metrics.staleness.labels(model)
         self.stale = metrics.stale.labels(model)
         self.panic = metrics.panic.labels(model)
+        self.paused = metrics.paused.labels(model)
         self.reasons: dict[tuple[str, str], Any] = {}
         """(stage, reason) -> the reasons counter's child for this model."""
 
@@ -92,6 +94,13 @@ class GovernorMetrics:
         self.panic = Gauge(
             "governor_panic", "1 while the model is in panic mode", ["model"], registry=r
         )
+        self.paused = Gauge(
+            "governor_model_paused",
+            "1 while the model is paused (shadow mode: decisions are made, not actuated); "
+            "the actuation-gap alert leaves such models out",
+            ["model"],
+            registry=r,
+        )
         self.reasons = Counter(
             "governor_stage_reasons",
             "Reason codes returned by each stage",
@@ -123,8 +132,8 @@ class GovernorMetrics:
         self.ticks = Counter("governor_ticks", "Control ticks run", registry=r)
         self._series: dict[str, _ModelSeries] = {}
 
-    def record(self, d: Decision, staleness_s: float | None) -> None:
-        """Update the per-model series from one decision."""
+    def record(self, d: Decision, staleness_s: float | None, paused: bool = False) -> None:
+        """Update the per-model series from one decision (`paused`: not actuated)."""
         m = d.model
         series = self._series.get(m)
         if series is None:
@@ -138,6 +147,7 @@ class GovernorMetrics:
                 child = reasons[key] = self.reasons.labels(m, s.name, s.reason.value)
             child.inc()
         series.stale.set(0 if d.valid and d.demand_rps is not None else 1)
+        series.paused.set(1 if paused else 0)
         if staleness_s is not None:
             series.staleness.set(staleness_s)
         if not d.valid:
@@ -163,6 +173,7 @@ class GovernorMetrics:
             self.staleness,
             self.stale,
             self.panic,
+            self.paused,
         ):
             with contextlib.suppress(KeyError):
                 g.remove(model)

@@ -123,15 +123,22 @@ def test_model_missing_from_source_is_no_data_not_zero(clock: FakeClock) -> None
 
 def test_paused_model_is_decided_but_not_actuated(clock: FakeClock) -> None:
     act = RecordingActuator()
-    loop, _ = _loop(FakeSource({"a": 40.0, "b": 40.0}), "a", "b", actuators=[act], clock=clock)
+    loop, metrics = _loop(
+        FakeSource({"a": 40.0, "b": 40.0}), "a", "b", actuators=[act], clock=clock
+    )
+    paused = metrics.registry.get_sample_value
     loop.pause("a")
     ds = loop.tick(clock.now)
     assert {d.model for d in ds} == {"a", "b"}
     assert [d.model for d in act.batches[0]] == ["b"]
     assert loop.snapshot().models["a"].paused
+    # Exported, so the chart's actuation-gap alert leaves a paused model out.
+    assert paused("governor_model_paused", {"model": "a"}) == 1.0
+    assert paused("governor_model_paused", {"model": "b"}) == 0.0
     loop.resume("a")
     loop.tick(clock.advance(5))
     assert [d.model for d in act.batches[1]] == ["a", "b"]
+    assert paused("governor_model_paused", {"model": "a"}) == 0.0
     with pytest.raises(KeyError):
         loop.pause("nope")
 
