@@ -1,6 +1,6 @@
 """JSON schemas for the custom resources the chart renders, which kubernetes-validate does
 not ship: KEDA's ScaledObject (keda.sh/v1alpha1) and the Prometheus Operator's
-ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1).
+ServiceMonitor, PodMonitor and PrometheusRule (monitoring.coreos.com/v1).
 
 Written for this project from the field names and types of those CRDs (KEDA 2.16+,
 prometheus-operator 0.7x+), covering the fields the chart uses and closed
@@ -200,6 +200,45 @@ SERVICE_MONITOR: dict[str, Any] = {
     },
 }
 
+POD_MONITOR: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PodMonitor"},
+        "metadata": OBJECT_META,
+        "spec": {
+            "type": "object",
+            "required": ["selector"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": LABEL_SELECTOR,
+                "namespaceSelector": SERVICE_MONITOR["properties"]["spec"]["properties"][
+                    "namespaceSelector"
+                ],
+                "jobLabel": {"type": "string"},
+                "podMetricsEndpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string", "pattern": "^/"},
+                            "scheme": {"enum": ["http", "https"]},
+                            "interval": {"type": "string", "pattern": DURATION},
+                            "scrapeTimeout": {"type": "string", "pattern": DURATION},
+                            "honorLabels": {"type": "boolean"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
 _RULE: dict[str, Any] = {
     "type": "object",
     "required": ["expr"],
@@ -252,6 +291,7 @@ PROMETHEUS_RULE: dict[str, Any] = {
 SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
+    ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
 }
 

@@ -25,7 +25,8 @@ SEL = f'job="{FULLNAME}",namespace="{NAMESPACE}"'
 
 
 def _rules(**overrides: Any) -> dict[str, Any]:
-    objs = render(values(monitoring={"prometheusRule": {"enabled": True}}, **overrides))
+    monitoring = {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}
+    objs = render(values(monitoring=monitoring, **overrides))
     return {"groups": one(objs, "PrometheusRule")["spec"]["groups"]}
 
 

@@ -50,6 +50,8 @@ from tests.helm.chart import (
 
 ALL_MODELS = [MODEL_8B, MODEL_CODE, MODEL_OTHER_NS]
 FULLNAME = "gov-llm-governor"
+# scaling.via=hpa needs both: the recording rule and the scrape it reads.
+_HPA_MONITORING = {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}
 
 # vLLM V1 metric names the chart may query (ARCHITECTURE.md section 4: gauges as is,
 # counters with `_total`, histograms with their series suffixes; deprecated names too).
@@ -75,6 +77,8 @@ _VLLM_HISTOGRAMS = {
     "vllm:request_queue_time_seconds",
     "vllm:iteration_tokens_total",
 }
+# kube-state-metrics: the engine Deployments' replicas (the actuation-gap alert).
+KUBE_STATE_SERIES = {"kube_deployment_spec_replicas"}
 VLLM_SERIES = (
     _VLLM_GAUGES
     | {f"{c}_total" for c in _VLLM_COUNTERS}
@@ -238,7 +242,7 @@ def test_rbac_names_exactly_the_scaled_deployments() -> None:
 
 def test_rbac_without_direct_scaling_grants_no_deployment_access() -> None:
     for via in ("keda", "hpa"):
-        extra = {"monitoring": {"prometheusRule": {"enabled": True}}} if via == "hpa" else {}
+        extra = {"monitoring": _HPA_MONITORING} if via == "hpa" else {}
         objs = render(values(models=ALL_MODELS, scaling={"via": via}, **extra))
         assert _scale_grants(objs) == set(), via
         assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == [NAMESPACE], via
@@ -294,7 +298,7 @@ def test_no_lease_rights_without_leader_election() -> None:
 # ---------------------------------------------------------------------- flags and config
 @pytest.mark.parametrize("via", ["keda", "kubernetes", "hpa"])
 def test_container_flags_are_accepted_by_the_governor_cli(via: str) -> None:
-    extra = {"monitoring": {"prometheusRule": {"enabled": True}}} if via == "hpa" else {}
+    extra = {"monitoring": _HPA_MONITORING} if via == "hpa" else {}
     objs = render(values(scaling={"via": via}, governor={"shutdownGraceSeconds": 7.5}, **extra))
     gov = container(_governor_pod(objs), "governor")
     args = build_parser().parse_args(gov["args"])
@@ -501,7 +505,7 @@ def _dashboard_exprs(objs: list[dict[str, Any]]) -> list[str]:
     for var in dash["templating"]["list"]:
         q = var.get("query")
         if isinstance(q, dict):
-            m = re.fullmatch(r"label_values\((\w+),\s*\w+\)", q["query"])
+            m = re.fullmatch(r"label_values\((\w+)(?:\{[^}]*\})?,\s*\w+\)", q["query"])
             assert m, q
             exprs.append(m.group(1))
     return exprs
@@ -515,13 +519,13 @@ def test_dashboard_and_alerts_use_only_exported_metrics(
         values(
             models=ALL_MODELS,
             scaling={"via": via},
-            monitoring={"prometheusRule": {"enabled": True}},
+            monitoring=_HPA_MONITORING,
         )
     )
     rule_exprs, recorded = _rule_exprs(objs)
     dash_exprs = _dashboard_exprs(objs)
     assert len(dash_exprs) >= 10 and len(rule_exprs) >= 7
-    known = exported_series | VLLM_SERIES | recorded
+    known = exported_series | VLLM_SERIES | KUBE_STATE_SERIES | recorded
     for expr in rule_exprs + dash_exprs:
         names = metric_names(expr)
         assert names, expr
@@ -553,9 +557,11 @@ def test_alerts_cover_sla_burn_staleness_and_actuation() -> None:
         if m["sla"].get("e2e_p99_ms"):
             expected.add((m["name"], "e2e_p99"))
     assert burns == expected
-    # The governor-side alerts select this release's Service (the ServiceMonitor's job).
+    # The governor-side alerts select this release's Service (the ServiceMonitor's job);
+    # the latency ones read vLLM's series, the unobserved one kube-state-metrics' only.
+    vllm_side = {"GovernorSLABurn", "GovernorLatencyP99High", "GovernorLatencyP999High"}
     for r in alerts:
-        if r["alert"] != "GovernorSLABurn":
+        if r["alert"] not in vllm_side | {"GovernorActuationUnobserved"}:
             assert f'job="{FULLNAME}"' in r["expr"], r["alert"]
 
 
@@ -563,7 +569,7 @@ def test_hpa_metric_is_the_recording_rule() -> None:
     vals = values(
         models=ALL_MODELS,
         scaling={"via": "hpa"},
-        monitoring={"prometheusRule": {"enabled": True}},
+        monitoring=_HPA_MONITORING,
     )
     files = render_files(vals)
     objs = render(vals)

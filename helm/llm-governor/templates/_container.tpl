@@ -31,9 +31,25 @@ new instance continues the stabilization windows instead of starting over. */}}
 - {{ int .Values.governor.maxConcurrentRpcs | toString | quote }}
 - --log-level
 - {{ .Values.governor.logLevel }}
-{{- if .Values.adminToken.existingSecret }}
+{{- /* Sidecar mode: the supervisor adds --admin-token-file when the (optional) Secret's
+file is there. */}}
+{{- if and .Values.adminToken.existingSecret (ne .Values.mode "sidecar") }}
 - --admin-token-file
 - /etc/governor-admin/token
+{{- end }}
+{{- with .Values.governor.adminListen }}
+- --admin-listen
+- {{ . | quote }}
+{{- end }}
+{{- if .Values.tls.existingSecret }}
+- --tls-cert-file
+- /etc/governor-tls/tls.crt
+- --tls-key-file
+- /etc/governor-tls/tls.key
+{{- if .Values.tls.clientCA }}
+- --tls-client-ca-file
+- /etc/governor-tls/ca.crt
+{{- end }}
 {{- end }}
 {{- range .Values.governor.extraArgs }}
 - {{ . | quote }}
@@ -52,12 +68,51 @@ periodSeconds: {{ int . }}
 {{- with .probe.failureThreshold }}
 failureThreshold: {{ int . }}
 {{- end }}
-timeoutSeconds: 2
+{{- with .probe.initialDelaySeconds }}
+initialDelaySeconds: {{ int . }}
+{{- end }}
+timeoutSeconds: {{ int (default 2 .probe.timeoutSeconds) }}
+{{- end -}}
+
+{{/* Sidecar mode: the governor runs under this supervisor instead of the kubelet's probes.
+Kubernetes counts a sidecar's readiness, and a crashed or restarting container's, into the
+Pod's Ready condition, and holds the engine back until a native sidecar has started: so
+the container must stay running whatever the governor does. The shell restarts `governor
+run` when it exits (1 s, doubling to 60 s, back to 1 s after a minute of running),
+forwards SIGTERM to it and exits 0 after it. The admin token is passed only when its
+(optional) Secret is mounted: without it the admin API stays off and scaling goes on. */}}
+{{- define "llm-governor.supervisor" -}}
+token=/etc/governor-admin/token
+delay=1
+pid=
+trap 'trap - TERM INT; if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null; wait "$pid"; fi; exit 0' TERM INT
+while :; do
+  started=$(date +%s)
+  if [ -n "$ADMIN_TOKEN_SECRET" ] && [ -s "$token" ]; then
+    governor "$@" --admin-token-file "$token" &
+  else
+    if [ -n "$ADMIN_TOKEN_SECRET" ]; then echo "governor-supervisor: $token missing (Secret $ADMIN_TOKEN_SECRET not found): admin API off" >&2; fi
+    governor "$@" &
+  fi
+  pid=$!
+  wait "$pid"
+  rc=$?
+  pid=
+  if [ $(( $(date +%s) - started )) -ge 60 ]; then delay=1; fi
+  echo "governor-supervisor: governor exited with status $rc; restarting in ${delay}s" >&2
+  sleep "$delay" &
+  pid=$!
+  wait "$pid"
+  pid=
+  delay=$(( delay * 2 ))
+  if [ "$delay" -gt 60 ]; then delay=60; fi
+done
 {{- end -}}
 
 {{/* Argument: dict "root" <governor scope> "native" <bool: a native sidecar>. */}}
 {{- define "llm-governor.container" -}}
 {{- $v := .root.Values -}}
+{{- $sidecar := eq $v.mode "sidecar" -}}
 - name: governor
   image: {{ include "llm-governor.image" .root | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -65,6 +120,16 @@ timeoutSeconds: 2
   # Native sidecar: runs for the pod's lifetime, started before the regular init containers
   # (so `governor engine-args` can reach it on localhost) and stopped after the engine.
   restartPolicy: Always
+  {{- end }}
+  {{- if $sidecar }}
+  # Supervised, without probes: nothing the governor does can hold the engine back or
+  # make its pod NotReady (see llm-governor.supervisor).
+  command:
+    - /bin/sh
+    - -c
+    - |
+      {{- include "llm-governor.supervisor" .root | nindent 6 }}
+    - governor-supervisor
   {{- end }}
   args:
     {{- include "llm-governor.args" .root | nindent 4 }}
@@ -78,6 +143,10 @@ timeoutSeconds: 2
       valueFrom:
         fieldRef:
           fieldPath: metadata.namespace
+    {{- if and $sidecar $v.adminToken.existingSecret }}
+    - name: ADMIN_TOKEN_SECRET
+      value: {{ $v.adminToken.existingSecret | quote }}
+    {{- end }}
     {{- with $v.governor.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -88,6 +157,7 @@ timeoutSeconds: 2
     - name: metrics
       containerPort: {{ int $v.ports.metrics }}
       protocol: TCP
+  {{- if not $sidecar }}
   # gRPC probes (grpc.health.v1, which the governor serves): no exec binary in the image.
   startupProbe:
     {{- include "llm-governor.grpcProbe" (dict "root" .root "probe" $v.probes.startup) | nindent 4 }}
@@ -95,6 +165,7 @@ timeoutSeconds: 2
     {{- include "llm-governor.grpcProbe" (dict "root" .root "probe" $v.probes.liveness) | nindent 4 }}
   readinessProbe:
     {{- include "llm-governor.grpcProbe" (dict "root" .root "probe" $v.probes.readiness) | nindent 4 }}
+  {{- end }}
   {{- with $v.resources }}
   resources:
     {{- toYaml . | nindent 4 }}
@@ -115,6 +186,18 @@ timeoutSeconds: 2
       mountPath: /etc/governor-admin
       readOnly: true
     {{- end }}
+    {{- if $v.tls.existingSecret }}
+    - name: governor-tls
+      mountPath: /etc/governor-tls
+      readOnly: true
+    {{- end }}
+    {{- if $sidecar }}
+    # The ServiceAccount token, in this container only (the pod does not automount it, so
+    # the engine's processes cannot use the governor's RBAC).
+    - name: governor-sa-token
+      mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
 {{- define "llm-governor.volumes" -}}
@@ -125,16 +208,56 @@ timeoutSeconds: 2
   emptyDir:
     sizeLimit: 64Mi
 {{- include "llm-governor.adminTokenVolume" . }}
+{{- include "llm-governor.tlsVolume" . }}
+{{- end -}}
+
+{{/* The governor's ServiceAccount credentials as a projected volume (what the kubelet's
+automount would add, but mounted into the governor container alone): a bound, expiring
+token the kubelet rotates, the cluster CA and the namespace. */}}
+{{- define "llm-governor.saTokenVolume" -}}
+- name: governor-sa-token
+  projected:
+    defaultMode: 0444
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3607
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                apiVersion: v1
+                fieldPath: metadata.namespace
+{{- end -}}
+
+{{/* The gRPC server certificate (tls.existingSecret: a kubernetes.io/tls Secret; ca.crt
+too when tls.clientCA requires client certificates). */}}
+{{- define "llm-governor.tlsVolume" -}}
+{{- if .Values.tls.existingSecret }}
+- name: governor-tls
+  secret:
+    secretName: {{ .Values.tls.existingSecret | quote }}
+    defaultMode: 0444
+{{- end }}
 {{- end -}}
 
 {{/* The admin bearer token's volume (only its key, as the file `token`), when a Secret is
 given. Mounted into the governor container alone; world-readable inside it because in
-sidecar mode the pod may have no fsGroup to give uid 10001 the group bit. */}}
+sidecar mode the pod may have no fsGroup to give uid 10001 the group bit. Optional: in
+standalone mode a missing Secret stops `governor run` with a message naming the file;
+in sidecar mode the supervisor runs the governor without the admin API. */}}
 {{- define "llm-governor.adminTokenVolume" -}}
 {{- if .Values.adminToken.existingSecret }}
 - name: governor-admin-token
   secret:
     secretName: {{ .Values.adminToken.existingSecret | quote }}
+    # A missing Secret must not keep the pod (in sidecar mode: the engine) from starting.
+    optional: true
     items:
       - key: {{ .Values.adminToken.key | quote }}
         path: token

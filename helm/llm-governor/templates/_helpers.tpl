@@ -43,7 +43,7 @@ llm-governor.io/instance: {{ include "llm-governor.fullname" . }}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "llm-governor.fullname" .) .Values.serviceAccount.name -}}
 {{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
+{{- required "serviceAccount.name: required when serviceAccount.create=false" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
 
@@ -78,17 +78,48 @@ ScaledObjects and engines live in the models' namespaces. */}}
 {{- printf "%s.%s.svc.%s:%d" (include "llm-governor.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.ports.grpc) -}}
 {{- end -}}
 
-{{/* The governor config file: the values' models/policy/prometheus, verbatim. */}}
+{{/* The values' models, each with its namespace filled in: a model without one runs in
+the release namespace (the governor's own default, `default`, would put a sidecar
+release's ScaledObject and RBAC somewhere the install never meant). YAML `models: [...]`;
+read it with (include "llm-governor.models" . | fromYaml).models. */}}
+{{- define "llm-governor.models" -}}
+{{- $out := list -}}
+{{- range .Values.models -}}
+{{- if kindIs "map" . -}}
+{{- $m := deepCopy . -}}
+{{- if not $m.namespace }}{{ $_ := set $m "namespace" $.Release.Namespace }}{{ end -}}
+{{- $out = append $out $m -}}
+{{- else -}}
+{{- $out = append $out . -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "models" $out) -}}
+{{- end -}}
+
+{{/* The governor config file: the values' models (namespaces filled in), policy and
+prometheus. */}}
 {{- define "llm-governor.config" -}}
-{{- $cfg := dict "models" .Values.models -}}
+{{- $cfg := include "llm-governor.models" . | fromYaml -}}
 {{- if .Values.policy }}{{ $_ := set $cfg "policy" .Values.policy }}{{ end -}}
 {{- if .Values.prometheus }}{{ $_ := set $cfg "prometheus" .Values.prometheus }}{{ end -}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
-{{/* Model defaults, as controller/config.py applies them (ModelConfig, ReplicaBounds). */}}
+{{/* Checksum of what a running governor reads only at start. Not the models: their
+targets (SLAs, replica bounds, knobs) reach the governor live through the targets
+ConfigMap (controller/store.py build_config replaces the file's models with them), so an
+SLA-only `helm upgrade` restarts no pod, least of all a GPU engine that carries the
+sidecar. */}}
+{{- define "llm-governor.restartChecksum" -}}
+{{- $cfg := dict -}}
+{{- if .Values.policy }}{{ $_ := set $cfg "policy" .Values.policy }}{{ end -}}
+{{- if .Values.prometheus }}{{ $_ := set $cfg "prometheus" .Values.prometheus }}{{ end -}}
+{{- toYaml $cfg | sha256sum -}}
+{{- end -}}
+
+{{/* A model's namespace; `.` is an entry of llm-governor.models (namespace filled in). */}}
 {{- define "llm-governor.modelNamespace" -}}
-{{- default "default" .namespace -}}
+{{- .namespace -}}
 {{- end -}}
 {{- define "llm-governor.minReplicas" -}}
 {{- $r := default dict .replicas -}}
@@ -110,14 +141,47 @@ via=hpa the governor only exports the metric (and serves the KEDA scaler, unused
 {{- if eq .Values.scaling.via "kubernetes" }}kubernetes{{ else }}keda{{ end -}}
 {{- end -}}
 
+{{/* Whether the HPA behavior carries `tolerance: "0"` (scaling.zeroTolerance).
+true / false: as set. auto: what the cluster accepts. The field exists from Kubernetes
+1.33 (HPAScalingRules.tolerance; honoured only with the HPAConfigurableTolerance feature
+gate, otherwise dropped). Through KEDA it must also be in the ScaledObject CRD: KEDA 2.18's
+has it, 2.17's does not, and Helm 4 applies with strict field validation, so an unknown
+field fails the install. auto therefore reads the installed CRD (lookup) and renders the
+field only when its schema has it; without cluster access (`helm template`, --dry-run)
+lookup finds nothing and the field is left out, the safe side.
+Argument: dict "root" $ "keda" <bool>. Renders "true" or nothing. */}}
+{{- define "llm-governor.renderTolerance" -}}
+{{- $want := .root.Values.scaling.zeroTolerance -}}
+{{- if kindIs "bool" $want -}}
+{{- if $want }}true{{ end -}}
+{{- else if semverCompare ">=1.33.0-0" .root.Capabilities.KubeVersion.Version -}}
+{{- if not .keda -}}
+true
+{{- else -}}
+{{- include "llm-governor.crdHasTolerance" (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "scaledobjects.keda.sh") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when `.`, the scaledobjects.keda.sh CRD object (empty when not installed or
+not readable), has `tolerance` in its v1alpha1 HPA scaling rules. */}}
+{{- define "llm-governor.crdHasTolerance" -}}
+{{- range (dig "spec" "versions" list (default dict .)) -}}
+{{- if eq .name "v1alpha1" -}}
+{{- $rules := dig "schema" "openAPIV3Schema" "properties" "spec" "properties" "advanced" "properties" "horizontalPodAutoscalerConfig" "properties" "behavior" "properties" "scaleUp" "properties" dict . -}}
+{{- if hasKey $rules "tolerance" }}true{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* HPA behavior without damping of its own (KEDA copies it into the HPA it creates).
 Scale up: no window, up to max replicas in one period. Scale down: no window, -100 % per
-period. Tolerance 0 from Kubernetes 1.33 (HPAScalingRules.tolerance): without it the
-default 10 % band swallows a step from 10 to 11 replicas.
-Argument: dict "root" $ "max" <max replicas>. */}}
+period. Tolerance 0 where the cluster accepts it (llm-governor.renderTolerance): without
+it the default 10 % band swallows a step from 10 to 11 replicas.
+Argument: dict "root" $ "max" <max replicas> "keda" <bool>. */}}
 {{- define "llm-governor.hpaBehavior" -}}
 {{- $period := int .root.Values.scaling.hpaPeriodSeconds -}}
-{{- $tolerance := semverCompare ">=1.33.0-0" .root.Capabilities.KubeVersion.Version -}}
+{{- $tolerance := include "llm-governor.renderTolerance" . -}}
 scaleUp:
   stabilizationWindowSeconds: 0
   selectPolicy: Max

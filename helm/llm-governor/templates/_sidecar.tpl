@@ -7,7 +7,7 @@ then, in the engine's pod template, with `$gov := .Subcharts.governor`:
     labels:
       {{- include "llm-governor.sidecar.podLabels" $gov | nindent 8 }}
   spec:
-    serviceAccountName: {{ include "llm-governor.serviceAccountName" $gov }}
+    {{- include "llm-governor.sidecar.podAccount" $gov | nindent 4 }}
     initContainers:
       {{- include "llm-governor.sidecar.initContainers" (dict "gov" $gov "model" "MODEL") | nindent 6 }}
     containers:
@@ -21,12 +21,26 @@ then, in the engine's pod template, with `$gov := .Subcharts.governor`:
       {{- include "llm-governor.sidecar.volumes" $gov | nindent 6 }}
 
 The pods must run in the release namespace (the ServiceAccount and ConfigMaps are there).
+Nothing here can hold the engine back: the governor container has no startup or readiness
+probe and runs under a supervisor that keeps the container running while `governor run`
+crashes (llm-governor.supervisor); engine-args waits for it at most
+sidecar.engineArgsWaitSeconds and then falls back to the model's default knobs; the
+admin-token Secret is optional; only the governor container gets the ServiceAccount token.
 templates/example-engine.yaml uses exactly these templates, and tests/helm renders an
 engine chart that includes them through .Subcharts.
 */}}
 
 {{- define "llm-governor.sidecar.podLabels" -}}
 {{ include "llm-governor.selectorLabels" . }}
+{{- end -}}
+
+{{/* The pod's account: the governor's ServiceAccount (its RBAC: store ConfigMaps, Lease,
+scale), with the token NOT automounted into every container: the governor container
+mounts it itself (llm-governor.saTokenVolume), so the engine cannot rewrite the targets,
+take the Lease or scale Deployments. */}}
+{{- define "llm-governor.sidecar.podAccount" -}}
+serviceAccountName: {{ include "llm-governor.serviceAccountName" . }}
+automountServiceAccountToken: false
 {{- end -}}
 
 {{/* Where engine-args asks: the pod's own governor when it is a native sidecar (up before
@@ -67,6 +81,8 @@ engine never fails to start because of the governor. */}}
   configMap:
     name: {{ include "llm-governor.configMapName" . }}
 {{- include "llm-governor.adminTokenVolume" . }}
+{{- include "llm-governor.tlsVolume" . }}
+{{ include "llm-governor.saTokenVolume" . }}
 {{ end -}}
 - name: governor-tmp
   emptyDir:
@@ -89,6 +105,7 @@ than through the config file, because an engine in another namespace cannot moun
 governor's ConfigMap. */}}
 {{- define "llm-governor.engineArgsContainer" -}}
 {{- $v := .gov.Values -}}
+{{- $local := hasPrefix "127.0.0.1:" .server -}}
 {{- $knobs := dict -}}
 {{- range $v.models }}{{ if eq .name $.model }}{{ $knobs = default dict .knobs }}{{ end }}{{ end -}}
 - name: governor-engine-args
@@ -96,11 +113,24 @@ governor's ConfigMap. */}}
   imagePullPolicy: {{ $v.image.pullPolicy }}
   command: ["/bin/sh", "-c"]
   args:
-    - >-
+    - |
+      {{- if $local }}
+      # The pod's own governor: wait for its port, at most sidecar.engineArgsWaitSeconds
+      # (a bound, not a gate: engine-args then falls back to the default knobs).
+      python - {{ int $v.sidecar.engineArgsWaitSeconds }} {{ int $v.ports.grpc }} <<'EOF'
+      import socket, sys, time
+      end = time.monotonic() + float(sys.argv[1])
+      while time.monotonic() < end:
+          try:
+              socket.create_connection(("127.0.0.1", int(sys.argv[2])), 1).close()
+              break
+          except OSError:
+              time.sleep(0.5)
+      EOF
+      {{- end }}
       governor engine-args --model "$GOVERNOR_MODEL" --server "$GOVERNOR_SERVER"
       {{- with $knobs.default_max_num_seqs }} --default-max-num-seqs {{ int . }}{{ end }}
-      {{- with $knobs.default_max_num_batched_tokens }} --default-max-num-batched-tokens {{ int . }}{{ end }}
-      > /run/governor/engine-args
+      {{- with $knobs.default_max_num_batched_tokens }} --default-max-num-batched-tokens {{ int . }}{{ end }} > /run/governor/engine-args
   env:
     - name: GOVERNOR_MODEL
       value: {{ .model | quote }}

@@ -20,7 +20,7 @@ nothing when the values are good.
 {{- end -}}
 {{- $names := dict -}}
 {{- $targets := dict -}}
-{{- range $i, $m := $v.models -}}
+{{- range $i, $m := (include "llm-governor.models" . | fromYaml).models -}}
 {{- if not (kindIs "map" $m) -}}
 {{- fail (printf "models[%d]: must be a mapping with name, deployment and sla (got %v)" $i $m) -}}
 {{- end -}}
@@ -75,6 +75,15 @@ nothing when the values are good.
 {{- if and (eq $v.scaling.via "hpa") (not $v.monitoring.prometheusRule.enabled) -}}
 {{- fail "scaling.via=hpa needs monitoring.prometheusRule.enabled=true: the HPA reads the recording rule governor_target_desired_replicas (one series per model, labelled with its Deployment) through prometheus-adapter" -}}
 {{- end -}}
+{{- if and (eq $v.scaling.via "hpa") (not $v.monitoring.serviceMonitor.enabled) -}}
+{{- fail "scaling.via=hpa needs monitoring.serviceMonitor.enabled=true: the recording rule the HPAs read selects the governor's own /metrics (job=<release Service>), which only the chart's ServiceMonitor scrapes; without it the HPAs report FailedGetExternalMetric forever. With kube-prometheus-stack also set monitoring.serviceMonitor.labels and monitoring.prometheusRule.labels to its selectors (release: <its release name>)" -}}
+{{- end -}}
+{{- if not (or (kindIs "bool" $v.scaling.zeroTolerance) (eq (toString $v.scaling.zeroTolerance) "auto")) -}}
+{{- fail (printf "scaling.zeroTolerance: must be auto, true or false (got %v)" $v.scaling.zeroTolerance) -}}
+{{- end -}}
+{{- if and (not $v.serviceAccount.create) (not $v.serviceAccount.name) -}}
+{{- fail "serviceAccount.name: required when serviceAccount.create=false (the existing ServiceAccount the governor runs as); without it the pods would run as, and the Role would be bound to, the namespace's `default` ServiceAccount" -}}
+{{- end -}}
 {{- if $v.exampleEngine.enabled -}}
 {{- $model := include "llm-governor.exampleModel" . | fromYaml -}}
 {{- if not $model.name -}}
@@ -90,7 +99,7 @@ nothing when the values are good.
 {{- define "llm-governor.exampleModel" -}}
 {{- $want := .Values.exampleEngine.model -}}
 {{- $found := dict -}}
-{{- range .Values.models -}}
+{{- range (include "llm-governor.models" . | fromYaml).models -}}
 {{- if and (not $found.name) (or (not $want) (eq .name $want)) }}{{ $found = . }}{{ end -}}
 {{- end -}}
 {{- toYaml $found -}}
