@@ -31,9 +31,9 @@ new instance continues the stabilization windows instead of starting over. */}}
 - {{ int .Values.governor.maxConcurrentRpcs | toString | quote }}
 - --log-level
 - {{ .Values.governor.logLevel }}
-{{- /* Sidecar mode: the supervisor adds --admin-token-file when the (optional) Secret's
-file is there. */}}
-{{- if and .Values.adminToken.existingSecret (ne .Values.mode "sidecar") }}
+{{- /* Sidecar mode: the supervisor drops --admin-token-file while the (optional) Secret's
+file is missing. */}}
+{{- if .Values.adminToken.existingSecret }}
 - --admin-token-file
 - /etc/governor-admin/token
 {{- end }}
@@ -79,21 +79,35 @@ Kubernetes counts a sidecar's readiness, and a crashed or restarting container's
 Pod's Ready condition, and holds the engine back until a native sidecar has started: so
 the container must stay running whatever the governor does. The shell restarts `governor
 run` when it exits (1 s, doubling to 60 s, back to 1 s after a minute of running),
-forwards SIGTERM to it and exits 0 after it. The admin token is passed only when its
-(optional) Secret is mounted: without it the admin API stays off and scaling goes on. */}}
+forwards SIGTERM to it and exits 0 after it. --admin-token-file is dropped while its
+(optional) Secret is not mounted: the admin API stays off and scaling goes on. */}}
 {{- define "llm-governor.supervisor" -}}
 token=/etc/governor-admin/token
 delay=1
 pid=
 trap 'trap - TERM INT; if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null; wait "$pid"; fi; exit 0' TERM INT
+start_without_token() {
+  skip=
+  for a do
+    shift
+    if [ -n "$skip" ]; then skip=; continue; fi
+    if [ "$a" = --admin-token-file ]; then skip=1; continue; fi
+    set -- "$@" "$a"
+  done
+  governor "$@" &
+}
 while :; do
   started=$(date +%s)
-  if [ -n "$ADMIN_TOKEN_SECRET" ] && [ -s "$token" ]; then
-    governor "$@" --admin-token-file "$token" &
-  else
-    if [ -n "$ADMIN_TOKEN_SECRET" ]; then echo "governor-supervisor: $token missing (Secret $ADMIN_TOKEN_SECRET not found): admin API off" >&2; fi
-    governor "$@" &
-  fi
+  case " $* " in
+    *" --admin-token-file "*)
+      if [ -s "$token" ]; then
+        governor "$@" &
+      else
+        echo "governor-supervisor: $token is missing (Secret ${ADMIN_TOKEN_SECRET:-?} not found or without the key): admin API off" >&2
+        start_without_token "$@"
+      fi ;;
+    *) governor "$@" & ;;
+  esac
   pid=$!
   wait "$pid"
   rc=$?
