@@ -72,6 +72,9 @@ class Profile(BaseModel):
     max_model_len: PositiveInt
     engine_defaults: EngineDefaults
     cold_start_s: PositiveFloat
+    request_overhead_ms: float = Field(default=0.0, ge=0)
+    """Server time per request before its first step: HTTP, tokenization, scheduling
+    hand-off (detokenization is in the step time). Added to TTFT, ms."""
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -15,9 +15,15 @@ from pathlib import Path
 
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES
-from simulator.oracle import oracle
+from simulator.oracle import scenario_oracle
+from simulator.plant import Plant
 from simulator.report import document, plot, table
-from simulator.scenario import PolicyResult, Scenario, governor_knobs_for, run_policy
+from simulator.scenario import (
+    DEFAULT_SCRAPE_INTERVAL_S,
+    PolicyResult,
+    Scenario,
+    run_policy,
+)
 from simulator.traces import load_trace
 
 EXIT_USAGE = 2
@@ -36,14 +42,55 @@ def _positive(kind: type, name: str):
     return conv
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--speed must be a number, got {text!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"--speed must be >= 0, got {text!r}")
-    return v
+def _non_negative(name: str):
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not math.isfinite(v) or v < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text!r}")
+        return v
+
+    return conv
+
+
+def add_plant_args(p: argparse.ArgumentParser) -> None:
+    """The plant and metric-source flags shared by `simulate` and `demo`."""
+    p.add_argument(
+        "--plant-speed",
+        type=_positive(float, "--plant-speed"),
+        default=1.0,
+        help="simulated step times x F (1.3 = GPU 30%% slower than the profile the "
+        "decider believes; the decider keeps its profile)",
+    )
+    p.add_argument(
+        "--plant-overhead-ms",
+        type=_non_negative("--plant-overhead-ms"),
+        default=None,
+        help="per-request server overhead before the first token, ms "
+        "(default: the profile's calibrated value)",
+    )
+    p.add_argument(
+        "--plant-cold-start-x",
+        type=_positive(float, "--plant-cold-start-x"),
+        default=1.0,
+        help="actual cold start = X x the configured one",
+    )
+    p.add_argument(
+        "--scrape-interval-s",
+        type=_positive(float, "--scrape-interval-s"),
+        default=DEFAULT_SCRAPE_INTERVAL_S,
+        help="resolution of the simulated metric source, seconds",
+    )
+
+
+def plant_from_args(args: argparse.Namespace) -> Plant:
+    return Plant(
+        speed=args.plant_speed,
+        overhead_ms=args.plant_overhead_ms,
+        cold_start_factor=args.plant_cold_start_x,
+    )
 
 
 def _policies(text: str) -> list[str]:
@@ -104,8 +151,15 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sla-ttft-p95-ms", type=_positive(float, "--sla-ttft-p95-ms"), default=500.0)
     p.add_argument("--sla-itl-p95-ms", type=_positive(float, "--sla-itl-p95-ms"), default=50.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--start-replicas", type=_positive(int, "--start-replicas"), default=1)
+    p.add_argument(
+        "--start-replicas",
+        type=_positive(int, "--start-replicas"),
+        default=None,
+        help="replicas serving at t = 0 (default: the model's min replicas)",
+    )
+    p.add_argument("--min-replicas", type=_positive(int, "--min-replicas"), default=1)
     p.add_argument("--max-replicas", type=_positive(int, "--max-replicas"), default=64)
+    add_plant_args(p)
     p.add_argument(
         "--static-replicas",
         type=_positive(int, "--static-replicas"),
@@ -126,6 +180,13 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.start_replicas is not None and args.start_replicas < args.min_replicas:
+        print(
+            f"governor simulate: --start-replicas {args.start_replicas} is below "
+            f"--min-replicas {args.min_replicas}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     try:
         trace = load_trace(
             args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
@@ -141,23 +202,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         trace=trace,
         sla=sla,
         start_replicas=args.start_replicas,
+        min_replicas=args.min_replicas,
         max_replicas=args.max_replicas,
         static_replicas=args.static_replicas,
         seed=args.seed,
         hpa_sync_s=args.hpa_sync_s,
+        scrape_interval_s=args.scrape_interval_s,
+        plant=plant_from_args(args),
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
     orc = None
     if not args.no_oracle:
         t0 = time.perf_counter()
-        orc = oracle(
-            trace,
-            sc.profile,
-            governor_knobs_for(trace, sc),
-            sla,
-            max_replicas=args.max_replicas,
-            seed=args.seed,
-        )
+        orc = scenario_oracle(sc)
         if show:
             print(f"oracle     done in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     if sc.static_replicas is None and orc is not None:
@@ -190,7 +247,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--speed",
-        type=_non_negative_float,
+        type=_non_negative("--speed"),
         default=60.0,
         help="simulated seconds per real second in the live view (0 = as fast as possible)",
     )
@@ -275,7 +332,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     results = {"governor": run_policy("governor", sc, on_sync=on_sync)}
     print(f"\ncomparing with {', '.join(args.baselines)} and the oracle ...", flush=True)
-    orc = oracle(trace, sc.profile, governor_knobs_for(trace, sc), sla, seed=args.seed)
+    orc = scenario_oracle(sc)
     if "static" in args.baselines:
         sc = Scenario(**{**sc.__dict__, "static_replicas": max(1, max(orc.replicas, default=1))})
     for name in args.baselines:

@@ -57,7 +57,13 @@ import numpy as np
 from controller.types import Knobs
 from estimators.histogram import E2E_BUCKETS_S, QUEUE_BUCKETS_S, TTFT_BUCKETS_S
 from estimators.stepmodel import Profile
-from simulator.metrics import ITERATION_TOKENS_BUCKETS, ITL_BUCKETS_MS, EngineMetrics
+from simulator.engine_metrics import (
+    ITERATION_TOKENS_BUCKETS,
+    ITL_BUCKETS_MS,
+    REQUEST_PHASE_BUCKETS_S,
+    TPOT_BUCKETS_S,
+    EngineMetrics,
+)
 
 INF = math.inf
 
@@ -275,6 +281,7 @@ class Engine:
         kv_capacity_blocks: int | None = None,
         max_model_len: int | None = None,
         step_log: list[StepRecord] | None = None,
+        overhead_s: float = 0.0,
     ) -> None:
         mns, mnbt = int(knobs.max_num_seqs), int(knobs.max_num_batched_tokens)
         if mns < 1 or mnbt < 1:
@@ -310,6 +317,11 @@ class Engine:
             st.per_kv,
             st.attn,
         )
+        if not (math.isfinite(overhead_s) and overhead_s >= 0):
+            raise ValueError(f"overhead_s must be finite and >= 0, got {overhead_s}")
+        # Server time a request spent before it reached the engine (HTTP, tokenization):
+        # the fleet delivers it that much later; vLLM's TTFT and e2e include it.
+        self.overhead_s = float(overhead_s)
         self.log = log if log is not None else RequestLog()
         self.metrics = EngineMetrics(self.max_model_len)
         self.start_s = float(start_s)
@@ -637,7 +649,7 @@ class Engine:
         bs = self.bs
         for r in reqs:
             if r.gen == 0:
-                ttft = t1 - r.arr
+                ttft = t1 - r.arr + self.overhead_s
                 m.ttft[bisect_left(TTFT_BUCKETS_S, ttft)] += 1
                 m.ttft_sum += ttft
                 m.prompt_tokens += r.prompt
@@ -681,9 +693,21 @@ class Engine:
     def _record_finish(self, r: _Req, t1: float) -> None:
         m = self.metrics
         m.success += 1
-        e2e = t1 - r.arr
+        e2e = t1 - r.arr + self.overhead_s
         m.e2e[bisect_left(E2E_BUCKETS_S, e2e)] += 1
         m.e2e_sum += e2e
+        # vLLM V1 per-request phases: prefill from first scheduled to first token, decode
+        # from first token to last, TPOT = decode / (tokens - 1) (0 for one token).
+        t_first = self.log.first_token_s[r.rid]
+        pre = t_first - r.sched
+        m.prefill_t[bisect_left(REQUEST_PHASE_BUCKETS_S, pre)] += 1
+        m.prefill_t_sum += pre
+        dec = t1 - t_first
+        m.decode_t[bisect_left(REQUEST_PHASE_BUCKETS_S, dec)] += 1
+        m.decode_t_sum += dec
+        tpot = dec / (r.out - 1) if r.out > 1 else 0.0
+        m.tpot[bisect_left(TPOT_BUCKETS_S, tpot)] += 1
+        m.tpot_sum += tpot
         tb = m.token_bounds
         m.req_prompt[bisect_left(tb, r.prompt)] += 1
         m.req_prompt_sum += r.prompt

@@ -114,6 +114,10 @@ class Fleet:
     engine defaults. `initial_replicas` start SERVING at `start_s` when `initial_ready`
     (a fleet already up), else they are requested at `start_s` and cold-start.
     `kv_capacity_blocks` / `max_model_len` override the profile (tests).
+    `overhead_s` is the server time before a request reaches an engine (HTTP,
+    tokenization; see `simulator.plant`): arrivals are routed that much later and the
+    engines' TTFT and e2e metrics include it; the request log keeps the arrival at the
+    fleet, so scored latencies include it too.
     """
 
     def __init__(
@@ -128,7 +132,11 @@ class Fleet:
         start_s: float = 0.0,
         kv_capacity_blocks: int | None = None,
         max_model_len: int | None = None,
+        overhead_s: float = 0.0,
     ) -> None:
+        if not (math.isfinite(overhead_s) and overhead_s >= 0):
+            raise ValueError(f"overhead_s must be finite and >= 0, got {overhead_s}")
+        self.overhead_s = float(overhead_s)
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         d = self.profile.engine_defaults
         self.knobs = knobs or Knobs(d.max_num_seqs, d.max_num_batched_tokens)
@@ -229,7 +237,7 @@ class Fleet:
         if len(times) and times[0] < self.now_s:
             raise ValueError(f"trace starts at {times[0]} s, before the fleet's time {self.now_s}")
         ids = self.log.extend(times, trace.prompt_tokens, trace.output_tokens)
-        self._add_pending(times.tolist(), list(ids))
+        self._add_pending((times + self.overhead_s).tolist(), list(ids))
         return ids
 
     def submit(self, arrival_s: float, prompt_tokens: int, output_tokens: int) -> int:
@@ -237,7 +245,7 @@ class Fleet:
         if arrival_s < self.now_s:
             raise ValueError(f"arrival {arrival_s} s is before the fleet's time {self.now_s}")
         rid = self.log.add(arrival_s, prompt_tokens, output_tokens)
-        self._add_pending([float(arrival_s)], [rid])
+        self._add_pending([float(arrival_s) + self.overhead_s], [rid])
         return rid
 
     def _add_pending(self, times: list[float], rids: list[int]) -> None:
@@ -465,6 +473,7 @@ class Fleet:
             start_s=t_s,
             kv_capacity_blocks=self.kv_capacity_blocks,
             max_model_len=self.max_model_len,
+            overhead_s=self.overhead_s,
         )
         self._serving.append(rep.engine)
         self._serving_ids.append(rep.replica_id)
@@ -515,6 +524,11 @@ class Fleet:
     def total_replicas(self) -> int:
         """Replicas holding a GPU now (STARTING, SERVING or DRAINING)."""
         return sum(1 for r in self.replicas if r.state is not ReplicaState.GONE)
+
+    @property
+    def engines_expected(self) -> int:
+        """Replicas SERVING or DRAINING now: the engines a scrape should find."""
+        return len(self._serving) + len(self._draining)
 
     @property
     def router_queue_len(self) -> int:

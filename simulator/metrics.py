@@ -1,12 +1,8 @@
-"""simulator.metrics: the vLLM-named metrics the simulated engines emit, and a
-`MetricSource` that reads them the way Prometheus would.
+"""simulator.metrics: a `MetricSource` that reads the simulated engines' vLLM metrics
+(`simulator.engine_metrics`) the way Prometheus would, and their text exposition.
 
 Owns:
 
-* `EngineMetrics`: one engine's cumulative counters and histograms (vLLM V1 names and
-  buckets, ARCHITECTURE.md section 4), kept as plain attributes and lists so the
-  engine's hot loop can update them cheaply (a histogram is a list of per-bucket counts,
-  the last entry the +Inf overflow, plus a running sum).
 * `SimulatedSource`: registers a scraper with a `Fleet`, snapshots every live engine's
   cumulative values at scrape instants (every `scrape_interval_s` of simulated time) and
   evaluates an `Observation` over `window_s` like PromQL would (`rate`/`increase` from
@@ -29,8 +25,15 @@ Evaluation details (documented deviations from Prometheus):
   `include_router=True` (default) requests held at the fleet's router while no replica
   serves count as a waiting series too, so demand stays visible at zero replicas (like a
   gateway/activator metric); set it False for vLLM-only parity. `short_window_s`, when
-  given, also fills `arrival_rate_short_rps` (the panic window; PrometheusSource leaves
-  it None today).
+  given, also fills `arrival_rate_short_rps` (the panic window; None with fewer than
+  two scrapes in it, as PromQL's `rate` would be); `arrival_rate_5m_rps` is the same
+  over 300 s.
+* Means (`itl_mean_ms`, `ttft_mean_ms`, per-request prefill/decode times, tokens per
+  step) are histogram sum increase / count increase; `ttft_dist` / `itl_dist` /
+  `e2e_dist` are `histogram_quantile` at p50/p90/p95/p99; `tpot_attainment_frac` is the
+  fraction of requests whose TPOT is within the ITL SLA (exact at a bucket edge).
+* `targets_up` = engines scraped in the newest sample; `targets_down` = replicas serving
+  or draining whose engine the scrape did not find (a real Prometheus's `up == 0`).
 * GPU busy fraction = sum of step-execution seconds / sum of engine uptime seconds over
   the window, across engines (what DCGM's GPU utilization averages to); the step in
   flight at a scrape counts for its elapsed part.
@@ -44,111 +47,20 @@ import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from estimators.histogram import (
-    E2E_BUCKETS_S,
-    ITL_BUCKETS_S,
-    QUEUE_BUCKETS_S,
-    TTFT_BUCKETS_S,
-    fraction_le,
-    histogram_quantile,
-    token_buckets,
+from estimators.histogram import fraction_le, histogram_quantile
+from estimators.types import (
+    LatencyQuantiles,
+    ModelQuery,
+    NoDataError,
+    Observation,
+    ObservationResult,
 )
-from estimators.types import ModelQuery, NoDataError, Observation, ObservationResult
-
-if TYPE_CHECKING:
-    from simulator.engine import Engine
-    from simulator.fleet import Fleet
-
-ITL_BUCKETS_MS: tuple[float, ...] = tuple(b * 1000.0 for b in ITL_BUCKETS_S)
-"""ITL bucket bounds in milliseconds (step durations are computed in ms)."""
-
-ITERATION_TOKENS_BUCKETS: tuple[float, ...] = (
-    1.0,
-    8.0,
-    16.0,
-    32.0,
-    64.0,
-    128.0,
-    256.0,
-    512.0,
-    1024.0,
-    2048.0,
-    4096.0,
-    8192.0,
-    16384.0,
-)
-"""vLLM's `vllm:iteration_tokens_total` bucket bounds (tokens per step)."""
-
-
-def _zeros(bounds: Sequence[float]) -> list[int]:
-    return [0] * (len(bounds) + 1)
-
-
-class EngineMetrics:
-    """Cumulative metrics of one engine, updated in place by `simulator.engine.Engine`.
-
-    Histograms are lists of per-bucket counts aligned with their bounds, plus one final
-    +Inf bucket; `*_sum` holds the sum of observed values (seconds or tokens). Counters
-    only grow. Busy time is the total duration of executed steps, seconds.
-    """
-
-    __slots__ = (
-        "busy_s",
-        "e2e",
-        "e2e_sum",
-        "generation_tokens",
-        "iter_tokens",
-        "iter_tokens_sum",
-        "itl",
-        "itl_sum",
-        "preemptions",
-        "prefix_hits",
-        "prefix_queries",
-        "prompt_tokens",
-        "queue",
-        "queue_sum",
-        "refused",
-        "req_gen",
-        "req_gen_sum",
-        "req_prompt",
-        "req_prompt_sum",
-        "steps",
-        "success",
-        "token_bounds",
-        "ttft",
-        "ttft_sum",
-    )
-
-    def __init__(self, max_model_len: int) -> None:
-        self.token_bounds: tuple[float, ...] = token_buckets(max_model_len)
-        self.success = 0
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.preemptions = 0
-        self.refused = 0
-        self.busy_s = 0.0
-        self.steps = 0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.ttft = _zeros(TTFT_BUCKETS_S)
-        self.ttft_sum = 0.0
-        self.itl = _zeros(ITL_BUCKETS_S)
-        self.itl_sum = 0.0
-        self.e2e = _zeros(E2E_BUCKETS_S)
-        self.e2e_sum = 0.0
-        self.queue = _zeros(QUEUE_BUCKETS_S)
-        self.queue_sum = 0.0
-        self.req_prompt = _zeros(self.token_bounds)
-        self.req_prompt_sum = 0.0
-        self.req_gen = _zeros(self.token_bounds)
-        self.req_gen_sum = 0.0
-        self.iter_tokens = _zeros(ITERATION_TOKENS_BUCKETS)
-        self.iter_tokens_sum = 0.0
-
+from simulator.engine import Engine
+from simulator.engine_metrics import HIST_ATTRS, hist_bounds
+from simulator.fleet import Fleet
 
 # --- snapshot layout ------------------------------------------------------------------
 
@@ -164,16 +76,6 @@ _SCALARS: tuple[str, ...] = (
     "prefix_hits",
 )
 _GAUGES: tuple[str, ...] = ("running", "waiting", "kv_usage", "uptime_s")
-# (attribute, bounds) of each histogram; the token bounds depend on max_model_len.
-_HIST_ATTRS: tuple[str, ...] = (
-    "ttft",
-    "itl",
-    "e2e",
-    "queue",
-    "req_prompt",
-    "req_gen",
-    "iter_tokens",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,16 +94,6 @@ class SnapshotLayout:
 
     @staticmethod
     def build(max_model_len: int) -> SnapshotLayout:
-        tb = token_buckets(max_model_len)
-        bounds = {
-            "ttft": TTFT_BUCKETS_S,
-            "itl": ITL_BUCKETS_S,
-            "e2e": E2E_BUCKETS_S,
-            "queue": QUEUE_BUCKETS_S,
-            "req_prompt": tb,
-            "req_gen": tb,
-            "iter_tokens": ITERATION_TOKENS_BUCKETS,
-        }
         off = 0
         scalar = {}
         for name in _SCALARS:
@@ -212,9 +104,10 @@ class SnapshotLayout:
             gauge[name] = off
             off += 1
         hist = {}
-        for name in _HIST_ATTRS:
-            hist[name] = (off, bounds[name])
-            off += len(bounds[name]) + 2
+        for name in HIST_ATTRS:
+            bounds = hist_bounds(name, max_model_len)
+            hist[name] = (off, bounds)
+            off += len(bounds) + 2
         return SnapshotLayout(scalar, gauge, hist, off)
 
 
@@ -236,7 +129,7 @@ def snapshot_engine(engine: Engine, now_s: float) -> np.ndarray:
         engine.kv_usage_frac,
         max(0.0, now_s - engine.start_s),
     ]
-    for name in _HIST_ATTRS:
+    for name in HIST_ATTRS:
         vals.extend(getattr(m, name))
         vals.append(getattr(m, name + "_sum"))
     return np.asarray(vals, dtype=np.float64)
@@ -254,6 +147,74 @@ class ScrapeSample:
     """replica id -> snapshot vector (serving and draining engines)."""
     ready_replicas: int
     router_queue: int
+    targets_down: int = 0
+    """Replicas serving or draining whose engine was not scraped (a real Prometheus
+    would see `up == 0` for them)."""
+
+
+LONG_WINDOW_S = 300.0
+"""Window of `arrival_rate_5m_rps` (the seed policy's 5-minute rate), seconds."""
+
+
+class _WindowHistograms:
+    """Histogram arithmetic on one window's summed increases (`SnapshotLayout` vector)."""
+
+    def __init__(self, layout: SnapshotLayout, delta: np.ndarray) -> None:
+        self.layout = layout
+        self.delta = delta
+
+    def buckets(self, name: str) -> list[tuple[float, float]]:
+        """Cumulative (bound, count) pairs of histogram `name`, the last +Inf."""
+        off, bounds = self.layout.hist[name]
+        counts = np.cumsum(self.delta[off : off + len(bounds) + 1])
+        pairs = [(b, float(c)) for b, c in zip(bounds, counts[:-1], strict=True)]
+        pairs.append((math.inf, float(counts[-1])))
+        return pairs
+
+    def mean(self, name: str, scale: float = 1.0) -> float | None:
+        """sum / count of histogram `name` x `scale` (None: no observation)."""
+        off, bounds = self.layout.hist[name]
+        n = len(bounds) + 1
+        total, count = float(self.delta[off + n]), float(self.delta[off : off + n].sum())
+        return total / count * scale if count > 0 else None
+
+    def quantile(self, name: str, qv: float, scale: float = 1.0) -> float | None:
+        """PromQL `histogram_quantile(qv, ...)` of histogram `name` x `scale`."""
+        v = histogram_quantile(qv, self.buckets(name))
+        return None if v is None else v * scale
+
+    def dist(self, name: str) -> LatencyQuantiles | None:
+        """p50/p90/p95/p99 of a seconds histogram, in ms (None: no observation)."""
+        if self.mean(name) is None:
+            return None
+        return LatencyQuantiles(
+            p50_ms=self.quantile(name, 0.50, 1000.0),
+            p90_ms=self.quantile(name, 0.90, 1000.0),
+            p95_ms=self.quantile(name, 0.95, 1000.0),
+            p99_ms=self.quantile(name, 0.99, 1000.0),
+        )
+
+    def latency_fields(self, q: ModelQuery) -> dict[str, object]:
+        """The latency fields of an Observation: quantiles, means (the online
+        calibration's inputs), distributions and exact attainment at the SLA edges."""
+        ttft_b, itl_b, tpot_b = self.buckets("ttft"), self.buckets("itl"), self.buckets("tpot")
+        return {
+            "itl_p95_ms": self.quantile("itl", 0.95, 1000.0),
+            "ttft_p95_ms": self.quantile("ttft", 0.95, 1000.0),
+            "ttft_attainment_frac": fraction_le(q.ttft_sla_s, ttft_b) if q.ttft_sla_s else None,
+            "itl_attainment_frac": fraction_le(q.itl_sla_s, itl_b) if q.itl_sla_s else None,
+            "itl_mean_ms": self.mean("itl", 1000.0),
+            "ttft_mean_ms": self.mean("ttft", 1000.0),
+            "decode_time_p95_ms": self.quantile("decode_t", 0.95, 1000.0),
+            "decode_time_mean_ms": self.mean("decode_t", 1000.0),
+            "prefill_time_mean_ms": self.mean("prefill_t", 1000.0),
+            "tpot_p95_ms": self.quantile("tpot", 0.95, 1000.0),
+            "tpot_attainment_frac": fraction_le(q.itl_sla_s, tpot_b) if q.itl_sla_s else None,
+            "step_tokens_mean": self.mean("iter_tokens"),
+            "ttft_dist": self.dist("ttft"),
+            "itl_dist": self.dist("itl"),
+            "e2e_dist": self.dist("e2e"),
+        }
 
 
 class SimulatedSource:
@@ -305,7 +266,9 @@ class SimulatedSource:
 
     def _scrape(self, t_s: float) -> None:
         engines = {rid: snapshot_engine(eng, t_s) for rid, eng in self.fleet.live_engines()}
-        sample = ScrapeSample(t_s, engines, self.fleet.ready_replicas, self.fleet.router_queue_len)
+        fleet = self.fleet
+        down = max(0, fleet.engines_expected - len(engines))
+        sample = ScrapeSample(t_s, engines, fleet.ready_replicas, fleet.router_queue_len, down)
         self._samples.append(sample)
         self._times.append(t_s)
         cut = bisect.bisect_left(self._times, t_s - self.retention_s)
@@ -381,18 +344,11 @@ class SimulatedSource:
         completions = done / dt
         return max(0.0, completions + growth), completions
 
-    def _evaluate(self, q: ModelQuery, now_s: float) -> ObservationResult:
-        win = self._window(now_s)
-        if len(win) < 2:
-            return NoDataError(q.name, "arrival_rate", f"{len(win)} scrape(s) in the window")
-        first, last = win[0], win[-1]
-        dt = last.t_s - first.t_s
-        if dt <= 0:
-            return NoDataError(q.name, "arrival_rate", "window samples share one timestamp")
-        if not self.include_router and not (first.engines or last.engines):
-            return NoDataError(q.name, "arrival_rate", "no engine series in the window")
-        lay = self.layout
-        delta = np.zeros(lay.size, dtype=np.float64)
+    def _delta(self, win: list[ScrapeSample]) -> np.ndarray:
+        """Increase of every value over `win`, summed over engine series (a series that
+        appears inside the window counts from 0, one that vanishes up to its last sample)."""
+        first = win[0]
+        delta = np.zeros(self.layout.size, dtype=np.float64)
         ids: set[int] = set()
         for s in win:
             ids.update(s.engines)
@@ -405,41 +361,28 @@ class SimulatedSource:
             assert v_last is not None
             v_first = first.engines.get(rid)
             delta += v_last if v_first is None else v_last - v_first
+        return delta
+
+    def _evaluate(self, q: ModelQuery, now_s: float) -> ObservationResult:
+        win = self._window(now_s)
+        if len(win) < 2:
+            return NoDataError(q.name, "arrival_rate", f"{len(win)} scrape(s) in the window")
+        first, last = win[0], win[-1]
+        dt = last.t_s - first.t_s
+        if dt <= 0:
+            return NoDataError(q.name, "arrival_rate", "window samples share one timestamp")
+        if not self.include_router and not (first.engines or last.engines):
+            return NoDataError(q.name, "arrival_rate", "no engine series in the window")
+        lay = self.layout
+        h = _WindowHistograms(lay, self._delta(win))
         g = lay.gauge
 
         def gauge_sum(s: ScrapeSample, name: str) -> float:
             return float(sum(v[g[name]] for v in s.engines.values()))
 
         sc = lay.scalar
+        delta = h.delta
         arrival, completions_rps = self._arrival_rate(win)
-        short: float | None = None
-        if self.short_window_s is not None:
-            swin = self._window(now_s, self.short_window_s)
-            if len(swin) >= 2 and swin[-1].t_s > swin[0].t_s:
-                short = self._arrival_rate(swin)[0]
-
-        def buckets(name: str) -> list[tuple[float, float]]:
-            off, bounds = lay.hist[name]
-            counts = np.cumsum(delta[off : off + len(bounds) + 1])
-            pairs = [(b, float(c)) for b, c in zip(bounds, counts[:-1], strict=True)]
-            pairs.append((math.inf, float(counts[-1])))
-            return pairs
-
-        def hist_sum_count(name: str) -> tuple[float, float]:
-            off, bounds = lay.hist[name]
-            n = len(bounds) + 1
-            return float(delta[off + n]), float(delta[off : off + n].sum())
-
-        def quantile(name: str, qv: float, scale: float = 1.0) -> float | None:
-            v = histogram_quantile(qv, buckets(name))
-            return None if v is None else v * scale
-
-        def mean(name: str) -> float | None:
-            s, c = hist_sum_count(name)
-            return s / c if c > 0 else None
-
-        ttft_att = fraction_le(q.ttft_sla_s, buckets("ttft")) if q.ttft_sla_s else None
-        itl_att = fraction_le(q.itl_sla_s, buckets("itl")) if q.itl_sla_s else None
         queries = delta[sc["prefix_queries"]]
         uptime = delta[g["uptime_s"]]
         n_last = len(last.engines)
@@ -448,18 +391,15 @@ class SimulatedSource:
             model=q.name,
             observed_at_s=now_s,
             arrival_rate_rps=arrival,
-            arrival_rate_short_rps=short,
+            arrival_rate_short_rps=self._rate_over(now_s, self.short_window_s),
+            arrival_rate_5m_rps=self._rate_over(now_s, LONG_WINDOW_S),
             staleness_s=max(0.0, now_s - last.t_s),
-            prompt_tokens_mean=mean("req_prompt"),
-            prompt_tokens_p95=quantile("req_prompt", 0.95),
-            output_tokens_mean=mean("req_gen"),
-            output_tokens_p95=quantile("req_gen", 0.95),
-            itl_p95_ms=quantile("itl", 0.95, 1000.0),
-            ttft_p95_ms=quantile("ttft", 0.95, 1000.0),
-            e2e_p99_ms=quantile("e2e", 0.99, 1000.0),
-            queue_time_p95_ms=quantile("queue", 0.95, 1000.0),
-            ttft_attainment_frac=ttft_att,
-            itl_attainment_frac=itl_att,
+            prompt_tokens_mean=h.mean("req_prompt"),
+            prompt_tokens_p95=h.quantile("req_prompt", 0.95),
+            output_tokens_mean=h.mean("req_gen"),
+            output_tokens_p95=h.quantile("req_gen", 0.95),
+            e2e_p99_ms=h.quantile("e2e", 0.99, 1000.0),
+            queue_time_p95_ms=h.quantile("queue", 0.95, 1000.0),
             running=gauge_sum(last, "running") if n_last else None,
             waiting=gauge_sum(last, "waiting") if n_last else None,
             kv_usage_frac=kv,
@@ -467,6 +407,9 @@ class SimulatedSource:
             preemption_rate_per_s=delta[sc["preemptions"]] / dt,
             gpu_busy_frac=min(1.0, delta[sc["busy_s"]] / uptime) if uptime > 0 else None,
             ready_replicas=last.ready_replicas,
+            targets_up=n_last,
+            targets_down=last.targets_down,
+            **h.latency_fields(q),
             extra={
                 "router_queue": float(last.router_queue),
                 "completions_rps": completions_rps,
@@ -475,6 +418,15 @@ class SimulatedSource:
                 "window_s": dt,
             },
         )
+
+    def _rate_over(self, now_s: float, window_s: float | None) -> float | None:
+        """Arrival rate over the last `window_s` (None: no window or < 2 samples)."""
+        if window_s is None:
+            return None
+        win = self._window(now_s, window_s)
+        if len(win) < 2 or win[-1].t_s <= win[0].t_s:
+            return None
+        return self._arrival_rate(win)[0]
 
     # -- exposition ----------------------------------------------------------------------
 
@@ -512,6 +464,17 @@ _HISTS: tuple[tuple[str, str, str], ...] = (
     ("vllm:request_prompt_tokens", "req_prompt", "Number of prefill tokens per request."),
     ("vllm:request_generation_tokens", "req_gen", "Number of generation tokens per request."),
     ("vllm:iteration_tokens_total", "iter_tokens", "Number of tokens per engine step."),
+    (
+        "vllm:request_prefill_time_seconds",
+        "prefill_t",
+        "Time spent in the PREFILL phase, seconds.",
+    ),
+    ("vllm:request_decode_time_seconds", "decode_t", "Time spent in the DECODE phase, seconds."),
+    (
+        "vllm:request_time_per_output_token_seconds",
+        "tpot",
+        "Per-request mean time per output token, seconds.",
+    ),
 )
 
 
@@ -551,15 +514,7 @@ def render_text(model_name: str, engines: Sequence[tuple[int, Engine]], now_s: f
         for rid, eng in engines:
             m = eng.metrics
             counts: list[int] = getattr(m, attr)
-            bounds = {
-                "ttft": TTFT_BUCKETS_S,
-                "itl": ITL_BUCKETS_S,
-                "e2e": E2E_BUCKETS_S,
-                "queue": QUEUE_BUCKETS_S,
-                "req_prompt": m.token_bounds,
-                "req_gen": m.token_bounds,
-                "iter_tokens": ITERATION_TOKENS_BUCKETS,
-            }[attr]
+            bounds = hist_bounds(attr, eng.max_model_len)
             cum = 0
             for b, c in zip((*bounds, math.inf), counts, strict=True):
                 cum += c

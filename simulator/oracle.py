@@ -22,6 +22,7 @@ from controller.config import SLA
 from controller.types import Knobs
 from estimators.stepmodel import Profile
 from simulator.fleet import Fleet
+from simulator.scenario import Scenario, governor_knobs_for
 from simulator.traces import Trace
 
 ATTAINMENT_GOAL = 0.99
@@ -43,8 +44,10 @@ class OracleResult:
         }
 
 
-def _attainment(trace: Trace, n: int, profile: Profile, knobs: Knobs, sla: SLA, seed: int) -> float:
-    fleet = Fleet(profile, knobs=knobs, initial_replicas=n, seed=seed)
+def _attainment(
+    trace: Trace, n: int, profile: Profile, knobs: Knobs, sla: SLA, seed: int, overhead_s: float
+) -> float:
+    fleet = Fleet(profile, knobs=knobs, initial_replicas=n, seed=seed, overhead_s=overhead_s)
     fleet.submit_trace(trace, offset_s=0.0)
     fleet.run()
     rec = fleet.records()
@@ -61,16 +64,19 @@ def _attainment(trace: Trace, n: int, profile: Profile, knobs: Knobs, sla: SLA, 
     return float(ok[servable].sum() / servable.sum())
 
 
-def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int]) -> int:
-    """Smallest warm replica count serving `trace` (one window) at the goal."""
-    trace, profile, knobs, sla, max_replicas, seed = args
+def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int, float]) -> int:
+    """Smallest warm replica count serving `trace` (one window) at the goal.
+
+    `args`: (trace, plant profile, knobs, sla, max replicas, seed, overhead seconds)."""
+    trace, profile, knobs, sla, max_replicas, seed, overhead_s = args
     if len(trace) == 0:
         return 0
     cache: dict[int, bool] = {}
 
     def ok(n: int) -> bool:
         if n not in cache:
-            cache[n] = _attainment(trace, n, profile, knobs, sla, seed) >= ATTAINMENT_GOAL
+            att = _attainment(trace, n, profile, knobs, sla, seed, overhead_s)
+            cache[n] = att >= ATTAINMENT_GOAL
         return cache[n]
 
     hi = 1
@@ -98,8 +104,10 @@ def oracle(
     max_replicas: int = 64,
     seed: int = 0,
     workers: int | None = None,
+    overhead_s: float = 0.0,
 ) -> OracleResult:
-    """Run the oracle over `trace` in windows of `window_s` (see module doc)."""
+    """Run the oracle over `trace` in windows of `window_s` (see module doc) on the plant
+    `profile` with `overhead_s` of per-request server overhead."""
     n_windows = max(1, math.ceil(trace.span_s / window_s)) if len(trace) else 0
     jobs = []
     for i in range(n_windows):
@@ -111,7 +119,7 @@ def oracle(
             trace.output_tokens[a:b],
             trace.name,
         )
-        jobs.append((sub, profile, knobs, sla, max_replicas, seed))
+        jobs.append((sub, profile, knobs, sla, max_replicas, seed, overhead_s))
     workers = workers if workers is not None else min(2, os.cpu_count() or 1)
     if workers > 1 and len(jobs) > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -120,4 +128,19 @@ def oracle(
         counts = [window_replicas(j) for j in jobs]
     return OracleResult(
         gpu_hours=sum(counts) * window_s / 3600.0, window_s=window_s, replicas=counts
+    )
+
+
+def scenario_oracle(sc: Scenario, workers: int | None = None) -> OracleResult:
+    """The oracle of a scenario: its trace on its plant, with the knobs the governor's
+    batching policy picks for the trace's length statistics."""
+    return oracle(
+        sc.trace,
+        sc.plant.profile(sc.profile),
+        governor_knobs_for(sc.trace, sc),
+        sc.sla,
+        max_replicas=sc.max_replicas,
+        seed=sc.seed,
+        workers=workers,
+        overhead_s=sc.plant.overhead_s(sc.profile),
     )

@@ -39,36 +39,74 @@ from simulator.autoscalers import (
 )
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
+from simulator.plant import Plant
 from simulator.traces import Trace
 
 FLAP_WINDOW_S = 600.0
 MODEL = "demo"
 
 
+DEFAULT_SCRAPE_INTERVAL_S = 15.0
+"""Resolution of the simulated metric source: what most clusters scrape at, seconds."""
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """Everything a policy run needs besides the policy itself."""
+    """Everything a policy run needs besides the policy itself.
+
+    `profile` and `cold_start_s` are what the governor is configured with (its belief;
+    `cold_start_s` None = the profile's); `plant` says how the simulated engines differ
+    from that (`simulator.plant`). `start_replicas` None = `min_replicas` (what a new
+    deployment starts with). `scrape_interval_s`: the metric source's resolution.
+    """
 
     trace: Trace
     sla: SLA
     profile: Profile = field(default_factory=lambda: load_profile(DEFAULT_PROFILE))
     min_replicas: int = 1
     max_replicas: int = 64
-    start_replicas: int = 1
+    start_replicas: int | None = None
     static_replicas: int | None = None
     seed: int = 0
     hpa_sync_s: float = 15.0
     cold_start_s: float | None = None
     drain_tail_s: float = 300.0
-    scrape_interval_s: float = 5.0
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     governor_policy: ScalingPolicy = field(default_factory=ScalingPolicy)
+    plant: Plant = field(default_factory=Plant)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.scrape_interval_s) and self.scrape_interval_s > 0):
+            raise ValueError(f"scrape_interval_s must be > 0, got {self.scrape_interval_s}")
+        if self.start_replicas is not None and self.start_replicas < 0:
+            raise ValueError(f"start_replicas must be >= 0, got {self.start_replicas}")
 
     @property
     def end_s(self) -> float:
         return self.trace.span_s + self.drain_tail_s
 
+    @property
+    def initial_replicas(self) -> int:
+        """Replicas serving at t = 0 (`start_replicas`, default `min_replicas`)."""
+        return self.min_replicas if self.start_replicas is None else self.start_replicas
+
+    @property
+    def configured_cold_start_s(self) -> float:
+        """The cold start the governor is told, seconds."""
+        return self.cold_start_s if self.cold_start_s is not None else self.profile.cold_start_s
+
+    def make_fleet(self, initial_replicas: int) -> Fleet:
+        """A fleet on the plant: its step times, overhead and cold start."""
+        return Fleet(
+            self.plant.profile(self.profile),
+            initial_replicas=initial_replicas,
+            seed=self.seed,
+            cold_start_s=self.plant.cold_start_s(self.configured_cold_start_s),
+            overhead_s=self.plant.overhead_s(self.profile),
+        )
+
     def governor_config(self) -> GovernorConfig:
-        cold = self.cold_start_s if self.cold_start_s is not None else self.profile.cold_start_s
+        cold = self.configured_cold_start_s
         return GovernorConfig(
             models=(
                 ModelConfig(
@@ -135,7 +173,7 @@ def make_policy(name: str, sc: Scenario, fleet: Fleet, source: SimulatedSource) 
     if name == "kpa":
         return Kpa(fleet, MODEL, lo, hi)
     if name == "static":
-        return Static(sc.static_replicas if sc.static_replicas is not None else sc.start_replicas)
+        return Static(sc.static_replicas if sc.static_replicas is not None else sc.initial_replicas)
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
 
 
@@ -180,8 +218,8 @@ def run_policy(
     """Simulate `name` over the scenario and score it. `progress(fraction)` is called
     about once a simulated minute; `on_sync(t_s, fleet, policy)` after every HPA sync."""
     # A static fleet is what it is from the start; the others start at start_replicas.
-    initial = sc.static_replicas if name == "static" and sc.static_replicas else sc.start_replicas
-    fleet = Fleet(sc.profile, initial_replicas=initial, seed=sc.seed, cold_start_s=sc.cold_start_s)
+    initial = sc.static_replicas if name == "static" and sc.static_replicas else sc.initial_replicas
+    fleet = sc.make_fleet(initial)
     source = SimulatedSource(
         fleet,
         MODEL,

@@ -1,0 +1,64 @@
+"""simulator.plant: the simulated hardware, kept apart from what the controller believes.
+
+The decider plans with the profile it is configured with (its belief). The plant is what
+the simulated engines actually do: the same profile with every step time multiplied by
+`speed` (1.3 = a GPU 30 % slower than the profile says), a per-request server overhead
+before the first step (HTTP, tokenization; default: the profile's calibrated
+`request_overhead_ms`), and cold starts `cold_start_factor` times the configured one.
+Baselines and the oracle run on the same plant, so every policy is judged on one truth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from estimators.stepmodel import Profile, StepTimeCoefficients
+
+
+@dataclass(frozen=True, slots=True)
+class Plant:
+    """How the simulated engines differ from the configured profile (see module doc).
+
+    `speed`: step-time factor (> 0, 1 = exactly the profile). `overhead_ms`: per-request
+    server overhead in ms (>= 0; None = the profile's `request_overhead_ms`).
+    `cold_start_factor`: actual cold start / configured cold start (> 0).
+    """
+
+    speed: float = 1.0
+    overhead_ms: float | None = None
+    cold_start_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("speed", "cold_start_factor"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"plant {name} must be a finite number > 0, got {v}")
+        o = self.overhead_ms
+        if o is not None and not (math.isfinite(o) and o >= 0):
+            raise ValueError(f"plant overhead_ms must be a finite number >= 0, got {o}")
+
+    def profile(self, belief: Profile) -> Profile:
+        """`belief` with every step-time coefficient x `speed` (the same object at 1.0)."""
+        if self.speed == 1.0:
+            return belief
+        st = belief.step_time.model_dump()
+        scaled = StepTimeCoefficients(**{k: v * self.speed for k, v in st.items()})
+        return belief.model_copy(update={"step_time": scaled})
+
+    def overhead_s(self, belief: Profile) -> float:
+        """Per-request server overhead, seconds."""
+        ms = belief.request_overhead_ms if self.overhead_ms is None else self.overhead_ms
+        return ms / 1000.0
+
+    def cold_start_s(self, configured_s: float) -> float:
+        """The plant's cold start for a configured one, seconds."""
+        return configured_s * self.cold_start_factor
+
+    def describe(self, belief: Profile) -> dict[str, float]:
+        """JSON-ready summary (speed, overhead in ms, cold-start factor)."""
+        return {
+            "speed": self.speed,
+            "overhead_ms": self.overhead_s(belief) * 1000.0,
+            "cold_start_factor": self.cold_start_factor,
+        }
