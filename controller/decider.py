@@ -28,7 +28,7 @@ can be replayed from its trace. Steps, in order:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from controller.batching import (
     MIXED_STEP_FACTOR,
@@ -61,16 +61,21 @@ CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.7
 CORRECTION_RECOVERY_PER_S = 0.0005  # while healthy: +0.0005 per s; 10 min -> +0.3
 LOADED_FRAC = 0.8  # demand >= 80 % of the corrected fleet capacity counts as "loaded"
 HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met with margin"
-# Evidence that the SLA is violated, per signal: (attainment goal, p95 threshold factor).
-# TTFT: the SLA is a p95, so at least 95 % of first tokens within the target.
+# Evidence that the SLA is violated, per signal: an attainment below its goal, or a p95
+# past its threshold x a factor (where the source has no exact attainment).
+# TTFT: at least `sla.attainment_goal_frac` of first tokens within the target.
 # ITL: the SLA is on each request's streaming speed (its mean inter-token latency, as
 # `governor simulate` scores it), while vLLM's histogram counts every token gap. The
 # slo knobs let a step that carries a prefill chunk take up to MIXED_STEP_FACTOR x the
 # target, so a request's mean stays within the target while up to ~10 % of its gaps are
 # slow ones (0.9 x 0.7 + 0.1 x 2 = 0.83 of the target): the token-level evidence of a
-# violation is fewer than 90 % of gaps within the target, or a p95 past 2x the target.
-TTFT_EVIDENCE = (0.95, 1.0)
-ITL_EVIDENCE = (0.90, MIXED_STEP_FACTOR)
+# violation is fewer than min(goal, 90 %) of gaps within the target, or a p95 past 2x
+# the target.
+ITL_SLOW_GAPS_FRAC = 0.10
+# A tick after a gap in the data counts as at most this many tick intervals for the
+# feedback correction and the forecast: evidence is one window, whatever the gap was
+# (600 s without data and one violated tick must not decay the correction by 600 s).
+MAX_GAP_TICKS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +110,30 @@ class _Outcome:
     memory: Hysteresis
 
 
+# Optional fields the decider does not read numerically (or validates itself).
+_NOT_NUMERIC = frozenset({"model", "observed_at_s", "arrival_rate_rps", "staleness_s", "extra"})
+
+
+def clean_observation(obs: Observation) -> Observation:
+    """`obs` with every optional number that is NaN, infinite or negative set to None.
+
+    A source should never hand those over, but one bad value must not raise inside
+    `decide` (a raise would abort the tick for every model) nor read as a number:
+    it is missing data, like a field the source did not have.
+    Example: waiting=NaN -> waiting=None (no backlog known), running=-1 -> None.
+    """
+    bad: dict[str, None] = {}
+    for f in fields(obs):
+        if f.name in _NOT_NUMERIC:
+            continue
+        v = getattr(obs, f.name)
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if not math.isfinite(v) or v < 0:
+            bad[f.name] = None
+    return replace(obs, **bad) if bad else obs
+
+
 def _stage(name: str, before: int, out: StageOut) -> Stage:
     return Stage(name=name, before=before, after=out.value, reason=out.reason, detail=out.detail)
 
@@ -118,6 +147,7 @@ class Decider:
         self.model = model
         self.policy = policy
         self.profile = profile or load_profile(model.profile)
+        self._max_gap_s = MAX_GAP_TICKS * policy.tick_interval_s
         self.default_knobs = Knobs(
             max_num_seqs=model.knobs.default_max_num_seqs,
             max_num_batched_tokens=model.knobs.default_max_num_batched_tokens,
@@ -148,7 +178,7 @@ class Decider:
         """
         if not isinstance(observation, Observation):
             return self._no_data(observation, state, now_s)  # step 1
-        obs = observation
+        obs = clean_observation(observation)
         lengths = self._lengths(obs, state, now_s)
         knobs, knob_reason, knob_memory = self._knobs(obs, lengths, state, now_s)  # step 2
         base_capacity, plant = self._plant(obs, state, knobs, lengths, now_s)  # step 3
@@ -211,7 +241,7 @@ class Decider:
         """Step 3: the profile's per-replica capacity at the SLA with `knobs` (req/s;
         None without length statistics) and the updated belief about the plant."""
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
-        dt = 0.0 if prev_tick is None else max(0.0, now_s - prev_tick)
+        dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
         base_capacity = (
             replica_capacity_rps(
                 knobs, lengths, self.model.sla, self.profile, self.policy.target_utilization_frac
@@ -241,9 +271,12 @@ class Decider:
     def _demand(self, obs: Observation, state: ModelState, now_s: float) -> _Demand:
         """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""
         p = self.policy
-        load = holt_update(
-            state.forecast.load, obs.arrival_rate_rps, now_s, p.forecast_alpha, p.forecast_beta
-        )
+        prev = state.forecast.load
+        if prev is not None and now_s - prev.at_s > self._max_gap_s:
+            # After a gap the trend is not extrapolated over it: the filter resumes as if
+            # the last good sample were MAX_GAP_TICKS ago.
+            prev = replace(prev, at_s=now_s - self._max_gap_s)
+        load = holt_update(prev, obs.arrival_rate_rps, now_s, p.forecast_alpha, p.forecast_beta)
         backlog = (obs.waiting or 0.0) / p.backlog_drain_s
         # The trend counts only when it predicts more than the deadband's worth of growth
         # within a cold start: below that it is mostly noise, and acting on it would turn
@@ -276,8 +309,10 @@ class Decider:
             mn = self.model.replicas.min_replicas
             if mn == 0 and now_s - idle_since >= self.policy.scale_to_zero_idle_s:
                 return _Raw(0.0, Reason.SCALE_TO_ZERO, None, idle_since)
-            raw = float(max(mn, 1) if state.replicas > 0 or mn > 0 else 0)
-            return _Raw(raw, Reason.IDLE, None, idle_since)
+            # With min 0 the idle recommendation is zero, so the stabilization window
+            # sees it from the start of the idle stretch; the clamp holds one replica
+            # until the idle period has passed.
+            return _Raw(float(mn), Reason.IDLE, None, idle_since)
         assert base_capacity is not None  # the caller holds without lengths
         correction = plant.capacity_correction
         capacity = base_capacity * correction
@@ -346,18 +381,15 @@ class Decider:
             stages.append(_stage("deadband", raw_int, out))
             value = out.value
             recs = (*w.recommendations, (now_s, value))
-            if raw.reason == Reason.SCALE_TO_ZERO:
-                # The idle period already was the window: zero is not re-stabilized.
-                out = StageOut(value, Reason.STABLE, "scale to zero after idle period")
-            else:
-                out = stabilize(
-                    value,
-                    current,
-                    w.recommendations,
-                    now_s,
-                    p.scale_up_stabilization_s,
-                    p.scale_down_stabilization_s,
-                )
+            # Scale to zero is stabilized and rate-limited like any scale-down.
+            out = stabilize(
+                value,
+                current,
+                w.recommendations,
+                now_s,
+                p.scale_up_stabilization_s,
+                p.scale_down_stabilization_s,
+            )
             stages.append(_stage("stabilize", value, out))
             value = out.value
             out = rate_limit(
@@ -527,9 +559,16 @@ class Decider:
         sla = self.model.sla
         violated = False
         healthy = True
+        goal_frac = sla.attainment_goal_frac
+        itl_goal = min(goal_frac, 1.0 - ITL_SLOW_GAPS_FRAC)
         for att, p95, target, (goal, factor) in (
-            (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, TTFT_EVIDENCE),
-            (obs.itl_attainment_frac, obs.itl_p95_ms, sla.itl_p95_ms, ITL_EVIDENCE),
+            (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, (goal_frac, 1.0)),
+            (
+                obs.itl_attainment_frac,
+                obs.itl_p95_ms,
+                sla.itl_p95_ms,
+                (itl_goal, MIXED_STEP_FACTOR),
+            ),
         ):
             if att is not None:
                 violated |= att < goal

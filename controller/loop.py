@@ -274,7 +274,13 @@ class ControlLoop:
                 if start is None and self._initial_replicas is not None:
                     start = self._initial_replicas(decider.model)
                 state = decider.initial_state(start, now)
-            decision, new_state = decider.decide(obs, state, now)
+            try:
+                decision, new_state = decider.decide(obs, state, now)
+            except Exception as exc:  # one model's bad input must not stop the others
+                self.metrics.source_errors.labels("decide").inc()
+                self.log.error("decide_failed", model=name, error=repr(exc))
+                err = SourceError(f"decide raised {type(exc).__name__}: {exc}")
+                decision, new_state = decider.decide(err, state, now)
             new_states[name] = new_state
             decisions.append(decision)
             staleness = obs.staleness_s if isinstance(obs, Observation) else None

@@ -1,0 +1,131 @@
+"""Bugs found in review of the decider, each pinned by a scenario on a fixed-origin clock:
+the SLA's attainment goal is read, a data gap does not decay the feedback correction or
+extrapolate the forecast, scale to zero is stabilized, and bad optional numbers in one
+model's observation neither raise nor stop the other models' decisions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controller.config import SLA, GovernorConfig
+from controller.decider import Decider
+from controller.loop import ControlLoop
+from controller.metrics import GovernorMetrics
+from controller.types import DataHealth, Forecast, Reason
+from estimators.smoothing import HoltState
+from estimators.types import NoDataError
+from tests.conftest import ORIGIN_S, FakeClock, make_model, make_policy
+from tests.unit.helpers import obs
+from tests.unit.test_decider import run
+from tests.unit.test_loop import FakeSource, RecordingActuator
+
+
+def _settled(d: Decider, replicas: int) -> object:
+    """A state with a long history (the correction may judge the model)."""
+    return replace(d.initial_state(replicas), health=DataHealth(first_good_s=ORIGIN_S - 1000))
+
+
+@pytest.mark.parametrize(
+    ("goal", "ttft_attainment", "corrects"),
+    [(0.99, 0.97, True), (0.90, 0.97, False), (0.90, 0.93, False), (0.99, 0.999, False)],
+)
+def test_attainment_goal_sets_the_violation_evidence(
+    goal: float, ttft_attainment: float, corrects: bool
+) -> None:
+    model = make_model().model_copy(
+        update={"sla": SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0, attainment_goal_frac=goal)}
+    )
+    d = Decider(model, make_policy())
+    # 40 req/s on 4 replicas: within what the model believes they serve.
+    _, s = run(d, _settled(d, 4), [40.0] * 12, ttft_attainment_frac=ttft_attainment)
+    assert (s.plant.capacity_correction < 1.0) is corrects
+
+
+def test_gap_in_data_does_not_decay_correction_over_the_gap() -> None:
+    d = Decider(make_model(), make_policy())
+    _, s = run(d, _settled(d, 4), [40.0] * 2)
+    assert s.plant.capacity_correction == 1.0
+    t = ORIGIN_S + 5 + 600.0  # 600 s without data, then one violated tick
+    _, s = d.decide(obs(t=t, rate=40.0, ready_replicas=4, ttft_attainment_frac=0.5), s, t)
+    # at most MAX_GAP_TICKS (15 s) of decay: x exp(-0.005 x 15) = 0.93, not the 0.4 floor
+    assert s.plant.capacity_correction == pytest.approx(math.exp(-0.005 * 15.0))
+
+
+def test_gap_in_data_does_not_extrapolate_the_trend_over_the_gap() -> None:
+    d = Decider(make_model(max_replicas=64), make_policy())
+    rising = HoltState(level=10.0, trend=0.1, at_s=ORIGIN_S)  # +0.1 req/s per second
+    s = replace(d.initial_state(2), forecast=Forecast(load=rising))
+    t = ORIGIN_S + 600.0
+    _, s = d.decide(obs(t=t, rate=10.0, ready_replicas=2), s, t)
+    # 600 s x 0.1 would forecast 70 req/s; the gap counts as 15 s: level ~11 req/s
+    assert s.forecast.load is not None and s.forecast.load.level < 12.0
+
+
+def test_scale_to_zero_waits_for_the_down_stabilization_window() -> None:
+    policy = make_policy(scale_to_zero_idle_s=10.0, scale_down_stabilization_s=300.0)
+    d = Decider(make_model(min_replicas=0), policy)
+    decs, s = run(d, d.initial_state(9, now_s=ORIGIN_S), [150.0] * 4)
+    assert s.replicas == 9
+    busy_until = ORIGIN_S + 15.0
+    idle = [0.0] * 80
+    decs, s = run(d, s, idle, start=busy_until + 5, running=0.0, waiting=0.0)
+    by_time = {dec.at_s: dec.replicas for dec in decs}
+    assert all(r == 9 for t, r in by_time.items() if t - busy_until < 300.0), by_time
+    assert decs[-1].replicas == 0 and Reason.SCALE_TO_ZERO in decs[-1].reasons
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"waiting": math.nan},
+        {"running": math.inf},
+        {"prompt_tokens_p95": math.nan},
+        {"itl_p95_ms": -1.0, "ttft_attainment_frac": math.nan},
+        {"ready_replicas": -3},
+    ],
+)
+def test_bad_optional_numbers_are_missing_data_not_a_raise(bad: dict) -> None:
+    d = Decider(make_model(), make_policy())
+    dec, _ = d.decide(obs(t=ORIGIN_S, rate=40.0, **bad), d.initial_state(3), ORIGIN_S)
+    assert dec.valid and dec.replicas >= 3
+    assert dec.demand_rps is not None and math.isfinite(dec.demand_rps)
+
+
+def test_nan_prompt_mean_holds_without_lengths() -> None:
+    d = Decider(make_model(), make_policy())
+    dec, _ = d.decide(
+        obs(t=ORIGIN_S, rate=40.0, prompt_tokens_mean=math.nan), d.initial_state(3), ORIGIN_S
+    )
+    assert not dec.valid and dec.replicas == 3 and dec.reasons == (Reason.NO_DATA_HOLD,)
+
+
+def test_one_model_whose_decision_raises_does_not_stop_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    original = Decider.decide
+
+    def broken(self: Decider, o: object, state: object, now_s: float):  # type: ignore[no-untyped-def]
+        if self.model.name == "a" and not isinstance(o, NoDataError | Exception):
+            raise ZeroDivisionError("a bug")
+        return original(self, o, state, now_s)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Decider, "decide", broken)
+    act = RecordingActuator()
+    metrics = GovernorMetrics(CollectorRegistry())
+    loop = ControlLoop(
+        GovernorConfig(models=(make_model("a"), make_model("b"))),
+        FakeSource({"a": 40.0, "b": 100.0}),
+        [act],
+        clock=FakeClock(),
+        metrics=metrics,
+        initial_replicas=lambda m: 2,
+    )
+    decisions = {d.model: d for d in loop.tick()}
+    assert decisions["b"].valid and decisions["b"].replicas > 2
+    assert not decisions["a"].valid and decisions["a"].replicas == 2
+    assert "decide raised ZeroDivisionError" in decisions["a"].detail
+    assert metrics.source_errors.labels("decide")._value.get() == 1
