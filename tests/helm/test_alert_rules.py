@@ -227,3 +227,137 @@ def test_recording_rule_keeps_only_the_leaders_desired_replicas(tmp_path: Path) 
         }
     ]
     _run_tests(tmp_path, _rules(scaling={"via": "hpa"}), tests)
+
+
+def _rule(rules: dict[str, Any], alert: str, **labels: str) -> dict[str, Any]:
+    for group in rules["groups"]:
+        for r in group["rules"]:
+            if r.get("alert") == alert and labels.items() <= r.get("labels", {}).items():
+                return r  # type: ignore[no-any-return]
+    raise AssertionError(f"no {alert} {labels}")
+
+
+def _gap_case(desired: list[int], spec: list[int], paused: int = 0) -> dict[str, Any]:
+    leader = {**GOV, "instance": "10.0.0.1:9464"}
+    model = {**leader, "model": MODEL_8B["name"]}
+    ksm = {"job": "kube-state-metrics", "namespace": "llm", "deployment": "llama-8b"}
+    return {
+        "interval": "15s",
+        "input_series": [
+            _series("governor_leader", leader, f"1x{len(desired)}"),
+            _series("governor_model_paused", model, f"{paused}x{len(desired)}"),
+            _series("governor_desired_replicas", model, " ".join(map(str, desired))),
+            _series("kube_deployment_spec_replicas", ksm, " ".join(map(str, spec))),
+        ],
+    }
+
+
+def test_actuation_gap_fires_when_the_deployment_ignores_the_governor(tmp_path: Path) -> None:
+    """KEDA (or an HPA, or the direct actuator) not applying decisions: the Deployment stays
+    at 2 replicas while the governor decides 5. Neither the actuator's own error counter nor
+    anything else would fire: a KEDA that cannot reach the scaler increments nothing."""
+    rules = _rules()
+    rule = _rule(rules, "GovernorActuationGap", model=MODEL_8B["name"])
+    n = 100  # 25 minutes of 15 s samples
+    ignored = _gap_case([5] * n, [2] * n)
+    firing = {
+        "exp_labels": {
+            "severity": "critical",
+            "model": MODEL_8B["name"],
+            "target_namespace": "llm",
+            "target_deployment": "llama-8b",
+        },
+        "exp_annotations": {
+            k: v.replace("{{ $value }}", "2") for k, v in rule["annotations"].items()
+        },
+    }
+    ignored["alert_rule_test"] = [
+        # Pending within its 10 m `for`, firing after.
+        {"eval_time": "8m", "alertname": "GovernorActuationGap", "exp_alerts": []},
+        {"eval_time": "20m", "alertname": "GovernorActuationGap", "exp_alerts": [firing]},
+    ]
+    # Following with one sample of lag through changing decisions: never fires.
+    wave = [(3, 4, 5, 4)[i % 4] for i in range(n)]
+    following = _gap_case(wave, [3, *wave[:-1]])
+    following["alert_rule_test"] = [
+        {"eval_time": "20m", "alertname": "GovernorActuationGap", "exp_alerts": []}
+    ]
+    # A paused model (shadow mode) is decided, deliberately not actuated.
+    paused = _gap_case([5] * n, [2] * n, paused=1)
+    paused["alert_rule_test"] = [
+        {"eval_time": "20m", "alertname": "GovernorActuationGap", "exp_alerts": []}
+    ]
+    _run_tests(tmp_path, rules, [ignored, following, paused])
+
+
+def test_actuation_gap_on_the_hpa_path_allows_the_hpa_minimum(tmp_path: Path) -> None:
+    """A plain HPA holds at least one replica: a decision of 0 with 1 replica is no gap;
+    5 with 1 is."""
+    n = 100
+    at_min = _gap_case([0] * n, [1] * n)
+    at_min["alert_rule_test"] = [
+        {"eval_time": "20m", "alertname": "GovernorActuationGap", "exp_alerts": []}
+    ]
+    _run_tests(tmp_path, _rules(scaling={"via": "hpa"}), [at_min])
+    stuck = _gap_case([5] * n, [1] * n)
+    stuck["promql_expr_test"] = [
+        {
+            "expr": 'ALERTS{alertname="GovernorActuationGap", alertstate="firing"}',
+            "eval_time": "20m",
+            "exp_samples": [
+                {
+                    "labels": 'ALERTS{alertname="GovernorActuationGap", alertstate="firing", '
+                    f'model="{MODEL_8B["name"]}", severity="critical", '
+                    'target_deployment="llama-8b", target_namespace="llm"}',
+                    "value": 1,
+                }
+            ],
+        }
+    ]
+    _run_tests(tmp_path, _rules(scaling={"via": "hpa"}), [stuck])
+
+
+def _tail_buckets(model: str) -> list[dict[str, str]]:
+    """100 requests per 15 s: 97 under 0.1 s, 3 in (1.0, 1.5] s. p95 < 0.1 s (the 500 ms
+    SLA is met), p99 ~1.33 s (above 2 x 500 ms), p99.9 ~1.48 s (below 4 x 500 ms)."""
+    label = {"model_name": model, "instance": "10.1.0.1:8000"}
+    counts = {"0.1": 97, "1": 97, "1.5": 100, "5": 100, "+Inf": 100}
+    return [
+        _series("vllm:time_to_first_token_seconds_bucket", {**label, "le": le}, f"0+{c}x200")
+        for le, c in counts.items()
+    ]
+
+
+def test_tail_latency_alerts_see_what_the_p95_sla_does_not(tmp_path: Path) -> None:
+    rules = _rules()
+    model = MODEL_8B["name"]
+    names = {
+        (r["alert"], r["labels"]["model"], r["labels"]["latency"], r["labels"]["quantile"])
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("alert", "").startswith("GovernorLatencyP")
+    }
+    # p99 and p99.9, per model, for TTFT, ITL and (when the SLA sets it) end-to-end.
+    assert ("GovernorLatencyP999High", model, "e2e", "p99.9") in names
+    assert ("GovernorLatencyP99High", MODEL_CODE["name"], "itl", "p99") in names
+    assert len(names) == 2 * (3 + 2)
+    p99 = _rule(rules, "GovernorLatencyP99High", model=model, latency="ttft")
+    assert "histogram_quantile(0.99," in p99["expr"] and "> 1" in p99["expr"]
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": _tail_buckets(model),
+            "alert_rule_test": [
+                {
+                    "eval_time": "30m",
+                    "alertname": "GovernorLatencyP99High",
+                    "exp_alerts": [
+                        {"exp_labels": p99["labels"], "exp_annotations": p99["annotations"]}
+                    ],
+                },
+                {"eval_time": "30m", "alertname": "GovernorLatencyP999High", "exp_alerts": []},
+                {"eval_time": "30m", "alertname": "GovernorSLABurn", "exp_alerts": []},
+            ],
+        }
+    ]
+    _run_tests(tmp_path, rules, tests)

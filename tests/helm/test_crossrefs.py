@@ -619,7 +619,7 @@ spec:
         app: router
         {{- include "llm-governor.sidecar.podLabels" $gov | nindent 8 }}
     spec:
-      serviceAccountName: {{ include "llm-governor.serviceAccountName" $gov }}
+      {{- include "llm-governor.sidecar.podAccount" $gov | nindent 6 }}
       initContainers:
         {{- $args := dict "gov" $gov "model" "code-assistant" }}
         {{- include "llm-governor.sidecar.initContainers" $args | nindent 8 }}

@@ -114,6 +114,21 @@ CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         None,
         'exampleEngine.model: "gpt-5" is not the name of a model in models',
     ),
+    "hpa-without-service-monitor": (
+        values(scaling={"via": "hpa"}, monitoring={"prometheusRule": {"enabled": True}}),
+        None,
+        "scaling.via=hpa needs monitoring.serviceMonitor.enabled=true",
+    ),
+    "existing-serviceaccount-without-name": (
+        values(serviceAccount={"create": False}),
+        None,
+        "serviceAccount.name: required when serviceAccount.create=false",
+    ),
+    "unknown-tolerance-switch": (
+        values(scaling={"zeroTolerance": "yes"}),
+        "/scaling/zeroTolerance",
+        "scaling.zeroTolerance: must be auto, true or false (got yes)",
+    ),
     "unknown-trigger-type": (
         values(scaling={"keda": {"triggerType": "prometheus"}}),
         "/scaling/keda/triggerType",
@@ -143,6 +158,18 @@ SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
     "policy-key-typo": (values(policy={"tick_interval": 5}), "'tick_interval' not allowed"),
     "chart-key-typo": (values(mdoe="sidecar"), "additional properties 'mdoe' not allowed"),
     "port-out-of-range": (values(ports={"grpc": 70000}), "/ports/grpc"),
+    "pdb-eviction-policy": (
+        values(standalone={"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "Sometimes"}}),
+        "/standalone/podDisruptionBudget/unhealthyPodEvictionPolicy",
+    ),
+    "scrape-timeout": (
+        values(monitoring={"serviceMonitor": {"scrapeTimeout": "five seconds"}}),
+        "/monitoring/serviceMonitor/scrapeTimeout",
+    ),
+    "admin-listen-without-port": (
+        values(governor={"adminListen": "127.0.0.1"}),
+        "/governor/adminListen",
+    ),
 }
 
 
