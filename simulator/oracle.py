@@ -4,9 +4,10 @@ For each 60 s window, the smallest number of warm replicas that serves exactly t
 window's requests at >= 99 % SLO attainment, found by simulating the window (each
 replica count from a fresh, warm fleet; the window's requests run to completion) with
 an exponential search then bisection on the count. GPU-hours are the sum over windows
-of count x window length. Refused requests (prompt longer than max_model_len) cannot be
-served by any count: they are left out of the oracle's attainment, and still count as
-misses for every policy.
+of count x window length. Requests that miss their SLO even with `max_replicas` warm
+replicas (refused ones, prompt longer than max_model_len; prompts whose prefill alone
+exceeds the TTFT SLA) cannot be served by any count: they are left out of the oracle's
+attainment, and still count as misses for every policy.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from controller.config import SLA
 from controller.types import Knobs
 from estimators.stepmodel import Profile
 from simulator.fleet import Fleet
-from simulator.scenario import Scenario, governor_knobs_for
+from simulator.scenario import Scenario, governor_knobs_for, slo_met
 from simulator.traces import Trace
 
 ATTAINMENT_GOAL = 0.99
@@ -44,24 +45,14 @@ class OracleResult:
         }
 
 
-def _attainment(
+def _met(
     trace: Trace, n: int, profile: Profile, knobs: Knobs, sla: SLA, seed: int, overhead_s: float
-) -> float:
+) -> np.ndarray:
+    """Per-request SLO mask of `trace` served by `n` warm replicas to completion."""
     fleet = Fleet(profile, knobs=knobs, initial_replicas=n, seed=seed, overhead_s=overhead_s)
     fleet.submit_trace(trace, offset_s=0.0)
     fleet.run()
-    rec = fleet.records()
-    servable = ~rec.refused
-    if not servable.any():
-        return 1.0
-    itl = rec.mean_itl_s
-    with np.errstate(invalid="ignore"):
-        ok = (
-            rec.done
-            & (rec.ttft_s <= sla.ttft_p95_ms / 1000.0)
-            & (np.isnan(itl) | (itl <= sla.itl_p95_ms / 1000.0))
-        )
-    return float(ok[servable].sum() / servable.sum())
+    return slo_met(fleet.records(), sla)
 
 
 def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int, float]) -> int:
@@ -71,18 +62,19 @@ def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int, float]) ->
     trace, profile, knobs, sla, max_replicas, seed, overhead_s = args
     if len(trace) == 0:
         return 0
-    cache: dict[int, bool] = {}
+    servable = _met(trace, max_replicas, profile, knobs, sla, seed, overhead_s)
+    if not servable.any():
+        return 0  # nothing any count could serve: the oracle holds no replica
+    cache: dict[int, bool] = {max_replicas: True}
 
     def ok(n: int) -> bool:
         if n not in cache:
-            att = _attainment(trace, n, profile, knobs, sla, seed, overhead_s)
-            cache[n] = att >= ATTAINMENT_GOAL
+            met = _met(trace, n, profile, knobs, sla, seed, overhead_s)
+            cache[n] = met[servable].sum() / servable.sum() >= ATTAINMENT_GOAL
         return cache[n]
 
     hi = 1
     while not ok(hi):
-        if hi >= max_replicas:
-            return max_replicas
         hi = min(hi * 2, max_replicas)
     lo = hi // 2  # known bad (or 0)
     while hi - lo > 1:

@@ -37,6 +37,7 @@ from simulator.autoscalers import (
     Kpa,
     Static,
 )
+from simulator.engine import RequestRecords
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
 from simulator.plant import Plant
@@ -186,6 +187,19 @@ def count_flaps(actions: list[tuple[float, int]], window_s: float = FLAP_WINDOW_
     return flaps
 
 
+def slo_met(rec: RequestRecords, sla: SLA) -> np.ndarray:
+    """Per-request SLO mask: finished, TTFT within the SLA and mean ITL within the SLA
+    (a one-token output has no ITL). The one definition every score uses."""
+    itl = rec.mean_itl_s
+    with np.errstate(invalid="ignore"):
+        ok: np.ndarray = (
+            rec.done
+            & (rec.ttft_s <= sla.ttft_p95_ms / 1000.0)
+            & (np.isnan(itl) | (itl <= sla.itl_p95_ms / 1000.0))
+        )
+    return ok
+
+
 def score(fleet: Fleet, sla: SLA) -> tuple[float, float | None, float | None, int, int]:
     """(attainment, ttft p95 ms, mean-ITL p95 ms, refused, unfinished) over all requests."""
     rec = fleet.records()
@@ -195,12 +209,7 @@ def score(fleet: Fleet, sla: SLA) -> tuple[float, float | None, float | None, in
     done = rec.done
     ttft = rec.ttft_s
     itl = rec.mean_itl_s
-    with np.errstate(invalid="ignore"):
-        ok = (
-            done
-            & (ttft <= sla.ttft_p95_ms / 1000.0)
-            & (np.isnan(itl) | (itl <= sla.itl_p95_ms / 1000.0))
-        )
+    ok = slo_met(rec, sla)
     ttft_p95 = float(np.percentile(ttft[done], 95) * 1000.0) if done.any() else None
     itl_done = itl[done & ~np.isnan(itl)]
     itl_p95 = float(np.percentile(itl_done, 95) * 1000.0) if len(itl_done) else None

@@ -287,6 +287,36 @@ def conv_like_lengths(
     )
 
 
+def lognormal_from_mean_p95(mean: float, p95: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with this mean and 95th percentile (p95 > mean > 0).
+
+    mean = exp(mu + s^2/2), p95 = exp(mu + z s) -> s^2/2 - z s + ln(p95/mean) = 0, the
+    smaller root. Mean 12,000, p95 40,000: s = 1.099, median 6,560.
+    """
+    if not 0 < mean < p95:
+        raise ValueError(f"need 0 < mean < p95, got mean {mean}, p95 {p95}")
+    disc = _Z95 * _Z95 - 2.0 * math.log(p95 / mean)
+    if disc < 0:
+        raise ValueError(f"no lognormal has mean {mean} and p95 {p95} (p95/mean too large)")
+    sigma = _Z95 - math.sqrt(disc)
+    return math.log(mean) - sigma * sigma / 2.0, sigma
+
+
+def long_context_lengths(
+    n: int, rng: np.random.Generator, cfg: dict[str, float], max_prompt: int = 120_000
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lognormal prompts with `prompt_mean`/`prompt_p95` and outputs with
+    `output_median`/`output_p95` (RAG and document questions: long context, short answers)."""
+    mu, sp = lognormal_from_mean_p95(cfg["prompt_mean"], cfg["prompt_p95"])
+    so = math.log(cfg["output_p95"] / cfg["output_median"]) / _Z95
+    p = rng.lognormal(mu, sp, n)
+    o = rng.lognormal(math.log(cfg["output_median"]), so, n)
+    return (
+        np.clip(np.rint(p), 1, max_prompt).astype(np.int64),
+        np.clip(np.rint(o), 1, 4_096).astype(np.int64),
+    )
+
+
 def _nhpp(
     rate: Callable[[np.ndarray], np.ndarray],
     peak: float,
@@ -312,9 +342,21 @@ SYNTHETIC_DEFAULTS: dict[str, dict[str, float]] = {
         "spike_s": 60.0,
         "duration": 1200.0,
     },
+    "long-context": {
+        "mean": 2.0,
+        "amplitude": 0.5,
+        "period": 1800.0,
+        "duration": 1800.0,
+        "prompt_mean": 12_000.0,
+        "prompt_p95": 40_000.0,
+        "output_median": 200.0,
+        "output_p95": 600.0,
+    },
 }
 """Parameters of each generator: rates in requests/s, `duration`/`period`/`spike_s` in
-seconds, `at` a fraction of the duration, `amplitude` relative to the mean."""
+seconds, `at` a fraction of the duration, `amplitude` relative to the mean. Lengths are
+conversation-like, except `long-context` (prompt mean/p95 and output median/p95 in
+tokens; its rate follows `diurnal`'s curve: trough at 0, peak at half a period)."""
 
 
 def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
@@ -341,10 +383,10 @@ def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
     elif name == "ramp":
         a, b = cfg["start_rate"], cfg["end_rate"]
         rate, peak = (lambda t: a + (b - a) * t / dur), max(a, b)
-    elif name == "diurnal":
+    elif name in ("diurnal", "long-context"):
         mean, amp, per = cfg["mean"], cfg["amplitude"], cfg["period"]
         if not 0 <= amp <= 1:
-            raise ValueError(f"synthetic:diurnal: amplitude must be in [0, 1], got {amp}")
+            raise ValueError(f"synthetic:{name}: amplitude must be in [0, 1], got {amp}")
         # Starts at the trough: mean * (1 - amp) at t = 0, peak at half a period.
         rate = lambda t: mean * (1.0 - amp * np.cos(2.0 * np.pi * t / per))  # noqa: E731
         peak = mean * (1.0 + amp)
@@ -355,7 +397,10 @@ def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
     if peak < 0:
         raise ValueError(f"synthetic:{name}: rates must be >= 0")
     t = _nhpp(rate, peak, dur, rng) if peak > 0 else np.zeros(0)
-    p, o = conv_like_lengths(len(t), rng)
+    if name == "long-context":
+        p, o = long_context_lengths(len(t), rng, cfg)
+    else:
+        p, o = conv_like_lengths(len(t), rng)
     return Trace.from_arrays(t, p, o, f"synthetic:{name}", rebase=False)
 
 

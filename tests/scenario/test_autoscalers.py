@@ -150,6 +150,18 @@ def test_oracle_more_load_needs_more_replicas() -> None:
     assert res.replicas == [n_heavy] and res.gpu_hours == pytest.approx(n_heavy / 60)
 
 
+def test_oracle_leaves_out_requests_no_count_could_serve() -> None:
+    """A 16k-token prompt cannot meet a 100 ms TTFT on an idle replica: the oracle does
+    not buy max_replicas for it (it still counts as a miss for every policy)."""
+    p = load_profile()
+    k = Knobs(160, 2560)
+    sla = SLA(ttft_p95_ms=100, itl_p95_ms=50)
+    hopeless = Trace.from_arrays([0.0], [16_000], [10])
+    assert window_replicas((hopeless, p, k, sla, 32, 0, 0.0)) == 0
+    mixed = Trace.from_arrays([0.0, 1.0], [16_000, 100], [10, 10])
+    assert window_replicas((mixed, p, k, sla, 32, 0, 0.0)) == 1
+
+
 def test_simulate_cli_writes_json_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

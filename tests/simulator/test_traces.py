@@ -125,7 +125,7 @@ def test_generic_csv_and_jsonl(tmp_path: Path) -> None:
         load_trace(bad)
 
 
-@pytest.mark.parametrize("name", sorted(SYNTHETIC_DEFAULTS))
+@pytest.mark.parametrize("name", sorted(set(SYNTHETIC_DEFAULTS) - {"long-context"}))
 def test_synthetic_deterministic_and_conv_like(name: str) -> None:
     a = load_trace(f"synthetic:{name}", seed=5)
     b = load_trace(f"synthetic:{name}", seed=5)
@@ -133,6 +133,20 @@ def test_synthetic_deterministic_and_conv_like(name: str) -> None:
     assert len(a) > 1000
     assert 700 < np.median(a.prompt_tokens) < 1400
     assert 90 < np.median(a.output_tokens) < 180
+
+
+def test_long_context_lengths_match_the_spec() -> None:
+    """Prompt mean ~12k and p95 ~40k tokens, outputs a few hundred; deterministic."""
+    a = load_trace("synthetic:long-context", seed=5)
+    assert np.array_equal(
+        a.prompt_tokens, load_trace("synthetic:long-context", seed=5).prompt_tokens
+    )
+    d = a.describe()
+    assert d["prompt_mean"] == pytest.approx(12_000, rel=0.1)
+    assert d["prompt_p95"] == pytest.approx(40_000, rel=0.1)
+    assert 150 < d["output_mean"] < 400 and d["output_p95"] < 1000
+    with pytest.raises(ValueError, match="p95/mean too large"):
+        load_trace("synthetic:long-context:prompt_mean=100,prompt_p95=100000")
 
 
 def test_synthetic_shapes() -> None:

@@ -1,0 +1,311 @@
+"""The robustness matrix: every policy over several traces and plant/metric conditions.
+
+`governor simulate --matrix` runs the governor and every baseline over four traces
+(Azure conversation x16, Azure code x4, `synthetic:long-context`, `synthetic:diurnal`)
+under the default condition (start at min replicas, 15 s scrape, plant speed 1.0, the
+calibrated per-request overhead, the configured cold start) and then one factor at a
+time: start at 4 replicas; scrape every 5 s and 30 s; plant step times x0.7 and x1.3;
+cold start 2x the configured one. A cell is (SLO attainment, GPU-hours / oracle, flaps).
+
+Cost: cells run in parallel worker processes (default 2); the oracle is computed once per
+trace and plant speed (neither the start, the scrape nor the cold start changes it), and
+`static` holds that oracle's peak. `--matrix-quick` runs short slices of the same traces
+under two conditions (a smoke run for tests).
+
+Goals checked per row (issue "Control that holds off its tuning point"): smooth traces
+(conv, long-context, diurnal): governor attainment >= 99 %, GPU-h <= 1.3x the oracle, 0
+flaps; the bursty code trace: attainment >= hpa-queue's with fewer GPU-hours and flaps
+<= hpa-gpu's; every trace: no baseline reaches the governor's attainment with fewer
+GPU-hours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.config import SLA
+from simulator.autoscalers import POLICY_NAMES
+from simulator.oracle import OracleResult, scenario_oracle
+from simulator.plant import Plant
+from simulator.scenario import Scenario, run_policy
+from simulator.traces import load_trace
+
+SMOOTH_ATTAINMENT_GOAL = 0.99
+SMOOTH_ORACLE_RATIO_GOAL = 1.3
+
+
+@dataclass(frozen=True)
+class MatrixTrace:
+    """One trace row group: spec, rate multiplier, SLA (ms), whether it is smooth, and
+    the seconds of it replayed (None: all)."""
+
+    key: str
+    spec: str
+    rate_scale: float
+    ttft_ms: float
+    itl_ms: float
+    smooth: bool
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One column of conditions: changes from the default scenario."""
+
+    name: str
+    start_replicas: int | None = None
+    scrape_interval_s: float | None = None
+    plant_speed: float = 1.0
+    cold_start_factor: float = 1.0
+
+
+TRACES: tuple[MatrixTrace, ...] = (
+    MatrixTrace("conv x16", "azure:conv", 16.0, 500.0, 50.0, smooth=True),
+    MatrixTrace("code x4", "azure:code", 4.0, 500.0, 50.0, smooth=False),
+    MatrixTrace("long-context", "synthetic:long-context", 1.0, 15_000.0, 50.0, smooth=True),
+    MatrixTrace("diurnal", "synthetic:diurnal", 1.0, 500.0, 50.0, smooth=True),
+)
+CONDITIONS: tuple[Condition, ...] = (
+    Condition("default"),
+    Condition("start 4", start_replicas=4),
+    Condition("scrape 5 s", scrape_interval_s=5.0),
+    Condition("scrape 30 s", scrape_interval_s=30.0),
+    Condition("speed 0.7", plant_speed=0.7),
+    Condition("speed 1.3", plant_speed=1.3),
+    Condition("cold start 2x", cold_start_factor=2.0),
+)
+QUICK_TRACES: tuple[MatrixTrace, ...] = tuple(
+    dataclasses.replace(t, rate_scale=t.rate_scale / 4, duration_s=300.0) for t in TRACES
+)
+QUICK_CONDITIONS: tuple[Condition, ...] = (CONDITIONS[0], CONDITIONS[5])
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    """What a matrix run covers."""
+
+    traces: tuple[MatrixTrace, ...] = TRACES
+    conditions: tuple[Condition, ...] = CONDITIONS
+    policies: tuple[str, ...] = POLICY_NAMES
+    seed: int = 0
+    max_replicas: int = 64
+    overhead_ms: float | None = None
+    workers: int = 2
+
+    @staticmethod
+    def quick(**kw: Any) -> MatrixSpec:
+        """The smoke matrix: 5-minute slices at a quarter of the rate, two conditions."""
+        return MatrixSpec(traces=QUICK_TRACES, conditions=QUICK_CONDITIONS, **kw)
+
+
+def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario:
+    """The scenario of one (trace, condition) cell (static_replicas filled later)."""
+    trace = load_trace(
+        tr.spec, rate_multiplier=tr.rate_scale, duration_s=tr.duration_s, seed=spec.seed
+    )
+    kw: dict[str, Any] = {}
+    if cond.scrape_interval_s is not None:
+        kw["scrape_interval_s"] = cond.scrape_interval_s
+    return Scenario(
+        trace=trace,
+        sla=SLA(ttft_p95_ms=tr.ttft_ms, itl_p95_ms=tr.itl_ms),
+        start_replicas=cond.start_replicas,
+        max_replicas=spec.max_replicas,
+        seed=spec.seed,
+        plant=Plant(
+            speed=cond.plant_speed,
+            overhead_ms=spec.overhead_ms,
+            cold_start_factor=cond.cold_start_factor,
+        ),
+        **kw,
+    )
+
+
+def _oracle_job(args: tuple[MatrixSpec, MatrixTrace, Condition]) -> OracleResult:
+    spec, tr, cond = args
+    return scenario_oracle(scenario_for(spec, tr, cond), workers=1)
+
+
+def _cell_job(args: tuple[MatrixSpec, MatrixTrace, Condition, str, int | None]) -> dict[str, Any]:
+    spec, tr, cond, policy, static = args
+    sc = scenario_for(spec, tr, cond)
+    if static is not None:
+        sc = dataclasses.replace(sc, static_replicas=static)
+    t0 = time.process_time()
+    summary: dict[str, Any] = run_policy(policy, sc).summary()
+    summary["cpu_s"] = time.process_time() - t0
+    return summary
+
+
+def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run every cell (see module doc); returns the JSON document."""
+    t_start = time.perf_counter()
+    say = log or (lambda _m: None)
+    oracle_keys = sorted({(t.key, c.plant_speed) for t in spec.traces for c in spec.conditions})
+    by_key = {t.key: t for t in spec.traces}
+    cells = [(t, c, p) for t in spec.traces for c in spec.conditions for p in spec.policies]
+    results: dict[tuple[str, str, str], dict[str, Any]] = {}
+    oracles: dict[tuple[str, float], OracleResult] = {}
+    with _pool(spec.workers) as pool:
+        ofut: dict[tuple[str, float], Future[OracleResult]] = {
+            k: pool.submit(_oracle_job, (spec, by_key[k[0]], Condition("oracle", plant_speed=k[1])))
+            for k in oracle_keys
+        }
+        cfut = {
+            (t.key, c.name, p): pool.submit(_cell_job, (spec, t, c, p, None))
+            for t, c, p in cells
+            if p != "static"
+        }
+        for k, f in ofut.items():
+            oracles[k] = f.result()
+            say(f"oracle {k[0]} speed {k[1]:g}: {oracles[k].gpu_hours:.2f} GPU-h")
+        for t, c, p in cells:
+            if p == "static":
+                peak = max(1, max(oracles[(t.key, c.plant_speed)].replicas, default=1))
+                cfut[(t.key, c.name, p)] = pool.submit(_cell_job, (spec, t, c, p, peak))
+        for key, f in cfut.items():
+            results[key] = f.result()
+            say(f"{key[0]:>12} | {key[1]:<13} | {key[2]:<9} done")
+    return _document(spec, results, oracles, time.perf_counter() - t_start)
+
+
+class _Serial:
+    """A stand-in for the process pool with one worker (tests, profiling)."""
+
+    def __enter__(self) -> _Serial:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        f: Future[Any] = Future()
+        f.set_result(fn(*args))
+        return f
+
+
+def _pool(workers: int) -> ProcessPoolExecutor | _Serial:
+    n = min(workers, os.cpu_count() or 1)
+    return ProcessPoolExecutor(max_workers=n) if n > 1 else _Serial()
+
+
+def _document(
+    spec: MatrixSpec,
+    results: Mapping[tuple[str, str, str], dict[str, Any]],
+    oracles: Mapping[tuple[str, float], OracleResult],
+    wall_s: float,
+) -> dict[str, Any]:
+    rows = []
+    for t in spec.traces:
+        for c in spec.conditions:
+            orc = oracles[(t.key, c.plant_speed)]
+            pol = {}
+            for p in spec.policies:
+                r = dict(results[(t.key, c.name, p)])
+                r["oracle_ratio"] = r["gpu_hours"] / orc.gpu_hours if orc.gpu_hours > 0 else None
+                pol[p] = r
+            row = {
+                "trace": t.key,
+                "condition": c.name,
+                "smooth": t.smooth,
+                "oracle_gpu_hours": orc.gpu_hours,
+                "oracle_peak": max(orc.replicas, default=0),
+                "policies": pol,
+            }
+            row["goals"] = row_goals(row)
+            rows.append(row)
+    return {
+        "spec": {
+            "traces": [dataclasses.asdict(t) for t in spec.traces],
+            "conditions": [dataclasses.asdict(c) for c in spec.conditions],
+            "policies": list(spec.policies),
+            "seed": spec.seed,
+            "max_replicas": spec.max_replicas,
+            "overhead_ms": spec.overhead_ms,
+            "workers": spec.workers,
+        },
+        "rows": rows,
+        "wall_s": wall_s,
+        "cpu_s": sum(r.get("cpu_s", 0.0) for r in results.values()),
+    }
+
+
+def row_goals(row: Mapping[str, Any]) -> dict[str, bool]:
+    """The goals of one row (see module doc); only those its policies allow checking."""
+    pol = row["policies"]
+    gov = pol.get("governor")
+    if gov is None:
+        return {}
+    goals: dict[str, bool] = {}
+    if row["smooth"]:
+        goals["attainment >= 99 %"] = gov["slo_attainment"] >= SMOOTH_ATTAINMENT_GOAL
+        ratio = gov.get("oracle_ratio")
+        goals["GPU-h <= 1.3x oracle"] = ratio is not None and ratio <= SMOOTH_ORACLE_RATIO_GOAL
+        goals["0 flaps"] = gov["flaps"] == 0
+    else:
+        if "hpa-queue" in pol:
+            q = pol["hpa-queue"]
+            goals["attainment >= hpa-queue"] = gov["slo_attainment"] >= q["slo_attainment"]
+            goals["GPU-h < hpa-queue"] = gov["gpu_hours"] < q["gpu_hours"]
+        if "hpa-gpu" in pol:
+            goals["flaps <= hpa-gpu"] = gov["flaps"] <= pol["hpa-gpu"]["flaps"]
+    dominated = [
+        name
+        for name, r in pol.items()
+        if name not in ("governor", "static")
+        and r["slo_attainment"] >= gov["slo_attainment"]
+        and r["gpu_hours"] < gov["gpu_hours"]
+    ]
+    goals["not dominated" + (f" ({', '.join(dominated)})" if dominated else "")] = not dominated
+    return goals
+
+
+def matrix_table(doc: Mapping[str, Any]) -> str:
+    """Markdown table: one row per (trace, condition), a cell per policy
+    (attainment, GPU-h / oracle, flaps), then the goals missed."""
+    policies: Sequence[str] = doc["spec"]["policies"]
+    head = ["trace", "condition", *policies, "oracle GPU-h", "goals missed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for row in doc["rows"]:
+        cells = []
+        for p in policies:
+            r = row["policies"][p]
+            ratio = r.get("oracle_ratio")
+            rs = "-" if ratio is None else f"{ratio:.2f}x"
+            cell = f"{100 * r['slo_attainment']:.2f} % / {rs} / {r['flaps']}"
+            cells.append(f"**{cell}**" if p == "governor" else cell)
+        missed = [g for g, ok in row["goals"].items() if not ok]
+        lines.append(
+            f"| {row['trace']} | {row['condition']} | "
+            + " | ".join(cells)
+            + f" | {row['oracle_gpu_hours']:.2f} | {'; '.join(missed) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
+@dataclass
+class MatrixSummary:
+    """Counts of goals met over the whole matrix."""
+
+    rows: int = 0
+    goals: int = 0
+    met: int = 0
+    missed: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def of(doc: Mapping[str, Any]) -> MatrixSummary:
+        s = MatrixSummary()
+        for row in doc["rows"]:
+            s.rows += 1
+            for g, ok in row["goals"].items():
+                s.goals += 1
+                s.met += int(ok)
+                if not ok:
+                    s.missed.append(f"{row['trace']} / {row['condition']}: {g}")
+        return s

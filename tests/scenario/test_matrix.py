@@ -1,0 +1,87 @@
+"""The robustness matrix (`governor simulate --matrix`): goals per row, the table, and a
+quick smoke run of the whole machinery (process pool, oracle once per trace and plant)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.cli import main
+from simulator.matrix import CONDITIONS, TRACES, MatrixSpec, matrix_table, row_goals
+
+
+def _cell(att: float, gpu_h: float, flaps: int = 0, ratio: float | None = None) -> dict[str, Any]:
+    return {"slo_attainment": att, "gpu_hours": gpu_h, "flaps": flaps, "oracle_ratio": ratio}
+
+
+def test_smooth_row_goals() -> None:
+    row = {
+        "smooth": True,
+        "policies": {
+            "governor": _cell(0.995, 10.0, 0, 1.2),
+            "hpa-queue": _cell(0.995, 9.0, 2, 1.1),  # as good, cheaper: dominates
+            "static": _cell(1.0, 5.0, 0, 0.6),  # static knows the future: never counted
+        },
+    }
+    goals = row_goals(row)
+    assert goals["attainment >= 99 %"] and goals["GPU-h <= 1.3x oracle"] and goals["0 flaps"]
+    assert goals["not dominated (hpa-queue)"] is False
+    row["policies"]["governor"] = _cell(0.98, 10.0, 1, 1.4)
+    goals = row_goals(row)
+    assert not any(v for k, v in goals.items() if k != "not dominated")
+
+
+def test_bursty_row_goals() -> None:
+    row = {
+        "smooth": False,
+        "policies": {
+            "governor": _cell(0.92, 17.0, 1),
+            "hpa-queue": _cell(0.91, 22.0, 6),
+            "hpa-gpu": _cell(0.73, 6.0, 1),
+        },
+    }
+    goals = row_goals(row)
+    assert goals == {
+        "attainment >= hpa-queue": True,
+        "GPU-h < hpa-queue": True,
+        "flaps <= hpa-gpu": True,
+        "not dominated": True,
+    }
+    row["policies"]["hpa-gpu"]["flaps"] = 0
+    assert row_goals(row)["flaps <= hpa-gpu"] is False
+
+
+def test_the_matrix_covers_the_issue_conditions() -> None:
+    assert [t.key for t in TRACES] == ["conv x16", "code x4", "long-context", "diurnal"]
+    assert [c.name for c in CONDITIONS] == [
+        "default",
+        "start 4",
+        "scrape 5 s",
+        "scrape 30 s",
+        "speed 0.7",
+        "speed 1.3",
+        "cold start 2x",
+    ]
+
+
+@pytest.mark.slow
+def test_quick_matrix_runs_every_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m.json"
+    assert main(["simulate", "--matrix-quick", "--no-progress", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    spec = MatrixSpec.quick()
+    assert len(doc["rows"]) == len(spec.traces) * len(spec.conditions)
+    for row in doc["rows"]:
+        assert set(row["policies"]) == set(spec.policies)
+        assert row["oracle_gpu_hours"] > 0 and row["goals"]
+        for cell in row["policies"].values():
+            assert 0.0 <= cell["slo_attainment"] <= 1.0 and cell["oracle_ratio"] > 0
+    # a slower plant needs at least as many oracle GPU-hours as the default one
+    by = {(r["trace"], r["condition"]): r["oracle_gpu_hours"] for r in doc["rows"]}
+    for t in spec.traces:
+        assert by[(t.key, "speed 1.3")] >= by[(t.key, "default")]
+    printed = capsys.readouterr().out
+    assert printed.startswith(matrix_table(doc).splitlines()[0]) and "goals met" in printed
