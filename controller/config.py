@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from controller.rules import ScaleOutRule, check_unique_names
 from estimators.stepmodel import DEFAULT_PROFILE
 
 ENV_PREFIX = "GOVERNOR_"
@@ -189,9 +190,15 @@ class ModelConfig(_Strict):
     policy: dict[str, Any] = Field(
         default_factory=dict, description="per-model overrides of the global policy fields"
     )
+    scale_out_rules: tuple[ScaleOutRule, ...] = Field(
+        default=(),
+        max_length=32,
+        description="composite scale-out rules (controller/rules.py); never lower replicas",
+    )
 
     @model_validator(mode="after")
     def _fallback_in_bounds(self) -> Self:
+        check_unique_names(self.scale_out_rules)
         if self.batching_policy == "seed" and self.sla.e2e_p95_ms is None:
             raise ValueError(
                 "batching_policy 'seed' needs sla.e2e_p95_ms (the p95 latency target its "

@@ -45,6 +45,9 @@ class Reason(StrEnum):
     PANIC = "PANIC"
     PANIC_HOLD = "PANIC_HOLD"
     NO_PANIC = "NO_PANIC"
+    # composite scale-out rules (controller/rules.py)
+    RULE_SCALE_OUT = "RULE_SCALE_OUT"  # a rule's floor raised the replicas
+    RULES_NOT_BINDING = "RULES_NOT_BINDING"  # rules evaluated; none raised the replicas
     # missing data
     NO_DATA_HOLD = "NO_DATA_HOLD"
     NO_DATA_FALLBACK = "NO_DATA_FALLBACK"
