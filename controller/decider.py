@@ -23,6 +23,8 @@ can be replayed from its trace. Steps, in order:
    bursts shorter than a cold start cannot be chased, only held;
 6. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
    cooldown -> clamp.
+7. composite scale-out rules (controller.rules), when the model has any: the final
+   replicas raised to a firing rule's floor (RULE_SCALE_OUT), never lowered.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from controller.batching import (
     slo_knobs,
 )
 from controller.config import ModelConfig, ScalingPolicy
+from controller.rules import rules_stage
 from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
 from controller.types import (
     DataHealth,
@@ -50,6 +53,7 @@ from controller.types import (
     ModelState,
     PlantBelief,
     Reason,
+    RuleMemory,
     Stage,
 )
 from estimators.smoothing import HoltState, ewma, holt_forecast, holt_update
@@ -177,7 +181,8 @@ class Decider:
         The steps of the module docstring, in order, each a method below.
         """
         if not isinstance(observation, Observation):
-            return self._no_data(observation, state, now_s)  # step 1
+            d, s = self._no_data(observation, state, now_s)  # step 1
+            return d, replace(s, rules=RuleMemory())  # rule timers need unbroken data
         obs = clean_observation(observation)
         lengths = self._lengths(obs, state, now_s)
         knobs, knob_reason, knob_memory = self._knobs(obs, lengths, state, now_s)  # step 2
@@ -190,6 +195,9 @@ class Decider:
         panic_state = self._panic(state, now_s, demand, raw)
         burst = self._burst(state, now_s, demand, panic_state[2])
         stages, windows = self._stages(state, now_s, raw, demand, panic_state)  # step 6
+        rules = state.rules
+        if self.model.scale_out_rules:  # step 7
+            stages, windows, rules = self._rules(obs, state, now_s, stages, windows)
         final = windows.replicas
         new_state = ModelState(
             replicas=final,
@@ -211,6 +219,7 @@ class Decider:
                 ),
             ),
             plant=plant,
+            rules=rules,
         )
         decision = Decision(
             model=obs.model,
@@ -409,6 +418,34 @@ class Decider:
         out = clamp(value, lo, bounds.max_replicas)
         stages.append(_stage("clamp", value, out))
         return stages, self._outcome(state, now_s, out.value, recs, panic_until, raw.idle_since)
+
+    def _rules(
+        self,
+        obs: Observation,
+        state: ModelState,
+        now_s: float,
+        stages: list[Stage],
+        outcome: _Outcome,
+    ) -> tuple[list[Stage], _Outcome, RuleMemory]:
+        """Step 7: the composite scale-out rules (controller/rules.py) raise the final
+        replicas to their floor, never lower them; a raise is a recommendation the
+        down-stabilization window sees, like any other."""
+        stage, rule_states = rules_stage(
+            self.model.scale_out_rules,
+            state.rules.states,
+            obs,
+            outcome.replicas,
+            state.replicas,
+            self.model.replicas.max_replicas,
+            now_s,
+        )
+        if stage.after != outcome.replicas:
+            m = outcome.memory
+            recs = (*m.recommendations, (now_s, stage.after))
+            outcome = self._outcome(
+                state, now_s, stage.after, recs, m.panic_until_s, m.idle_since_s
+            )
+        return [*stages, stage], outcome, RuleMemory(rule_states)
 
     def _outcome(
         self,

@@ -51,7 +51,7 @@ from pydantic import (
     model_validator,
 )
 
-from controller.types import Reason, Stage
+from controller.types import Reason, RuleState, Stage
 from estimators.types import Observation, latency_quantiles
 
 _NUMERIC_TYPES = {"float", "float | None", "int | None", "int"}
@@ -158,17 +158,6 @@ def check_unique_names(rules: Sequence[ScaleOutRule]) -> None:
         if r.name in seen:
             raise ValueError(f"scale_out_rules: rule name {r.name!r} appears more than once")
         seen.add(r.name)
-
-
-@dataclass(frozen=True, slots=True)
-class RuleState:
-    """One rule's memory: when each condition started to hold (None: it does not), the
-    replica floor it holds (None: none) and when it last fired (monotonic seconds)."""
-
-    name: str
-    since_s: tuple[float | None, ...]
-    floor: int | None = None
-    fired_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,6 +73,8 @@ TIME_FIELDS = (
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
+# Lists of records with times: field -> (time-list key, time key) of each record.
+RECORD_TIME_FIELDS = {"rules": ("since_s", "fired_at_s")}  # RuleState
 PLAIN_FIELDS = (
     "replicas",
     "knobs",
@@ -271,6 +273,12 @@ def to_wall(state: ModelState, offset_s: float) -> dict[str, Any]:
     for f, sub in NESTED_TIME_FIELDS.items():
         if d.get(f) is not None:
             d[f][sub] = d[f][sub] + offset_s
+    for f, (times, at) in RECORD_TIME_FIELDS.items():
+        if not d.get(f):
+            d.pop(f, None)  # a model without rules saves the same document as before
+        for rec in d.get(f) or ():
+            rec[times] = [_shift(t, offset_s) for t in rec[times]]
+            rec[at] = _shift(rec[at], offset_s)
     return d
 
 
@@ -307,6 +315,9 @@ def from_wall(data: Mapping[str, Any], offset_s: float, where: str = "state") ->
         for f, sub in NESTED_TIME_FIELDS.items():
             if isinstance(d.get(f), Mapping) and d[f].get(sub) is not None:
                 d[f] = dict(d[f]) | {sub: _finite(d[f][sub], f"{f}.{sub}") - offset_s}
+        for f, (times, at) in RECORD_TIME_FIELDS.items():
+            if isinstance(d.get(f), list):
+                d[f] = [_record_from_wall(r, times, at, offset_s, f) for r in d[f]]
         state = _STATE.validate_python(d).state()
     except ValidationError as exc:
         raise StoreError(f"{where}: " + "; ".join(format_validation_error(exc))) from None
@@ -317,6 +328,22 @@ def from_wall(data: Mapping[str, Any], offset_s: float, where: str = "state") ->
     if state.knobs.max_num_seqs <= 0 or state.knobs.max_num_batched_tokens <= 0:
         raise StoreError(f"{where}.knobs: must be positive (got {state.knobs})")
     return state
+
+
+def _record_from_wall(
+    rec: Any, times: str, at: str, offset_s: float, where: str
+) -> Mapping[str, Any]:
+    """A saved record with its `times` list and `at` time shifted back by `offset_s`."""
+    if not isinstance(rec, Mapping):
+        raise ValueError(f"{where}: each item must be a mapping (got {type(rec).__name__})")
+    out = dict(rec)
+    if isinstance(out.get(times), list):
+        out[times] = [
+            None if t is None else _finite(t, f"{where}.{times}") - offset_s for t in out[times]
+        ]
+    if out.get(at) is not None:
+        out[at] = _finite(out[at], f"{where}.{at}") - offset_s
+    return out
 
 
 def _finite(value: Any, name: str) -> float:

@@ -210,6 +210,25 @@ class PlantBelief:
 
 
 @dataclass(frozen=True, slots=True)
+class RuleState:
+    """One composite scale-out rule's memory (controller/rules.py): when each condition
+    started to hold (None: it does not), the replica floor the rule holds (None: none)
+    and when it last fired; times are the loop's monotonic seconds."""
+
+    name: str
+    since_s: tuple[float | None, ...]
+    floor: int | None = None
+    fired_at_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMemory:
+    """The scale-out rules' memory, one `RuleState` per configured rule."""
+
+    states: tuple[RuleState, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelState:
     """Everything the decider remembers about one model between ticks: the replicas and
     knobs it asked for last, and one small frozen record per concern."""
@@ -221,6 +240,7 @@ class ModelState:
     knob_memory: KnobMemory = KnobMemory()
     health: DataHealth = DataHealth()
     plant: PlantBelief = PlantBelief()
+    rules: RuleMemory = RuleMemory()
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +269,7 @@ class SavedState:
     knob_candidate_since_s: float | None = None
     knob_changes: int = 0
     lengths: Lengths | None = None
+    rules: tuple[RuleState, ...] = ()
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -273,6 +294,7 @@ class SavedState:
             knob_candidate_since_s=k.candidate_since_s,
             knob_changes=k.changes,
             lengths=f.lengths,
+            rules=s.rules.states,
         )
 
     def state(self) -> ModelState:
@@ -304,4 +326,5 @@ class SavedState:
                 first_good_s=self.first_good_s,
             ),
             plant=PlantBelief(capacity_correction=self.capacity_correction),
+            rules=RuleMemory(states=self.rules),
         )

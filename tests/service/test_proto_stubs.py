@@ -83,12 +83,16 @@ def test_governor_services_exist() -> None:
 def test_target_messages_mirror_the_config_keys() -> None:
     """ModelTarget field names are ModelConfig keys, so conversion is mechanical."""
     from controller.config import SLA, KnobBounds, ModelConfig, ReplicaBounds
+    from controller.rules import Condition, RuleAction, ScaleOutRule
 
     pairs = [
         (governor_v1_pb2.ModelTarget, ModelConfig),
         (governor_v1_pb2.Sla, SLA),
         (governor_v1_pb2.ReplicaBounds, ReplicaBounds),
         (governor_v1_pb2.KnobBounds, KnobBounds),
+        (governor_v1_pb2.ScaleOutRule, ScaleOutRule),
+        (governor_v1_pb2.RuleCondition, Condition),
+        (governor_v1_pb2.RuleAction, RuleAction),
     ]
     for message, model in pairs:
         assert set(_fields(message)) == set(model.model_fields), message.DESCRIPTOR.name

@@ -14,6 +14,7 @@ from controller.service import AdminError, ServiceCore
 from controller.store import (
     NESTED_TIME_FIELDS,
     PLAIN_FIELDS,
+    RECORD_TIME_FIELDS,
     TIME_FIELDS,
     TIME_PAIR_FIELDS,
     FileStore,
@@ -24,7 +25,7 @@ from controller.store import (
     model_state_fields,
     to_wall,
 )
-from controller.types import Knobs, Lengths, ModelState, SavedState
+from controller.types import Knobs, Lengths, ModelState, RuleState, SavedState
 from estimators.smoothing import HoltState
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
 
@@ -47,6 +48,7 @@ STATE = SavedState(
     lengths=Lengths(100.0, 200.0, 50.0, 90.0),
     burst_rps=40.0,
     burst_at_s=950.0,
+    rules=(RuleState("slow-decode", (940.0, None), floor=5, fired_at_s=990.0),),
 ).state()
 
 
@@ -54,7 +56,7 @@ def test_every_model_state_field_is_classified() -> None:
     """A new ModelState field must be declared as a time or not (else restarts would
     silently carry a monotonic time across processes)."""
     classified = set(TIME_FIELDS) | set(TIME_PAIR_FIELDS) | set(NESTED_TIME_FIELDS)
-    classified |= set(PLAIN_FIELDS)
+    classified |= set(PLAIN_FIELDS) | set(RECORD_TIME_FIELDS)
     unclassified = model_state_fields() - classified
     assert not unclassified, (
         f"classify these ModelState fields in controller/store.py: {unclassified}"
@@ -78,6 +80,8 @@ def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
             assert new == tuple((t + shift, v) for t, v in old), f.name
         elif f.name in NESTED_TIME_FIELDS:
             assert new == replace(old, at_s=old.at_s + shift), f.name
+        elif f.name in RECORD_TIME_FIELDS:
+            assert new == (RuleState("slow-decode", (940.0 + shift, None), 5, 990.0 + shift),)
         else:
             assert new == old, f.name
 

@@ -12,9 +12,12 @@ import yaml
 from pydantic import ValidationError
 
 from controller.config import ModelConfig, load_config
+from controller.decider import Decider
 from controller.rules import SIGNALS, ScaleOutRule, evaluate, rules_stage, signal_value
 from controller.types import Reason
-from estimators.types import LatencyQuantiles, Observation
+from estimators.types import LatencyQuantiles, NoDataError, Observation
+from tests.conftest import make_policy
+from tests.unit import helpers
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rules.yaml"
 T0 = 1000.0
@@ -161,3 +164,28 @@ def test_the_documented_example_is_the_source_rule() -> None:
     rules = cfg.models[0].scale_out_rules
     assert rules[0] == _rule()
     assert yaml.safe_load(EXAMPLE.read_text())["models"][0]["scale_out_rules"][0] == SOURCE_RULE
+
+
+def test_decider_adds_a_replica_at_120_s_and_explains_the_timers() -> None:
+    """Through `Decider.decide` at 5 s ticks: the source's rule on a steady fleet."""
+    model = _model([SOURCE_RULE])
+    d = Decider(model, make_policy(scale_down_stabilization_s=300.0))
+    state = d.initial_state(4, now_s=T0)
+    slow = helpers.obs(rate=40.0, decode_time_p95_ms=950.0, prefix_cache_hit_frac=0.5)
+    seen = []
+    for t in range(0, 125, 5):
+        dec, state = d.decide(slow, state, T0 + t)
+        seen.append((t, dec.replicas, dec.stages[-1].reason))
+    base = seen[0][1]
+    assert all(r == base for t, r, _ in seen if t < 120)
+    assert seen[-1] == (120, base + 1, Reason.RULE_SCALE_OUT)
+    assert "held 120s/120s" in dec.explain() and "rules" in dec.explain()
+    assert state.rules.states[0].floor == base + 1
+    # conditions gone: the floor is released, yet the stabilization window keeps it
+    fast = replace(slow, decode_time_p95_ms=400.0)
+    dec, state = d.decide(fast, state, T0 + 125)
+    assert dec.replicas == base + 1 and dec.stages[-1].reason == Reason.RULES_NOT_BINDING
+    assert state.rules.states[0].floor is None
+    # missing data: hold, and the timers restart (nothing carried over the gap)
+    _, state = d.decide(NoDataError("m", "arrival_rate"), state, T0 + 130)
+    assert state.rules.states == ()
