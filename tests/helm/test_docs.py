@@ -50,3 +50,21 @@ def test_install_commands_use_existing_values() -> None:
         assert ns, commands
         # Renders (schema and template checks pass) with exactly the documented flags.
         assert render(vals, namespace=ns.group(1) or ns.group(2)), commands
+
+
+def test_readme_deploy_section_is_this_file() -> None:
+    """The README's "Deploy" section is docs/deploy.md verbatim (one text, two places)."""
+    assert DOC in (ROOT / "README.md").read_text()
+
+
+def test_deploy_doc_says_what_each_mode_does_without_the_governor() -> None:
+    section = DOC.split("### When the governor is down, restarting or upgraded", 1)[1]
+    section = section.split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split("|")[1].strip() for r in rows[1:]] == [
+        "standalone, `keda`",
+        "standalone, `hpa`",
+        "standalone, `kubernetes`",
+        "sidecar (any path)",
+    ]
+    assert "release: kube-prometheus-stack" in DOC
