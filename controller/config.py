@@ -220,6 +220,12 @@ class PrometheusSettings(_Strict):
     timeout_s: PositiveFloat = Field(default=3.0, le=60)
     disable_ssl: bool = False
     model_label: str = Field(default="model_name", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    scrape_interval_s: PositiveFloat = Field(
+        default=15.0,
+        le=300,
+        description="how often Prometheus scrapes the engines: a rate window needs at "
+        "least two samples, so the short (panic) window is at least two of these",
+    )
 
 
 class GovernorConfig(_Strict):
@@ -245,6 +251,12 @@ class GovernorConfig(_Strict):
             except ValidationError as exc:
                 msgs = format_validation_error(exc, prefix=f"models.{i}.policy")
                 raise ValueError("; ".join(msgs)) from None
+        scrape = self.prometheus.scrape_interval_s
+        if self.policy.window_s < 2.0 * scrape:
+            raise ValueError(
+                f"policy.window_s ({self.policy.window_s}) must be >= 2 x "
+                f"prometheus.scrape_interval_s ({scrape}): a rate needs two samples"
+            )
         return self
 
     def model(self, name: str) -> ModelConfig:
@@ -253,6 +265,13 @@ class GovernorConfig(_Strict):
             if m.name == name:
                 return m
         raise KeyError(name)
+
+    @property
+    def short_window_s(self) -> float:
+        """The short (panic) window the source reads, seconds: `policy.panic_window_s`,
+        raised to two scrape intervals (a rate over fewer than two samples is empty).
+        Example: panic_window_s 10 at a 15 s scrape -> 30 s."""
+        return max(self.policy.panic_window_s, 2.0 * self.prometheus.scrape_interval_s)
 
     def policy_for(self, model: ModelConfig) -> ScalingPolicy:
         """The global policy with the model's overrides applied (validated)."""

@@ -17,7 +17,8 @@ can be replayed from its trace. Steps, in order:
    raw sample, so one noisy window cannot scale up on its own: sudden real surges are
    panic mode's job, on the short window;
    raw = demand / capacity; idle -> min replicas, zero only after the idle period.
-5. burst memory: a demand that triggered panic is remembered, halving every
+5. burst memory: a demand that triggered panic on a surge (the short window well over
+   the long one; a fleet that starts small is not a burst) is remembered, halving every
    burst_memory_half_life_s, and from then on follows the envelope of the observed
    demand; the fleet is sized for it while it exceeds the demand (BURST_MEMORY): on/off
    bursts shorter than a cold start cannot be chased, only held;
@@ -80,17 +81,21 @@ ITL_SLOW_GAPS_FRAC = 0.10
 # feedback correction and the forecast: evidence is one window, whatever the gap was
 # (600 s without data and one violated tick must not decay the correction by 600 s).
 MAX_GAP_TICKS = 3
+# A panic arms the burst memory only when the short window reads at least this much
+# over the long one (a step to 2x over a 30 s short and a 60 s long window reads 1.33x).
+BURST_SURGE_FRAC = 1.25
 
 
 @dataclass(frozen=True, slots=True)
 class _Demand:
     """Step 4's demand (req/s): smoothed `load`, `demand` (level + trend uplift +
-    backlog), `short` (short window + backlog), `observed` (what was seen, the larger
+    backlog), `short` / `long` (each window's rate + backlog), `observed` (what was seen, the larger
     window), and whether the fleet is idle."""
 
     load: HoltState
     demand: float
     short: float
+    long: float
     observed: float
     idle: bool
 
@@ -185,8 +190,12 @@ class Decider:
             return d, replace(s, rules=RuleMemory())  # rule timers need unbroken data
         obs = clean_observation(observation)
         lengths = self._lengths(obs, state, now_s)
-        knobs, knob_reason, knob_memory = self._knobs(obs, lengths, state, now_s)  # step 2
-        base_capacity, plant = self._plant(obs, state, knobs, lengths, now_s)  # step 3
+        knobs, knob_reason, pending = self._knobs(obs, lengths, state, now_s)  # step 2
+        rollout = knob_reason == Reason.KNOBS_CHANGED and self._material(
+            knobs, state.knobs, self.policy.knob_rollout_gain_frac
+        )
+        knob_memory = self._knob_memory(state, knobs, knob_reason, pending, rollout, now_s)
+        base_capacity, plant = self._plant(obs, state, knob_memory, knobs, lengths, now_s)
         demand = self._demand(obs, state, now_s)  # step 4
         if lengths is None and not demand.idle:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
@@ -206,11 +215,7 @@ class Decider:
             forecast=Forecast(
                 load=demand.load, lengths=lengths, burst_rps=burst[0], burst_at_s=burst[1]
             ),
-            knob_memory=replace(
-                knob_memory,
-                changes=state.knob_memory.changes
-                + (1 if knob_reason == Reason.KNOBS_CHANGED else 0),
-            ),
+            knob_memory=knob_memory,
             health=DataHealth(
                 no_data_ticks=0,
                 last_good_s=now_s,
@@ -233,31 +238,76 @@ class Decider:
             demand_rps=demand.demand,
             capacity_rps_per_replica=raw.capacity,
             panic=panic_state[0],
-            rollout=knob_reason == Reason.KNOBS_CHANGED
-            and self._material(knobs, state.knobs, self.policy.knob_rollout_gain_frac),
+            rollout=rollout,
         )
         return decision, new_state
 
     # ------------------------------------------------------------------ steps
+    def _knob_memory(
+        self,
+        state: ModelState,
+        knobs: Knobs,
+        reason: Reason,
+        pending: KnobMemory,
+        rollout: bool,
+        now_s: float,
+    ) -> KnobMemory:
+        """Step 2's memory: the pending candidate, the change count, and which replicas
+        still run knobs from before the last change (they serve with those until a
+        rolling restart or a scale-down replaces them)."""
+        old = state.knob_memory
+        running, n, until = (
+            old.running,
+            min(old.running_replicas, state.replicas),
+            old.running_until_s,
+        )
+        if reason == Reason.KNOBS_CHANGED:
+            running, n = state.knobs, state.replicas
+            # A roll-out restarts one surge replica at a time, each a cold start.
+            until = now_s + self.model.cold_start_s * max(1, n) if rollout else None
+        if running is None or running == knobs or n <= 0 or (until is not None and now_s >= until):
+            running, n, until = None, 0, None
+        return KnobMemory(
+            candidate=pending.candidate,
+            candidate_since_s=pending.candidate_since_s,
+            changes=old.changes + (1 if reason == Reason.KNOBS_CHANGED else 0),
+            running=running,
+            running_replicas=n,
+            running_until_s=until,
+        )
+
+    def _capacity(self, knobs: Knobs, lengths: Lengths) -> float:
+        """The profile's per-replica capacity at the SLA with `knobs`, req/s."""
+        return replica_capacity_rps(
+            knobs, lengths, self.model.sla, self.profile, self.policy.target_utilization_frac
+        )
+
     def _plant(
         self,
         obs: Observation,
         state: ModelState,
+        memory: KnobMemory,
         knobs: Knobs,
         lengths: Lengths | None,
         now_s: float,
     ) -> tuple[float | None, PlantBelief]:
-        """Step 3: the profile's per-replica capacity at the SLA with `knobs` (req/s;
-        None without length statistics) and the updated belief about the plant."""
+        """Step 3: the profile's per-replica capacity at the SLA with the knobs the
+        replicas run (req/s; None without length statistics), and the updated belief
+        about the plant.
+
+        Replicas still on knobs from before a change count with those: capacity is the
+        fleet's mean. Example: 2 of 4 replicas on knobs worth 10 req/s, the published
+        ones worth 14 -> 12 req/s per replica.
+        """
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
-        base_capacity = (
-            replica_capacity_rps(
-                knobs, lengths, self.model.sla, self.profile, self.policy.target_utilization_frac
+        base_capacity = None if lengths is None else self._capacity(knobs, lengths)
+        if base_capacity is not None and memory.running is not None and state.replicas > 0:
+            old = self._capacity(memory.running, lengths)  # type: ignore[arg-type]
+            n_old = min(memory.running_replicas, state.replicas)
+            base_capacity = (n_old * old + (state.replicas - n_old) * base_capacity) / (
+                state.replicas
             )
-            if lengths is not None
-            else None
-        )
         c = state.plant.capacity_correction
         # The model is only wrong if the fleet we have was believed big enough (demand
         # within the deadband of its estimated capacity: we did not mean to scale up).
@@ -300,8 +350,9 @@ class Decider:
         # What was observed (the short window, or the long one when higher): the size of
         # a panic and of a remembered burst. Observed, not forecast: a trend fitted to the
         # first few samples of a surge overshoots, and the overshoot later unwinds.
-        observed = max(obs.arrival_rate_rps + backlog, short_demand)
-        return _Demand(load, demand, short_demand, observed, idle)
+        long_demand = obs.arrival_rate_rps + backlog
+        observed = max(long_demand, short_demand)
+        return _Demand(load, demand, short_demand, long_demand, observed, idle)
 
     def _raw(
         self,
@@ -354,12 +405,17 @@ class Decider:
     ) -> tuple[float | None, float | None]:
         """Step 5: the burst memory's (demand req/s, time) after this tick.
 
-        A panic starts the burst memory; once started it follows the envelope of the
+        A panic on a surge starts the burst memory; once started it follows the envelope of the
         observed demand (a decaying max), so bursts that the grown fleet now absorbs
         without panicking keep it from shrinking back into the next panic.
         """
         remembered = self._burst_memory(state, now_s)
-        if panic_reason == Reason.PANIC or (remembered > 0 and demand.observed > remembered):
+        # Only a surge arms it: the short window well above the long one. A fleet that
+        # starts small panics too (demand far over its capacity), but on a level load:
+        # that is a ramp to hold the load, not a burst to remember.
+        surge = demand.short >= BURST_SURGE_FRAC * demand.long
+        armed = panic_reason == Reason.PANIC and surge
+        if armed or (remembered > 0 and demand.observed > remembered):
             return max(remembered, demand.observed), now_s
         return state.forecast.burst_rps, state.forecast.burst_at_s
 

@@ -1659,7 +1659,7 @@ def run_service(args: argparse.Namespace) -> int:
             PrometheusSource(
                 config.prometheus,
                 window_s=config.policy.window_s,
-                short_window_s=config.policy.panic_window_s,
+                short_window_s=config.short_window_s,
             ),
             SystemClock(),
         )

@@ -70,6 +70,7 @@ TIME_FIELDS = (
     "first_good_s",
     "knob_candidate_since_s",
     "burst_at_s",
+    "knob_running_until_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
@@ -84,6 +85,8 @@ PLAIN_FIELDS = (
     "knob_changes",
     "lengths",
     "burst_rps",
+    "knob_running",
+    "knob_running_replicas",
 )
 
 

@@ -189,6 +189,13 @@ class KnobMemory:
     candidate: Knobs | None = None
     candidate_since_s: float | None = None
     changes: int = 0
+    running: Knobs | None = None
+    """Knobs that replicas started before the last change still run (None: every
+    replica runs the published knobs): capacity counts them until they are replaced."""
+    running_replicas: int = 0
+    """How many replicas run `running` (at most the fleet's size)."""
+    running_until_s: float | None = None
+    """When a rolling restart is expected to have replaced them (None: no roll-out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +277,9 @@ class SavedState:
     knob_changes: int = 0
     lengths: Lengths | None = None
     rules: tuple[RuleState, ...] = ()
+    knob_running: Knobs | None = None
+    knob_running_replicas: int = 0
+    knob_running_until_s: float | None = None
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -295,6 +305,9 @@ class SavedState:
             knob_changes=k.changes,
             lengths=f.lengths,
             rules=s.rules.states,
+            knob_running=k.running,
+            knob_running_replicas=k.running_replicas,
+            knob_running_until_s=k.running_until_s,
         )
 
     def state(self) -> ModelState:
@@ -319,6 +332,9 @@ class SavedState:
                 candidate=self.knob_candidate,
                 candidate_since_s=self.knob_candidate_since_s,
                 changes=self.knob_changes,
+                running=self.knob_running,
+                running_replicas=self.knob_running_replicas,
+                running_until_s=self.knob_running_until_s,
             ),
             health=DataHealth(
                 no_data_ticks=self.no_data_ticks,

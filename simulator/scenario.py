@@ -23,7 +23,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controller.config import SLA, GovernorConfig, ModelConfig, ReplicaBounds, ScalingPolicy
+from controller.config import (
+    SLA,
+    GovernorConfig,
+    ModelConfig,
+    PrometheusSettings,
+    ReplicaBounds,
+    ScalingPolicy,
+)
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
 from simulator.autoscalers import (
@@ -122,6 +129,7 @@ class Scenario:
                 ),
             ),
             policy=self.governor_policy,
+            prometheus=PrometheusSettings(scrape_interval_s=self.scrape_interval_s),
         )
 
 
@@ -234,7 +242,7 @@ def run_policy(
         MODEL,
         window_s=sc.governor_policy.window_s,
         scrape_interval_s=sc.scrape_interval_s,
-        short_window_s=sc.governor_policy.panic_window_s,
+        short_window_s=sc.governor_config().short_window_s,
     )
     fleet.submit_trace(sc.trace, offset_s=0.0)
     policy = make_policy(name, sc, fleet, source)

@@ -1,0 +1,72 @@
+"""Causes of control off the tuning point (issue: control that holds off its tuning
+point), each pinned by a scenario on a fixed-origin clock: a fleet that starts small is
+not a burst, the short window spans two scrapes, capacity counts the knobs the
+replicas run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from pydantic import ValidationError
+
+from controller.config import GovernorConfig, PrometheusSettings
+from controller.decider import Decider
+from controller.types import KnobMemory, Knobs
+from tests.conftest import ORIGIN_S, make_model, make_policy
+from tests.unit.helpers import obs
+
+
+def test_a_fleet_that_starts_small_panics_but_is_not_a_burst() -> None:
+    d = Decider(make_model(max_replicas=64), make_policy())
+    s = d.initial_state(1)
+    # A level 150 req/s on one replica: both windows read the same rate.
+    dec, s = d.decide(
+        obs(t=ORIGIN_S, rate=150.0, arrival_rate_short_rps=152.0, ready_replicas=1), s, ORIGIN_S
+    )
+    assert dec.panic and dec.replicas > 4
+    assert s.forecast.burst_rps is None
+
+
+def test_a_surge_over_the_long_window_arms_the_burst_memory() -> None:
+    d = Decider(make_model(max_replicas=64), make_policy())
+    s = d.initial_state(2)
+    # long window 60 req/s, short window 150 req/s: a surge
+    dec, s = d.decide(
+        obs(t=ORIGIN_S, rate=60.0, arrival_rate_short_rps=150.0, ready_replicas=2), s, ORIGIN_S
+    )
+    assert dec.panic and s.forecast.burst_rps == pytest.approx(150.0)
+
+
+def test_short_window_is_at_least_two_scrape_intervals() -> None:
+    cfg = GovernorConfig(models=(make_model(),), policy=make_policy(panic_window_s=10.0))
+    assert cfg.prometheus.scrape_interval_s == 15.0
+    assert cfg.short_window_s == 30.0
+    fast = cfg.model_copy(update={"prometheus": PrometheusSettings(scrape_interval_s=1.0)})
+    assert fast.short_window_s == 10.0
+
+
+def test_a_rate_window_shorter_than_two_scrapes_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"window_s \(40.0\) must be >= 2 x"):
+        GovernorConfig(
+            models=(make_model(),),
+            policy=make_policy(window_s=40.0, panic_window_s=10.0),
+            prometheus=PrometheusSettings(scrape_interval_s=30.0),
+        )
+
+
+def test_capacity_counts_the_knobs_the_replicas_run() -> None:
+    d = Decider(make_model(), make_policy())
+    base = replace(d.initial_state(4), knobs=Knobs(160, 2560))
+    o = obs(t=ORIGIN_S, rate=40.0, ready_replicas=4)
+    published, _ = d.decide(o, base, ORIGIN_S)
+    # two of the four replicas still run knobs from before a change: far fewer seqs
+    mixed = replace(base, knob_memory=KnobMemory(running=Knobs(16, 512), running_replicas=2))
+    dec, s = d.decide(o, mixed, ORIGIN_S)
+    assert dec.capacity_rps_per_replica < published.capacity_rps_per_replica  # type: ignore[operator]
+    assert s.knob_memory.running == Knobs(16, 512) and s.knob_memory.running_replicas == 2
+    # once they are gone (the fleet shrank to zero of them), only the published knobs count
+    gone = replace(mixed, knob_memory=replace(mixed.knob_memory, running_until_s=ORIGIN_S - 1))
+    dec, s = d.decide(o, gone, ORIGIN_S)
+    assert dec.capacity_rps_per_replica == published.capacity_rps_per_replica
+    assert s.knob_memory.running is None
