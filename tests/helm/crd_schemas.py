@@ -65,7 +65,8 @@ _SCALING_RULES: dict[str, Any] = {
                 },
             },
         },
-        # Kubernetes >= 1.33 (HPAConfigurableTolerance); a Quantity.
+        # Kubernetes >= 1.33 (HPAConfigurableTolerance); a Quantity. In KEDA's CRD from
+        # 2.18 on (SCALED_OBJECT_KEDA_2_17 below lacks it).
         "tolerance": {"type": ["string", "number"], "pattern": r"^[0-9]+(\.[0-9]+)?$"},
     },
 }
@@ -287,6 +288,19 @@ PROMETHEUS_RULE: dict[str, Any] = {
         },
     },
 }
+
+
+def _without_tolerance(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _without_tolerance(v) for k, v in node.items() if k != "tolerance"}
+    if isinstance(node, list):
+        return [_without_tolerance(v) for v in node]
+    return node
+
+
+# KEDA 2.17's ScaledObject: its HPA scaling rules have no `tolerance` (added in 2.18); the
+# API server's strict field validation (Helm 4) refuses the field there.
+SCALED_OBJECT_KEDA_2_17: dict[str, Any] = _without_tolerance(SCALED_OBJECT)
 
 SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.helm import crd_schemas
 from tests.helm.chart import (
     MODEL_8B,
     MODEL_CODE,
@@ -320,10 +321,16 @@ def test_tolerance_switch() -> None:
     """auto (default): no KEDA CRD to read offline (lookup is empty), so no `tolerance` in
     the ScaledObject: KEDA 2.17's CRD lacks it and Helm 4's strict field validation would
     fail the install. true / false force it; a plain HPA gets it from Kubernetes 1.33 on."""
+    keda_2_17 = crd_schemas.validator(crd_schemas.SCALED_OBJECT_KEDA_2_17)
     auto = _so_behavior(_rendered("standalone"))
     assert "tolerance" not in auto["scaleUp"] and "tolerance" not in auto["scaleDown"]
-    forced = _so_behavior(render(values(scaling={"zeroTolerance": True})))
+    for so in find(_rendered("standalone"), "ScaledObject"):
+        assert not list(keda_2_17.iter_errors(so)), "would fail to install on KEDA 2.17"
+    forced_objs = render(values(scaling={"zeroTolerance": True}))
+    forced = _so_behavior(forced_objs)
     assert forced["scaleUp"]["tolerance"] == "0" and forced["scaleDown"]["tolerance"] == "0"
+    # What KEDA 2.17 (and strict field validation) refuses: the switch is needed.
+    assert list(keda_2_17.iter_errors(find(forced_objs, "ScaledObject")[0]))
     hpa_vals = values(
         scaling={"via": "hpa"},
         monitoring={"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}},
@@ -499,3 +506,17 @@ def test_engine_chart_pod_account_through_subcharts(tmp_path: Path) -> None:
         m["sla"]["ttft_p95_ms"] += 100
     again = parse(render_files({"governor": sla}, chart=engine, namespace="llm"))
     assert _pod_templates(again) == _pod_templates(objs)
+
+
+def test_notes_warn_about_unselected_monitoring_and_dropped_tolerance() -> None:
+    def notes(**kw: Any) -> str:
+        return render_files(values(**kw))["llm-governor/templates/NOTES.txt"]
+
+    bare = notes(monitoring={"serviceMonitor": {"enabled": True}})
+    assert "release: <its release name>" in bare
+    assert "10 % band" in bare  # auto could not read KEDA's CRD offline
+    labelled = notes(
+        monitoring={"serviceMonitor": {"enabled": True, "labels": {"release": "kps"}}},
+        scaling={"zeroTolerance": True},
+    )
+    assert "release: <its release name>" not in labelled and "10 % band" not in labelled
