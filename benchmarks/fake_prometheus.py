@@ -4,8 +4,9 @@ This owns serving `benchmarks.promreplay` answers over HTTP, so a real `governor
 (its PrometheusConnect client, HTTP and JSON decoding included) can be benchmarked at N
 models without a Prometheus holding N models' series. `GET/POST /api/v1/query?query=Q`
 answers `{"status": "success", "data": {"resultType": "vector", "result": [...]}}` for
-each of the ten tick queries (built with the same model label, rate window and panic
-window as the governor's), pre-rendered per tick variant; the variant advances on each
+each of the five tick queries (built with the same model label, rate window and panic
+window as the governor's; the SLA-edge one recognized by its shape), pre-rendered per
+tick variant; the variant advances on each
 `demand` query. Any other query gets HTTP 400 with Prometheus's error shape.
 
 Run: `python -m benchmarks.fake_prometheus --models 1000 [--window-s 60] [--short-window-s
@@ -23,7 +24,13 @@ import threading
 import time
 import urllib.parse
 
-from benchmarks.promreplay import fill_now, load_recording, model_names, render_answers
+from benchmarks.promreplay import (
+    fill_now,
+    load_recording,
+    model_names,
+    query_namer,
+    render_answers,
+)
 from estimators.promql import DEFAULT_MODEL_LABEL, build_queries
 
 PORT_LINE = "fake-prometheus: port "
@@ -39,7 +46,7 @@ class Answers:
 
         rec = load_recording()
         queries = build_queries(DEFAULT_MODEL_LABEL, window_s, short_window_s=short_window_s)
-        self.names = {text: name for name, text in queries.items()}
+        self.name_of = query_namer(queries)
         rng = random.Random(0)
         self.bodies: list[dict[str, bytes]] = []
         for v in range(max(1, variants)):
@@ -61,8 +68,9 @@ class Answers:
         self.lock = threading.Lock()
 
     def body(self, query: str, eval_time_s: float) -> bytes | None:
-        name = self.names.get(query)
-        if name is None:
+        try:
+            name = self.name_of(query)
+        except KeyError:
             return None
         with self.lock:
             if name == "demand":

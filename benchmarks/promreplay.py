@@ -19,7 +19,8 @@ decodes the HTTP body (`response.json()["data"]["result"]`), so decoding is coun
 the observe cost; the HTTP round trip itself is not. With `decode=False` it returns
 answers decoded once at construction (never mutated by the source), so the cost of
 our own parsing can be told apart from the decoder's. Queries are matched by text to the
-source's `TickQueries` names; the variant advances on each `demand` query (one per tick).
+source's `TickQueries` names (`query_namer`: the SLA-edge query by its shape); the variant
+advances on each `demand` query (one per tick).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,31 @@ JITTERED_SIGNALS = frozenset(
     {
         "arrival_rps",
         "arrival_short_rps",
+        "arrival_seed_rps",
         "completions_rps",
         "prompt_tokens_mean",
         "output_tokens_mean",
     }
 )
+
+
+SLA_BUCKETS = "sla_buckets"
+
+
+def query_namer(queries: TickQueries) -> Callable[[str], str]:
+    """Name a tick's query text: by `queries`, and any SLA-edge bucket query (its text
+    follows the SLAs of the models asked for) as `sla_buckets`. KeyError for others."""
+    names = {text: name for name, text in queries.items()}
+
+    def name_of(text: str) -> str:
+        name = names.get(text)
+        if name is None:
+            if "_bucket{le=~" not in text:
+                raise KeyError(text[:200])
+            name = SLA_BUCKETS
+        return name
+
+    return name_of
 
 
 def load_recording(path: Path = RECORDING) -> dict[str, Any]:
@@ -77,7 +98,7 @@ def render_answers(
     quoted = [json.dumps(n) for n in names]
     out: dict[str, bytes] = {}
     for qname, result in recording["answers"].items():
-        is_buckets = qname.endswith("_buckets")
+        is_buckets = qname == SLA_BUCKETS
         # per recorded model: (metric JSON with a placeholder, timestamp, value, jittered)
         templates: dict[str, list[tuple[str, str, str, bool]]] = {m: [] for m in recorded}
         for item in result:
@@ -127,7 +148,7 @@ class ReplayClient:
         decode: bool = True,
     ) -> None:
         rec = recording if recording is not None else load_recording()
-        self.names = {text: name for name, text in queries.items()}
+        self.name_of = query_namer(queries)
         rng = random.Random(seed)
         self._bodies: list[dict[str, bytes]] = []
         for v in range(max(1, variants)):
@@ -155,7 +176,7 @@ class ReplayClient:
     def custom_query(
         self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None
     ) -> Any:
-        name = self.names[query]
+        name = self.name_of(query)
         self.calls += 1
         if name == "demand":
             self.tick += 1

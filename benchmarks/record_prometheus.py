@@ -5,13 +5,14 @@ tick benchmark (`benchmarks/bench_tick.py`) and the perf tests replay, scaled to
 models, through a fake query client (`benchmarks/promreplay.py`). It starts the same
 world the integration tests use (tests/integration: a real Prometheus scraping the
 deterministic fake vLLM exporters, 1 s scrapes), waits for a full rate window, runs the
-ten queries of `estimators.promql.build_queries` once and stores each query's
+five queries of `estimators.promql.build_queries` once and stores each query's
 `data.result` list exactly as Prometheus answered it (labels, `[timestamp, "value"]`
 strings), keyed by query name, with the query text and the Prometheus version.
 
 Run: `.venv/bin/python -m benchmarks.record_prometheus` (needs the `prometheus` binary,
 about 15 s). Windows are seconds: rate window `WINDOW_S`, panic window `SHORT_WINDOW_S`
-(the answers' shape does not depend on them; the replay matches queries by name).
+and seed window `SEED_WINDOW_S` (the answers' shape does not depend on them; the replay
+matches queries by name), SLA-edge buckets at `EDGES`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ from tests.integration.promserver import PrometheusServer, find_prometheus, wait
 
 WINDOW_S = 5.0
 SHORT_WINDOW_S = 3.0
+SEED_WINDOW_S = 8.0
 BATCHES_PER_S = 10.0
+EDGES = {"ttft": [1.0], "itl": [0.05], "tpot": [0.05]}
+"""SLA thresholds of the recorded SLA-edge buckets: the benchmark fleet's SLA (TTFT 1 s,
+ITL 50 ms; benchmarks.common.SLA_MS)."""
 OUT = Path(__file__).resolve().parent / "data" / "prometheus_answers.json"
 
 
@@ -50,9 +55,16 @@ def record(out: Path = OUT) -> dict[str, object]:
         try:
             prom.start()
             names = {m.name for m in specs}
-            wait_for(lambda: _enough_samples(prom, names, WINDOW_S), 30.0, "a full window")
-            queries = build_queries(DEFAULT_MODEL_LABEL, WINDOW_S, short_window_s=SHORT_WINDOW_S)
-            now = time.time()
+            full = max(WINDOW_S, SEED_WINDOW_S)
+            wait_for(lambda: _enough_samples(prom, names, full), 30.0, "a full window")
+            queries = build_queries(
+                DEFAULT_MODEL_LABEL,
+                WINDOW_S,
+                short_window_s=SHORT_WINDOW_S,
+                seed_window_s=SEED_WINDOW_S,
+                edges=EDGES,
+            )
+            now = time.time() - 1.5  # every scrape before it committed: one instant
             answers: dict[str, object] = {}
             texts: dict[str, str] = {}
             for name, q in queries.items():
@@ -72,6 +84,8 @@ def record(out: Path = OUT) -> dict[str, object]:
         "models": [m.name for m in specs],
         "window_s": WINDOW_S,
         "short_window_s": SHORT_WINDOW_S,
+        "seed_window_s": SEED_WINDOW_S,
+        "edges": EDGES,
         "queries": texts,
         "answers": answers,
     }

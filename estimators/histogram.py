@@ -127,6 +127,11 @@ E2E_BUCKETS_S: tuple[float, ...] = (
     7680.0,
 )
 QUEUE_BUCKETS_S = E2E_BUCKETS_S
+# vLLM's buckets of the per-request phase times (`vllm:request_prefill_time_seconds`,
+# `vllm:request_decode_time_seconds`; newer releases also use them for e2e and queue).
+PHASE_BUCKETS_S: tuple[float, ...] = (0.1, 0.2, *E2E_BUCKETS_S)
+# `vllm:request_time_per_output_token_seconds` shares the ITL buckets.
+TPOT_BUCKETS_S = ITL_BUCKETS_S
 
 
 def token_buckets(max_model_len: int) -> tuple[float, ...]:

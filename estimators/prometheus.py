@@ -7,19 +7,23 @@ answers into typed per-model outcomes:
 - every query of a tick is evaluated at ONE evaluation time (`time=now_s`), so the
   signals of an observation describe the same instant;
 - the number of queries per tick is constant in the number of models
-  (`len(build_queries().items())`, ten), recorded in `queries_last_tick`;
+  (`len(list(source.queries.items()))`, five), recorded in `queries_last_tick`;
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
   that is not an instant vector of numbers) -> `SourceError` carrying the query;
-- a model absent from the demand answer, or with a NaN/+-Inf arrival rate ->
-  `NoDataError(model, "arrival_rate")` for that model only; other models are observed;
+- a model without a finite arrival rate -> `NoDataError(model, "arrival_rate")`; a model
+  whose engine scrape targets are all down or gone -> `NoDataError(model, "targets_up")`;
+  a model without a current sample, or whose newest sample is older than
+  `max_staleness_s` -> `NoDataError(model, "staleness")`: a dead fleet is never read as
+  an idle one (its rates decay to zero over a window while nothing is scraped). Other
+  models are observed;
 - an optional signal missing, NaN or infinite -> `None`, never 0.
 
-Quantiles come from the bucket rates with `estimators.histogram.histogram_quantile`
-(PromQL's interpolation), and the exact attainment `bucket(le=SLA) / count` from the
-same answer when the SLA sits on a bucket edge.
+Quantiles are PromQL's own `histogram_quantile`; the exact attainment is
+`bucket(le=SLA) / bucket(+Inf)` from the buckets at the SLA thresholds in use (the
+source rebuilds that one query when the set of thresholds changes).
 
 Units: `now_s`, `window_s`, `timeout_s`, `staleness_s` in seconds (unix seconds for
-times); latency quantiles are reported in milliseconds; rates per second.
+times); latency quantiles and means are reported in milliseconds; rates per second.
 """
 
 from __future__ import annotations
@@ -27,19 +31,25 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-from estimators.histogram import fraction_le, histogram_quantile
+from estimators.histogram import fraction_le
 from estimators.promql import (
     DEFAULT_MODEL_LABEL,
+    DEFAULT_SEED_WINDOW_S,
     DEFAULT_WINDOW_S,
+    DIST_QUANTILES,
     SIGNAL_LABEL,
+    QueryBuilder,
     Signal,
     TickQueries,
     build_queries,
+    quantile_signal,
 )
 from estimators.types import (
+    LatencyQuantiles,
     ModelQuery,
     NoDataError,
     Observation,
@@ -51,6 +61,10 @@ from estimators.types import (
 DEFAULT_TIMEOUT_S: Final = 3.0
 DEMAND_SIGNAL: Final = "arrival_rate"
 """The signal named in the `NoDataError` of a model without demand data."""
+TARGETS_SIGNAL: Final = "targets_up"
+"""The signal named in the `NoDataError` of a model whose engine targets are all down."""
+STALENESS_SIGNAL: Final = "staleness"
+"""The signal named in the `NoDataError` of a model without a current sample."""
 
 Buckets = list[tuple[float, float]]
 """Cumulative (upper bound, per-second rate) pairs sorted by bound."""
@@ -123,11 +137,15 @@ class PrometheusSource:
     timeout per request and the server-side evaluation timeout, seconds (default: the
     settings' value, else 3 s); like requests' timeouts it bounds connecting and each
     wait for bytes. A failing observe stops at the first failing query; a succeeding
-    one takes at most ten queries' time. `client`: injected query client (tests, custom
+    one takes at most five queries' time. `client`: injected query client (tests, custom
     auth); it then owns its session settings, and gets the timeout per call when its
     `custom_query` takes one. `retries`: HTTP retries of the default client (no backoff).
     `accept_escaped`: also read `vllm_...` spellings of the `vllm:...` names (promql).
     `short_window_s`: also report `arrival_rate_short_rps` over this (panic) window.
+    `seed_window_s`: the window of `arrival_rate_5m_rps` (default 300 s; None: not read).
+    `max_staleness_s`: a model whose newest sample is older reads as no data (default:
+    `window_s`). `targets_lookback_s`: how long a vanished scrape target still counts as
+    down (default: the longest window).
     """
 
     def __init__(
@@ -141,6 +159,9 @@ class PrometheusSource:
         retries: int = 0,
         accept_escaped: bool = True,
         short_window_s: float | None = None,
+        seed_window_s: float | None = DEFAULT_SEED_WINDOW_S,
+        max_staleness_s: float | None = None,
+        targets_lookback_s: float | None = None,
     ) -> None:
         if isinstance(settings_or_url, str):
             url, disable_ssl = settings_or_url, False
@@ -155,13 +176,32 @@ class PrometheusSource:
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout}")
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
+        staleness = float(window_s) if max_staleness_s is None else float(max_staleness_s)
+        if not staleness > 0:  # also refuses NaN
+            raise ValueError(f"max_staleness_s must be > 0 seconds, got {max_staleness_s}")
         self.url: str = url.rstrip("/")
         self.window_s: float = float(window_s)
         self.timeout_s: float = float(timeout)
         self.model_label: str = label
-        self.queries: TickQueries = build_queries(
-            label, self.window_s, accept_escaped=accept_escaped, short_window_s=short_window_s
+        self.max_staleness_s: float = staleness
+        self._builder = QueryBuilder(
+            label,
+            self.window_s,
+            accept_escaped,
+            short_window_s,
+            seed_window_s,
+            targets_lookback_s,
         )
+        self._edges: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+        self.queries: TickQueries = build_queries(
+            label,
+            self.window_s,
+            accept_escaped=accept_escaped,
+            short_window_s=short_window_s,
+            seed_window_s=seed_window_s,
+            targets_lookback_s=targets_lookback_s,
+        )
+        """The queries of the latest tick (`sla_buckets` follows the models' SLAs)."""
         self._client: QueryClient = client or _default_client(
             self.url, self.timeout_s, disable_ssl, retries
         )
@@ -175,7 +215,7 @@ class PrometheusSource:
 
     def _query(self, query: str, eval_time_s: float) -> Any:
         """Run one instant query at `eval_time_s`; return the client's answer, unchecked
-        (the caller parses it: `_parse_tagged` or `_parse_buckets`).
+        (the caller parses it: `_parse_tagged` or `_parse_edge_buckets`).
 
         Raises SourceError when the client fails.
         """
@@ -188,15 +228,26 @@ class PrometheusSource:
         except Exception as exc:  # any failure of the client means "cannot read the source"
             raise SourceError(f"query failed: {type(exc).__name__}: {exc}", query=query) from exc
 
+    def _follow_slas(self, models: Sequence[ModelQuery]) -> None:
+        """Rebuild the SLA-edge query when the set of SLA thresholds changed: TTFT
+        thresholds for the TTFT buckets, ITL thresholds for the ITL and TPOT buckets."""
+        ttft = tuple(sorted({m.ttft_sla_s for m in models if m.ttft_sla_s is not None}))
+        itl = tuple(sorted({m.itl_sla_s for m in models if m.itl_sla_s is not None}))
+        if (ttft, itl) != self._edges:
+            self._edges = (ttft, itl)
+            edges = {"ttft": ttft, "itl": itl, "tpot": itl}
+            self.queries = replace(self.queries, sla_buckets=self._builder.edge_buckets(edges))
+
     # --- MetricSource -------------------------------------------------------------------
 
     def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, ObservationResult]:
         """Observe `models` as of `now_s` (unix seconds; every query is evaluated there).
 
         Returns one entry per requested model: an `Observation`, or a `NoDataError` when
-        its demand signal is missing or not finite. Raises `SourceError` when any query
-        cannot be read (the tick then has no trustworthy data at all). Series of models
-        not in `models` are ignored.
+        its demand signal is missing or not finite, its engine targets are all down, or
+        its data is stale (module docstring). Raises `SourceError` when any query cannot
+        be read (the tick then has no trustworthy data at all). Series of models not in
+        `models` are ignored.
         """
         if not math.isfinite(now_s):
             raise ValueError(f"now_s must be finite, got {now_s}")
@@ -204,94 +255,144 @@ class PrometheusSource:
         wanted = {m.name: m for m in models}
         if not wanted:
             return {}
+        self._follow_slas(models)
         label = self.model_label
         tagged: dict[str, SignalTable] = {}
-        hist: dict[str, dict[str, Buckets]] = {}
+        edges: dict[str, dict[str, Buckets]] = {}
         # Each answer is parsed as soon as it arrives (and dropped): a malformed one stops
         # the tick before the next query, and only one decoded answer is alive at a time.
         for name, query in self.queries.items():
             raw = self._query(query, now_s)
-            if name.endswith("_buckets"):
-                hist[name] = _parse_buckets(raw, query, label)
+            if name == "sla_buckets":
+                edges = _parse_edge_buckets(raw, query, label)
             else:
                 tagged[name] = _parse_tagged(raw, query, label)
             del raw
-        t = _Tables(
-            demand=tagged["demand"],
-            state=tagged["state"],
-            rates=tagged["rates"],
-            means=tagged["token_means"],
-            hist=hist,
-        )
+        t = _Tables(tagged, edges)
         out: dict[str, ObservationResult] = {}
         for name, mq in wanted.items():
-            raw_arrival = t.arrival.get(name)
-            arrival = finite_or_none(raw_arrival)
-            if arrival is None:
-                detail = "absent from the answer" if raw_arrival is None else f"{raw_arrival}"
-                out[name] = NoDataError(name, DEMAND_SIGNAL, detail)
-                continue
-            out[name] = self._observation(mq, now_s, max(0.0, arrival), t)
+            out[name] = self._outcome(mq, now_s, t)
         return out
 
-    def _observation(
-        self, mq: ModelQuery, now_s: float, arrival_rps: float, t: _Tables
-    ) -> Observation:
+    def _outcome(self, mq: ModelQuery, now_s: float, t: _Tables) -> ObservationResult:
+        """One model's Observation, or the NoDataError that says why there is none."""
         name = mq.name
-
-        def quantile(buckets: Buckets | None, q: float, scale: float = 1.0) -> float | None:
-            value = finite_or_none(histogram_quantile(q, buckets or []))
-            return None if value is None else value * scale
-
-        def attainment(buckets: Buckets | None, sla_s: float | None) -> float | None:
-            if sla_s is None or not buckets:
-                return None
-            return finite_or_none(fraction_le(sla_s, buckets))
-
-        gauge_ts = finite_or_none(t.gauge_ts.get(name))
-        counter_ts = finite_or_none(t.counter_ts.get(name))
-        newest = max(
-            -math.inf if gauge_ts is None else gauge_ts,
-            -math.inf if counter_ts is None else counter_ts,
-        )
-        # The demand answer needs counter samples inside the window, so the window is a
-        # safe upper bound on their age when no timestamp came back.
-        staleness_s = max(0.0, now_s - newest) if newest != -math.inf else self.window_s
-        ready = finite_or_none(t.ready.get(name))
-        extra: dict[str, float] = {}
-        completions = finite_or_none(t.completions.get(name))
-        if completions is not None:
-            extra["completions_rps"] = completions
-        ttft = t.ttft.get(name)
-        itl = t.itl.get(name)
-        return Observation(
-            model=name,
-            observed_at_s=now_s,
-            arrival_rate_rps=arrival_rps,
-            arrival_rate_short_rps=_non_negative(finite_or_none(t.arrival_short.get(name))),
-            staleness_s=staleness_s,
-            prompt_tokens_mean=finite_or_none(t.prompt_mean.get(name)),
-            prompt_tokens_p95=quantile(t.prompt.get(name), 0.95),
-            output_tokens_mean=finite_or_none(t.output_mean.get(name)),
-            output_tokens_p95=quantile(t.output.get(name), 0.95),
-            itl_p95_ms=quantile(itl, 0.95, 1000.0),
-            ttft_p95_ms=quantile(ttft, 0.95, 1000.0),
-            e2e_p99_ms=quantile(t.e2e.get(name), 0.99, 1000.0),
-            queue_time_p95_ms=quantile(t.queue.get(name), 0.95, 1000.0),
-            ttft_attainment_frac=attainment(ttft, mq.ttft_sla_s),
-            itl_attainment_frac=attainment(itl, mq.itl_sla_s),
-            running=finite_or_none(t.running.get(name)),
-            waiting=finite_or_none(t.waiting.get(name)),
-            kv_usage_frac=finite_or_none(t.kv_usage.get(name)),
-            prefix_cache_hit_frac=finite_or_none(t.prefix_hit.get(name)),
-            preemption_rate_per_s=finite_or_none(t.preemptions.get(name)),
-            ready_replicas=None if ready is None else round(ready),
-            extra=extra,
-        )
+        raw_arrival = t.arrival.get(name)
+        arrival = finite_or_none(raw_arrival)
+        if arrival is None:
+            detail = "absent from the answer" if raw_arrival is None else f"{raw_arrival}"
+            return NoDataError(name, DEMAND_SIGNAL, detail)
+        up = _count(t.targets_up, name)
+        known = _count(t.targets_known, name)
+        if known and not up:
+            detail = f"every engine scrape target is down or gone (0 of {known} up)"
+            return NoDataError(name, TARGETS_SIGNAL, detail)
+        gauge_ts = _finite(t.gauge_ts, name)
+        counter_ts = _finite(t.counter_ts, name)
+        stamps = [ts for ts in (gauge_ts, counter_ts) if ts is not None]
+        if not stamps:
+            detail = "no current sample: every engine series is stale (targets down or gone)"
+            return NoDataError(name, STALENESS_SIGNAL, detail)
+        staleness_s = max(0.0, now_s - max(stamps))
+        if staleness_s > self.max_staleness_s:
+            detail = f"newest sample {staleness_s:.1f} s old (limit {self.max_staleness_s:g} s)"
+            return NoDataError(name, STALENESS_SIGNAL, detail)
+        return _observation(mq, now_s, max(0.0, arrival), staleness_s, t, up, known)
 
 
-def _non_negative(value: float | None) -> float | None:
-    return None if value is None else max(0.0, value)
+def _finite(col: Mapping[str, float], name: str) -> float | None:
+    """`col[name]` when present and finite, else None (`v - v` is NaN for NaN and +-Inf).
+    The answers hold floats only (`_parse_tagged`)."""
+    v = col.get(name)
+    return v if v is not None and v - v == 0.0 else None
+
+
+def _ms(col: Mapping[str, float], name: str) -> float | None:
+    v = col.get(name)
+    return v * 1000.0 if v is not None and v - v == 0.0 else None
+
+
+def _non_negative(col: Mapping[str, float], name: str) -> float | None:
+    v = col.get(name)
+    return (v if v > 0.0 else 0.0) if v is not None and v - v == 0.0 else None
+
+
+def _count(col: Mapping[str, float], name: str) -> int | None:
+    v = col.get(name)
+    return round(v) if v is not None and v - v == 0.0 else None
+
+
+def _dist(cols: tuple[Mapping[str, float], ...], name: str) -> LatencyQuantiles | None:
+    """p50/p90/p95/p99 of one histogram (columns in `DIST_QUANTILES` order), ms."""
+    c50, c90, c95, c99 = cols
+    p50, p90, p95, p99 = _ms(c50, name), _ms(c90, name), _ms(c95, name), _ms(c99, name)
+    if p50 is None and p90 is None and p95 is None and p99 is None:
+        return None
+    return LatencyQuantiles(p50, p90, p95, p99)
+
+
+def _attainment(by_model: Mapping[str, Buckets], name: str, sla_s: float | None) -> float | None:
+    buckets = by_model.get(name)
+    if sla_s is None or not buckets:
+        return None
+    return finite_or_none(fraction_le(sla_s, buckets))
+
+
+def _observation(
+    mq: ModelQuery,
+    now_s: float,
+    arrival_rps: float,
+    staleness_s: float,
+    t: _Tables,
+    up: int | None,
+    known: int | None,
+) -> Observation:
+    """One model's Observation from the tick's tables (every lookup a plain dict get:
+    this runs once per model per tick)."""
+    name = mq.name
+    ttft, itl, e2e = _dist(t.ttft_dist, name), _dist(t.itl_dist, name), _dist(t.e2e_dist, name)
+    extra: dict[str, float] = {}
+    completions = _finite(t.completions, name)
+    if completions is not None:
+        extra["completions_rps"] = completions
+    return Observation(
+        model=name,
+        observed_at_s=now_s,
+        arrival_rate_rps=arrival_rps,
+        arrival_rate_short_rps=_non_negative(t.arrival_short, name),
+        staleness_s=staleness_s,
+        prompt_tokens_mean=_finite(t.prompt_mean, name),
+        prompt_tokens_p95=_finite(t.prompt_p95, name),
+        output_tokens_mean=_finite(t.output_mean, name),
+        output_tokens_p95=_finite(t.output_p95, name),
+        itl_p95_ms=None if itl is None else itl.p95_ms,
+        ttft_p95_ms=None if ttft is None else ttft.p95_ms,
+        e2e_p99_ms=None if e2e is None else e2e.p99_ms,
+        queue_time_p95_ms=_ms(t.queue_p95, name),
+        ttft_attainment_frac=_attainment(t.ttft_edges, name, mq.ttft_sla_s),
+        itl_attainment_frac=_attainment(t.itl_edges, name, mq.itl_sla_s),
+        running=_finite(t.running, name),
+        waiting=_finite(t.waiting, name),
+        kv_usage_frac=_finite(t.kv_usage, name),
+        prefix_cache_hit_frac=_finite(t.prefix_hit, name),
+        preemption_rate_per_s=_finite(t.preemptions, name),
+        ready_replicas=_count(t.ready, name),
+        arrival_rate_5m_rps=_non_negative(t.arrival_seed, name),
+        decode_time_p95_ms=_ms(t.decode_p95, name),
+        decode_time_mean_ms=_ms(t.decode_mean, name),
+        prefill_time_mean_ms=_ms(t.prefill_mean, name),
+        tpot_p95_ms=_ms(t.tpot_p95, name),
+        tpot_attainment_frac=_attainment(t.tpot_edges, name, mq.itl_sla_s),
+        itl_mean_ms=_ms(t.itl_mean, name),
+        ttft_mean_ms=_ms(t.ttft_mean, name),
+        step_tokens_mean=_finite(t.step_tokens_mean, name),
+        ttft_dist=ttft,
+        itl_dist=itl,
+        e2e_dist=e2e,
+        targets_up=up,
+        targets_down=None if known is None or up is None else max(0, known - up),
+        extra=extra,
+    )
 
 
 # --- answer parsing ---------------------------------------------------------------------
@@ -307,65 +408,56 @@ _LE_CACHE_MAX = 4096  # distinct `le` strings are few (tens); bound it anyway
 
 
 class _Tables:
-    """Every answer of one tick, indexed once per tick for per-model lookups.
+    """Every answer of one tick, as one column (model -> value) per signal, looked up
+    once per tick; `_observation` then only does plain dict gets per model.
 
     Signal names are plain strings here: a dict lookup by a `StrEnum` member hashes
     through `Enum.__hash__` (a Python call), three times slower than by its value.
     """
 
-    __slots__ = (
-        "arrival",
-        "arrival_short",
-        "completions",
-        "counter_ts",
-        "e2e",
-        "gauge_ts",
-        "itl",
-        "kv_usage",
-        "output",
-        "output_mean",
-        "preemptions",
-        "prefix_hit",
-        "prompt",
-        "prompt_mean",
-        "queue",
-        "ready",
-        "running",
-        "ttft",
-        "waiting",
-    )
+    def __init__(self, tagged: Mapping[str, SignalTable], edges: dict[str, dict[str, Buckets]]):
+        demand = tagged.get("demand", {})
+        state = tagged.get("state", {})
+        rates = tagged.get("rates", {})
+        q = tagged.get("quantiles", {})
 
-    def __init__(
-        self,
-        *,
-        demand: SignalTable,
-        state: SignalTable,
-        rates: SignalTable,
-        means: SignalTable,
-        hist: Mapping[str, Mapping[str, Buckets]],
-    ) -> None:
-        def col(table: SignalTable, signal: Signal) -> Mapping[str, float]:
-            return table.get(signal.value, _EMPTY)
+        def col(table: SignalTable, signal: str) -> Mapping[str, float]:
+            return table.get(signal, _EMPTY)
 
-        self.arrival = col(demand, Signal.ARRIVAL_RPS)
-        self.arrival_short = col(demand, Signal.ARRIVAL_SHORT_RPS)
-        self.completions = col(demand, Signal.COMPLETIONS_RPS)
-        self.running = col(state, Signal.RUNNING)
-        self.waiting = col(state, Signal.WAITING)
-        self.kv_usage = col(state, Signal.KV_USAGE_FRAC)
-        self.ready = col(state, Signal.READY_REPLICAS)
-        self.gauge_ts = col(state, Signal.GAUGE_SAMPLE_TS)
-        self.counter_ts = col(state, Signal.COUNTER_SAMPLE_TS)
-        self.prefix_hit = col(rates, Signal.PREFIX_CACHE_HIT_FRAC)
-        self.preemptions = col(rates, Signal.PREEMPTION_RATE_PER_S)
-        self.prompt_mean = col(means, Signal.PROMPT_TOKENS_MEAN)
-        self.output_mean = col(means, Signal.OUTPUT_TOKENS_MEAN)
-        self.ttft = hist.get("ttft_buckets", _EMPTY)
-        self.itl = hist.get("itl_buckets", _EMPTY)
-        self.e2e = hist.get("e2e_buckets", _EMPTY)
-        self.queue = hist.get("queue_buckets", _EMPTY)
-        self.prompt = hist.get("prompt_tokens_buckets", _EMPTY)
-        self.output = hist.get("output_tokens_buckets", _EMPTY)
+        self.arrival = col(demand, Signal.ARRIVAL_RPS.value)
+        self.arrival_short = col(demand, Signal.ARRIVAL_SHORT_RPS.value)
+        self.arrival_seed = col(demand, Signal.ARRIVAL_SEED_RPS.value)
+        self.completions = col(demand, Signal.COMPLETIONS_RPS.value)
+        self.running = col(state, Signal.RUNNING.value)
+        self.waiting = col(state, Signal.WAITING.value)
+        self.kv_usage = col(state, Signal.KV_USAGE_FRAC.value)
+        self.ready = col(state, Signal.READY_REPLICAS.value)
+        self.gauge_ts = col(state, Signal.GAUGE_SAMPLE_TS.value)
+        self.counter_ts = col(state, Signal.COUNTER_SAMPLE_TS.value)
+        self.targets_up = col(state, Signal.TARGETS_UP.value)
+        self.targets_known = col(state, Signal.TARGETS_KNOWN.value)
+        self.prefix_hit = col(rates, Signal.PREFIX_CACHE_HIT_FRAC.value)
+        self.preemptions = col(rates, Signal.PREEMPTION_RATE_PER_S.value)
+        self.prompt_mean = col(rates, Signal.PROMPT_TOKENS_MEAN.value)
+        self.output_mean = col(rates, Signal.OUTPUT_TOKENS_MEAN.value)
+        self.ttft_mean = col(rates, Signal.TTFT_MEAN_S.value)
+        self.itl_mean = col(rates, Signal.ITL_MEAN_S.value)
+        self.decode_mean = col(rates, Signal.DECODE_TIME_MEAN_S.value)
+        self.prefill_mean = col(rates, Signal.PREFILL_TIME_MEAN_S.value)
+        self.step_tokens_mean = col(rates, Signal.STEP_TOKENS_MEAN.value)
+        dist = {h: tuple(col(q, quantile_signal(h, p)) for p in DIST_QUANTILES) for h in _DISTS}
+        self.ttft_dist, self.itl_dist, self.e2e_dist = dist["ttft"], dist["itl"], dist["e2e"]
+        self.queue_p95 = col(q, quantile_signal("queue", 0.95))
+        self.decode_p95 = col(q, quantile_signal("decode", 0.95))
+        self.tpot_p95 = col(q, quantile_signal("tpot", 0.95))
+        self.prompt_p95 = col(q, quantile_signal("prompt_tokens", 0.95))
+        self.output_p95 = col(q, quantile_signal("output_tokens", 0.95))
+        self.ttft_edges = edges.get("ttft", _EMPTY)
+        self.itl_edges = edges.get("itl", _EMPTY)
+        self.tpot_edges = edges.get("tpot", _EMPTY)
+
+
+_DISTS = ("ttft", "itl", "e2e")
 
 
 def _not_a_vector(raw: Any, query: str) -> SourceError:
@@ -381,16 +473,10 @@ def _malformed(item: Any, exc: Exception, query: str) -> SourceError:
     )
 
 
-def _label(metric: dict[Any, Any], name: str) -> str | None:
-    value = metric.get(name)
-    return value if value is None or value.__class__ is str else str(value)
-
-
-# The two parsers below validate every sample the same way, inline (they run once per
-# series: 124 series per model per tick). A sample is malformed (SourceError naming the
-# query) unless it is {"metric": {labels}, "value": [timestamp, number or string]} and
-# the value parses as a float; "NaN", "+Inf" and "-Inf" come back as such (the caller
-# decides what non-finite means).
+# The two parsers below validate every sample the same way. A sample is malformed
+# (SourceError naming the query) unless it is {"metric": {labels}, "value": [timestamp,
+# number or string]} and the value parses as a float; "NaN", "+Inf" and "-Inf" come back
+# as such (the caller decides what non-finite means).
 
 
 def _sample(item: Any, query: str) -> tuple[dict[str, str], float]:
@@ -409,24 +495,40 @@ def _sample(item: Any, query: str) -> tuple[dict[str, str], float]:
 def _parse_tagged(raw: Any, query: str, model_label: str) -> SignalTable:
     """Validate a query API `data.result` as an instant vector and index a tagged
     (multi-signal) answer: signal -> model -> value. Series without both labels are
-    skipped."""
+    skipped. Validation as `_sample`, inlined: this runs once per series (about 40 per
+    model per tick)."""
     if not isinstance(raw, list):
         raise _not_a_vector(raw, query)
     table: SignalTable = {}
     for item in raw:
-        metric, value = _sample(item, query)
-        model, signal = _label(metric, model_label), _label(metric, SIGNAL_LABEL)
-        if model is not None and signal is not None:
-            column = table.get(signal)
-            if column is None:
-                column = table[signal] = {}
-            column[model] = value
+        try:
+            metric = item["metric"]
+            _ts, value = item["value"]
+            if (metric.__class__ is not dict or value.__class__ is not str) and (
+                not isinstance(metric, dict) or not isinstance(value, _NUMBER)
+            ):
+                raise TypeError("metric must be an object and value a number")
+            value = float(value)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(item, exc, query) from exc
+        model = metric.get(model_label)
+        signal = metric.get(SIGNAL_LABEL)
+        if model is None or signal is None:
+            continue
+        if model.__class__ is not str:
+            model = str(model)
+        if signal.__class__ is not str:
+            signal = str(signal)
+        column = table.get(signal)
+        if column is None:
+            column = table[signal] = {}
+        column[model] = value
     return table
 
 
 def _le_bound(le: str) -> float | None:
-    """The `le` label as a float bound; None when it does not parse or is NaN.
-    Memoized: a tick parses ~20 distinct `le` strings 100,000 times at 1,000 models."""
+    """The `le` label as a float bound; None when it does not parse or is NaN (memoized:
+    the distinct `le` strings of a fleet are few)."""
     bound = _LE_CACHE.get(le, _LE_CACHE)
     if bound is not _LE_CACHE:
         return bound  # type: ignore[return-value]
@@ -441,49 +543,51 @@ def _le_bound(le: str) -> float | None:
     return parsed
 
 
-def _parse_buckets(raw: Any, query: str, model_label: str) -> dict[str, Buckets]:
-    """Validate a bucket-rate answer (as `_parse_tagged`) and index it: model ->
-    cumulative buckets (bound, rate) sorted by bound, PromQL-style cleaned.
+def _parse_edge_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str, Buckets]]:
+    """Validate a tagged bucket-rate answer (as `_parse_tagged`) and index it: histogram
+    tag -> model -> cumulative buckets (bound, rate) sorted by bound, PromQL-style cleaned.
 
     Buckets with the same bound are summed; counts are made monotonic (running maximum,
-    as PromQL does against float noise in rates). A model with any non-finite bucket
-    gets no buckets at all (no data, not a wrong quantile).
+    as PromQL does against float noise in rates). A model with any non-finite bucket of
+    a histogram gets no buckets of it at all (no data, not a wrong attainment). Series
+    without the model label, the tag or a numeric `le` are skipped.
     """
     if not isinstance(raw, list):
         raise _not_a_vector(raw, query)
-    by_model: dict[str, dict[float, float]] = {}
-    cached = _LE_CACHE.get
+    acc: dict[str, dict[str, dict[float, float]]] = {}
     for item in raw:
         metric, value = _sample(item, query)
-        model = metric.get(model_label)
-        le = metric.get("le")
-        if model is None or le is None:
+        model, hist, le = metric.get(model_label), metric.get(SIGNAL_LABEL), metric.get("le")
+        if model is None or hist is None or le is None:
+            continue
+        bound = _LE_CACHE.get(le, _LE_CACHE) if le.__class__ is str else _LE_CACHE
+        if bound is _LE_CACHE:
+            bound = _le_bound(str(le))
+        if bound is None:
             continue
         if model.__class__ is not str:
             model = str(model)
-        if le.__class__ is not str:
-            le = str(le)
-        bound = cached(le, _LE_CACHE)
-        if bound is _LE_CACHE:
-            bound = _le_bound(le)
-        if bound is None:
-            continue
+        if hist.__class__ is not str:
+            hist = str(hist)
+        by_model = acc.get(hist)
+        if by_model is None:
+            by_model = acc[hist] = {}
         by_bound = by_model.get(model)
         if by_bound is None:
             by_bound = by_model[model] = {}
         by_bound[bound] = by_bound.get(bound, 0.0) + value
-    out: dict[str, Buckets] = {}
-    isfinite = math.isfinite
-    for model, by_bound in by_model.items():
-        buckets: Buckets = []
-        running_max = 0.0
-        for bound in sorted(by_bound):
-            count = by_bound[bound]
-            if not isfinite(count):
-                break
-            if count > running_max:
-                running_max = count
-            buckets.append((bound, running_max))
-        else:
-            out[model] = buckets
+    out: dict[str, dict[str, Buckets]] = {}
+    for hist, by_model in acc.items():
+        column = out[hist] = {}
+        for model, by_bound in by_model.items():
+            buckets: Buckets = []
+            running_max = 0.0
+            for bound in sorted(by_bound):
+                count = by_bound[bound]
+                if not math.isfinite(count):
+                    break
+                running_max = max(running_max, count)
+                buckets.append((bound, running_max))
+            else:
+                column[model] = buckets
     return out

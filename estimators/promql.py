@@ -1,12 +1,19 @@
-"""PromQL templates for the vLLM signals (ARCHITECTURE.md section 4).
+"""PromQL templates for the vLLM signals.
 
 This module owns the query text and nothing else: which metrics are read, how they are
 aggregated and which alternative metric names are accepted. `PrometheusSource`
 (estimators/prometheus.py) owns running the queries and interpreting the answers.
 
 Every query covers ALL models at once, grouped `by (<model label>)`, so the number of
-queries per tick is constant in the number of models: `build_queries` returns ten
-(six histogram bucket rates, token means, demand, state gauges, counter rates).
+queries per tick is constant in the number of models: `build_queries` returns five
+(demand, state, counter rates and means, quantiles, SLA-edge buckets).
+
+Prometheus does the heavy lifting, so an answer carries a few numbers per model rather
+than every bucket of every histogram (issue 13 item 6: 124 series per model became about
+45): quantiles come from PromQL's own `histogram_quantile` over
+`sum by (<model label>, le)` of the bucket rates; for the exact attainment only the
+buckets at the SLA thresholds (and `+Inf`, the count) are fetched, selected by an `le`
+regex built from the thresholds in use (`le_regex`).
 
 Alternative names are joined with `or` *per series, before aggregation*: PromQL matches
 `or` operands on all labels except the metric name, so each engine contributes its
@@ -18,40 +25,50 @@ deprecated names and, unless `accept_escaped=False`, the same names with `:` esc
 `_` (`vllm_...`): prometheus_client 0.26 writes sample names that way in its OpenMetrics
 exposition, which a Prometheus 2.x scrape negotiates by default.
 
-Several scalar signals share one query: each part is tagged with the label
-`SIGNAL_LABEL` (`label_replace(v, "governor_signal", "running", "", "")`) and the parts
-are joined with `or`; the distinct tag keeps every part in the answer.
+Several signals share one query: each part is tagged with the label `SIGNAL_LABEL`
+(`label_replace(v, "governor_signal", "running", "", "")`) and the parts are joined
+with `or`; the distinct tag keeps every part in the answer.
 
 Units: windows are seconds (rendered as a PromQL duration, 60 -> `60s`, 2.5 -> `2500ms`);
-bucket queries return per-second rates of cumulative counts per (model, `le`), with
-`le` in the histogram's own unit (seconds or tokens).
+quantiles and means of latency histograms are in seconds, of token histograms in tokens;
+rates per second; the SLA-edge query returns per-second rates of cumulative counts per
+(model, `le`, histogram tag).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 
 DEFAULT_MODEL_LABEL = "model_name"
 DEFAULT_WINDOW_S = 60.0
+DEFAULT_SEED_WINDOW_S = 300.0
+"""The seed policy's arrival window (5 minutes), seconds."""
 SIGNAL_LABEL = "governor_signal"
 """Label that tells the parts of a multi-signal query apart."""
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
-# Histogram base names, current name first, then deprecated ones (ARCHITECTURE.md s. 4).
+# Histogram base names (vLLM V1, labels model_name and engine), current name first, then
+# deprecated ones.
 TTFT_METRICS: tuple[str, ...] = ("vllm:time_to_first_token_seconds",)
 ITL_METRICS: tuple[str, ...] = (
     "vllm:inter_token_latency_seconds",
     "vllm:time_per_output_token_seconds",  # before vLLM 0.11
 )
+TPOT_METRICS: tuple[str, ...] = ("vllm:request_time_per_output_token_seconds",)
+"""Per-request mean time per output token (one observation per finished request)."""
 E2E_METRICS: tuple[str, ...] = ("vllm:e2e_request_latency_seconds",)
 QUEUE_METRICS: tuple[str, ...] = ("vllm:request_queue_time_seconds",)
+DECODE_METRICS: tuple[str, ...] = ("vllm:request_decode_time_seconds",)
+PREFILL_METRICS: tuple[str, ...] = ("vllm:request_prefill_time_seconds",)
 PROMPT_TOKENS_METRICS: tuple[str, ...] = ("vllm:request_prompt_tokens",)
 OUTPUT_TOKENS_METRICS: tuple[str, ...] = ("vllm:request_generation_tokens",)
+STEP_TOKENS_METRICS: tuple[str, ...] = ("vllm:iteration_tokens_total",)
+"""Tokens scheduled per engine step: a histogram whose base name ends in `_total`."""
 
 # Gauges and counters (counters with the `_total` suffix Prometheus shows).
 RUNNING_METRICS: tuple[str, ...] = ("vllm:num_requests_running",)
@@ -73,21 +90,68 @@ PREFIX_QUERIES_METRICS: tuple[str, ...] = (
 
 
 class Signal(StrEnum):
-    """Values of `SIGNAL_LABEL` in the multi-signal queries (units in the names)."""
+    """Values of `SIGNAL_LABEL` in the multi-signal queries (units in the names).
+
+    Quantile tags are not members: they are `quantile_signal(hist, q)`, e.g. `ttft_p95`.
+    """
 
     ARRIVAL_RPS = "arrival_rps"
     ARRIVAL_SHORT_RPS = "arrival_short_rps"
+    ARRIVAL_SEED_RPS = "arrival_seed_rps"
     COMPLETIONS_RPS = "completions_rps"
     PROMPT_TOKENS_MEAN = "prompt_tokens_mean"
     OUTPUT_TOKENS_MEAN = "output_tokens_mean"
+    TTFT_MEAN_S = "ttft_mean_s"
+    ITL_MEAN_S = "itl_mean_s"
+    DECODE_TIME_MEAN_S = "decode_time_mean_s"
+    PREFILL_TIME_MEAN_S = "prefill_time_mean_s"
+    STEP_TOKENS_MEAN = "step_tokens_mean"
     RUNNING = "running"
     WAITING = "waiting"
     KV_USAGE_FRAC = "kv_usage_frac"
     READY_REPLICAS = "ready_replicas"
     GAUGE_SAMPLE_TS = "gauge_sample_ts"
     COUNTER_SAMPLE_TS = "counter_sample_ts"
+    TARGETS_UP = "targets_up"
+    TARGETS_KNOWN = "targets_known"
     PREFIX_CACHE_HIT_FRAC = "prefix_cache_hit_frac"
     PREEMPTION_RATE_PER_S = "preemption_rate_per_s"
+
+
+# Histograms whose quantiles one tick reads: (tag, names, quantiles). A distribution
+# (p50/p90/p95/p99) for TTFT, ITL and e2e; p95 for the rest.
+DIST_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.95, 0.99)
+QUANTILES: tuple[tuple[str, tuple[str, ...], tuple[float, ...]], ...] = (
+    ("ttft", TTFT_METRICS, DIST_QUANTILES),
+    ("itl", ITL_METRICS, DIST_QUANTILES),
+    ("e2e", E2E_METRICS, DIST_QUANTILES),
+    ("queue", QUEUE_METRICS, (0.95,)),
+    ("decode", DECODE_METRICS, (0.95,)),
+    ("tpot", TPOT_METRICS, (0.95,)),
+    ("prompt_tokens", PROMPT_TOKENS_METRICS, (0.95,)),
+    ("output_tokens", OUTPUT_TOKENS_METRICS, (0.95,)),
+)
+# Means `rate(_sum) / rate(_count)`: (tag, histogram names).
+MEANS: tuple[tuple[Signal, tuple[str, ...]], ...] = (
+    (Signal.PROMPT_TOKENS_MEAN, PROMPT_TOKENS_METRICS),
+    (Signal.OUTPUT_TOKENS_MEAN, OUTPUT_TOKENS_METRICS),
+    (Signal.TTFT_MEAN_S, TTFT_METRICS),
+    (Signal.ITL_MEAN_S, ITL_METRICS),
+    (Signal.DECODE_TIME_MEAN_S, DECODE_METRICS),
+    (Signal.PREFILL_TIME_MEAN_S, PREFILL_METRICS),
+    (Signal.STEP_TOKENS_MEAN, STEP_TOKENS_METRICS),
+)
+# Histograms read at the SLA thresholds for exact attainment: (tag, names).
+EDGE_HISTOGRAMS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ttft", TTFT_METRICS),
+    ("itl", ITL_METRICS),
+    ("tpot", TPOT_METRICS),
+)
+
+
+def quantile_signal(hist: str, q: float) -> str:
+    """The tag of the q-quantile of histogram `hist`: ("ttft", 0.95) -> `ttft_p95`."""
+    return f"{hist}_p{round(q * 100):d}"
 
 
 def promql_duration(seconds: float) -> str:
@@ -108,9 +172,35 @@ def check_label_name(label: str) -> str:
     return label
 
 
-def _tag(expr: str, signal: Signal) -> str:
+def le_spellings(bound: float) -> list[str]:
+    """The ways an exporter writes bucket bound `bound` in the `le` label.
+
+    Python's prometheus_client writes `0.05`, `1.0`, `2560.0`; Go's client `1`, `2560`;
+    either may use an exponent (`1e-05`). Example: 1.0 -> ["1.0", "1"].
+    """
+    out = [repr(float(bound)), f"{bound:g}"]
+    if float(bound).is_integer():
+        out += [f"{int(bound)}", f"{int(bound)}.0"]
+    return list(dict.fromkeys(out))
+
+
+def le_regex(bounds: Iterable[float]) -> str:
+    """An RE2 alternation matching the `le` label of each bound and of `+Inf`.
+
+    Bounds that are not finite and > 0 are skipped (no SLA threshold is). Example:
+    (0.05, 1.0) -> `0\\.05|1\\.0|1|\\+Inf` (each spelling of each bound, then `+Inf`).
+    """
+    parts: list[str] = []
+    for b in sorted(set(bounds)):
+        if math.isfinite(b) and b > 0:
+            parts += [re.escape(s) for s in le_spellings(b)]
+    parts.append(re.escape("+Inf"))
+    return "|".join(dict.fromkeys(parts))
+
+
+def _tag(expr: str, signal: str) -> str:
     """Tag every series of `expr` with `SIGNAL_LABEL="<signal>"`."""
-    return f'label_replace({expr}, "{SIGNAL_LABEL}", "{signal.value}", "", "")'
+    return f'label_replace({expr}, "{SIGNAL_LABEL}", "{signal}", "", "")'
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,17 +213,30 @@ class QueryBuilder:
     """Also accept `vllm_...` for every `vllm:...` name (see the module docstring)."""
     short_window_s: float | None = None
     """Also report the arrival rate over this shorter (panic) window, seconds."""
+    seed_window_s: float | None = DEFAULT_SEED_WINDOW_S
+    """Also report the arrival rate over this longer (seed policy) window, seconds."""
+    targets_lookback_s: float | None = None
+    """How long a scrape target that vanished still counts (as down), seconds; default
+    the longest window."""
 
     def __post_init__(self) -> None:
         check_label_name(self.model_label)
         promql_duration(self.window_s)
-        if self.short_window_s is not None:
-            promql_duration(self.short_window_s)
+        for w in (self.short_window_s, self.seed_window_s, self.targets_lookback_s):
+            if w is not None:
+                promql_duration(w)
 
     @property
     def window(self) -> str:
         """The window as a PromQL duration."""
         return promql_duration(self.window_s)
+
+    @property
+    def lookback(self) -> str:
+        """The targets' lookback as a PromQL duration."""
+        if self.targets_lookback_s is not None:
+            return promql_duration(self.targets_lookback_s)
+        return promql_duration(max(self.window_s, self.seed_window_s or 0.0))
 
     def names(self, metrics: Sequence[str], suffix: str = "") -> list[str]:
         """Every accepted spelling of `metrics` + `suffix`, preferred first."""
@@ -144,34 +247,54 @@ class QueryBuilder:
 
     def either(self, metrics: Sequence[str], fmt: str = "{name}", suffix: str = "") -> str:
         """`fmt` applied to every accepted name, joined with `or` (per-series fallback)."""
-        return " or ".join(fmt.format(name=n, w=self.window) for n in self.names(metrics, suffix))
+        return " or ".join(
+            fmt.format(name=n, w=self.window, lb=self.lookback) for n in self.names(metrics, suffix)
+        )
 
     def sum_rate(self, metrics: Sequence[str], suffix: str = "") -> str:
         """Per-model sum over engines of a counter's per-second rate."""
         inner = self.either(metrics, "rate({name}[{w}])", suffix)
         return f"sum by ({self.model_label}) ({inner})"
 
-    def buckets(self, metrics: Sequence[str]) -> str:
-        """Per-second rate of a histogram's cumulative buckets per model and `le`.
-
-        One answer serves both the quantile (interpolated like PromQL's
-        `histogram_quantile`) and the exact attainment `bucket(le=SLA) / count`.
-        """
-        inner = self.either(metrics, "rate({name}[{w}])", "_bucket")
+    def buckets(self, metrics: Sequence[str], le: str | None = None) -> str:
+        """Per-second rate of a histogram's cumulative buckets per model and `le`; with
+        `le` (an RE2 regex, see `le_regex`) only the matching buckets."""
+        sel = "" if le is None else f"{{{{le=~`{le}`}}}}"
+        inner = self.either(metrics, "rate({name}" + sel + "[{w}])", "_bucket")
         return f"sum by ({self.model_label}, le) ({inner})"
 
-    def token_means(self) -> str:
-        """Mean prompt and output length (tokens per request) over the window, both at once.
-
-        `rate(_sum) / rate(_count)`; no requests in the window gives NaN (0/0): no data.
-        """
+    def quantiles(self) -> str:
+        """Every quantile of `QUANTILES`, computed by PromQL's `histogram_quantile` over
+        the per-model bucket rates; tagged `quantile_signal(hist, q)`. Seconds for latency
+        histograms, tokens for token ones; NaN (no requests in the window) is no data."""
         parts = []
-        for metrics, signal in (
-            (PROMPT_TOKENS_METRICS, Signal.PROMPT_TOKENS_MEAN),
-            (OUTPUT_TOKENS_METRICS, Signal.OUTPUT_TOKENS_MEAN),
-        ):
-            mean = f"{self.sum_rate(metrics, '_sum')} / {self.sum_rate(metrics, '_count')}"
-            parts.append(_tag(mean, signal))
+        for hist, metrics, qs in QUANTILES:
+            grouped = self.buckets(metrics)
+            parts += [_tag(f"histogram_quantile({q:g}, {grouped})", quantile_signal(hist, q))
+                      for q in qs]  # fmt: skip
+        return " or ".join(parts)
+
+    def edge_buckets(self, edges: dict[str, Iterable[float]]) -> str:
+        """Bucket rates at the SLA thresholds only: for each histogram tag of
+        `EDGE_HISTOGRAMS`, the buckets whose bound is one of `edges[tag]` (seconds), and
+        the `+Inf` bucket (the count), tagged with the histogram's tag. The exact
+        attainment of a threshold on a bucket edge is `bucket(le=SLA) / bucket(+Inf)`."""
+        return " or ".join(
+            _tag(self.buckets(metrics, le_regex(edges.get(hist, ()))), hist)
+            for hist, metrics in EDGE_HISTOGRAMS
+        )
+
+    def means_and_rates(self) -> str:
+        """Means `rate(_sum) / rate(_count)` of `MEANS` (no requests in the window gives
+        NaN: no data), the prefix-cache hit fraction (hit tokens / queried tokens) and
+        preemptions per second (sums over engines)."""
+        parts = [
+            _tag(f"{self.sum_rate(m, '_sum')} / {self.sum_rate(m, '_count')}", signal.value)
+            for signal, m in MEANS
+        ]
+        hit = f"{self.sum_rate(PREFIX_HITS_METRICS)} / {self.sum_rate(PREFIX_QUERIES_METRICS)}"
+        parts.append(_tag(hit, Signal.PREFIX_CACHE_HIT_FRAC.value))
+        parts.append(_tag(self.sum_rate(PREEMPTIONS_METRICS), Signal.PREEMPTION_RATE_PER_S.value))
         return " or ".join(parts)
 
     def demand(self) -> str:
@@ -183,15 +306,19 @@ class QueryBuilder:
         2/s -> 32 req/s. `deriv` is linear, so the sum of per-engine slopes is the slope
         of the sum, and an engine appearing or vanishing does not read as a jump in
         demand. Where the gauges are missing the completion rate alone stands in (`or`).
+        The same expression over the short (panic) and the seed windows rides in the
+        same query when they are set.
         """
-        out = f"{_tag(self._arrival(self), Signal.ARRIVAL_RPS)} or " + _tag(
-            self.sum_rate(SUCCESS_METRICS), Signal.COMPLETIONS_RPS
+        out = f"{_tag(self._arrival(self), Signal.ARRIVAL_RPS.value)} or " + _tag(
+            self.sum_rate(SUCCESS_METRICS), Signal.COMPLETIONS_RPS.value
         )
-        if self.short_window_s is not None:
-            # The same expression over the panic window, in the same query (no extra
-            # round trip): a flash crowd shows here seconds before the long window.
-            short = replace(self, window_s=self.short_window_s, short_window_s=None)
-            out += f" or {_tag(self._arrival(short), Signal.ARRIVAL_SHORT_RPS)}"
+        for window, signal in (
+            (self.short_window_s, Signal.ARRIVAL_SHORT_RPS),
+            (self.seed_window_s, Signal.ARRIVAL_SEED_RPS),
+        ):
+            if window is not None:
+                other = replace(self, window_s=window, short_window_s=None, seed_window_s=None)
+                out += f" or {_tag(self._arrival(other), signal.value)}"
         return out
 
     @staticmethod
@@ -204,12 +331,28 @@ class QueryBuilder:
         )
         return f"(clamp_min({completions} + {growth}, 0) or {completions})"
 
+    def targets(self) -> str:
+        """Each engine scrape target of a model, valued 1 when up and 0 when down or
+        gone, labels (model, job, instance).
+
+        A target belongs to the models whose `vllm:num_requests_running` it exported
+        within the lookback (`last_over_time` skips the staleness markers a failed
+        scrape writes). Its health is `up`; a target that left service discovery has
+        no `up` any more and reads 0 for the lookback (`last_over_time(up) * 0`).
+        """
+        m = self.model_label
+        engines = f"group by ({m}, job, instance) ({self.either(RUNNING_METRICS, 'last_over_time({name}[{lb}])')})"  # noqa: E501
+        health = f"(up or last_over_time(up[{self.lookback}]) * 0)"
+        return f"({engines} * on (job, instance) group_left () {health})"
+
     def state(self) -> str:
         """Instant gauges per model: running and waiting (sums over engines, requests),
         KV usage (mean over engines, fraction, 1 = full), ready replicas (engines
-        reporting), and the newest gauge and counter sample times (unix seconds).
+        reporting), the newest gauge and counter sample times (unix seconds), and the
+        engine scrape targets up and known (up + down or gone, see `targets`).
         """
         m = self.model_label
+        targets = self.targets()
         parts = [
             _tag(f"sum by ({m}) ({self.either(RUNNING_METRICS)})", Signal.RUNNING),
             _tag(f"sum by ({m}) ({self.either(WAITING_METRICS)})", Signal.WAITING),
@@ -223,19 +366,10 @@ class QueryBuilder:
                 f"max by ({m}) ({self.either(SUCCESS_METRICS, 'timestamp({name})')})",
                 Signal.COUNTER_SAMPLE_TS,
             ),
+            _tag(f"sum by ({m}) {targets}", Signal.TARGETS_UP),
+            _tag(f"count by ({m}) {targets}", Signal.TARGETS_KNOWN),
         ]
         return " or ".join(parts)
-
-    def rates(self) -> str:
-        """Counter rates: prefix-cache hit fraction (hit tokens / queried tokens, NaN when
-        nothing was queried) and preemptions per second (sums over engines).
-        """
-        hit = f"{self.sum_rate(PREFIX_HITS_METRICS)} / {self.sum_rate(PREFIX_QUERIES_METRICS)}"
-        preempt = self.sum_rate(PREEMPTIONS_METRICS)
-        return (
-            f"{_tag(hit, Signal.PREFIX_CACHE_HIT_FRAC)} or "
-            f"{_tag(preempt, Signal.PREEMPTION_RATE_PER_S)}"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,13 +379,8 @@ class TickQueries:
     demand: str
     state: str
     rates: str
-    token_means: str
-    ttft_buckets: str
-    itl_buckets: str
-    e2e_buckets: str
-    queue_buckets: str
-    prompt_tokens_buckets: str
-    output_tokens_buckets: str
+    quantiles: str
+    sla_buckets: str
 
     def items(self) -> Iterator[tuple[str, str]]:
         """(name, query) pairs in a fixed order, demand first."""
@@ -265,19 +394,20 @@ def build_queries(
     *,
     accept_escaped: bool = True,
     short_window_s: float | None = None,
+    seed_window_s: float | None = DEFAULT_SEED_WINDOW_S,
+    targets_lookback_s: float | None = None,
+    edges: dict[str, Iterable[float]] | None = None,
 ) -> TickQueries:
     """All queries for one tick, grouped by `model_label`, rates over `window_s` seconds
-    (and the arrival rate also over `short_window_s`, when given)."""
-    b = QueryBuilder(model_label, window_s, accept_escaped, short_window_s)
+    (the arrival rate also over `short_window_s` and `seed_window_s`, when given); the
+    SLA-edge buckets at `edges` (histogram tag of `EDGE_HISTOGRAMS` -> thresholds, s)."""
+    b = QueryBuilder(
+        model_label, window_s, accept_escaped, short_window_s, seed_window_s, targets_lookback_s
+    )
     return TickQueries(
         demand=b.demand(),
         state=b.state(),
-        rates=b.rates(),
-        token_means=b.token_means(),
-        ttft_buckets=b.buckets(TTFT_METRICS),
-        itl_buckets=b.buckets(ITL_METRICS),
-        e2e_buckets=b.buckets(E2E_METRICS),
-        queue_buckets=b.buckets(QUEUE_METRICS),
-        prompt_tokens_buckets=b.buckets(PROMPT_TOKENS_METRICS),
-        output_tokens_buckets=b.buckets(OUTPUT_TOKENS_METRICS),
+        rates=b.means_and_rates(),
+        quantiles=b.quantiles(),
+        sla_buckets=b.edge_buckets(edges or {}),
     )

@@ -75,7 +75,11 @@ class Observation:
     arrival_rate_short_rps: float | None = None
     """Requests arriving per second over the short (panic) window, when known."""
     staleness_s: float = 0.0
-    """Age of the newest sample behind this observation, seconds."""
+    """Age of the newest sample behind this observation, seconds. A source returns
+    `NoDataError(model, "staleness")` instead of an Observation when it has no current
+    sample at all or this age exceeds its limit (`PrometheusSource(max_staleness_s=)`,
+    default the rate window): rates over a window keep decaying after the last scrape,
+    so old data is never passed on as a low demand."""
     prompt_tokens_mean: float | None = None
     prompt_tokens_p95: float | None = None
     output_tokens_mean: float | None = None
@@ -89,7 +93,9 @@ class Observation:
     itl_attainment_frac: float | None = None
     """Fraction of inter-token gaps <= SLA, exact from buckets (SLA on a bucket edge)."""
     running: float | None = None
+    """Requests running, summed over the engines reporting (None: no engine reports)."""
     waiting: float | None = None
+    """Requests waiting, summed over the engines reporting (None: no engine reports)."""
     kv_usage_frac: float | None = None
     prefix_cache_hit_frac: float | None = None
     preemption_rate_per_s: float | None = None
@@ -102,6 +108,7 @@ class Observation:
     decode_time_p95_ms: float | None = None
     """p95 of per-request decode time (`vllm:request_decode_time_seconds`), ms."""
     decode_time_mean_ms: float | None = None
+    """Mean per-request decode time (histogram sum / count), ms."""
     prefill_time_mean_ms: float | None = None
     """Mean per-request prefill time (`vllm:request_prefill_time_seconds`), ms."""
     tpot_p95_ms: float | None = None
@@ -109,16 +116,26 @@ class Observation:
     tpot_attainment_frac: float | None = None
     """Fraction of requests whose TPOT <= the ITL SLA, exact from buckets."""
     itl_mean_ms: float | None = None
+    """Mean inter-token latency over the window (histogram sum / count), ms."""
     ttft_mean_ms: float | None = None
+    """Mean time to first token over the window (histogram sum / count), ms."""
     step_tokens_mean: float | None = None
     """Mean tokens scheduled per engine step (`vllm:iteration_tokens_total`)."""
     ttft_dist: LatencyQuantiles | None = None
+    """p50/p90/p95/p99 of TTFT over the window (None: no quantile had data)."""
     itl_dist: LatencyQuantiles | None = None
+    """p50/p90/p95/p99 of the inter-token latency over the window."""
     e2e_dist: LatencyQuantiles | None = None
+    """p50/p90/p95/p99 of the end-to-end request latency over the window."""
     targets_up: int | None = None
-    """Engine scrape targets of this model with `up == 1` (None: unknown to the source)."""
+    """Engine scrape targets of this model with `up == 1` (None: unknown to the source).
+    Never 0 in an Observation from `PrometheusSource`: with every target down or gone it
+    returns `NoDataError(model, "targets_up")` (a dead fleet is not an idle fleet)."""
     targets_down: int | None = None
-    """Engine scrape targets of this model that are down (`up == 0`)."""
+    """Engine scrape targets of this model that are down (`up == 0`) or gone from service
+    discovery within the source's lookback (a deleted pod). While > 0 the rates and
+    gauges cover only the live engines (`running`/`waiting` of a dead engine are absent,
+    not 0): a decider must not read the lower demand as a reason to scale down."""
     extra: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

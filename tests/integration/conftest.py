@@ -45,6 +45,11 @@ A_E2E = (0.9,) * 50 + (1.8,) * 40 + (4.0,) * 8 + (12.0,) * 2  # p99 12.5 s
 A_QUEUE = (0.1,) * 90 + (0.4,) * 10  # p95 400 ms
 A_PROMPT = (150.0,) * 50 + (400.0,) * 45 + (1500.0,) * 5  # mean 330, p95 500
 A_OUTPUT = (30.0,) * 80 + (300.0,) * 20  # mean 84, p95 425
+# Per-request phases and TPOT (vLLM >= 0.9 / 0.11) and tokens per engine step.
+A_DECODE = (0.4,) * 50 + (0.9,) * 40 + (1.8,) * 10  # mean 740 ms, p95 1.5 + 0.5 * 5/10
+A_PREFILL = (0.05,) * 80 + (0.3,) * 20  # mean 100 ms
+A_TPOT = (0.02,) * 50 + (0.04,) * 40 + (0.06,) * 10  # p95 62.5 ms, <= 0.05 s: 0.9
+A_STEP_TOKENS = (64.0,) * 5 + (512.0,) * 5  # mean 288 tokens per step
 
 B_TTFT = (0.015,) * 19 + (1.5,)  # p95 20 ms
 B_ITL = (0.012,) * 50 + (0.03,) * 40 + (0.12,) * 10  # p95 125 ms, <=0.1 s: 0.9
@@ -52,6 +57,7 @@ B_E2E = (2.2,) * 99 + (30.0,)  # p99 2.5 s
 B_QUEUE = (0.05,) * 100  # p95 285 ms (first bucket, interpolated from 0)
 B_PROMPT = (800.0,) * 10 + (3000.0,) * 10  # mean 1900, p95 in +Inf bucket -> 2000
 B_OUTPUT = (5.0,) * 19 + (900.0,)  # mean 49.75, p95 5
+B_TPOT = (0.03,) * 19 + (0.2,)  # <= 0.1 s: 0.95
 
 LEGACY_ITL = (0.03,) * 100  # p95 48.75 ms
 
@@ -65,6 +71,10 @@ MODEL_A = ModelSpec(
     queue_s=A_QUEUE,
     prompt_tokens=A_PROMPT,
     output_tokens=A_OUTPUT,
+    decode_s=A_DECODE,
+    prefill_s=A_PREFILL,
+    tpot_s=A_TPOT,
+    step_tokens=A_STEP_TOKENS,
     prefix_hits_per_batch=30,
     prefix_queries_per_batch=40,  # hit fraction 0.75
     preemptions_per_batch=0.1,  # 2 per second over 2 engines
@@ -83,6 +93,7 @@ MODEL_B = ModelSpec(
     queue_s=B_QUEUE,
     prompt_tokens=B_PROMPT,
     output_tokens=B_OUTPUT,
+    tpot_s=B_TPOT,  # no decode/prefill/step histograms: those fields are None
     # no prefix-cache queries: the hit fraction is 0/0 = NaN in PromQL, i.e. no data
 )
 MODEL_DRAIN = ModelSpec(

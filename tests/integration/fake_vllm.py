@@ -40,7 +40,9 @@ from prometheus_client.utils import floatToGoString
 from estimators.histogram import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
+    PHASE_BUCKETS_S,
     QUEUE_BUCKETS_S,
+    TPOT_BUCKETS_S,
     TTFT_BUCKETS_S,
     histogram_quantile,
     token_buckets,
@@ -50,6 +52,8 @@ MAX_MODEL_LEN = 4096
 DECOY_ITL_S: tuple[float, ...] = (5.0,) * 10
 DECOY_KV_USAGE = 0.99
 TOKEN_BUCKETS: tuple[float, ...] = token_buckets(MAX_MODEL_LEN)
+STEP_TOKEN_BUCKETS: tuple[float, ...] = token_buckets(16384)
+"""`vllm:iteration_tokens_total`: 1-2-5 buckets up to max_num_batched_tokens (16,384)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,14 @@ class ModelSpec:
     queue_s: tuple[float, ...]
     prompt_tokens: tuple[float, ...]
     output_tokens: tuple[float, ...]
+    decode_s: tuple[float, ...] = ()
+    """Per-request decode times (`vllm:request_decode_time_seconds`); () = not exported."""
+    prefill_s: tuple[float, ...] = ()
+    """Per-request prefill times (`vllm:request_prefill_time_seconds`); () = not exported."""
+    tpot_s: tuple[float, ...] = ()
+    """Per-request TPOT (`vllm:request_time_per_output_token_seconds`); () = not exported."""
+    step_tokens: tuple[float, ...] = ()
+    """Tokens per engine step (`vllm:iteration_tokens_total`); () = not exported."""
     prefix_hits_per_batch: float = 0.0
     prefix_queries_per_batch: float = 0.0
     preemptions_per_batch: float = 0.0
@@ -189,6 +201,17 @@ class FakeVllmCollector(Collector):
             (named("vllm:request_prompt_tokens"), spec.prompt_tokens, TOKEN_BUCKETS),
             (named("vllm:request_generation_tokens"), spec.output_tokens, TOKEN_BUCKETS),
         ]
+        optional = [
+            (named("vllm:request_decode_time_seconds"), spec.decode_s, PHASE_BUCKETS_S),
+            (named("vllm:request_prefill_time_seconds"), spec.prefill_s, PHASE_BUCKETS_S),
+            (
+                named("vllm:request_time_per_output_token_seconds"),
+                spec.tpot_s,
+                TPOT_BUCKETS_S,
+            ),
+            (named("vllm:iteration_tokens_total"), spec.step_tokens, STEP_TOKEN_BUCKETS),
+        ]
+        histograms += [h for h in optional if h[1]]
         counters = [
             (
                 named("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),

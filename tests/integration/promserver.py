@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -93,6 +94,14 @@ class PrometheusServer:
         path = self.workdir / "prometheus.yml"
         path.write_text("\n".join(lines) + "\n")
         return path
+
+    def reload(self, targets: Mapping[str, Sequence[str]]) -> None:
+        """Scrape `targets` from now on (config rewritten, SIGHUP): targets left out
+        vanish from service discovery, as a deleted pod does."""
+        assert self.proc is not None, "start() first"
+        self.targets = targets
+        self._write_config()
+        self.proc.send_signal(signal.SIGHUP)
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of the server's log, for failure messages."""

@@ -33,20 +33,25 @@ MODELS = [ModelQuery(A, ttft_sla_s=0.1, itl_sla_s=0.05), ModelQuery(B)]
 # --- fake client -------------------------------------------------------------------------
 
 
-def tagged(model: str, signal: Signal, value: str | float) -> dict[str, Any]:
+def tagged(model: str, signal: Signal | str, value: str | float) -> dict[str, Any]:
     """One sample of a multi-signal answer."""
     return {
-        "metric": {"model_name": model, SIGNAL_LABEL: signal.value},
+        "metric": {"model_name": model, SIGNAL_LABEL: str(signal)},
         "value": [NOW, str(value)],
     }
 
 
-def buckets(model: str, pairs: list[tuple[str, str | float]]) -> list[dict[str, Any]]:
-    """A bucket-rate answer: (le, rate) pairs for one model."""
-    return [{"metric": {"model_name": model, "le": le}, "value": [NOW, str(v)]} for le, v in pairs]
+def buckets(
+    model: str, pairs: list[tuple[str, str | float]], hist: str = "itl"
+) -> list[dict[str, Any]]:
+    """An SLA-edge bucket answer: (le, rate) pairs of histogram `hist` for one model."""
+    return [
+        {"metric": {"model_name": model, "le": le, SIGNAL_LABEL: hist}, "value": [NOW, str(v)]}
+        for le, v in pairs
+    ]
 
 
-ITL_OK = [("0.025", 6.0), ("0.05", 9.0), ("0.075", 9.8), ("0.1", 10.0), ("+Inf", 10.0)]
+ITL_OK = [("0.05", 9.0), ("+Inf", 10.0)]  # the SLA edge (50 ms) and the count
 
 
 def healthy_answers() -> dict[str, Any]:
@@ -60,13 +65,16 @@ def healthy_answers() -> dict[str, Any]:
             tagged(m, Signal.READY_REPLICAS, 2),
             tagged(m, Signal.GAUGE_SAMPLE_TS, NOW - 1.5),
             tagged(m, Signal.COUNTER_SAMPLE_TS, NOW - 2.5),
+            tagged(m, Signal.TARGETS_UP, 2),
+            tagged(m, Signal.TARGETS_KNOWN, 3),
         ]
     return {
         "demand": [tagged(m, Signal.ARRIVAL_RPS, 12.5) for m in (A, B)]
         + [tagged(m, Signal.COMPLETIONS_RPS, 12.0) for m in (A, B)],
         "state": state,
         "rates": [tagged(m, Signal.PREFIX_CACHE_HIT_FRAC, 0.25) for m in (A, B)],
-        "itl_buckets": buckets(A, ITL_OK) + buckets(B, ITL_OK),
+        "quantiles": [tagged(m, "itl_p95", 0.065625) for m in (A, B)],
+        "sla_buckets": buckets(A, ITL_OK) + buckets(B, ITL_OK),
     }
 
 
@@ -78,15 +86,17 @@ class FakeClient:
 
     def __init__(self, answers: Mapping[str, Any]) -> None:
         self.answers = dict(answers)
-        self.by_text: dict[str, str] = {}
+        self.src: PrometheusSource | None = None
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def bind(self, src: PrometheusSource) -> PrometheusSource:
-        self.by_text = {text: name for name, text in src.queries.items()}
+        self.src = src
         return src
 
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
-        name = self.by_text[query]
+        assert self.src is not None
+        # Read at call time: the SLA-edge query follows the models' SLAs.
+        name = {text: name for name, text in self.src.queries.items()}[query]
         self.calls.append((name, dict(params or {})))
         answer = self.answers.get(name, [])
         if isinstance(answer, Exception):
@@ -107,13 +117,15 @@ def test_healthy_answer_maps_every_field() -> None:
     assert obs.extra == {"completions_rps": 12.0}
     assert (obs.running, obs.waiting, obs.kv_usage_frac, obs.ready_replicas) == (8, 1, 0.5, 2)
     assert obs.staleness_s == pytest.approx(1.5)  # newest of the gauge and counter samples
-    assert obs.itl_p95_ms == pytest.approx(65.625)  # 50 + 25 * (9.5 - 9) / 0.8
+    assert obs.itl_p95_ms == pytest.approx(65.625)  # PromQL's quantile, seconds -> ms
+    assert obs.itl_dist is not None and obs.itl_dist.p50_ms is None  # only p95 answered
     assert obs.itl_attainment_frac == pytest.approx(0.9)
     assert obs.ttft_attainment_frac is None  # no TTFT buckets answered
-    assert obs.ttft_p95_ms is None and obs.prompt_tokens_mean is None
+    assert obs.ttft_p95_ms is None and obs.ttft_dist is None and obs.prompt_tokens_mean is None
     assert obs.preemption_rate_per_s is None
+    assert (obs.targets_up, obs.targets_down) == (2, 1)
     assert {params["time"] for _, params in client.calls} == {f"{NOW:.3f}"}
-    assert src.queries_last_tick == len(client.calls) == 10
+    assert src.queries_last_tick == len(client.calls) == 5
 
 
 def test_model_missing_from_demand_is_no_data_while_the_other_is_observed() -> None:
@@ -147,14 +159,26 @@ def test_non_finite_optional_signals_are_none_never_zero(bad: str) -> None:
             Signal.KV_USAGE_FRAC,
             Signal.READY_REPLICAS,
             Signal.GAUGE_SAMPLE_TS,
+            Signal.TARGETS_UP,
+            Signal.TARGETS_KNOWN,
         )
+    ] + [tagged(A, Signal.COUNTER_SAMPLE_TS, NOW - 2.0)]
+    answers["demand"] += [
+        tagged(A, Signal.ARRIVAL_SHORT_RPS, bad),
+        tagged(A, Signal.ARRIVAL_SEED_RPS, bad),
     ]
     answers["rates"] = [
-        tagged(A, Signal.PREFIX_CACHE_HIT_FRAC, bad),
-        tagged(A, Signal.PREEMPTION_RATE_PER_S, bad),
+        tagged(A, s, bad)
+        for s in (
+            Signal.PREFIX_CACHE_HIT_FRAC,
+            Signal.PREEMPTION_RATE_PER_S,
+            Signal.PROMPT_TOKENS_MEAN,
+            Signal.DECODE_TIME_MEAN_S,
+            Signal.STEP_TOKENS_MEAN,
+        )
     ]
-    answers["token_means"] = [tagged(A, Signal.PROMPT_TOKENS_MEAN, bad)]
-    answers["itl_buckets"] = buckets(A, [("0.05", bad), ("0.1", 10.0), ("+Inf", 10.0)])
+    answers["quantiles"] = [tagged(A, q, bad) for q in ("itl_p95", "ttft_p50", "decode_p95")]
+    answers["sla_buckets"] = buckets(A, [("0.05", bad), ("0.1", 10.0), ("+Inf", 10.0)])
     obs = fake_source(answers, window_s=30)[0].observe(MODELS, NOW)[A]
     assert isinstance(obs, Observation)
     for name in (
@@ -165,16 +189,63 @@ def test_non_finite_optional_signals_are_none_never_zero(bad: str) -> None:
         "prefix_cache_hit_frac",
         "preemption_rate_per_s",
         "prompt_tokens_mean",
+        "decode_time_mean_ms",
+        "step_tokens_mean",
         "itl_p95_ms",
+        "itl_dist",
+        "ttft_dist",
+        "decode_time_p95_ms",
         "itl_attainment_frac",
+        "arrival_rate_short_rps",
+        "arrival_rate_5m_rps",
+        "targets_up",
+        "targets_down",
     ):
         assert getattr(obs, name) is None, name
-    assert obs.staleness_s == 30.0  # no sample time: the window bounds the age
+    assert obs.staleness_s == 2.0  # the counter's sample time is still good
+
+
+def test_no_current_sample_is_no_data() -> None:
+    """Every engine series stale-marked (targets down): the window's rates still decay,
+    but without a sample time there is no current data."""
+    answers = healthy_answers()
+    answers["state"] = [s for s in answers["state"] if s["metric"]["model_name"] == B]
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    err = results[A]
+    assert isinstance(err, NoDataError) and err.signal == "staleness", err
+    assert isinstance(results[B], Observation)
+
+
+def test_samples_older_than_the_limit_are_no_data() -> None:
+    answers = healthy_answers()
+    src = fake_source(answers, max_staleness_s=1.0)[0]
+    err = src.observe(MODELS, NOW)[A]  # newest sample 1.5 s old
+    assert isinstance(err, NoDataError) and err.signal == "staleness"
+    assert "1.5 s old (limit 1 s)" in str(err)
+    assert isinstance(
+        fake_source(answers, max_staleness_s=2.0)[0].observe(MODELS, NOW)[A], Observation
+    )
+
+
+@pytest.mark.parametrize("up", ["0", "NaN"])
+def test_every_target_down_is_no_data(up: str) -> None:
+    answers = healthy_answers()
+    answers["state"] = [
+        s
+        for s in answers["state"]
+        if not (s["metric"]["model_name"] == A and s["metric"][SIGNAL_LABEL] == "targets_up")
+    ] + [tagged(A, Signal.TARGETS_UP, up)]
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    err = results[A]
+    assert isinstance(err, NoDataError) and err.signal == "targets_up", err
+    assert "0 of 3 up" in str(err)
+    assert isinstance(results[B], Observation)
 
 
 def test_idle_histogram_gives_none_not_zero() -> None:
     answers = healthy_answers()
-    answers["itl_buckets"] = buckets(A, [("0.05", 0.0), ("0.1", 0.0), ("+Inf", 0.0)])
+    answers["quantiles"] = [tagged(A, "itl_p95", "NaN")]  # PromQL: no requests in the window
+    answers["sla_buckets"] = buckets(A, [("0.05", 0.0), ("0.1", 0.0), ("+Inf", 0.0)])
     obs = fake_source(answers)[0].observe(MODELS, NOW)[A]
     assert isinstance(obs, Observation)
     assert obs.itl_p95_ms is None and obs.itl_attainment_frac is None
@@ -183,13 +254,29 @@ def test_idle_histogram_gives_none_not_zero() -> None:
 def test_bucket_noise_is_made_monotonic_like_promql() -> None:
     answers = healthy_answers()
     # Rates of cumulative buckets can dip by float noise (exaggerated here); PromQL takes
-    # the running maximum, so 0.075 counts 9 and the p95 is 75 + 25 * 0.5 / 1 = 87.5 ms
-    # (without the fix: 75 + 25 * 1.5 / 2 = 93.75 ms).
-    noisy = [("0.025", 6.0), ("0.05", 9.0), ("0.075", 8.0), ("0.1", 10.0), ("+Inf", 10.0)]
-    answers["itl_buckets"] = buckets(A, noisy)
+    # the running maximum, so the count reads 10.5 and the attainment 10.5 / 10.5 = 1
+    # (without the fix: 10.5 / 10 = 1.05, or a clamp hiding the noise).
+    answers["sla_buckets"] = buckets(A, [("0.05", 10.5), ("+Inf", 10.0)])
     obs = fake_source(answers)[0].observe(MODELS, NOW)[A]
     assert isinstance(obs, Observation)
-    assert obs.itl_p95_ms == pytest.approx(87.5)
+    assert obs.itl_attainment_frac == 1.0
+
+
+def test_sla_edge_query_follows_the_models_slas() -> None:
+    answers = healthy_answers()
+    answers["sla_buckets"] += buckets(A, [("0.1", 9.5), ("+Inf", 10.0)], hist="tpot")
+    src, _ = fake_source(answers)
+    obs = src.observe(MODELS, NOW)[A]
+    assert isinstance(obs, Observation) and obs.tpot_attainment_frac is None  # no 50 ms edge
+    assert "0\\.05" in src.queries.sla_buckets and "0\\.2" not in src.queries.sla_buckets
+    text = src.queries.sla_buckets
+    src.observe([ModelQuery(A, itl_sla_s=0.1), ModelQuery(B, itl_sla_s=0.2)], NOW)
+    assert src.queries.sla_buckets != text and "0\\.2" in src.queries.sla_buckets
+    assert src.queries_last_tick == 5  # still five queries
+    obs = src.observe([ModelQuery(A, itl_sla_s=0.1)], NOW)[A]
+    assert isinstance(obs, Observation)
+    assert obs.tpot_attainment_frac == pytest.approx(0.95)  # 9.5 of 10 at 100 ms
+    assert obs.itl_attainment_frac is None  # no ITL bucket at 100 ms answered
 
 
 def test_models_not_asked_for_are_ignored_and_empty_asks_nothing() -> None:
@@ -317,7 +404,7 @@ def test_healthy_empty_server_gives_no_data(tiny_server: Any) -> None:
     src = PrometheusSource(url, timeout_s=1.0)
     results = src.observe(MODELS, NOW)
     assert all(isinstance(r, NoDataError) for r in results.values())
-    assert len(paths) == src.queries_last_tick == 10
+    assert len(paths) == src.queries_last_tick == 5
     assert all(f"time={NOW:.3f}" in p for p in paths)
 
 

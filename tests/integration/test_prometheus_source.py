@@ -19,12 +19,26 @@ from prometheus_api_client import PrometheusConnect
 from estimators.histogram import (
     E2E_BUCKETS_S,
     ITL_BUCKETS_S,
+    PHASE_BUCKETS_S,
     QUEUE_BUCKETS_S,
+    TPOT_BUCKETS_S,
     TTFT_BUCKETS_S,
+    histogram_quantile,
 )
 from estimators.prometheus import PrometheusSource
+from estimators.promql import (
+    DECODE_METRICS,
+    E2E_METRICS,
+    ITL_METRICS,
+    TPOT_METRICS,
+    TTFT_METRICS,
+    QueryBuilder,
+)
 from estimators.types import ModelQuery, NoDataError, Observation, ObservationResult
 from tests.integration.conftest import (
+    A_DECODE,
+    A_TPOT,
+    B_ITL,
     FLEET,
     MODEL_A,
     MODEL_B,
@@ -42,10 +56,11 @@ from tests.integration.fake_vllm import (
     bucket_quantile,
     true_quantile,
 )
+from tests.integration.promserver import SCRAPE_INTERVAL_S
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
-MAX_QUERIES_PER_TICK = 12
+MAX_QUERIES_PER_TICK = 15
 RATE_REL = 0.15
 """Tolerance of a rate against its true value. rate() over a 5 s window of 1 s scrapes
 is exact for a linear counter when scrapes are on time, but a scrape late by more than
@@ -65,6 +80,12 @@ class CountingClient(PrometheusConnect):
     ) -> Any:
         self.calls.append((query, dict(params or {})))
         return super().custom_query(query, params=params, timeout=timeout)  # type: ignore[arg-type]
+
+
+def settled_now() -> float:
+    """An evaluation time every scrape before it has been committed at: queries of one
+    tick then see the same samples even if a scrape lands while they run."""
+    return time.time() - 1.5 * SCRAPE_INTERVAL_S
 
 
 def source(world: VllmWorld, **kwargs: Any) -> PrometheusSource:
@@ -96,7 +117,7 @@ def check_quantile(
 def tick(vllm_world: VllmWorld) -> tuple[dict[str, ObservationResult], float, PrometheusSource]:
     """One observation of the main models with SLAs on (A) and off (B) bucket edges."""
     src = source(vllm_world)
-    now = time.time()
+    now = settled_now()
     models = [
         ModelQuery(MODEL_A.name, ttft_sla_s=0.25, itl_sla_s=0.05),  # both bucket edges
         ModelQuery(MODEL_B.name, ttft_sla_s=0.3, itl_sla_s=0.1),  # 0.3 is no TTFT edge
@@ -131,20 +152,123 @@ def test_hand_computed_quantiles(
     assert b.prompt_tokens_p95 == pytest.approx(2000.0)  # +Inf bucket: highest finite bound
 
 
-def test_quantiles_equal_promqls_own_histogram_quantile(vllm_world: VllmWorld) -> None:
+def test_quantiles_equal_the_interpolation_of_the_raw_buckets(vllm_world: VllmWorld) -> None:
+    """PromQL computes the quantiles now; they equal PromQL-style interpolation of the
+    full bucket answer (the parser this replaced), so nothing changed for the decider."""
     src = source(vllm_world)
-    now = time.time()
+    now = settled_now()
     obs = observed(src.observe([ModelQuery(MODEL_A.name)], now), MODEL_A.name)
-    for estimate, q, name in (
-        (obs.ttft_p95_ms, 0.95, "ttft_buckets"),
-        (obs.itl_p95_ms, 0.95, "itl_buckets"),
-        (obs.e2e_p99_ms, 0.99, "e2e_buckets"),
+    builder = QueryBuilder(window_s=vllm_world.window_s)
+    for estimate, q, metrics in (
+        (obs.ttft_p95_ms, 0.95, TTFT_METRICS),
+        (obs.itl_p95_ms, 0.95, ITL_METRICS),
+        (obs.e2e_p99_ms, 0.99, E2E_METRICS),
+        (obs.decode_time_p95_ms, 0.95, DECODE_METRICS),
+        (obs.tpot_p95_ms, 0.95, TPOT_METRICS),
     ):
-        query = f"histogram_quantile({q}, {getattr(src.queries, name)})"
-        rows = vllm_world.prometheus.query(query, at_s=now)
-        promql = {r["metric"]["model_name"]: float(r["value"][1]) for r in rows}
-        assert estimate is not None
-        assert estimate / 1000.0 == pytest.approx(promql[MODEL_A.name], rel=1e-9), name
+        rows = vllm_world.prometheus.query(builder.buckets(metrics), at_s=now)
+        buckets = sorted(
+            (float(r["metric"]["le"]), float(r["value"][1]))
+            for r in rows
+            if r["metric"]["model_name"] == MODEL_A.name
+        )
+        expected = histogram_quantile(q, buckets)
+        assert estimate is not None and expected is not None, metrics
+        assert estimate / 1000.0 == pytest.approx(expected, rel=1e-9), metrics
+
+
+def test_latency_distributions(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    for spec in (MODEL_A, MODEL_B):
+        obs = observed(tick[0], spec.name)
+        for dist, values, bounds in (
+            (obs.ttft_dist, spec.ttft_s, TTFT_BUCKETS_S),
+            (obs.itl_dist, spec.itl_s, ITL_BUCKETS_S),
+            (obs.e2e_dist, spec.e2e_s, E2E_BUCKETS_S),
+        ):
+            assert dist is not None
+            for q, value in zip(
+                (0.5, 0.9, 0.95, 0.99),
+                (dist.p50_ms, dist.p90_ms, dist.p95_ms, dist.p99_ms),
+                strict=True,
+            ):
+                check_quantile(value, q, values, bounds, 1000.0)
+        assert obs.ttft_dist is not None and obs.ttft_p95_ms == obs.ttft_dist.p95_ms
+        assert obs.e2e_dist is not None and obs.e2e_p99_ms == obs.e2e_dist.p99_ms
+    a = observed(tick[0], MODEL_A.name)
+    assert a.itl_dist is not None
+    assert a.itl_dist.p50_ms == pytest.approx(10 + 15 * (50 - 0) / 60)  # 25 ms bucket
+    assert a.itl_dist.p99_ms == pytest.approx(75 + 25 * (99 - 98) / 2)
+
+
+def test_per_request_phases_tpot_and_step_tokens(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    """The signals of the seed policy (decode p95), of issue 12 item 7 (TPOT) and of the
+    online plant calibration (means, tokens per step), from vLLM's own metric names."""
+    a = observed(tick[0], MODEL_A.name)
+    check_quantile(a.decode_time_p95_ms, 0.95, A_DECODE, PHASE_BUCKETS_S, 1000.0)
+    assert a.decode_time_p95_ms == pytest.approx(1750.0)  # 1.5 s + 0.5 s * (95 - 90) / 10
+    assert a.decode_time_mean_ms == pytest.approx(740.0, rel=1e-9)
+    assert a.prefill_time_mean_ms == pytest.approx(100.0, rel=1e-9)
+    check_quantile(a.tpot_p95_ms, 0.95, A_TPOT, TPOT_BUCKETS_S, 1000.0)
+    assert a.tpot_p95_ms == pytest.approx(62.5)
+    assert a.tpot_attainment_frac == pytest.approx(0.9, rel=1e-12)  # TPOT <= 50 ms
+    assert a.itl_mean_ms == pytest.approx(30.6, rel=1e-9)
+    assert a.ttft_mean_ms == pytest.approx(116.0, rel=1e-9)
+    assert a.step_tokens_mean == pytest.approx(288.0, rel=1e-9)
+    b = observed(tick[0], MODEL_B.name)
+    assert b.tpot_attainment_frac == pytest.approx(0.95, rel=1e-12)  # TPOT <= 100 ms
+    # B's engines export no phase or step histograms: no data, never 0.
+    for field in ("decode_time_p95_ms", "decode_time_mean_ms", "prefill_time_mean_ms"):
+        assert getattr(b, field) is None, field
+    assert b.step_tokens_mean is None
+    assert b.itl_mean_ms == pytest.approx(1000 * sum(B_ITL) / len(B_ITL), rel=1e-9)
+
+
+def test_seed_window_arrival(
+    vllm_world: VllmWorld, tick: tuple[dict[str, ObservationResult], float, PrometheusSource]
+) -> None:
+    """The 5-minute arrival rate is PromQL's own over 300 s (a young fleet under-reads
+    it: rate() divides by the whole window); over a window the data covers it is the
+    true rate. It rides in the demand query: no extra round trip."""
+    results, now, src = tick
+    a = observed(results, MODEL_A.name)
+    rows = vllm_world.prometheus.query(
+        "sum by (model_name) (rate(vllm:request_success_total[300s]))", at_s=now
+    )
+    promql = {r["metric"]["model_name"]: float(r["value"][1]) for r in rows}
+    assert a.arrival_rate_5m_rps == pytest.approx(promql[MODEL_A.name], rel=1e-9)
+    short = source(vllm_world, seed_window_s=4.0)
+    a4 = observed(short.observe([ModelQuery(MODEL_A.name)], now), MODEL_A.name)
+    assert short.queries_last_tick == src.queries_last_tick
+    bps = vllm_world.batches_per_s
+    assert a4.arrival_rate_5m_rps == pytest.approx(MODEL_A.completions_rps(bps), rel=RATE_REL)
+    none = source(vllm_world, seed_window_s=None)
+    assert (
+        observed(none.observe([ModelQuery(MODEL_A.name)], now), MODEL_A.name).arrival_rate_5m_rps
+        is None
+    )
+
+
+def test_targets_up_from_the_scrape_targets(
+    tick: tuple[dict[str, ObservationResult], float, PrometheusSource],
+) -> None:
+    for spec in MODELS:  # all served by one exporter: one target, up
+        obs = observed(tick[0], spec.name)
+        assert (obs.targets_up, obs.targets_down) == (1, 0), spec.name
+
+
+def test_stale_data_is_no_data(vllm_world: VllmWorld) -> None:
+    """Evaluated 12 s after the newest sample (Prometheus still answers from its 5-minute
+    lookback) the data is too old: no data, not an observation of an old instant."""
+    later = time.time() + 12.0  # the 30 s rate window still holds samples
+    src = PrometheusSource(vllm_world.url, window_s=30.0, timeout_s=5.0, max_staleness_s=10.0)
+    results = src.observe([ModelQuery(MODEL_A.name)], later)
+    err = results[MODEL_A.name]
+    assert isinstance(err, NoDataError) and err.signal == "staleness", err
+    assert "limit 10 s" in str(err)
 
 
 @pytest.mark.parametrize("spec", [MODEL_A, MODEL_B], ids=lambda s: s.name)
@@ -271,7 +395,7 @@ def test_escaped_metric_names(
 
 def test_escaped_names_can_be_refused(vllm_world: VllmWorld) -> None:
     results = source(vllm_world, accept_escaped=False).observe(
-        [ModelQuery(MODEL_ESCAPED.name), ModelQuery(MODEL_A.name)], time.time()
+        [ModelQuery(MODEL_ESCAPED.name), ModelQuery(MODEL_A.name)], settled_now()
     )
     assert isinstance(results[MODEL_ESCAPED.name], NoDataError)
     assert isinstance(results[MODEL_A.name], Observation)
@@ -284,10 +408,10 @@ def test_query_count_is_constant_in_the_number_of_models(vllm_world: VllmWorld) 
     many = [ModelQuery(m.name) for m in FLEET]
     assert len(many) == 50
 
-    small = src.observe(few, time.time())
+    small = src.observe(few, settled_now())
     calls_small = list(client.calls)
     client.calls.clear()
-    large = src.observe(many, time.time())
+    large = src.observe(many, settled_now())
     calls_large = list(client.calls)
 
     assert len(calls_small) == len(calls_large) == src.queries_last_tick
@@ -311,7 +435,7 @@ def test_query_count_is_constant_in_the_number_of_models(vllm_world: VllmWorld) 
 
 def test_partial_answer_observes_present_models(vllm_world: VllmWorld) -> None:
     results = source(vllm_world).observe(
-        [ModelQuery(MODEL_A.name), ModelQuery("no-such-model")], time.time()
+        [ModelQuery(MODEL_A.name), ModelQuery("no-such-model")], settled_now()
     )
     assert set(results) == {MODEL_A.name, "no-such-model"}  # others exported: ignored
     assert isinstance(results[MODEL_A.name], Observation)
@@ -321,7 +445,9 @@ def test_partial_answer_observes_present_models(vllm_world: VllmWorld) -> None:
 
 
 def test_evaluation_before_any_data_is_no_data(vllm_world: VllmWorld) -> None:
-    results = source(vllm_world).observe([ModelQuery(m.name) for m in MODELS], time.time() - 3600.0)
+    results = source(vllm_world).observe(
+        [ModelQuery(m.name) for m in MODELS], settled_now() - 3600.0
+    )
     assert all(isinstance(r, NoDataError) for r in results.values())
 
 

@@ -3,38 +3,80 @@ windows, and the constant query set. No server needed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from estimators.promql import (
+    ITL_METRICS,
+    QUANTILES,
     SIGNAL_LABEL,
+    TTFT_METRICS,
     QueryBuilder,
     Signal,
     build_queries,
+    le_regex,
+    le_spellings,
     promql_duration,
+    quantile_signal,
 )
 
 
-def test_ttft_bucket_query_exact_text() -> None:
+def test_quantile_is_promqls_histogram_quantile_exact_text() -> None:
     q = build_queries(accept_escaped=False)
-    assert q.ttft_buckets == (
-        "sum by (model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[60s]))"
+    expected = (
+        "histogram_quantile(0.95, sum by (model_name, le) "
+        "(rate(vllm:time_to_first_token_seconds_bucket[60s])))"
     )
+    assert f'label_replace({expected}, "governor_signal", "ttft_p95", "", "")' in q.quantiles
 
 
-def test_ttft_bucket_query_with_escaped_names() -> None:
-    q = build_queries(window_s=30)
-    assert q.ttft_buckets == (
+def test_bucket_rates_with_escaped_names() -> None:
+    assert QueryBuilder(window_s=30).buckets(TTFT_METRICS) == (
         "sum by (model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[30s])"
         " or rate(vllm_time_to_first_token_seconds_bucket[30s]))"
     )
 
 
 def test_itl_accepts_current_then_deprecated_name_in_one_query() -> None:
-    q = build_queries(accept_escaped=False)
-    assert q.itl_buckets == (
+    assert QueryBuilder(accept_escaped=False).buckets(ITL_METRICS) == (
         "sum by (model_name, le) (rate(vllm:inter_token_latency_seconds_bucket[60s])"
         " or rate(vllm:time_per_output_token_seconds_bucket[60s]))"
     )
+
+
+def test_every_quantile_appears_once() -> None:
+    q = build_queries().quantiles
+    for hist, _, qs in QUANTILES:
+        for p in qs:
+            assert q.count(f'"{SIGNAL_LABEL}", "{quantile_signal(hist, p)}"') == 1, (hist, p)
+    assert quantile_signal("ttft", 0.99) == "ttft_p99"
+
+
+def test_sla_edge_buckets_fetch_only_the_thresholds_and_the_count() -> None:
+    q = build_queries(accept_escaped=False, edges={"ttft": [0.25], "itl": [0.05, 1.0]})
+    assert (
+        "label_replace(sum by (model_name, le) (rate(vllm:time_to_first_token_seconds_bucket"
+        '{le=~`0\\.25|\\+Inf`}[60s])), "governor_signal", "ttft", "", "")'
+    ) in q.sla_buckets
+    assert "{le=~`0\\.05|1\\.0|1|\\+Inf`}" in q.sla_buckets  # ITL: both thresholds
+    assert "rate(vllm:request_time_per_output_token_seconds_bucket{le=~`\\+Inf`}" in q.sla_buckets
+
+
+@pytest.mark.parametrize(
+    ("bound", "spellings"),
+    [(0.05, ["0.05"]), (1.0, ["1.0", "1"]), (2560.0, ["2560.0", "2560"]), (1e-5, ["1e-05"])],
+)
+def test_le_spellings_cover_python_and_go_clients(bound: float, spellings: list[str]) -> None:
+    assert le_spellings(bound) == spellings
+    for s in spellings:
+        assert re.fullmatch(le_regex([bound]), s)
+    assert re.fullmatch(le_regex([bound]), "+Inf")
+    assert not re.fullmatch(le_regex([bound]), "0.5")
+
+
+def test_le_regex_skips_values_that_are_no_threshold() -> None:
+    assert le_regex([float("nan"), float("inf"), 0.0, -1.0]) == "\\+Inf"
 
 
 def test_kv_usage_accepts_both_names() -> None:
@@ -46,7 +88,7 @@ def test_kv_usage_accepts_both_names() -> None:
 
 
 def test_demand_query_exact_text() -> None:
-    b = QueryBuilder(window_s=60, accept_escaped=False)
+    b = QueryBuilder(window_s=60, accept_escaped=False, seed_window_s=None)
     completions = "sum by (model_name) (rate(vllm:request_success_total[60s]))"
     growth = (
         "sum by (model_name) (deriv(vllm:num_requests_waiting[60s])) + "
@@ -65,20 +107,21 @@ def test_model_label_is_substituted_everywhere() -> None:
         assert "model_name" not in text, name
         assert "served_model" in text, name
         assert "[15s]" in text or name == "state", name
-    assert queries["itl_buckets"].startswith("sum by (served_model, le) (")
+    assert "sum by (served_model, le) (" in queries["quantiles"]
 
 
-def test_ten_queries_naming_no_model() -> None:
-    queries = dict(build_queries().items())
-    assert len(queries) == 10
+def test_five_queries_naming_no_model() -> None:
+    queries = dict(build_queries(edges={"ttft": [1.0]}).items())
+    assert len(queries) == 5
     assert next(iter(queries)) == "demand"
     for text in queries.values():
-        assert "model_name=" not in text and "=~" not in text  # no per-model selectors
+        assert "model_name=" not in text  # no per-model selectors
+        assert text.count("=~") == text.count("{le=~")  # the only regexes pick buckets
 
 
 def test_every_tagged_signal_appears_once() -> None:
     q = build_queries(short_window_s=10)
-    tagged = q.demand + q.state + q.rates + q.token_means
+    tagged = q.demand + q.state + q.rates
     for signal in Signal:
         assert tagged.count(f'"{SIGNAL_LABEL}", "{signal.value}"') == 1, signal
 
@@ -88,6 +131,22 @@ def test_short_window_is_optional_and_uses_its_own_range() -> None:
     assert Signal.ARRIVAL_SHORT_RPS.value not in plain.demand
     assert "[10s]" in short.demand and "[10s]" not in plain.demand
     assert len(list(short.items())) == len(list(plain.items()))
+
+
+def test_seed_window_rides_in_the_demand_query() -> None:
+    q = build_queries(window_s=60)
+    assert Signal.ARRIVAL_SEED_RPS.value in q.demand and "[300s]" in q.demand
+    assert Signal.ARRIVAL_SEED_RPS.value not in build_queries(seed_window_s=None).demand
+
+
+def test_targets_join_up_on_job_and_instance() -> None:
+    state = build_queries(accept_escaped=False, window_s=60).state
+    assert (
+        "group by (model_name, job, instance) (last_over_time(vllm:num_requests_running[300s]))"
+        " * on (job, instance) group_left () (up or last_over_time(up[300s]) * 0)"
+    ) in state
+    lb = build_queries(targets_lookback_s=120).state
+    assert "last_over_time(up[120s])" in lb
 
 
 @pytest.mark.parametrize(

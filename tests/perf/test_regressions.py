@@ -1,8 +1,8 @@
 """Cheap, non-timing checks that the performance work kept behaviour (issue 7).
 
-- the one-pass answer parsers of `PrometheusSource` give what the straightforward
-  parse-then-group code gave (a reference copy below), on randomized answers with NaN,
-  infinities, duplicate buckets and noise;
+- the answer parsers of `PrometheusSource` give what straightforward parse-then-group
+  code gives (a reference copy below), on randomized answers with NaN, infinities,
+  duplicate buckets, missing labels and noise;
 - observing the replayed recording gives the recorded fleet's known values;
 - the inlined capacity bisection returns the same float as a `feasible(lam)` bisection,
   and the galloping search the same integer as a bisection;
@@ -29,7 +29,7 @@ from controller.config import SLA, KnobBounds
 from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics
 from controller.types import Knobs, Lengths
-from estimators.prometheus import PrometheusSource, _parse_buckets, _parse_tagged
+from estimators.prometheus import PrometheusSource, _parse_edge_buckets, _parse_tagged
 from estimators.promql import SIGNAL_LABEL
 from estimators.stepmodel import load_profile
 from estimators.types import ModelQuery, Observation, SourceError
@@ -66,11 +66,13 @@ def _ref_tagged(raw: Any) -> dict[str, dict[str, float]]:
     return dict(table)
 
 
-def _ref_buckets(raw: Any) -> dict[str, list[tuple[float, float]]]:
-    acc: defaultdict[str, defaultdict[float, float]] = defaultdict(lambda: defaultdict(float))
+def _ref_buckets(raw: Any) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    acc: defaultdict[tuple[str, str], defaultdict[float, float]] = defaultdict(
+        lambda: defaultdict(float)
+    )
     for labels, value in _ref_vector(raw):
-        model, le = labels.get(LABEL), labels.get("le")
-        if model is None or le is None:
+        model, le, hist = labels.get(LABEL), labels.get("le"), labels.get(SIGNAL_LABEL)
+        if model is None or le is None or hist is None:
             continue
         try:
             bound = float(le)
@@ -78,16 +80,17 @@ def _ref_buckets(raw: Any) -> dict[str, list[tuple[float, float]]]:
             continue
         if math.isnan(bound):
             continue
-        acc[model][bound] += value
-    out = {}
-    for model, by_bound in acc.items():
+        acc[(hist, model)][bound] += value
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for (hist, model), by_bound in acc.items():
+        column = out.setdefault(hist, {})
         if not all(math.isfinite(v) for v in by_bound.values()):
             continue
         running, buckets = 0.0, []
         for bound in sorted(by_bound):
             running = max(running, by_bound[bound])
             buckets.append((bound, running))
-        out[model] = buckets
+        column[model] = buckets
     return out
 
 
@@ -119,6 +122,8 @@ def _mutated(rng: random.Random, result: list[dict[str, Any]]) -> list[dict[str,
             item["metric"]["le"] = rng.choice(["NaN", "x", 0.5, "1e400"])
         elif x < 0.29:
             item["metric"].pop(LABEL, None)
+        elif x < 0.30:
+            item["metric"].pop(SIGNAL_LABEL, None)
         out.append(item)
         if rng.random() < 0.05:
             out.append({"metric": dict(item["metric"]), "value": list(item["value"])})
@@ -132,8 +137,8 @@ def test_one_pass_parsers_equal_the_reference_on_randomized_answers() -> None:
     for _ in range(60):
         for name, result in rec["answers"].items():
             raw = _mutated(rng, result)
-            if name.endswith("_buckets"):
-                assert _same(_parse_buckets(raw, name, LABEL), _ref_buckets(raw)), name
+            if name == "sla_buckets":
+                assert _same(_parse_edge_buckets(raw, name, LABEL), _ref_buckets(raw)), name
             else:
                 assert _same(_parse_tagged(raw, name, LABEL), _ref_tagged(raw)), name
 
@@ -156,7 +161,7 @@ def test_malformed_answers_are_refused_like_the_reference(raw: Any) -> None:
     with pytest.raises(SourceError):
         _parse_tagged(raw, "q", LABEL)
     with pytest.raises(SourceError):
-        _parse_buckets(raw, "q", LABEL)
+        _parse_edge_buckets(raw, "q", LABEL)
 
 
 def test_replayed_recording_gives_the_recorded_fleets_values() -> None:
@@ -175,6 +180,17 @@ def test_replayed_recording_gives_the_recorded_fleets_values() -> None:
     assert b.arrival_rate_rps == pytest.approx(32.0, rel=0.02)
     assert b.itl_p95_ms == pytest.approx(125.0)
     assert a.staleness_s == pytest.approx(1.0) and a.ready_replicas == 2
+    # The fields added for issues 10 and 12 (tests/integration/conftest.py's values).
+    assert a.decode_time_p95_ms == pytest.approx(1750.0)
+    assert a.decode_time_mean_ms == pytest.approx(740.0)
+    assert a.tpot_p95_ms == pytest.approx(62.5) and a.tpot_attainment_frac == pytest.approx(0.9)
+    assert a.step_tokens_mean == pytest.approx(288.0)
+    assert a.ttft_attainment_frac == 1.0  # all 20 TTFTs <= 1 s
+    assert b.ttft_attainment_frac == pytest.approx(19 / 20)  # one of 20 at 1.5 s
+    assert a.itl_dist is not None and a.itl_dist.p99_ms == pytest.approx(87.5)
+    assert (a.targets_up, a.targets_down) == (1, 0)
+    assert a.arrival_rate_5m_rps == pytest.approx(40.0, rel=0.05)
+    assert b.decode_time_p95_ms is None and b.step_tokens_mean is None
 
 
 # --- batching --------------------------------------------------------------------------

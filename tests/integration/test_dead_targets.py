@@ -1,0 +1,150 @@
+"""A dead fleet is not an idle fleet (issue 10 item 5): `PrometheusSource` against a real
+Prometheus whose engine targets go down, then vanish from service discovery.
+
+Three fake vLLM exporters (tests/integration/fake_vllm.py) are scraped every second:
+two serve model "dead" (one engine each), one serves model "alive". The test stops the
+"dead" exporters one at a time, then removes them from the scrape config (a deleted
+pod), and observes after each step, waiting (polling with a deadline) until Prometheus
+has recorded the change:
+
+- one of two targets down: still an observation, `targets_up` 1, `targets_down` 1;
+- both down: `NoDataError(model, "targets_up")`, although the rate window still holds
+  samples (the arrival rate PromQL computes is positive and would decay to 0 over the
+  window: the failure of the issue);
+- both gone from discovery: still no data (a vanished target counts as down for the
+  lookback), never an arrival rate of 0;
+- the healthy model is observed throughout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from estimators.prometheus import PrometheusSource
+from estimators.types import ModelQuery, NoDataError, Observation, ObservationResult
+from tests.integration.conftest import A_E2E, A_ITL, A_OUTPUT, A_PROMPT, A_QUEUE, A_TTFT
+from tests.integration.fake_vllm import (
+    EngineSpec,
+    FakeVllmCollector,
+    ModelSpec,
+    ServedRegistry,
+    serve_registry,
+)
+from tests.integration.promserver import SCRAPE_INTERVAL_S, PrometheusServer, wait_for
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+WINDOW_S = 10.0
+DEAD, ALIVE = "dead", "alive"
+
+
+def _spec(name: str) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        engines=(EngineSpec(running=3, waiting=0, kv_usage=0.4),),
+        completions_per_batch=(("stop", 1.0),),
+        ttft_s=A_TTFT,
+        itl_s=A_ITL,
+        e2e_s=A_E2E,
+        queue_s=A_QUEUE,
+        prompt_tokens=A_PROMPT,
+        output_tokens=A_OUTPUT,
+        itl_only=True,
+    )
+
+
+@dataclass
+class World:
+    prometheus: PrometheusServer
+    dead: list[ServedRegistry]
+    alive: ServedRegistry
+
+    def observe(self) -> dict[str, ObservationResult]:
+        src = PrometheusSource(self.prometheus.url, window_s=WINDOW_S, timeout_s=5.0)
+        return src.observe([ModelQuery(DEAD), ModelQuery(ALIVE)], settled())
+
+    def up(self, target: str) -> float | None:
+        """`up` of `target` as the next `observe` will see it."""
+        rows = self.prometheus.query(f'up{{instance="{target}"}}', at_s=settled())
+        return float(rows[0]["value"][1]) if rows else None
+
+
+def settled() -> float:
+    """An evaluation time every scrape before it has been committed at."""
+    return time.time() - 1.5 * SCRAPE_INTERVAL_S
+
+
+@pytest.fixture(scope="module")
+def world(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    served: list[ServedRegistry] = []
+    prom: PrometheusServer | None = None
+    try:
+        for name in (DEAD, DEAD, ALIVE):
+            registry = CollectorRegistry()
+            registry.register(FakeVllmCollector([_spec(name)]))
+            served.append(serve_registry(registry))
+        workdir: Path = tmp_path_factory.mktemp("prometheus-dead")
+        prom = PrometheusServer(prometheus_bin, workdir, {"engines": [s.target for s in served]})
+        prom.start()
+        w = World(prom, served[:2], served[2])
+
+        def ready() -> bool:
+            results = w.observe()
+            return all(isinstance(r, Observation) for r in results.values())
+
+        wait_for(ready, deadline_s=30.0, what="both models observed")
+        yield w
+    finally:
+        if prom is not None:
+            prom.stop()
+        for s in served:
+            s.stop()
+
+
+def _observed(results: dict[str, ObservationResult], name: str) -> Observation:
+    obs = results[name]
+    assert isinstance(obs, Observation), obs
+    return obs
+
+
+def test_targets_going_down_then_gone_read_as_no_data(world: World) -> None:
+    healthy = _observed(world.observe(), DEAD)
+    assert (healthy.targets_up, healthy.targets_down) == (2, 0)
+    assert healthy.arrival_rate_rps > 0
+
+    first, second = world.dead
+    first.stop()
+    wait_for(lambda: world.up(first.target) == 0.0, 15.0, "the first target down")
+    half = world.observe()
+    obs = _observed(half, DEAD)
+    assert (obs.targets_up, obs.targets_down) == (1, 1)
+    assert obs.running == 3.0  # the live engine's gauge; the dead one's is absent, not 0
+
+    second.stop()
+    wait_for(lambda: world.up(second.target) == 0.0, 15.0, "the second target down")
+    results = world.observe()
+    err = results[DEAD]
+    assert isinstance(err, NoDataError), err
+    assert err.signal == "targets_up" and "0 of 2 up" in str(err)
+    # What the source refused to read as demand: the window still holds samples, so
+    # PromQL's rate is positive now and decays to 0 over the next window.
+    rows = world.prometheus.query(
+        f'sum(rate(vllm:request_success_total{{model_name="{DEAD}"}}[{WINDOW_S:g}s]))',
+        at_s=settled(),
+    )
+    assert rows and float(rows[0]["value"][1]) > 0
+    alive = _observed(results, ALIVE)
+    assert (alive.targets_up, alive.targets_down) == (1, 0)
+
+    world.prometheus.reload({"engines": [world.alive.target]})
+    wait_for(lambda: world.up(second.target) is None, 15.0, "the dead targets gone")
+    gone = world.observe()
+    err = gone[DEAD]
+    assert isinstance(err, NoDataError) and err.signal == "targets_up", err
+    assert _observed(gone, ALIVE).targets_up == 1
