@@ -195,6 +195,7 @@ class KubernetesScaleActuator:
         monotonic: Callable[[], float] = time.monotonic,
         logger: Any = None,
         on_error: Callable[[str], None] | None = None,
+        drain: Callable[[str, str, str], str] | None = None,
     ) -> None:
         from kubernetes import client as k8s
 
@@ -214,6 +215,9 @@ class KubernetesScaleActuator:
         self._status: dict[str, ScaleStatus] = {}
         self._hpa_cache: dict[str, tuple[float, list[tuple[str, str]]]] = {}
         self._on_error = on_error
+        self.drain = drain
+        """`drain(model, namespace, deployment) -> detail`, called before a scale-down
+        (actuators/drain.py: pod-deletion-cost from running requests); never raises."""
         self._failures: dict[str, int] = {}  # consecutive transient failures per model
         self._retry_at: dict[str, float] = {}  # monotonic s before which it is not retried
         self._stopped = False
@@ -341,6 +345,7 @@ class KubernetesScaleActuator:
         """Set `namespace/deployment` to `replicas` (see module doc); never raises."""
         where = f"deployment {namespace}/{deployment}"
         observed: int | None = None
+        drained = ""
         try:
             try:
                 hpas = self.hpas_for(namespace, deployment)
@@ -370,6 +375,9 @@ class KubernetesScaleActuator:
                 observed = scale.spec.replicas if scale.spec is not None else None
                 if observed == replicas:
                     return self._record(model, ScaleReason.UNCHANGED, replicas, observed, "")
+                down = observed is not None and replicas < observed
+                if self.drain is not None and down and not drained:  # once, not per 409
+                    drained = self.drain(model, namespace, deployment)
                 body = {
                     "metadata": {"resourceVersion": scale.metadata.resource_version},
                     "spec": {"replicas": replicas},
@@ -390,7 +398,7 @@ class KubernetesScaleActuator:
                         continue
                     raise
                 self._log.info("scaled", target=where, model=model, replicas=replicas, was=observed)
-                return self._record(model, ScaleReason.SCALED, replicas, observed, "")
+                return self._record(model, ScaleReason.SCALED, replicas, observed, drained)
             raise AssertionError("unreachable")  # pragma: no cover
         except KubeCallError as exc:
             reason = ScaleReason.NOT_FOUND if exc.status == 404 else ScaleReason.FAILED

@@ -158,6 +158,11 @@ class ScalingPolicy(_Strict):
         default=0.25, ge=0, le=10, description="knob change that is worth a rolling restart"
     )
     knob_sustain_s: NonNegativeFloat = Field(default=120.0, le=86_400)
+    rollout_min_interval_s: NonNegativeFloat = Field(
+        default=900.0,
+        le=86_400,
+        description="at most one knob roll-out (rolling restart) per model per this many s",
+    )
 
     @model_validator(mode="after")
     def _windows(self) -> Self:

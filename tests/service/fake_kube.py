@@ -5,6 +5,13 @@ client can be tested against it.
 Implemented (JSON only):
 - apps/v1 deployments/{name}/scale: GET, PUT, PATCH (merge patch; a
   metadata.resourceVersion in the body is a precondition -> 409 Conflict on mismatch);
+- apps/v1 deployments/{name}: GET, PATCH (merge patch with the same precondition; a
+  change of spec bumps metadata.generation and, for a pod-template change, starts a
+  roll-out that stays in progress until `finish_rollout`);
+- core/v1 pods: list in a namespace (labelSelector `k=v,...`), PATCH (merge patch);
+  a scale-down deletes pods as the ReplicaSet controller ranks them (fewest
+  `controller.kubernetes.io/pod-deletion-cost` first, then the newest), a scale-up
+  adds pods;
 - autoscaling/v2 horizontalpodautoscalers: list in a namespace;
 - core/v1 configmaps: GET, PUT (resourceVersion precondition when given), POST
   (409 AlreadyExists);
@@ -27,6 +34,8 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
 @dataclass
@@ -73,6 +82,8 @@ class FakeKubeAPI:
         self.hpas: dict[str, list[dict[str, Any]]] = {}
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.deleted_pods: list[str] = []
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str]] = []
         api = self
@@ -96,7 +107,7 @@ class FakeKubeAPI:
                 self.wfile.write(data)
 
             def _handle(self, method: str) -> None:
-                path = self.path.split("?", 1)[0]
+                path, _, query = self.path.partition("?")
                 body = self._body() if method in ("PUT", "POST", "PATCH") else None
                 with api._lock:
                     api.requests.append((method, path))
@@ -110,7 +121,8 @@ class FakeKubeAPI:
                     reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable"}
                     self._send(code, _status(code, reason.get(code, "Injected"), "injected"))
                     return
-                code, obj = api._route(method, path, body, self.headers.get("Content-Type", ""))
+                ctype = self.headers.get("Content-Type", "")
+                code, obj = api._route(method, path, body, ctype, query)
                 self._send(code, obj)
 
             def do_GET(self) -> None:
@@ -165,9 +177,92 @@ class FakeKubeAPI:
         self._rv += 1
         return str(self._rv)
 
-    def add_deployment(self, namespace: str, name: str, replicas: int) -> None:
+    def add_deployment(
+        self, namespace: str, name: str, replicas: int, labels: dict[str, str] | None = None
+    ) -> None:
+        """A Deployment whose pods carry `labels` (its selector; default app=<name>)."""
         with self._lock:
-            self.deployments[(namespace, name)] = {"replicas": replicas, "rv": self._next_rv()}
+            self.deployments[(namespace, name)] = {
+                "replicas": replicas,
+                "rv": self._next_rv(),
+                "generation": 1,
+                "observed_generation": 1,
+                "updated": replicas,
+                "labels": dict(labels or {"app": name}),
+                "annotations": {},
+            }
+            for _ in range(replicas):
+                self._add_pod(namespace, name)
+
+    def _add_pod(self, ns: str, deployment: str) -> None:
+        d = self.deployments[(ns, deployment)]
+        d["pod_seq"] = d.get("pod_seq", 0) + 1
+        name = f"{deployment}-{d['pod_seq']}"
+        self.pods[(ns, name)] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "labels": dict(d["labels"]),
+                "annotations": {},
+                "resourceVersion": self._next_rv(),
+                "creationTimestamp": f"2026-01-01T00:00:{d['pod_seq']:02d}Z",
+            },
+            "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+            "status": {"phase": "Running"},
+        }
+
+    def pods_of(self, namespace: str, deployment: str) -> list[str]:
+        """Names of the Deployment's pods, sorted."""
+        with self._lock:
+            labels = self.deployments[(namespace, deployment)]["labels"]
+            return sorted(
+                name
+                for (ns, name), pod in self.pods.items()
+                if ns == namespace and labels.items() <= pod["metadata"]["labels"].items()
+            )
+
+    def _resize(self, ns: str, deployment: str, replicas: int) -> None:
+        """The ReplicaSet controller's part: delete the lowest pod-deletion-cost pods first
+        (then the newest), or add pods."""
+        pods = self.pods_of(ns, deployment)
+        for _ in range(replicas - len(pods)):
+            self._add_pod(ns, deployment)
+
+        def rank(name: str) -> tuple[int, int]:
+            meta = self.pods[(ns, name)]["metadata"]
+            cost = int(meta["annotations"].get(DELETION_COST, "0"))
+            return (cost, -int(name.rsplit("-", 1)[1]))  # newer first on equal cost
+
+        for name in sorted(pods, key=rank)[: max(0, len(pods) - replicas)]:
+            del self.pods[(ns, name)]
+            self.deleted_pods.append(name)
+
+    def template_annotations(self, namespace: str, name: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self.deployments[(namespace, name)]["annotations"])
+
+    def start_rollout(self, namespace: str, name: str) -> None:
+        """Someone else (e.g. `kubectl rollout restart`) started a roll-out."""
+        with self._lock:
+            d = self.deployments[(namespace, name)]
+            d["generation"] += 1
+            d["updated"] = 0
+            d["rv"] = self._next_rv()
+
+    def finish_rollout(self, namespace: str, name: str) -> None:
+        """The Deployment controller finished the roll-out: every pod updated."""
+        with self._lock:
+            d = self.deployments[(namespace, name)]
+            d["observed_generation"] = d["generation"]
+            d["updated"] = d["replicas"]
+            d["rv"] = self._next_rv()
+
+    def rollout_in_progress(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            d = self.deployments[(namespace, name)]
+            return d["observed_generation"] < d["generation"] or d["updated"] < d["replicas"]
 
     def replicas(self, namespace: str, name: str) -> int:
         with self._lock:
@@ -212,11 +307,19 @@ class FakeKubeAPI:
             return copy.deepcopy(self.leases.get((namespace, name)))
 
     # ------------------------------------------------------------------ routing
-    def _route(self, method: str, path: str, body: Any, ctype: str) -> tuple[int, Any]:
+    def _route(
+        self, method: str, path: str, body: Any, ctype: str, query: str = ""
+    ) -> tuple[int, Any]:
         with self._lock:
             m = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale", path)
             if m:
                 return self._scale(method, m.group(1), m.group(2), body, ctype)
+            m = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)", path)
+            if m:
+                return self._deployment(method, m.group(1), m.group(2), body, ctype)
+            m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?", path)
+            if m:
+                return self._pods(method, m.group(1), m.group(2), body, query)
             m = re.fullmatch(
                 r"/apis/autoscaling/v2/namespaces/([^/]+)/horizontalpodautoscalers", path
             )
@@ -273,8 +376,101 @@ class FakeKubeAPI:
         replicas = (new.get("spec") or {}).get("replicas")
         if not isinstance(replicas, int) or replicas < 0:
             return 422, _status(422, "Invalid", f"spec.replicas: invalid value {replicas!r}")
-        self.deployments[(ns, name)] = {"replicas": replicas, "rv": self._next_rv()}
+        d = self.deployments[(ns, name)]
+        old = d["replicas"]
+        d.update(replicas=replicas, rv=self._next_rv())
+        if "labels" in d:
+            d["updated"] = (
+                min(d["updated"], replicas) if replicas < old else d["updated"] + (replicas - old)
+            )
+            self._resize(ns, name, replicas)
         return 200, self._scale_obj(ns, name)
+
+    def _deployment_obj(self, ns: str, name: str) -> dict[str, Any]:
+        d = self.deployments[(ns, name)]
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "resourceVersion": d["rv"],
+                "generation": d["generation"],
+            },
+            "spec": {
+                "replicas": d["replicas"],
+                "selector": {"matchLabels": dict(d["labels"])},
+                "template": {
+                    "metadata": {
+                        "labels": dict(d["labels"]),
+                        "annotations": dict(d["annotations"]),
+                    },
+                    "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+                },
+            },
+            "status": {
+                "observedGeneration": d["observed_generation"],
+                "replicas": d["replicas"],
+                "updatedReplicas": d["updated"],
+                "readyReplicas": d["replicas"],
+                "availableReplicas": d["replicas"],
+            },
+        }
+
+    def _deployment(
+        self, method: str, ns: str, name: str, body: Any, ctype: str
+    ) -> tuple[int, Any]:
+        if (ns, name) not in self.deployments or "labels" not in self.deployments[(ns, name)]:
+            return 404, _status(404, "NotFound", f'deployments.apps "{name}" not found')
+        current = self._deployment_obj(ns, name)
+        if method == "GET":
+            return 200, current
+        if method != "PATCH":
+            return 405, _status(405, "MethodNotAllowed", method)
+        if "json-patch" in ctype:
+            return 415, _status(415, "UnsupportedMediaType", "use a merge patch")
+        new = _merge(current, body or {})
+        rv = (new.get("metadata") or {}).get("resourceVersion")
+        if rv != current["metadata"]["resourceVersion"]:
+            return 409, _status(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on deployments.apps "{name}": the object has '
+                "been modified; please apply your changes to the latest version and try again",
+            )
+        d = self.deployments[(ns, name)]
+        annotations = new["spec"]["template"]["metadata"].get("annotations") or {}
+        if annotations != d["annotations"]:
+            d["annotations"] = dict(annotations)
+            d["generation"] += 1
+            d["updated"] = 0  # a new ReplicaSet: no pod updated yet
+        d["rv"] = self._next_rv()
+        return 200, self._deployment_obj(ns, name)
+
+    def _pods(
+        self, method: str, ns: str, name: str | None, body: Any, query: str
+    ) -> tuple[int, Any]:
+        if name is None and method == "GET":
+            params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+            from urllib.parse import unquote
+
+            selector = unquote(params.get("labelSelector", ""))
+            want = dict(p.split("=", 1) for p in selector.split(",") if "=" in p)
+            items = [
+                copy.deepcopy(pod)
+                for (pns, _), pod in sorted(self.pods.items())
+                if pns == ns and want.items() <= pod["metadata"]["labels"].items()
+            ]
+            meta = {"resourceVersion": str(self._rv)}
+            return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": meta, "items": items}
+        if name is None or (ns, name) not in self.pods:
+            return 404, _status(404, "NotFound", f'pods "{name}" not found')
+        if method != "PATCH":
+            return 405, _status(405, "MethodNotAllowed", method)
+        pod = _merge(self.pods[(ns, name)], body or {})
+        pod["metadata"]["resourceVersion"] = self._next_rv()
+        self.pods[(ns, name)] = pod
+        return 200, copy.deepcopy(pod)
 
     def _object(
         self,

@@ -1,0 +1,146 @@
+"""Drain-aware scale-in: the ReplicaSet removes the idlest engine pods first.
+
+Kubernetes picks which pods a scale-down deletes; among ready pods of one ReplicaSet it
+deletes those with the lowest `controller.kubernetes.io/pod-deletion-cost` annotation
+first (an int32; unset = 0). Before a scale-down is applied, `PodDrainer.prepare` sets
+that annotation on every pod of the engine Deployment to the pod's in-flight requests
+(`vllm:num_requests_running`, read from Prometheus in ONE query grouped by pod), so the
+pods with the fewest running requests go first and long generations keep running.
+
+What happens to a request on a pod that is removed anyway (every pod busy): the pod gets
+SIGTERM after its preStop hook (the chart's engine template waits until the engine has
+no running request, bounded by terminationGracePeriodSeconds, sized from the model's
+e2e p99); vLLM stops taking new requests and finishes the running ones until the grace
+period ends, and only then is the pod killed.
+
+Missing data changes nothing: when Prometheus cannot be read or has no series for the
+model, no annotation is written (the ReplicaSet's default order applies) and the result
+says so; a pod without a series (not scraped yet, e.g. just started) costs 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import structlog
+
+from actuators.kubernetes import KubeCallError, call_with_retries
+from estimators.promql import RUNNING_METRICS
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+MAX_COST = 2**31 - 1  # the annotation is an int32
+
+
+class QueryClient(Protocol):
+    """What `prometheus_api_client.PrometheusConnect` offers (an instant query)."""
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
+
+
+RunningByPod = Callable[[str, str], Mapping[str, float] | None]
+"""(model, namespace) -> running requests per pod name, or None when unknown."""
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def running_by_pod_query(model: str, namespace: str, model_label: str = "model_name") -> str:
+    """The one grouped query: running requests per pod of `model` in `namespace`.
+    Example: `sum by (pod) (vllm:num_requests_running{model_name="m",namespace="llm"})`."""
+    sel = f'{{{model_label}="{_quote(model)}",namespace="{_quote(namespace)}"}}'
+    names = [*RUNNING_METRICS, *(n.replace(":", "_") for n in RUNNING_METRICS)]
+    return f"sum by (pod) ({' or '.join(n + sel for n in names)})"
+
+
+def prometheus_running_by_pod(client: QueryClient, model_label: str = "model_name") -> RunningByPod:
+    """A `RunningByPod` over a Prometheus client; None when the query fails, answers
+    garbage or has no series (no data is not zero)."""
+    log = structlog.get_logger("actuator.drain")
+
+    def running(model: str, namespace: str) -> Mapping[str, float] | None:
+        query = running_by_pod_query(model, namespace, model_label)
+        try:
+            result = client.custom_query(query)
+        except Exception as exc:  # any client failure: unknown, not zero
+            log.warning("running_by_pod_failed", model=model, error=repr(exc))
+            return None
+        out: dict[str, float] = {}
+        for item in result if isinstance(result, list) else []:
+            try:
+                pod = item["metric"]["pod"]
+                value = float(item["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            if isinstance(pod, str) and math.isfinite(value) and value >= 0:
+                out[pod] = value
+        return out or None
+
+    return running
+
+
+class PodDrainer:
+    """Sets pod-deletion-cost on a Deployment's pods from their running requests.
+
+    `core`/`apps`: kubernetes CoreV1Api / AppsV1Api; `running`: a `RunningByPod`;
+    `call(what, fn)`: runs one API call with retries (default `call_with_retries`).
+    """
+
+    def __init__(
+        self,
+        core: Any,
+        apps: Any,
+        running: RunningByPod,
+        *,
+        request_timeout_s: float = 5.0,
+        call: Callable[[str, Callable[[], Any]], Any] | None = None,
+    ) -> None:
+        self.core, self.apps, self.running = core, apps, running
+        self.timeout_s = request_timeout_s
+        self._call = call or (lambda what, fn: call_with_retries(fn, what=what))
+        self._log = structlog.get_logger("actuator.drain")
+
+    def prepare(self, model: str, namespace: str, deployment: str) -> str:
+        """Annotate every pod of `namespace/deployment` with its deletion cost; returns a
+        one-line account for status (never raises)."""
+        running = self.running(model, namespace)
+        if running is None:
+            return "drain: no per-pod running requests from Prometheus; default pod order"
+        where = f"deployment {namespace}/{deployment}"
+        try:
+            dep = self._call(
+                f"read {where}",
+                lambda: self.apps.read_namespaced_deployment(
+                    deployment, namespace, _request_timeout=self.timeout_s
+                ),
+            )
+            labels = (dep.spec.selector.match_labels or {}) if dep.spec.selector else {}
+            selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            pods = self._call(
+                f"list pods of {where}",
+                lambda: self.core.list_namespaced_pod(
+                    namespace, label_selector=selector, _request_timeout=self.timeout_s
+                ),
+            )
+            costs: dict[str, int] = {}
+            for pod in pods.items or []:
+                name = pod.metadata.name
+                cost = min(MAX_COST, round(running.get(name, 0.0)))
+                costs[name] = cost
+                if (pod.metadata.annotations or {}).get(DELETION_COST) == str(cost):
+                    continue
+                body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+                self._call(
+                    f"annotate pod {namespace}/{name}",
+                    lambda n=name, b=body: self.core.patch_namespaced_pod(
+                        n, namespace, b, _request_timeout=self.timeout_s
+                    ),
+                )
+        except KubeCallError as exc:
+            self._log.warning("drain_prepare_failed", model=model, error=str(exc))
+            return f"drain: could not set deletion costs ({exc}); default pod order"
+        shown = ", ".join(f"{n}={c}" for n, c in sorted(costs.items(), key=lambda kv: kv[1]))
+        self._log.info("drain_prepared", model=model, costs=costs)
+        return f"drain: deletion cost = running requests ({shown})"

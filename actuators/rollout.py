@@ -1,0 +1,282 @@
+"""Knob roll-outs for engines without live knobs: a rolling restart of the engine
+Deployment, so running replicas pick up new batching knobs.
+
+vLLM reads `max_num_seqs` / `max_num_batched_tokens` at start (`governor engine-args`
+asks the governor then). When a decision adopts a knob change big enough to be worth a
+restart (`Decision.rollout`, see `knob_rollout_gain_frac`), this actuator patches the
+pod-template annotation `ROLLOUT_ANNOTATION` of the model's Deployment to the new knobs;
+the Deployment controller then replaces the pods with its own surge settings
+(`maxSurge` / `maxUnavailable`), each new pod starting with the new knobs.
+
+Rules, per model:
+- at most one roll-out in flight: a Deployment whose roll-out is still in progress
+  (ours or anyone's: `status.observedGeneration < metadata.generation`, or fewer
+  updated than desired replicas) is not patched; the request waits (WAITING_ROLLOUT);
+- never during panic: while the model's latest decision is in panic the request waits
+  (WAITING_PANIC); restarting replicas in a surge would cut capacity when it is short;
+- rate-limited: at most one roll-out per `min_interval_s(model)` seconds
+  (`policy.rollout_min_interval_s`), else RATE_LIMITED until then;
+- the newest request wins: a later knob change replaces a waiting one;
+- the patch carries the resourceVersion it read (409 on a concurrent write: re-read and
+  retry, `retries` times; still conflicting: FAILED, kept for the next tick).
+Works the same whether KEDA or the governor scales the Deployment: the roll-out only
+touches the pod template, never spec.replicas.
+
+Status per model (`status()`, shown by `governor status`): the last outcome with the
+knobs and why it waits.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import structlog
+
+from actuators.kubernetes import MAX_BACKOFF_S, KubeCallError, call_with_retries, failure_reason
+from controller.types import Decision, Knobs
+
+ROLLOUT_ANNOTATION = "llm-governor.io/knobs"
+"""Pod-template annotation whose change restarts the engines: `seqs=S,tokens=T`."""
+
+
+def annotation_value(knobs: Knobs) -> str:
+    return f"seqs={knobs.max_num_seqs},tokens={knobs.max_num_batched_tokens}"
+
+
+class RolloutReason(StrEnum):
+    STARTED = "ROLLOUT_STARTED"
+    UNCHANGED = "ROLLOUT_UNCHANGED"  # the template already carries these knobs
+    WAITING_ROLLOUT = "ROLLOUT_WAITING_IN_PROGRESS"
+    WAITING_PANIC = "ROLLOUT_WAITING_PANIC"
+    RATE_LIMITED = "ROLLOUT_RATE_LIMITED"
+    NOT_FOUND = "ROLLOUT_NOT_FOUND"
+    FAILED = "ROLLOUT_FAILED"
+
+
+WAITING = frozenset(
+    {
+        RolloutReason.WAITING_ROLLOUT,
+        RolloutReason.WAITING_PANIC,
+        RolloutReason.RATE_LIMITED,
+        RolloutReason.FAILED,
+    }
+)
+"""Outcomes that keep the request queued for the next tick."""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStatus:
+    model: str
+    reason: RolloutReason
+    knobs: Knobs
+    detail: str
+    at_unix_s: float
+
+    def describe(self) -> str:
+        k = self.knobs
+        head = f"{self.reason}: seqs {k.max_num_seqs}, tokens {k.max_num_batched_tokens}"
+        return head + (f" ({self.detail})" if self.detail else "")
+
+
+def rollout_in_progress(dep: Any) -> bool:
+    """Whether a Deployment is still rolling out (kubectl rollout status's test)."""
+    status, spec = dep.status, dep.spec
+    if status is None:
+        return True
+    if (status.observed_generation or 0) < (dep.metadata.generation or 0):
+        return True
+    want = spec.replicas if spec is not None and spec.replicas is not None else 0
+    updated = status.updated_replicas or 0
+    return updated < want or (status.replicas or 0) > updated
+
+
+class KnobRolloutActuator:
+    """Applies `Decision.rollout` as a pod-template annotation patch (see module doc).
+
+    `targets()`: model -> (namespace, deployment). `min_interval_s(model)`: seconds
+    between two roll-outs of a model. `background`: do the API calls in a worker thread
+    (production) instead of inside `apply`.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        targets: Callable[[], Mapping[str, tuple[str, str]]],
+        min_interval_s: Callable[[str], float],
+        *,
+        request_timeout_s: float = 5.0,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        background: bool = True,
+        sleep: Callable[[float], None] | None = None,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        from kubernetes import client as k8s
+
+        self.apps = k8s.AppsV1Api(client)
+        self.targets, self.min_interval_s = targets, min_interval_s
+        self.timeout_s, self.retries, self.backoff_s = request_timeout_s, retries, backoff_s
+        self._sleep, self._wall, self._monotonic = sleep or time.sleep, wall, monotonic
+        self._on_error = on_error
+        self._log = structlog.get_logger("actuator.rollout")
+        self._lock = threading.Condition()
+        self._pending: dict[str, Knobs] = {}
+        self._panic: dict[str, bool] = {}
+        self._last_start: dict[str, float] = {}  # monotonic s of our last roll-out start
+        self._status: dict[str, RolloutStatus] = {}
+        self._stopped = False
+        self._worker: threading.Thread | None = None
+        if background:
+            self._worker = threading.Thread(target=self._run, name="k8s-rollout", daemon=True)
+            self._worker.start()
+
+    # ------------------------------------------------------------------ actuator
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        with self._lock:
+            for d in decisions:
+                if not d.valid:
+                    continue
+                self._panic[d.model] = d.panic
+                if d.rollout:
+                    self._pending[d.model] = d.knobs
+            self._lock.notify_all()
+        if self._worker is None:
+            self.run_pending()
+
+    def set_error_hook(self, on_error: Callable[[str], None] | None) -> None:
+        self._on_error = on_error
+
+    def status(self) -> dict[str, RolloutStatus]:
+        with self._lock:
+            return dict(self._status)
+
+    def pending(self) -> dict[str, Knobs]:
+        with self._lock:
+            return dict(self._pending)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopped and not self._pending:
+                    self._lock.wait()
+                if self._stopped:
+                    return
+            try:
+                self.run_pending()
+            except Exception as exc:  # the worker must survive anything
+                self._log.error("rollout_worker_failed", error=repr(exc))
+            with self._lock:  # waiting requests are looked at again on the next tick
+                if not self._stopped:
+                    self._lock.wait()
+
+    # ------------------------------------------------------------------ roll-outs
+    def run_pending(self) -> dict[str, RolloutStatus]:
+        """Try every queued roll-out once (in the calling thread)."""
+        with self._lock:
+            queued = dict(self._pending)
+        targets = self.targets()
+        out = {}
+        for model, knobs in queued.items():
+            if model not in targets:
+                with self._lock:
+                    self._pending.pop(model, None)
+                continue
+            st = self._try(model, *targets[model], knobs)
+            out[model] = st
+            with self._lock:
+                self._status[model] = st
+                if st.reason not in WAITING and self._pending.get(model) == knobs:
+                    del self._pending[model]
+        return out
+
+    def _try(self, model: str, namespace: str, deployment: str, knobs: Knobs) -> RolloutStatus:
+        def done(reason: RolloutReason, detail: str = "") -> RolloutStatus:
+            return RolloutStatus(model, reason, knobs, detail, self._wall())
+
+        with self._lock:
+            panic = self._panic.get(model, False)
+            last = self._last_start.get(model)
+        if panic:
+            return done(RolloutReason.WAITING_PANIC, "the model is in panic mode")
+        interval = self.min_interval_s(model)
+        now = self._monotonic()
+        if last is not None and now - last < interval:
+            return done(
+                RolloutReason.RATE_LIMITED,
+                f"last roll-out {now - last:.0f} s ago, at most one per {interval:.0f} s",
+            )
+        where = f"deployment {namespace}/{deployment}"
+        value = annotation_value(knobs)
+        try:
+            for attempt in range(self.retries + 1):
+                dep = self._call(
+                    f"read {where}", self.apps.read_namespaced_deployment, deployment, namespace
+                )
+                template = dep.spec.template.metadata if dep.spec and dep.spec.template else None
+                current = ((template.annotations if template else None) or {}).get(
+                    ROLLOUT_ANNOTATION
+                )
+                if current == value:
+                    return done(RolloutReason.UNCHANGED)
+                if rollout_in_progress(dep):
+                    return done(RolloutReason.WAITING_ROLLOUT, f"{where} is still rolling out")
+                body = {
+                    "metadata": {"resourceVersion": dep.metadata.resource_version},
+                    "spec": {
+                        "template": {"metadata": {"annotations": {ROLLOUT_ANNOTATION: value}}}
+                    },
+                }
+                try:
+                    self._call(
+                        f"patch {where}",
+                        self.apps.patch_namespaced_deployment,
+                        deployment,
+                        namespace,
+                        body,
+                        _content_type="application/merge-patch+json",
+                    )
+                except KubeCallError as exc:
+                    if exc.status == 409 and attempt < self.retries:
+                        delay = min(MAX_BACKOFF_S, self.backoff_s * 2**attempt)
+                        self._sleep(delay * random.uniform(0.9, 1.1))
+                        continue
+                    raise
+                with self._lock:
+                    self._last_start[model] = self._monotonic()
+                self._log.info("rollout_started", model=model, target=where, knobs=value)
+                return done(RolloutReason.STARTED, f"{where}: {ROLLOUT_ANNOTATION}={value}")
+            raise AssertionError("unreachable")  # pragma: no cover
+        except KubeCallError as exc:
+            self._log.warning("rollout_failed", model=model, error=str(exc))
+            if self._on_error is not None:
+                try:
+                    self._on_error(failure_reason(exc))
+                except Exception as hook_exc:  # counting must never break actuation
+                    self._log.error("actuation_error_hook_failed", error=repr(hook_exc))
+            if exc.status == 404:
+                return done(RolloutReason.NOT_FOUND, str(exc))
+            return done(RolloutReason.FAILED, str(exc))
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        return call_with_retries(
+            lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            sleep=self._sleep,
+            what=what,
+        )

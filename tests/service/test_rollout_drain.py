@@ -1,0 +1,211 @@
+"""Knob roll-outs and drain-aware scale-in against the fake Kubernetes API server
+(tests/service/fake_kube.py: no API server can run here; the fake follows the published
+contract, including the ReplicaSet's pod-deletion-cost order) with the real client.
+Clocks are injected; nothing sleeps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from actuators.drain import DELETION_COST, PodDrainer, prometheus_running_by_pod
+from actuators.kubernetes import KubernetesScaleActuator, api_client
+from actuators.rollout import ROLLOUT_ANNOTATION, KnobRolloutActuator, RolloutReason
+from controller.types import Decision, Knobs, Reason
+from tests.service.fake_kube import FakeKubeAPI
+from tests.service.fakes import quiet_logger
+
+NS = "llm"
+K1, K2, K3 = Knobs(64, 4096), Knobs(128, 8192), Knobs(32, 2048)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeAPI]:
+    with FakeKubeAPI(timeout_delay_s=0.6) as fake:
+        fake.add_deployment(NS, "demo", 4)
+        yield fake
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _decision(knobs: Knobs, *, rollout: bool = True, panic: bool = False, replicas: int = 4):
+    return Decision(
+        "demo", 0.0, True, replicas, knobs, (), Reason.KNOBS_CHANGED, panic=panic, rollout=rollout
+    )
+
+
+def _rollouts(api: FakeKubeAPI, clock: Clock, interval_s: float = 600.0) -> KnobRolloutActuator:
+    return KnobRolloutActuator(
+        api_client(api.url),
+        lambda: {"demo": (NS, "demo")},
+        lambda model: interval_s,
+        background=False,
+        sleep=lambda s: None,
+        monotonic=clock,
+        request_timeout_s=0.3,
+        backoff_s=0.01,
+    )
+
+
+def _reason(act: KnobRolloutActuator) -> RolloutReason:
+    return act.status()["demo"].reason
+
+
+# ---------------------------------------------------------------------- roll-outs
+def test_a_rollout_patches_the_template_and_never_overlaps_another(api: FakeKubeAPI) -> None:
+    clock = Clock()
+    act = _rollouts(api, clock, interval_s=0.0)
+    act.apply([_decision(K1)])
+    assert _reason(act) == RolloutReason.STARTED
+    assert api.template_annotations(NS, "demo") == {ROLLOUT_ANNOTATION: "seqs=64,tokens=4096"}
+    assert api.rollout_in_progress(NS, "demo")
+    # a second knob change while ours is rolling out waits, and keeps waiting each tick
+    act.apply([_decision(K2)])
+    act.apply([_decision(K2, rollout=False)])
+    assert _reason(act) == RolloutReason.WAITING_ROLLOUT
+    assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=64,tokens=4096"
+    assert act.pending() == {"demo": K2}
+    api.finish_rollout(NS, "demo")
+    act.apply([_decision(K2, rollout=False)])  # the next tick starts the waiting one
+    assert _reason(act) == RolloutReason.STARTED and act.pending() == {}
+    assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=128,tokens=8192"
+    assert api.count("PATCH", "/deployments/demo") == 2
+    assert api.count("PATCH", "/scale") == 0  # never touches replicas (KEDA mode too)
+
+
+def test_someone_elses_rollout_in_progress_is_waited_for(api: FakeKubeAPI) -> None:
+    api.start_rollout(NS, "demo")  # e.g. kubectl rollout restart, or a new image
+    act = _rollouts(api, Clock())
+    act.apply([_decision(K1)])
+    assert _reason(act) == RolloutReason.WAITING_ROLLOUT
+    assert api.count("PATCH", "/deployments/demo") == 0
+
+
+def test_rollouts_are_rate_limited_per_model(api: FakeKubeAPI) -> None:
+    clock = Clock()
+    act = _rollouts(api, clock, interval_s=600.0)
+    act.apply([_decision(K1)])
+    api.finish_rollout(NS, "demo")
+    clock.t += 599.0
+    act.apply([_decision(K2)])
+    st = act.status()["demo"]
+    assert st.reason == RolloutReason.RATE_LIMITED and "at most one per 600 s" in st.detail
+    clock.t += 1.0
+    act.apply([_decision(K2, rollout=False)])
+    assert _reason(act) == RolloutReason.STARTED
+
+
+def test_never_during_panic(api: FakeKubeAPI) -> None:
+    act = _rollouts(api, Clock())
+    act.apply([_decision(K1, panic=True)])
+    assert _reason(act) == RolloutReason.WAITING_PANIC
+    assert api.template_annotations(NS, "demo") == {}
+    act.apply([_decision(K1, rollout=False, panic=True)])
+    assert _reason(act) == RolloutReason.WAITING_PANIC
+    act.apply([_decision(K1, rollout=False, panic=False)])
+    assert _reason(act) == RolloutReason.STARTED
+
+
+def test_conflicts_are_retried_then_kept_for_the_next_tick(api: FakeKubeAPI) -> None:
+    act = _rollouts(api, Clock())
+    api.inject("PATCH", "/deployments/demo", 409, times=1)
+    act.apply([_decision(K1)])
+    assert _reason(act) == RolloutReason.STARTED  # re-read and retried under the new rv
+    api.finish_rollout(NS, "demo")
+    act2 = _rollouts(api, Clock())
+    api.inject("PATCH", "/deployments/demo", 409, times=10)
+    act2.apply([_decision(K3)])
+    assert _reason(act2) == RolloutReason.FAILED and act2.pending() == {"demo": K3}
+    api.faults.clear()
+    act2.apply([_decision(K3, rollout=False)])
+    assert _reason(act2) == RolloutReason.STARTED
+    assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=32,tokens=2048"
+
+
+def test_same_knobs_are_not_rolled_out_twice(api: FakeKubeAPI) -> None:
+    act = _rollouts(api, Clock(), interval_s=0.0)
+    act.apply([_decision(K1)])
+    api.finish_rollout(NS, "demo")
+    act.apply([_decision(K1)])
+    assert _reason(act) == RolloutReason.UNCHANGED
+    assert api.count("PATCH", "/deployments/demo") == 1
+
+
+# ---------------------------------------------------------------------- drain
+class FakeProm:
+    """A Prometheus client double answering the per-pod query (the query's text is
+    checked; its evaluation by a real server is covered in tests/integration)."""
+
+    def __init__(self, running: dict[str, float] | None) -> None:
+        self.running, self.queries = running, []
+
+    def custom_query(self, query: str, params: Any = None) -> Any:
+        self.queries.append(query)
+        if self.running is None:
+            raise ConnectionError("prometheus down")
+        return [{"metric": {"pod": p}, "value": [0, str(v)]} for p, v in self.running.items()]
+
+
+def _scaler(api: FakeKubeAPI, prom: FakeProm | None) -> KubernetesScaleActuator:
+    from kubernetes import client as k8s
+
+    kube = api_client(api.url)
+    drain = None
+    if prom is not None:
+        drainer = PodDrainer(
+            k8s.CoreV1Api(kube), k8s.AppsV1Api(kube), prometheus_running_by_pod(prom)
+        )
+        drain = drainer.prepare
+    return KubernetesScaleActuator(
+        kube,
+        lambda: {"demo": (NS, "demo")},
+        background=False,
+        sleep=lambda s: None,
+        request_timeout_s=0.3,
+        logger=quiet_logger(),
+        drain=drain,
+    )
+
+
+def _scale_down(api: FakeKubeAPI, prom: FakeProm | None) -> KubernetesScaleActuator:
+    act = _scaler(api, prom)
+    act.apply([_decision(K1, rollout=False, replicas=2)])
+    return act
+
+
+def test_scale_down_removes_the_pods_with_the_fewest_running_requests(api: FakeKubeAPI) -> None:
+    assert api.pods_of(NS, "demo") == ["demo-1", "demo-2", "demo-3", "demo-4"]
+    prom = FakeProm({"demo-1": 5, "demo-2": 0, "demo-3": 2, "demo-4": 7})
+    act = _scale_down(api, prom)
+    assert sorted(api.deleted_pods) == ["demo-2", "demo-3"]
+    assert api.pods_of(NS, "demo") == ["demo-1", "demo-4"]
+    assert len(prom.queries) == 1 and "sum by (pod)" in prom.queries[0]
+    assert 'model_name="demo",namespace="llm"' in prom.queries[0]
+    assert "demo-2=0, demo-3=2" in act.status()["demo"].detail
+
+
+def test_without_drain_the_replicaset_removes_the_newest(api: FakeKubeAPI) -> None:
+    _scale_down(api, None)
+    assert sorted(api.deleted_pods) == ["demo-3", "demo-4"]  # long generations included
+
+
+def test_no_prometheus_data_writes_no_cost_and_still_scales(api: FakeKubeAPI) -> None:
+    act = _scale_down(api, FakeProm(None))
+    assert api.replicas(NS, "demo") == 2
+    assert all(DELETION_COST not in p["metadata"]["annotations"] for p in api.pods.values())
+    assert "default pod order" in act.status()["demo"].detail
+
+
+def test_a_scale_up_sets_no_deletion_cost(api: FakeKubeAPI) -> None:
+    prom = FakeProm({"demo-1": 5})
+    act = _scaler(api, prom)
+    act.apply([_decision(K1, rollout=False, replicas=6)])
+    assert api.replicas(NS, "demo") == 6 and prom.queries == []
