@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.chart import MODEL_8B, MODEL_CODE, NAMESPACE, one, render, values
+from tests.helm.chart import MODEL_8B, MODEL_CODE, NAMESPACE, deep_merge, one, render, values
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(
@@ -26,7 +26,7 @@ SEL = f'job="{FULLNAME}",namespace="{NAMESPACE}"'
 
 def _rules(**overrides: Any) -> dict[str, Any]:
     monitoring = {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}
-    objs = render(values(monitoring=monitoring, **overrides))
+    objs = render(values(**deep_merge({"monitoring": monitoring}, overrides)))
     return {"groups": one(objs, "PrometheusRule")["spec"]["groups"]}
 
 
@@ -361,3 +361,12 @@ def test_tail_latency_alerts_see_what_the_p95_sla_does_not(tmp_path: Path) -> No
         }
     ]
     _run_tests(tmp_path, rules, tests)
+
+
+def test_actuation_gap_alerts_can_be_turned_off_without_kube_state_metrics() -> None:
+    on = {r.get("alert") for g in _rules()["groups"] for r in g["rules"]}
+    assert {"GovernorActuationGap", "GovernorActuationUnobserved"} <= on
+    rules = _rules(monitoring={"prometheusRule": {"actuationGap": False}})
+    off = {r.get("alert") for g in rules["groups"] for r in g["rules"]}
+    assert not {"GovernorActuationGap", "GovernorActuationUnobserved"} & off
+    assert "GovernorControllerStale" in off
