@@ -654,14 +654,22 @@ class Decider:
         healthy = True
         goal_frac = sla.attainment_goal_frac
         itl_goal = min(goal_frac, 1.0 - ITL_SLOW_GAPS_FRAC)
-        for att, p95, target, (goal, factor) in (
-            (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, (goal_frac, 1.0)),
-            (
+        # ITL evidence: the per-request TPOT (`vllm:request_time_per_output_token_seconds`)
+        # where the engine exposes it, judged like the SLA itself (each request's
+        # streaming speed against the target, the attainment goal, no slow-gap allowance);
+        # else the per-token histogram with its allowance (see ITL_SLOW_GAPS_FRAC).
+        if obs.tpot_attainment_frac is not None or obs.tpot_p95_ms is not None:
+            itl = (obs.tpot_attainment_frac, obs.tpot_p95_ms, sla.itl_p95_ms, (goal_frac, 1.0))
+        else:
+            itl = (
                 obs.itl_attainment_frac,
                 obs.itl_p95_ms,
                 sla.itl_p95_ms,
                 (itl_goal, MIXED_STEP_FACTOR),
-            ),
+            )
+        for att, p95, target, (goal, factor) in (
+            (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, (goal_frac, 1.0)),
+            itl,
         ):
             if att is not None:
                 violated |= att < goal

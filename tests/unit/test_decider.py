@@ -265,6 +265,21 @@ def test_sla_violation_on_full_fleet_adds_replicas() -> None:
         ),
         pytest.param({"ttft_p95_ms": 650.0}, True, id="ttft-p95-over-target"),
         pytest.param({"itl_p95_ms": 90.0}, False, id="itl-p95-under-2x"),
+        # per-request TPOT, where exposed, is the ITL evidence (the SLA is per request)
+        pytest.param(
+            {"itl_attainment_frac": 0.85, "tpot_attainment_frac": 0.995},
+            False,
+            id="tpot-met-overrides-slow-token-gaps",
+        ),
+        pytest.param(
+            {"itl_attainment_frac": 0.95, "tpot_attainment_frac": 0.98},
+            True,
+            id="tpot-attainment-below-goal",
+        ),
+        pytest.param({"tpot_p95_ms": 60.0}, True, id="tpot-p95-over-target"),
+        pytest.param(
+            {"itl_p95_ms": 120.0, "tpot_p95_ms": 40.0}, False, id="tpot-p95-within-target"
+        ),
     ],
 )
 def test_sla_evidence_rules(kw: dict, corrects: bool) -> None:
