@@ -520,3 +520,49 @@ def test_notes_warn_about_unselected_monitoring_and_dropped_tolerance() -> None:
         scaling={"zeroTolerance": True},
     )
     assert "release: <its release name>" not in labelled and "10 % band" not in labelled
+
+
+def test_engine_args_script_runs_with_or_without_the_local_governor(tmp_path: Path) -> None:
+    """The rendered engine-args script, run by /bin/sh with the real Python: it waits for
+    the pod's own governor port (bounded), then runs engine-args either way."""
+    import socket
+    import sys
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    vals = values(
+        mode="sidecar",
+        models=[MODEL_8B],
+        ports={"grpc": port},
+        sidecar={"engineArgsWaitSeconds": 1},
+        exampleEngine={"enabled": True},
+    )
+    pod = one(render(vals, namespace="llm"), "Deployment", MODEL_8B["deployment"])
+    init = container(pod["spec"]["template"]["spec"], "governor-engine-args", init=True)
+    out = tmp_path / "engine-args"
+    script = init["args"][0].replace("/run/governor/engine-args", str(out))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    _stub(bin_dir / "governor", 'echo "--max-num-seqs 64 $*"\n')
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "GOVERNOR_MODEL": MODEL_8B["name"],
+        "GOVERNOR_SERVER": f"127.0.0.1:{port}",
+    }
+    try:
+        for _ in ("listening", "closed"):
+            done = subprocess.run(
+                ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, timeout=30
+            )
+            assert done.returncode == 0, done.stderr
+            # The wait itself ran cleanly (a broken wait would not stop engine-args).
+            assert done.stderr == "", done.stderr
+            flags = out.read_text()
+            assert flags.startswith("--max-num-seqs 64 engine-args --model"), flags
+            assert f"--server 127.0.0.1:{port}" in flags
+            listener.close()  # second round: nobody listens, the wait gives up after 1 s
+    finally:
+        listener.close()
