@@ -11,7 +11,8 @@ answers into typed per-model outcomes:
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
   that is not an instant vector of numbers) -> `SourceError` carrying the query;
 - a model without a finite arrival rate -> `NoDataError(model, "arrival_rate")`; a model
-  whose engine scrape targets are all down or gone -> `NoDataError(model, "targets_up")`;
+  whose engine scrape targets (seen within the lookback) are all down or gone from
+  service discovery -> `NoDataError(model, "targets_up")`;
   a model without a current sample, or whose newest sample is older than
   `max_staleness_s` -> `NoDataError(model, "staleness")`: a dead fleet is never read as
   an idle one (its rates decay to zero over a window while nothing is scraped). Other
@@ -284,8 +285,11 @@ class PrometheusSource:
             return NoDataError(name, DEMAND_SIGNAL, detail)
         up = _count(t.targets_up, name)
         known = _count(t.targets_known, name)
-        if known and not up:
-            detail = f"every engine scrape target is down or gone (0 of {known} up)"
+        seen = _count(t.targets_seen, name)
+        if seen is None:
+            seen = known
+        if seen and not up:  # up 0, or no `up` series left: down or gone, every one
+            detail = f"every engine scrape target is down or gone (0 of {seen} up)"
             return NoDataError(name, TARGETS_SIGNAL, detail)
         gauge_ts = _finite(t.gauge_ts, name)
         counter_ts = _finite(t.counter_ts, name)
@@ -436,6 +440,7 @@ class _Tables:
         self.counter_ts = col(state, Signal.COUNTER_SAMPLE_TS.value)
         self.targets_up = col(state, Signal.TARGETS_UP.value)
         self.targets_known = col(state, Signal.TARGETS_KNOWN.value)
+        self.targets_seen = col(state, Signal.TARGETS_SEEN.value)
         self.prefix_hit = col(rates, Signal.PREFIX_CACHE_HIT_FRAC.value)
         self.preemptions = col(rates, Signal.PREEMPTION_RATE_PER_S.value)
         self.prompt_mean = col(rates, Signal.PROMPT_TOKENS_MEAN.value)

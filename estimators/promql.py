@@ -114,6 +114,7 @@ class Signal(StrEnum):
     COUNTER_SAMPLE_TS = "counter_sample_ts"
     TARGETS_UP = "targets_up"
     TARGETS_KNOWN = "targets_known"
+    TARGETS_SEEN = "targets_seen"
     PREFIX_CACHE_HIT_FRAC = "prefix_cache_hit_frac"
     PREEMPTION_RATE_PER_S = "preemption_rate_per_s"
 
@@ -331,28 +332,27 @@ class QueryBuilder:
         )
         return f"(clamp_min({completions} + {growth}, 0) or {completions})"
 
-    def targets(self) -> str:
-        """Each engine scrape target of a model, valued 1 when up and 0 when down or
-        gone, labels (model, job, instance).
-
-        A target belongs to the models whose `vllm:num_requests_running` it exported
-        within the lookback (`last_over_time` skips the staleness markers a failed
-        scrape writes). Its health is `up`; a target that left service discovery has
-        no `up` any more and reads 0 for the lookback (`last_over_time(up) * 0`).
-        """
+    def engine_targets(self) -> str:
+        """The scrape targets (job, instance) of each model's engines: those that
+        exported `vllm:num_requests_running` within the lookback, valued 1, labels
+        (model, job, instance). `last_over_time` skips the staleness markers a failed
+        scrape writes, so a target that went down or left service discovery stays here
+        for the lookback."""
         m = self.model_label
-        engines = f"group by ({m}, job, instance) ({self.either(RUNNING_METRICS, 'last_over_time({name}[{lb}])')})"  # noqa: E501
-        health = f"(up or last_over_time(up[{self.lookback}]) * 0)"
-        return f"({engines} * on (job, instance) group_left () {health})"
+        engines = self.either(RUNNING_METRICS, "last_over_time({name}[{lb}])")
+        return f"group by ({m}, job, instance) ({engines})"
 
     def state(self) -> str:
         """Instant gauges per model: running and waiting (sums over engines, requests),
         KV usage (mean over engines, fraction, 1 = full), ready replicas (engines
         reporting), the newest gauge and counter sample times (unix seconds), and the
-        engine scrape targets up and known (up + down or gone, see `targets`).
+        engine scrape targets: up (`up == 1`), known (in service discovery now: an `up`
+        series exists) and seen (within the lookback, see `engine_targets`). Seen but
+        not known is gone (a deleted pod); known but not up is down.
         """
         m = self.model_label
-        targets = self.targets()
+        engines = self.engine_targets()
+        health = f"({engines} * on (job, instance) group_left () up)"
         parts = [
             _tag(f"sum by ({m}) ({self.either(RUNNING_METRICS)})", Signal.RUNNING),
             _tag(f"sum by ({m}) ({self.either(WAITING_METRICS)})", Signal.WAITING),
@@ -366,8 +366,9 @@ class QueryBuilder:
                 f"max by ({m}) ({self.either(SUCCESS_METRICS, 'timestamp({name})')})",
                 Signal.COUNTER_SAMPLE_TS,
             ),
-            _tag(f"sum by ({m}) {targets}", Signal.TARGETS_UP),
-            _tag(f"count by ({m}) {targets}", Signal.TARGETS_KNOWN),
+            _tag(f"sum by ({m}) {health}", Signal.TARGETS_UP),
+            _tag(f"count by ({m}) {health}", Signal.TARGETS_KNOWN),
+            _tag(f"count by ({m}) ({engines})", Signal.TARGETS_SEEN),
         ]
         return " or ".join(parts)
 

@@ -132,10 +132,12 @@ class Observation:
     Never 0 in an Observation from `PrometheusSource`: with every target down or gone it
     returns `NoDataError(model, "targets_up")` (a dead fleet is not an idle fleet)."""
     targets_down: int | None = None
-    """Engine scrape targets of this model that are down (`up == 0`) or gone from service
-    discovery within the source's lookback (a deleted pod). While > 0 the rates and
-    gauges cover only the live engines (`running`/`waiting` of a dead engine are absent,
-    not 0): a decider must not read the lower demand as a reason to scale down."""
+    """Engine scrape targets of this model that are down (`up == 0`) while still in
+    service discovery. A target that left discovery (a deleted pod, a scale-in) is not
+    counted; when every target of the model is down or gone the source returns
+    `NoDataError(model, "targets_up")` instead. While this is > 0 the rates and gauges
+    cover only the live engines (`running`/`waiting` of a dead engine are absent, not 0):
+    a decider must not read the lower demand as a reason to scale down."""
     extra: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

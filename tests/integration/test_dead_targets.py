@@ -3,12 +3,13 @@ Prometheus whose engine targets go down, then vanish from service discovery.
 
 Three fake vLLM exporters (tests/integration/fake_vllm.py) are scraped every second:
 two serve model "dead" (one engine each), one serves model "alive". The test stops the
-"dead" exporters one at a time, then removes them from the scrape config (a deleted
-pod), and observes after each step, waiting (polling with a deadline) until Prometheus
+"dead" exporters and removes them from the scrape config (a deleted pod), one at a
+time, and observes after each step, waiting (polling with a deadline) until Prometheus
 has recorded the change:
 
 - one of two targets down: still an observation, `targets_up` 1, `targets_down` 1;
-- both down: `NoDataError(model, "targets_up")`, although the rate window still holds
+- that one removed from discovery (a scale-in): `targets_down` 0 (gone is not down);
+- the other down too: `NoDataError(model, "targets_up")`, although the rate window still holds
   samples (the arrival rate PromQL computes is positive and would decay to 0 over the
   window: the failure of the issue);
 - both gone from discovery: still no data (a vanished target counts as down for the
@@ -121,10 +122,15 @@ def test_targets_going_down_then_gone_read_as_no_data(world: World) -> None:
     first, second = world.dead
     first.stop()
     wait_for(lambda: world.up(first.target) == 0.0, 15.0, "the first target down")
-    half = world.observe()
-    obs = _observed(half, DEAD)
+    obs = _observed(world.observe(), DEAD)
     assert (obs.targets_up, obs.targets_down) == (1, 1)
     assert obs.running == 3.0  # the live engine's gauge; the dead one's is absent, not 0
+
+    # A scale-in deletes the pod: gone from discovery is not "down".
+    world.prometheus.reload({"engines": [second.target, world.alive.target]})
+    wait_for(lambda: world.up(first.target) is None, 15.0, "the first target gone")
+    obs = _observed(world.observe(), DEAD)
+    assert (obs.targets_up, obs.targets_down) == (1, 0)
 
     second.stop()
     wait_for(lambda: world.up(second.target) == 0.0, 15.0, "the second target down")

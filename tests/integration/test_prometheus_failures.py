@@ -67,6 +67,7 @@ def healthy_answers() -> dict[str, Any]:
             tagged(m, Signal.COUNTER_SAMPLE_TS, NOW - 2.5),
             tagged(m, Signal.TARGETS_UP, 2),
             tagged(m, Signal.TARGETS_KNOWN, 3),
+            tagged(m, Signal.TARGETS_SEEN, 4),  # one left discovery: neither up nor down
         ]
     return {
         "demand": [tagged(m, Signal.ARRIVAL_RPS, 12.5) for m in (A, B)]
@@ -161,6 +162,7 @@ def test_non_finite_optional_signals_are_none_never_zero(bad: str) -> None:
             Signal.GAUGE_SAMPLE_TS,
             Signal.TARGETS_UP,
             Signal.TARGETS_KNOWN,
+            Signal.TARGETS_SEEN,
         )
     ] + [tagged(A, Signal.COUNTER_SAMPLE_TS, NOW - 2.0)]
     answers["demand"] += [
@@ -227,18 +229,21 @@ def test_samples_older_than_the_limit_are_no_data() -> None:
     )
 
 
-@pytest.mark.parametrize("up", ["0", "NaN"])
-def test_every_target_down_is_no_data(up: str) -> None:
+@pytest.mark.parametrize("up", ["0", "NaN", None])
+def test_every_target_down_or_gone_is_no_data(up: str | None) -> None:
+    """Down (up 0), unreadable, or gone from discovery (no `up` series left: only the
+    lookback still sees the targets): no data, never a decaying demand."""
     answers = healthy_answers()
+    gone = {"targets_up", "targets_known"} if up is None else {"targets_up"}
     answers["state"] = [
         s
         for s in answers["state"]
-        if not (s["metric"]["model_name"] == A and s["metric"][SIGNAL_LABEL] == "targets_up")
-    ] + [tagged(A, Signal.TARGETS_UP, up)]
+        if not (s["metric"]["model_name"] == A and s["metric"][SIGNAL_LABEL] in gone)
+    ] + ([] if up is None else [tagged(A, Signal.TARGETS_UP, up)])
     results = fake_source(answers)[0].observe(MODELS, NOW)
     err = results[A]
     assert isinstance(err, NoDataError) and err.signal == "targets_up", err
-    assert "0 of 3 up" in str(err)
+    assert "0 of 4 up" in str(err)
     assert isinstance(results[B], Observation)
 
 

@@ -141,12 +141,14 @@ def test_seed_window_rides_in_the_demand_query() -> None:
 
 def test_targets_join_up_on_job_and_instance() -> None:
     state = build_queries(accept_escaped=False, window_s=60).state
-    assert (
+    engines = (
         "group by (model_name, job, instance) (last_over_time(vllm:num_requests_running[300s]))"
-        " * on (job, instance) group_left () (up or last_over_time(up[300s]) * 0)"
-    ) in state
+    )
+    assert f"sum by (model_name) ({engines} * on (job, instance) group_left () up)" in state
+    assert f"count by (model_name) ({engines} * on (job, instance) group_left () up)" in state
+    assert f"count by (model_name) ({engines})" in state  # seen within the lookback
     lb = build_queries(targets_lookback_s=120).state
-    assert "last_over_time(up[120s])" in lb
+    assert "[120s]" in lb and "[300s]" not in lb
 
 
 @pytest.mark.parametrize(
