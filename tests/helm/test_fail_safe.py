@@ -449,6 +449,9 @@ def test_new_schema_fields_reach_the_objects() -> None:
         "/etc/governor-tls/tls.key",
         "/etc/governor-tls/ca.crt",
     )
+    # The kubelet's gRPC probe has no TLS: a TLS server is probed with TCP connects.
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert gov[kind]["tcpSocket"] == {"port": 50051} and "grpc" not in gov[kind], kind
     tls = next(v for v in pod["volumes"] if v["name"] == "governor-tls")
     assert tls["secret"]["secretName"] == "gov-tls"
     assert any(m["mountPath"] == "/etc/governor-tls" for m in gov["volumeMounts"])

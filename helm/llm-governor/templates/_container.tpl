@@ -56,12 +56,19 @@ file is missing. */}}
 {{- end }}
 {{- end -}}
 
+{{/* A gRPC health probe; with tls.existingSecret a TCP connect instead: the kubelet's gRPC
+probe speaks plaintext only, and a TLS server would fail it forever. */}}
 {{- define "llm-governor.grpcProbe" -}}
+{{- if .root.Values.tls.existingSecret }}
+tcpSocket:
+  port: {{ int .root.Values.ports.grpc }}
+{{- else }}
 grpc:
   port: {{ int .root.Values.ports.grpc }}
   {{- if .probe.service }}
   service: {{ .probe.service | quote }}
   {{- end }}
+{{- end }}
 {{- with .probe.periodSeconds }}
 periodSeconds: {{ int . }}
 {{- end }}
