@@ -540,7 +540,10 @@ def test_dashboard_and_alerts_use_only_exported_metrics(
 
 
 def test_alerts_cover_sla_burn_staleness_and_actuation() -> None:
-    objs = render(values(models=ALL_MODELS, monitoring={"prometheusRule": {"enabled": True}}))
+    # One model also sets the seed policy's e2e_p95_ms.
+    code = {**MODEL_CODE, "sla": {**MODEL_CODE["sla"], "e2e_p95_ms": 20000}}
+    models = [MODEL_8B, code, MODEL_OTHER_NS]
+    objs = render(values(models=models, monitoring={"prometheusRule": {"enabled": True}}))
     rules = [r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
     alerts = [r for r in rules if "alert" in r]
     names = {r["alert"] for r in alerts}
@@ -552,11 +555,21 @@ def test_alerts_cover_sla_burn_staleness_and_actuation() -> None:
         if r["alert"] == "GovernorSLABurn"
     }
     expected = set()
-    for m in ALL_MODELS:
+    for m in models:
         expected |= {(m["name"], "ttft_p95"), (m["name"], "itl_p95")}
-        if m["sla"].get("e2e_p99_ms"):
-            expected.add((m["name"], "e2e_p99"))
+        for key in ("e2e_p95", "e2e_p99"):
+            if m["sla"].get(f"{key}_ms"):
+                expected.add((m["name"], key))
     assert burns == expected
+    # Tail alerts: p99 and p99.9 per model for TTFT, ITL and end to end when set.
+    tails = {
+        (r["labels"]["model"], r["labels"]["latency"], r["labels"]["quantile"])
+        for r in alerts
+        if r["alert"].startswith("GovernorLatencyP")
+    }
+    assert (code["name"], "e2e", "p99.9") in tails
+    assert (MODEL_OTHER_NS["name"], "e2e", "p99") not in tails
+    assert len(tails) == 2 * (3 + 3 + 2)
     # The governor-side alerts select this release's Service (the ServiceMonitor's job);
     # the latency ones read vLLM's series, the unobserved one kube-state-metrics' only.
     vllm_side = {"GovernorSLABurn", "GovernorLatencyP99High", "GovernorLatencyP999High"}
