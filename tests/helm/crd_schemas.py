@@ -108,6 +108,15 @@ SCALED_OBJECT: dict[str, Any] = {
                     "properties": {
                         "failureThreshold": {"type": "integer", "minimum": 1},
                         "replicas": {"type": "integer", "minimum": 0},
+                        # KEDA >= 2.15
+                        "behavior": {
+                            "enum": [
+                                "static",
+                                "currentReplicas",
+                                "currentReplicasIfHigher",
+                                "currentReplicasIfLower",
+                            ]
+                        },
                     },
                 },
                 "advanced": {

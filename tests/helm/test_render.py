@@ -236,7 +236,12 @@ def test_keda_scaled_objects_add_no_damping_and_have_fallback() -> None:
     # (test_fail_safe.py covers the switch).
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
     _assert_no_damping(behavior, 16, tolerance=False)
-    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 2}  # fallback_replicas
+    # a governor outage holds max(current, fallback_replicas): it never shrinks the fleet
+    assert spec["fallback"] == {
+        "failureThreshold": 3,
+        "replicas": 2,  # fallback_replicas
+        "behavior": "currentReplicasIfHigher",
+    }
     trig = spec["triggers"][0]
     assert trig["type"] == "external-push"
     assert trig["metadata"]["model"] == MODEL_8B["name"]
