@@ -145,6 +145,9 @@ class ScalingPolicy(_Strict):
     )
     scale_to_zero_idle_s: PositiveFloat = Field(default=600.0, le=86_400)
     no_data_ticks_before_fallback: PositiveInt = Field(default=3, le=1000)
+    max_staleness_s: PositiveFloat = Field(
+        default=90.0, le=3600, description="an observation whose newest sample is older is no data"
+    )
     target_utilization_frac: float = Field(default=0.85, gt=0, le=1)
     itl_margin_frac: float = Field(default=0.85, gt=0, le=1)
     forecast_alpha: float = Field(default=0.3, gt=0, le=1)
@@ -261,6 +264,11 @@ class GovernorConfig(_Strict):
             raise ValueError(
                 f"policy.window_s ({self.policy.window_s}) must be >= 2 x "
                 f"prometheus.scrape_interval_s ({scrape}): a rate needs two samples"
+            )
+        if self.policy.max_staleness_s < 2.0 * scrape:
+            raise ValueError(
+                f"policy.max_staleness_s ({self.policy.max_staleness_s}) must be >= 2 x "
+                f"prometheus.scrape_interval_s ({scrape}): samples are that old between scrapes"
             )
         return self
 

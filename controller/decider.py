@@ -189,6 +189,9 @@ class Decider:
             d, s = self._no_data(observation, state, now_s)  # step 1
             return d, replace(s, rules=RuleMemory())  # rule timers need unbroken data
         obs = clean_observation(observation)
+        if (why := self._unusable(obs, state)) is not None:  # step 1: a dead fleet
+            d, s = self._no_data(NoDataError(obs.model, "engines", why), state, now_s)
+            return d, replace(s, rules=RuleMemory())
         lengths = self._lengths(obs, state, now_s)
         knobs, knob_reason, pending = self._knobs(obs, lengths, state, now_s)  # step 2
         rollout = knob_reason == Reason.KNOBS_CHANGED and self._material(
@@ -203,7 +206,8 @@ class Decider:
         raw = self._raw(state, now_s, demand, base_capacity, plant)  # steps 4 and 5
         panic_state = self._panic(state, now_s, demand, raw)
         burst = self._burst(state, now_s, demand, panic_state[2])
-        stages, windows = self._stages(state, now_s, raw, demand, panic_state)  # step 6
+        partial = f"{obs.targets_down} engine target(s) down" if obs.targets_down else None
+        stages, windows = self._stages(state, now_s, raw, demand, panic_state, partial)  # step 6
         rules = state.rules
         if self.model.scale_out_rules:  # step 7
             stages, windows, rules = self._rules(obs, state, now_s, stages, windows)
@@ -346,7 +350,13 @@ class Decider:
         demand = max(0.0, load.level + uplift) + backlog
         short = obs.arrival_rate_short_rps
         short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
-        idle = obs.arrival_rate_rps == 0 and not obs.waiting and not obs.running
+
+        # Idle means gauges that read zero: absent ones are unknown (only a fleet we
+        # scaled to zero has no engines to report them).
+        def zero(v: float | None) -> bool:
+            return v == 0 if v is not None else state.replicas == 0
+
+        idle = obs.arrival_rate_rps == 0 and zero(obs.waiting) and zero(obs.running)
         # What was observed (the short window, or the long one when higher): the size of
         # a panic and of a remembered burst. Observed, not forecast: a trend fitted to the
         # first few samples of a surge overshoots, and the overshoot later unwinds.
@@ -426,6 +436,7 @@ class Decider:
         raw: _Raw,
         demand: _Demand,
         panic_state: tuple[bool, float | None, Reason],
+        partial: str | None = None,
     ) -> tuple[list[Stage], _Outcome]:
         """Step 6: panic, or deadband -> stabilize -> rate-limit; then cooldown -> clamp.
         Returns the stage trace and the final replicas with the new stage memory."""
@@ -473,6 +484,13 @@ class Decider:
         )
         out = clamp(value, lo, bounds.max_replicas)
         stages.append(_stage("clamp", value, out))
+        if partial is not None and out.value < current:
+            # Part of the fleet is not seen: its demand is missing, not zero.
+            value, out = (
+                out.value,
+                StageOut(current, Reason.NO_DATA_HOLD, f"{partial}: no scale-down"),
+            )
+            stages.append(_stage("health", value, out))
         return stages, self._outcome(state, now_s, out.value, recs, panic_until, raw.idle_since)
 
     def _rules(
@@ -697,6 +715,27 @@ class Decider:
         return c
 
     # ------------------------------------------------------------------ no data
+    def _unusable(self, obs: Observation, state: ModelState) -> str | None:
+        """Why an observation is no data although it parsed, or None.
+
+        A dead fleet reads like a quiet one: when every engine target goes down, the
+        gauges vanish at once while the rate window still holds the old samples and
+        decays over one window (8.4 -> 6.4 -> 4.4 -> 2.8 -> 1.9 req/s). Stale samples,
+        no target up, or no engine gauge at all are therefore no data, never a reason
+        to scale down. A fleet we scaled to zero has no engines to report: that is
+        not a dead one.
+        """
+        max_age = self.policy.max_staleness_s
+        if not math.isfinite(obs.staleness_s) or obs.staleness_s > max_age:
+            return f"newest sample {obs.staleness_s:.0f} s old (max_staleness_s {max_age:g})"
+        if state.replicas == 0:
+            return None
+        if obs.targets_up == 0:
+            return "every engine target is down"
+        if obs.running is None and obs.waiting is None:
+            return "engine gauges (running, waiting) absent: engines gone or not scraped"
+        return None
+
     def _hold(
         self, model: str, state: ModelState, now_s: float, why: str
     ) -> tuple[Decision, ModelState]:

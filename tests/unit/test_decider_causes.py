@@ -5,6 +5,7 @@ replicas run."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from controller.config import GovernorConfig, PrometheusSettings
 from controller.decider import Decider
-from controller.types import KnobMemory, Knobs
+from controller.types import KnobMemory, Knobs, Reason
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import obs
 
@@ -70,3 +71,52 @@ def test_capacity_counts_the_knobs_the_replicas_run() -> None:
     dec, s = d.decide(o, gone, ORIGIN_S)
     assert dec.capacity_rps_per_replica == published.capacity_rps_per_replica
     assert s.knob_memory.running is None
+
+
+# ---------------------------------------------------------------------- a dead fleet
+@pytest.mark.parametrize("stabilization_s", [0.0, 10.0, 300.0])
+@pytest.mark.parametrize(
+    "dead",
+    [
+        pytest.param({"targets_up": 0, "targets_down": 4}, id="every-target-down"),
+        pytest.param({"running": None, "waiting": None}, id="gauges-absent"),
+        pytest.param({"staleness_s": 120.0}, id="stale"),
+        pytest.param({"staleness_s": math.nan}, id="staleness-nan"),
+    ],
+)
+def test_a_dead_fleet_holds_and_never_scales_down(dead: dict, stabilization_s: float) -> None:
+    d = Decider(make_model(), make_policy(scale_down_stabilization_s=stabilization_s))
+    s = d.initial_state(6, now_s=ORIGIN_S - 1000)
+    t = ORIGIN_S
+    # the rate window decays while it still holds the old samples
+    for rate in (8.35, 6.41, 4.40, 2.78, 1.92, 0.0, 0.0, 0.0):
+        dec, s = d.decide(obs(t=t, rate=rate, ready_replicas=None, **dead), s, t)
+        assert dec.replicas == 6, dec.explain()
+        assert not dec.valid or Reason.NO_DATA_FALLBACK in dec.reasons
+        t += 5.0
+    assert s.health.no_data_ticks == 8
+
+
+def test_some_targets_down_blocks_scale_down_but_not_up() -> None:
+    d = Decider(make_model(), make_policy(scale_down_stabilization_s=0.0))
+    s = d.initial_state(6, now_s=ORIGIN_S - 1000)
+    dec, s = d.decide(obs(t=ORIGIN_S, rate=5.0, targets_up=2, targets_down=4), s, ORIGIN_S)
+    assert dec.valid and dec.replicas == 6
+    assert dec.stages[-1].name == "health" and dec.stages[-1].reason == Reason.NO_DATA_HOLD
+    dec, s = d.decide(
+        obs(t=ORIGIN_S + 5, rate=400.0, targets_up=2, targets_down=4), s, ORIGIN_S + 5
+    )
+    assert dec.replicas > 6
+
+
+def test_absent_gauges_are_not_idle() -> None:
+    d = Decider(make_model(min_replicas=0), make_policy(scale_to_zero_idle_s=10.0))
+    s = d.initial_state(2, now_s=ORIGIN_S - 1000)
+    t = ORIGIN_S
+    for _ in range(20):
+        dec, s = d.decide(obs(t=t, rate=0.0, running=None, waiting=0.0), s, t)
+        # no demand is measured (a scale-down to one may follow), but idle it is not:
+        # zero replicas need the engines' gauges to read zero
+        assert dec.replicas >= 1 and Reason.IDLE not in dec.reasons, dec.explain()
+        assert Reason.SCALE_TO_ZERO not in dec.reasons
+        t += 5.0
