@@ -125,6 +125,7 @@ def _config() -> GovernorConfig:
                 "cooldown_after_scale_up_s": 0,
                 "knob_sustain_s": 0,
             },
+            "prometheus": {"scrape_interval_s": 1.0},  # the test server scrapes every second
         }
     )
 
@@ -314,7 +315,7 @@ def test_governor_run_reads_prometheus_at_wall_time(
     world: World, tmp_path: Path, fault_note: Any
 ) -> None:
     cfg = _config().model_dump(mode="json", exclude_defaults=True)
-    cfg["prometheus"] = {"url": world.prom.url, "timeout_s": TIMEOUT_S}
+    cfg["prometheus"] = {"url": world.prom.url, "timeout_s": TIMEOUT_S, "scrape_interval_s": 1.0}
     cfg["policy"]["tick_interval_s"] = 0.5
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     root = Path(__file__).resolve().parents[2]
