@@ -19,6 +19,7 @@ COPY controller/ controller/
 COPY estimators/ estimators/
 COPY actuators/ actuators/
 COPY simulator/ simulator/
+COPY service/ service/
 COPY governor_api/ governor_api/
 # Bytecode is compiled here: the runtime root filesystem is read-only
 # (securityContext.readOnlyRootFilesystem), so Python could not write it at start.

@@ -1,28 +1,12 @@
-"""The `Actuator` protocol and the log-only actuator.
-
-An actuator applies decisions. It must not block the control loop for long: slow
-backends (Kubernetes API) retry in their own threads. It never acts on an invalid
-decision (`Decision.valid` False means "leave the fleet as it is").
-"""
+"""The log-only actuator (the `Actuator` protocol itself is `controller.actuation`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 import structlog
 
 from controller.types import Decision
-
-
-@runtime_checkable
-class Actuator(Protocol):
-    """Applies a tick's decisions (one per model)."""
-
-    def apply(self, decisions: Sequence[Decision]) -> None:
-        """Apply `decisions`; invalid ones are skipped. Must not raise for one model's
-        failure: report it (log, metrics) and go on with the others."""
-        ...
 
 
 class LogActuator:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from actuators.kubernetes import KubeCallError, call_with_retries
+from actuators.kubeapi import KubeCallError, call_with_retries
 from estimators.promql import RUNNING_METRICS
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"

@@ -34,7 +34,7 @@ from typing import Any
 import grpc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from actuators.publisher import DecisionBoard, Published
+from actuators.publisher import DecisionBoard, Published, StreamSlots
 from governor_api import externalscaler_pb2 as pb
 from governor_api import externalscaler_pb2_grpc as pb_grpc
 
@@ -84,9 +84,9 @@ def _metadata_problem(exc: ValidationError) -> str:
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     """KEDA's external scaler, answering from `board`. `streams`: an optional limit on
-    open streams (anything with `try_acquire()`, `release()` and `message(what)`)."""
+    open streams (`StreamSlots`)."""
 
-    def __init__(self, board: DecisionBoard, *, streams: Any = None) -> None:
+    def __init__(self, board: DecisionBoard, *, streams: StreamSlots | None = None) -> None:
         self.board = board
         self.streams = streams
 

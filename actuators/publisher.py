@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import structlog
 
@@ -97,6 +98,23 @@ class Published:
     def active(self) -> bool | None:
         """KEDA's IsActive: desired replicas > 0; None when unknown."""
         return None if self.replicas is None else self.replicas > 0
+
+
+class StreamSlots(Protocol):
+    """A bound on open watch streams, shared by the board's streaming readers (engines'
+    WatchBatchingConfig, KEDA's StreamIsActive); service.security.StreamLimiter is one."""
+
+    def try_acquire(self) -> bool:
+        """Take a slot; False when all are taken (the caller refuses the stream)."""
+        ...
+
+    def release(self) -> None:
+        """Give back a slot taken by `try_acquire`."""
+        ...
+
+    def message(self, what: str) -> str:
+        """The refusal message for a stream of kind `what`."""
+        ...
 
 
 class BoardClosedError(Exception):

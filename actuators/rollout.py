@@ -38,7 +38,8 @@ from typing import Any
 
 import structlog
 
-from actuators.kubernetes import MAX_BACKOFF_S, KubeCallError, call_with_retries, failure_reason
+from actuators.kubeapi import MAX_BACKOFF_S, KubeCallError, call_with_retries
+from actuators.kubernetes import failure_reason
 from controller.types import Decision, Knobs
 
 ROLLOUT_ANNOTATION = "llm-governor.io/knobs"

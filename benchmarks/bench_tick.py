@@ -263,8 +263,8 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
 def measure_service(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
     """Median CPU ms of `ServiceCore.tick` (the `governor run` tick: targets poll, loop
     tick, state document) for `n` models, MemoryStore, with `governor run`'s logging."""
-    from controller.service import ServiceCore
-    from controller.store import MemoryStore
+    from service.core import ServiceCore
+    from service.store import MemoryStore
 
     names = model_names(n)
     cfg = fleet_config(n, names)

@@ -181,7 +181,7 @@ def governor_run(config: Path, extra: Sequence[str] = (), keep_lines: int = 50) 
     argv = [
         sys.executable,
         "-m",
-        "controller.cli",
+        "service.cli",
         "run",
         "--config",
         str(config),

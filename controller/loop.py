@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from actuators.base import Actuator
+from controller.actuation import Actuator
 from controller.config import GovernorConfig, ModelConfig
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics

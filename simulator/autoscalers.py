@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from actuators.base import Actuator
+from controller.actuation import Actuator
 from controller.config import GovernorConfig, RateLimit
 from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics

@@ -1,7 +1,7 @@
 """`governor simulate` and `governor demo`: the fleet simulator's command line.
 
-Registered into the `governor` CLI by `controller.cli` (lazily, so the controller package
-does not import the simulator at module level).
+Registered into the `governor` CLI by `service.cli` (the service sits above the
+simulator in the layering).
 """
 
 from __future__ import annotations

@@ -14,12 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from actuators.kubernetes import KubernetesScaleActuator, api_client
+from actuators.kubeapi import api_client
+from actuators.kubernetes import KubernetesScaleActuator
 from controller.config import load_config
 from controller.logs import configure_logging
-from controller.security import AdminToken
-from controller.service import GovernorServer, ServiceCore, serve
-from controller.store import FileStore
+from service.core import ServiceCore
+from service.security import AdminToken
+from service.server import GovernorServer, serve
+from service.store import FileStore
 from tests.service.serve_fake import FileRates
 
 

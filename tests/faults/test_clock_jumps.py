@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from controller.leader import LeaseElector
-from controller.service import ServiceCore, _Ticker
-from controller.store import FileStore
+from service.core import ServiceCore
+from service.leader import LeaseElector
+from service.server import _Ticker
+from service.store import FileStore
 from tests.faults.helpers import JumpClock
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeSource, make_config, model_entry, quiet_logger
@@ -148,7 +149,7 @@ def test_ticker_ignores_wall_jumps(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_lease_survives_wall_jumps() -> None:
     with FakeKubeAPI() as api:
-        from actuators.kubernetes import api_client
+        from actuators.kubeapi import api_client
 
         ca, cb = JumpClock(), JumpClock()
 

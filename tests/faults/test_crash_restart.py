@@ -24,9 +24,9 @@ import grpc
 import pytest
 import yaml
 
-from controller.store import FileStore
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.store import FileStore
 from tests.faults.helpers import FaultyKubeAPI
 from tests.service.harness import ServiceProcess, keda_replicas, wait_until
 

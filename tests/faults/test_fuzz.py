@@ -27,12 +27,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.cli import main as cli_main
-from controller.security import AdminToken
-from controller.service import ServiceCore
-from controller.store import MemoryStore
 from governor_api import externalscaler_pb2 as es
 from governor_api import governor_v1_pb2 as pb
+from service.cli import main as cli_main
+from service.core import ServiceCore
+from service.security import AdminToken
+from service.store import MemoryStore
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread
 

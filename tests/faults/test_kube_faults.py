@@ -20,10 +20,11 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from actuators.kubernetes import KubernetesScaleActuator, ScaleReason, api_client
-from controller.service import ServiceCore
-from controller.store import ConfigMapStore, config_to_targets
+from actuators.kubeapi import api_client
+from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
 from controller.types import Decision, Knobs, Reason
+from service.core import ServiceCore
+from service.store import ConfigMapStore, config_to_targets
 from tests.faults.helpers import FaultyKubeAPI, sample
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 
@@ -319,7 +320,7 @@ def test_configmap_without_key_is_seeded_and_writable(api: FaultyKubeAPI) -> Non
     api.edit_configmap(NS, "other-targets", {"notes": "x"})
     store = ConfigMapStore(k8s.CoreV1Api(api_client(api.url)), NS, "other-targets", sleep=Sleeps())
     api.inject("PUT", "/configmaps/other-targets", 409)
-    from controller.store import ConflictError
+    from service.store import ConflictError
 
     with pytest.raises(ConflictError):
         store.save_targets(config_to_targets(cfg), "")

@@ -34,14 +34,15 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from controller.config import GovernorConfig
-from controller.service import ServiceCore, WallClockSource
-from controller.store import MemoryStore
 from controller.types import Decision
 from estimators.prometheus import PrometheusSource
 from governor_api import externalscaler_pb2 as es
 from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.core import ServiceCore
+from service.run import WallClockSource
+from service.store import MemoryStore
 from tests.faults.helpers import RealWallFakeMono
 from tests.faults.promfaults import FaultProxy, RestartablePrometheus, data_ready
 from tests.integration.conftest import A_E2E, A_ITL, A_OUTPUT, A_PROMPT, A_QUEUE, A_TTFT
@@ -320,7 +321,7 @@ def test_governor_run_reads_prometheus_at_wall_time(
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     root = Path(__file__).resolve().parents[2]
     svc = ServiceProcess(
-        ["-m", "controller.cli", "run", "--config", str(tmp_path / "config.yaml"),
+        ["-m", "service.cli", "run", "--config", str(tmp_path / "config.yaml"),
          "--store", "memory", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
          "--insecure-admin"],
         cwd=str(root),

@@ -18,15 +18,15 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller import security
-from controller.cli import main as cli_main
-from controller.security import AdminToken, SecurityConfigError
-from controller.service import ServiceCore
-from controller.store import MemoryStore
 from governor_api import externalscaler_pb2 as es
 from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service import security
+from service.cli import main as cli_main
+from service.core import ServiceCore
+from service.security import AdminToken, SecurityConfigError
+from service.store import MemoryStore
 from tests.faults.helpers import sample
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread, ServiceProcess, wait_until
@@ -322,7 +322,7 @@ def _run_governor(tmp: Path, *extra: str) -> ServiceProcess:
     return ServiceProcess(
         [
             "-m",
-            "controller.cli",
+            "service.cli",
             "run",
             "--config",
             str(_config_file(tmp)),
@@ -342,7 +342,7 @@ def _run_governor(tmp: Path, *extra: str) -> ServiceProcess:
 
 def _cli(*argv: str) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "controller.cli", *argv],
+        [sys.executable, "-m", "service.cli", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -576,7 +576,7 @@ def test_limits(fault_note: Any) -> None:
     "flag and no Secret volume (admin API disabled); a bad Secret name fails at install",
 )
 def test_helm_mounts_the_admin_token_secret() -> None:
-    from controller.cli import build_parser
+    from service.cli import build_parser
     from tests.helm.chart import MODEL_8B, container, render, validate, values
 
     def governor_pod(objs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -30,9 +30,9 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.cli import build_parser
 from controller.config import parse_config
-from controller.store import TargetsDoc, build_config
+from service.cli import build_parser
+from service.store import TargetsDoc, build_config
 from tests.helm.chart import (
     MODEL_8B,
     MODEL_CODE,
@@ -397,7 +397,7 @@ def governor(
     config.write_text(one(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"])
     argv = _local_argv(container(_governor_pod(objs), "governor")["args"], config)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "controller.cli", *argv],
+        [sys.executable, "-m", "service.cli", *argv],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -476,7 +476,7 @@ def test_probes_hit_the_governors_grpc_health_service(
 
 
 def test_governor_exports_the_series_the_chart_relies_on(exported_series: set[str]) -> None:
-    # Sanity of the scrape itself: families from controller/metrics.py and service.py.
+    # Sanity of the scrape itself: families from controller/metrics.py and service/core.py.
     assert {
         "governor_desired_replicas",
         "governor_tick_duration_seconds_bucket",

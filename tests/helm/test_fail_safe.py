@@ -421,7 +421,7 @@ def test_example_engine_gets_a_service_and_pod_monitor() -> None:
 def test_new_schema_fields_reach_the_objects() -> None:
     """Probe timeouts, KEDA's initialCooldownPeriod, the PDB's unhealthyPodEvictionPolicy,
     the ServiceMonitor's scrapeTimeout, TLS and --admin-listen: settable, and rendered."""
-    from controller.cli import build_parser
+    from service.cli import build_parser
 
     vals = values(
         probes={"liveness": {"timeoutSeconds": 5, "initialDelaySeconds": 3}},

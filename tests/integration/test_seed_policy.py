@@ -24,11 +24,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.loop import SystemClock
-from controller.service import ServiceCore, WallClockSource
-from controller.store import MemoryStore
 from estimators.prometheus import PrometheusSource
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.core import ServiceCore
+from service.run import WallClockSource
+from service.store import MemoryStore
 from tests.integration.conftest import B_E2E, B_ITL, B_QUEUE, B_TTFT, WINDOW_S
 from tests.integration.fake_vllm import EngineSpec, FakeVllmCollector, ModelSpec, serve_registry
 from tests.integration.promserver import SCRAPE_INTERVAL_S, PrometheusServer, wait_for

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.cli import main
 from controller.config import SLA
 from controller.types import Knobs
 from estimators.stepmodel import load_profile
+from service.cli import main
 from simulator.autoscalers import Kpa, _HpaCore
 from simulator.oracle import oracle, window_replicas
 from simulator.scenario import Scenario, count_flaps, run_policy

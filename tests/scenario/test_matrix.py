@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.cli import main
+from service.cli import main
 from simulator.matrix import CONDITIONS, TRACES, MatrixSpec, matrix_table, row_goals
 
 

@@ -49,7 +49,7 @@ def test_governor_run_on_the_simulated_fleet_serves_decisions(tmp_path: Path) ->
     svc = ServiceProcess(
         [
             "-m",
-            "controller.cli",
+            "service.cli",
             "run",
             "--simulated-fleet",
             "synthetic:poisson:rate=60,duration=600",

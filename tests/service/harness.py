@@ -12,9 +12,10 @@ from typing import Any
 
 import grpc
 
-from controller.service import GovernorServer, ServiceCore
 from governor_api import externalscaler_pb2 as es
 from governor_api import externalscaler_pb2_grpc as es_grpc
+from service.core import ServiceCore
+from service.server import GovernorServer
 
 
 class ServerThread:

@@ -19,8 +19,9 @@ from typing import Any
 
 from controller.config import load_config
 from controller.logs import configure_logging
-from controller.service import GovernorServer, ServiceCore, serve
-from controller.store import FileStore, TargetsDoc
+from service.core import ServiceCore
+from service.server import GovernorServer, serve
+from service.store import FileStore, TargetsDoc
 from tests.service.fakes import FakeSource
 
 

@@ -14,13 +14,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller.cli import main as cli_main
-from controller.service import ServiceCore
-from controller.store import MemoryStore
 from governor_api import externalscaler_pb2 as es
 from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.cli import main as cli_main
+from service.core import ServiceCore
+from service.store import MemoryStore
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread, wait_until
 

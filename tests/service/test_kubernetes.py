@@ -12,23 +12,19 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from actuators.kubernetes import (
-    KubeCallError,
-    KubernetesScaleActuator,
-    ScaleReason,
-    api_client,
-    call_with_retries,
-)
-from controller.leader import LeaseElector
-from controller.service import AdminError, ServiceCore
-from controller.store import (
+from actuators.kubeapi import KubeCallError, api_client, call_with_retries
+from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
+from controller.types import Decision, Knobs, Reason
+from service.core import ServiceCore
+from service.errors import AdminError
+from service.leader import LeaseElector
+from service.store import (
     ConfigMapStore,
     ConflictError,
     StoreError,
     TargetsInvalidError,
     config_to_targets,
 )
-from controller.types import Decision, Knobs, Reason
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 
@@ -265,7 +261,7 @@ def test_configmap_invalid_content_names_the_problem(
 
 def test_configmap_state_round_trip_and_conflict_retry(api: FakeKubeAPI) -> None:
     """Against FakeKubeAPI, a fake of the published API contract."""
-    from controller.store import StateDoc
+    from service.store import StateDoc
 
     store = _store(api)
     assert store.load_state() is None

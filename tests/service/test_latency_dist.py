@@ -9,12 +9,12 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.leader import AlwaysLeader
-from controller.service import ServiceCore
-from controller.store import MemoryStore
 from estimators.types import LatencyQuantiles
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.core import ServiceCore
+from service.leader import AlwaysLeader
+from service.store import MemoryStore
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread
 

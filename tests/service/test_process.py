@@ -17,9 +17,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from controller.cli import main as cli_main
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.cli import main as cli_main
 from tests.service.harness import ServiceProcess, keda_replicas, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +175,7 @@ def test_governor_run_entry_point_serves_health_metrics_and_stops_on_sigterm(
     svc = ServiceProcess(
         [
             "-m",
-            "controller.cli",
+            "service.cli",
             "run",
             "--config",
             str(cfg),
@@ -271,7 +271,7 @@ def test_engine_args_prints_flags_and_falls_back(
 
 
 def test_engine_args_from_a_live_server(capsys: pytest.CaptureFixture[str]) -> None:
-    from controller.service import ServiceCore
+    from service.core import ServiceCore
     from tests.service.fakes import FakeClock, FakeSource, make_config, quiet_logger
     from tests.service.harness import ServerThread
 

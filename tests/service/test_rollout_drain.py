@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from actuators.drain import DELETION_COST, PodDrainer, prometheus_running_by_pod
-from actuators.kubernetes import KubernetesScaleActuator, api_client
+from actuators.kubeapi import api_client
+from actuators.kubernetes import KubernetesScaleActuator
 from actuators.rollout import ROLLOUT_ANNOTATION, KnobRolloutActuator, RolloutReason
 from controller.types import Decision, Knobs, Reason
 from tests.service.fake_kube import FakeKubeAPI

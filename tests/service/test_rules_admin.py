@@ -7,10 +7,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from controller.service import ServiceCore
-from controller.store import MemoryStore
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.core import ServiceCore
+from service.store import MemoryStore
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread
 

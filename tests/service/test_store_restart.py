@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from controller.config import GovernorConfig
-from controller.service import AdminError, ServiceCore
-from controller.store import (
+from controller.types import Knobs, Lengths, ModelState, RuleState, SavedState
+from estimators.smoothing import HoltState
+from service.core import ServiceCore
+from service.errors import AdminError
+from service.store import (
     NESTED_TIME_FIELDS,
     PLAIN_FIELDS,
     RECORD_TIME_FIELDS,
@@ -25,8 +28,6 @@ from controller.store import (
     model_state_fields,
     to_wall,
 )
-from controller.types import Knobs, Lengths, ModelState, RuleState, SavedState
-from estimators.smoothing import HoltState
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
 
 STATE = SavedState(
@@ -58,9 +59,7 @@ def test_every_model_state_field_is_classified() -> None:
     classified = set(TIME_FIELDS) | set(TIME_PAIR_FIELDS) | set(NESTED_TIME_FIELDS)
     classified |= set(PLAIN_FIELDS) | set(RECORD_TIME_FIELDS)
     unclassified = model_state_fields() - classified
-    assert not unclassified, (
-        f"classify these ModelState fields in controller/store.py: {unclassified}"
-    )
+    assert not unclassified, f"classify these ModelState fields in service/store.py: {unclassified}"
 
 
 def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
@@ -120,7 +119,7 @@ def test_file_store_round_trip_and_conflicts(tmp_path: Path) -> None:
     rev = store.save_targets(doc, "")
     assert rev == "1"
     assert store.load_targets().doc == doc  # type: ignore[union-attr]
-    from controller.store import ConflictError
+    from service.store import ConflictError
 
     with pytest.raises(ConflictError):
         store.save_targets(doc, "")  # create-only, but it exists

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from controller.cli import main
 from controller.config import SLA
 from controller.types import Knobs
 from estimators.stepmodel import load_profile
 from estimators.types import ModelQuery, Observation
+from service.cli import main
 from simulator.engine import Engine
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource

@@ -77,7 +77,7 @@ def _input(rec: dict[str, Any]) -> Observation | NoDataError | SourceError:
 
 
 def _state_record(state: ModelState) -> dict[str, Any]:
-    from controller.store import to_wall
+    from service.store import to_wall
 
     return to_wall(state, 0.0)
 
@@ -128,7 +128,7 @@ def record() -> dict[str, Any]:
 
 def replay(entry: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Today's decisions (records) and final state (saved form) for a recorded entry."""
-    from controller.store import from_wall
+    from service.store import from_wall
 
     cfg = GovernorConfig.model_validate(entry["config"])
     model = cfg.models[0]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.cli import main
 from controller.config import ConfigError, load_config, parse_config
+from service.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "governor.yaml"
 MIN = {"models": [{"name": "m", "deployment": "m", "sla": {"ttft_p95_ms": 500, "itl_p95_ms": 50}}]}

@@ -51,7 +51,7 @@ llm-governor.io/instance: {{ include "llm-governor.fullname" . }}
 {{- printf "%s-config" (include "llm-governor.fullname" .) -}}
 {{- end -}}
 
-{{/* The store: targets in <name>, state in <name>-state (controller/store.py ConfigMapStore). */}}
+{{/* The store: targets in <name>, state in <name>-state (service/store.py ConfigMapStore). */}}
 {{- define "llm-governor.targetsConfigMap" -}}
 {{- printf "%s-targets" (include "llm-governor.fullname" .) -}}
 {{- end -}}

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from actuators.kubernetes import KubeCallError, call_with_retries
+from actuators.kubeapi import KubeCallError, call_with_retries
 
 
 class Elector(Protocol):
@@ -224,25 +224,7 @@ class LeaseElector:
             if exc.status != 404:
                 self._log.warning("lease_read_failed", error=str(exc))
                 return self.is_leader()
-            spec = {
-                "holderIdentity": self.identity,
-                "leaseDurationSeconds": round(self.lease_duration_s),
-                "acquireTime": _micro_time(wall),
-                "renewTime": _micro_time(wall),
-                "leaseTransitions": 0,
-            }
-            try:
-                self._call(
-                    f"create {where}",
-                    self.api.create_namespaced_lease,
-                    self.namespace,
-                    self._body(spec, None),
-                )
-            except KubeCallError as exc2:
-                self._log.info("lease_create_lost", error=str(exc2))
-                return self.is_leader()
-            self._set(True, self.identity, renewed=True)
-            return True
+            return self._create(where, wall)
 
         spec = lease.spec
         holder = (spec.holder_identity or "") if spec is not None else ""
@@ -296,6 +278,29 @@ class LeaseElector:
             new_spec["leaseTransitions"],
         )
         self._observed_at = now
+        self._set(True, self.identity, renewed=True)
+        return True
+
+    def _create(self, where: str, wall: float) -> bool:
+        """No Lease yet: create it holding it ourselves; whether we are the leader now
+        (another instance may have created it first)."""
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": round(self.lease_duration_s),
+            "acquireTime": _micro_time(wall),
+            "renewTime": _micro_time(wall),
+            "leaseTransitions": 0,
+        }
+        try:
+            self._call(
+                f"create {where}",
+                self.api.create_namespaced_lease,
+                self.namespace,
+                self._body(spec, None),
+            )
+        except KubeCallError as exc:
+            self._log.info("lease_create_lost", error=str(exc))
+            return self.is_leader()
         self._set(True, self.identity, renewed=True)
         return True
 

@@ -1,6 +1,6 @@
 """`governor` subcommands of the service: `run`, `engine-args`, and the operator CLI
 (`target set|get|list|delete`, `status`, `explain`, `pause`, `resume`) over the admin
-gRPC API. `register(subparsers)` adds them to `controller.cli`'s parser.
+gRPC API. `register(subparsers)` adds them to `service.cli`'s parser.
 
 Exit status: 0 success; 2 bad input (invalid values, unknown model, conflicting change,
 missing or refused credentials): a message naming what is wrong, and nothing changed; 1
@@ -67,7 +67,7 @@ class CliError(Exception):
 def open_channel(args: argparse.Namespace) -> grpc.Channel:
     """A channel to `args.server`: TLS when asked for (see module doc), else plaintext.
     CliError (exit 2) naming a bad TLS file."""
-    from controller.security import SecurityConfigError, channel_credentials
+    from service.security import SecurityConfigError, channel_credentials
 
     ca = getattr(args, "tls_ca_file", None)
     cert = getattr(args, "tls_cert_file", None)
@@ -86,7 +86,7 @@ def open_channel(args: argparse.Namespace) -> grpc.Channel:
 
 def _credentials(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     """The call metadata carrying the admin token (empty without a token file)."""
-    from controller.security import SecurityConfigError, read_token
+    from service.security import SecurityConfigError, read_token
 
     path = getattr(args, "token_file", None)
     if not path:
@@ -208,8 +208,9 @@ def _build_target(args: argparse.Namespace, current: dict[str, Any] | None) -> d
 
 
 def _cmd_target_set(args: argparse.Namespace) -> int:
-    from controller.service import AdminError, target_from_pb, target_to_pb, validate_target
     from governor_api import governor_v1_pb2 as pb
+    from service.convert import target_from_pb, target_to_pb, validate_target
+    from service.errors import AdminError
 
     current: dict[str, Any] | None = None
     revision: str | None = None
@@ -240,7 +241,7 @@ def _cmd_target_set(args: argparse.Namespace) -> int:
 
 
 def _target_yaml(target: Any) -> str:
-    from controller.service import target_from_pb
+    from service.convert import target_from_pb
 
     return yaml.safe_dump(target_from_pb(target), sort_keys=False).rstrip()
 
@@ -447,12 +448,42 @@ def _wrap(fn: Any) -> Any:
 
 def register(sub: Any) -> None:
     """Add `run`, `engine-args`, `target`, `status`, `explain`, `pause`, `resume`."""
-    from controller.service import add_run_arguments, run_service
+    from service.run import add_run_arguments, run_service
 
     p = sub.add_parser("run", help="run the governor service (gRPC API, KEDA scaler, /metrics)")
     add_run_arguments(p)
     p.set_defaults(func=run_service)
+    client = _client_parser()
+    p = sub.add_parser(
+        "engine-args",
+        parents=[client],
+        help="print vLLM batching flags for an engine's start command (exit 0 always)",
+    )
+    p.add_argument("--model", required=True)
+    p.add_argument("--engine-id", default=os.environ.get("POD_NAME") or socket.gethostname())
+    p.add_argument("--config", help="config file whose model defaults to fall back to")
+    p.add_argument("--default-max-num-seqs", type=int)
+    p.add_argument("--default-max-num-batched-tokens", type=int)
+    p.set_defaults(func=_cmd_engine_args, timeout_s=ENGINE_ARGS_TIMEOUT_S)
+    _register_target(sub, client)
+    p = sub.add_parser("status", parents=[client], help="observations, decisions, latencies")
+    p.add_argument("models", nargs="*")
+    p.set_defaults(func=_wrap(_cmd_status))
+    p = sub.add_parser("explain", parents=[client], help="stage trace of the last decisions")
+    p.add_argument("model")
+    p.add_argument("--last", type=_count, default=1, help="how many decisions (0: all kept)")
+    p.set_defaults(func=_wrap(_cmd_explain))
+    for name, text in (
+        ("pause", "shadow mode: decide and log, stop actuating"),
+        ("resume", "actuate again"),
+    ):
+        p = sub.add_parser(name, parents=[client], help=text)
+        p.add_argument("model")
+        p.set_defaults(func=_wrap(_cmd_pause))
 
+
+def _client_parser() -> argparse.ArgumentParser:
+    """The options every client command shares: server, deadline, output, credentials."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument(
         "--server",
@@ -482,19 +513,11 @@ def register(sub: Any) -> None:
     client.add_argument(
         "--tls-server-name", metavar="NAME", help="expected name in the server's certificate"
     )
+    return client
 
-    p = sub.add_parser(
-        "engine-args",
-        parents=[client],
-        help="print vLLM batching flags for an engine's start command (exit 0 always)",
-    )
-    p.add_argument("--model", required=True)
-    p.add_argument("--engine-id", default=os.environ.get("POD_NAME") or socket.gethostname())
-    p.add_argument("--config", help="config file whose model defaults to fall back to")
-    p.add_argument("--default-max-num-seqs", type=int)
-    p.add_argument("--default-max-num-batched-tokens", type=int)
-    p.set_defaults(func=_cmd_engine_args, timeout_s=ENGINE_ARGS_TIMEOUT_S)
 
+def _register_target(sub: Any, client: argparse.ArgumentParser) -> None:
+    """`target set|get|list|delete`."""
     p = sub.add_parser("target", help="set, get, list or delete a model's SLA target")
     tsub = p.add_subparsers(dest="target_command", required=True, metavar="ACTION")
     s = tsub.add_parser("set", parents=[client], help="create or update a model's target")
@@ -519,18 +542,3 @@ def register(sub: Any) -> None:
     d = tsub.add_parser("delete", parents=[client], help="delete a model's target")
     d.add_argument("model")
     d.set_defaults(func=_wrap(_cmd_target_delete), command="target delete")
-
-    p = sub.add_parser("status", parents=[client], help="observations, decisions, latencies")
-    p.add_argument("models", nargs="*")
-    p.set_defaults(func=_wrap(_cmd_status))
-    p = sub.add_parser("explain", parents=[client], help="stage trace of the last decisions")
-    p.add_argument("model")
-    p.add_argument("--last", type=_count, default=1, help="how many decisions (0: all kept)")
-    p.set_defaults(func=_wrap(_cmd_explain))
-    for name, text in (
-        ("pause", "shadow mode: decide and log, stop actuating"),
-        ("resume", "actuate again"),
-    ):
-        p = sub.add_parser(name, parents=[client], help=text)
-        p.add_argument("model")
-        p.set_defaults(func=_wrap(_cmd_pause))

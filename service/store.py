@@ -537,7 +537,7 @@ class ConfigMapStore:
 
     Writes carry the resourceVersion they read (optimistic concurrency; the API server
     answers 409 when it moved); transient failures (5xx, timeouts) are retried with
-    backoff by `actuators.kubernetes.call_with_retries`. Other keys, labels and
+    backoff by `actuators.kubeapi.call_with_retries`. Other keys, labels and
     annotations of the ConfigMaps (e.g. Helm's) are kept as they are.
     """
 
@@ -566,7 +566,7 @@ class ConfigMapStore:
         self._lock = threading.Lock()
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        from actuators.kubernetes import call_with_retries
+        from actuators.kubeapi import call_with_retries
 
         return call_with_retries(
             lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
@@ -577,7 +577,7 @@ class ConfigMapStore:
         )
 
     def _get(self, name: str) -> Any | None:
-        from actuators.kubernetes import KubeCallError
+        from actuators.kubeapi import KubeCallError
 
         try:
             return self._call(self.api.read_namespaced_config_map, name, self.namespace)
@@ -589,7 +589,7 @@ class ConfigMapStore:
     def _put(self, name: str, key: str, text: str, current: Any | None, rv: str | None) -> str:
         """Create or replace `name` with data[key] = text; returns the new resourceVersion.
         ConflictError on 409 (someone else wrote it first)."""
-        from actuators.kubernetes import KubeCallError
+        from actuators.kubeapi import KubeCallError
 
         where = f"configmap {self.namespace}/{name}"
         try:
@@ -684,26 +684,3 @@ class ConfigMapStore:
 def model_state_fields() -> set[str]:
     """Every saved ModelState field name (a test checks each one is classified above)."""
     return {f.name for f in fields(SavedState)}
-
-
-__all__ = [
-    "FILE_FORMAT",
-    "STATE_FORMAT",
-    "ConfigMapStore",
-    "ConflictError",
-    "FileStore",
-    "MemoryStore",
-    "PublishedDoc",
-    "StateDoc",
-    "Store",
-    "StoreError",
-    "StoredTargets",
-    "TargetsDoc",
-    "TargetsInvalidError",
-    "build_config",
-    "config_to_targets",
-    "from_wall",
-    "parse_targets_yaml",
-    "restore_offset",
-    "to_wall",
-]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
-from controller import admin_cli
 from controller.config import ConfigError, load_config
+from service import admin_cli
+from simulator import cli as simulator_cli
 
 EXIT_USAGE = 2
 
@@ -40,8 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="YAML config file")
     p.set_defaults(func=_cmd_check_config)
     admin_cli.register(sub)
-    # The simulator sits above the controller in the layering; import it only here.
-    importlib.import_module("simulator.cli").register(sub)
+    simulator_cli.register(sub)
     return parser
 
 

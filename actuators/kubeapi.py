@@ -1,0 +1,94 @@
+"""Kubernetes API call helpers shared by every Kubernetes user of the project: the scale
+actuator (`actuators.kubernetes`) and the service's ConfigMap store and Lease election
+(`service.store`, `service.leader`).
+
+`api_client` builds a client with urllib3's own retries off; `call_with_retries` retries
+transient failures (5xx, 429, timeouts, connection errors) with capped exponential
+backoff and turns every failure into a `KubeCallError` carrying the HTTP status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+MAX_BACKOFF_S = 5.0
+
+
+class KubeCallError(Exception):
+    """A Kubernetes API call failed. `status` is the HTTP status, or None for a timeout or
+    a connection failure."""
+
+    def __init__(self, what: str, status: int | None, reason: str) -> None:
+        self.what = what
+        self.status = status
+        self.reason = reason
+        code = f"HTTP {status}" if status is not None else "no answer"
+        super().__init__(f"{what}: {code}: {reason}")
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status in RETRYABLE_STATUS
+
+
+def api_client(host: str | None = None, *, retries: int = 0) -> Any:
+    """An ApiClient: for `host` (tests, a proxy) or else in-cluster config, else the
+    local kubeconfig. urllib3's own retries are off (`retries`): callers retry with
+    backoff themselves, so a dead API server costs a bounded, known time."""
+    from kubernetes import client, config
+
+    if host is not None:
+        cfg = client.Configuration(host=host)
+    else:
+        cfg = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=cfg)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=cfg)
+    cfg.retries = retries
+    return client.ApiClient(cfg)
+
+
+def _to_kube_error(what: str, exc: BaseException) -> KubeCallError:
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        reason = exc.reason or ""
+        body = exc.body if isinstance(exc.body, str) else ""
+        if body:
+            with contextlib.suppress(ValueError, AttributeError):
+                reason = json.loads(body).get("message") or reason
+        return KubeCallError(what, exc.status, reason)
+    return KubeCallError(what, None, f"{type(exc).__name__}: {exc}")
+
+
+def call_with_retries(
+    fn: Callable[[], Any],
+    *,
+    retries: int = 3,
+    backoff_s: float = 0.2,
+    sleep: Callable[[float], None] | None = None,
+    what: str = "kubernetes call",
+) -> Any:
+    """Run `fn()`; on a retryable failure (5xx, 429, timeout, connection error) sleep
+    `backoff_s * 2**attempt` (capped at 5 s, +-10 % jitter) and retry, at most `retries`
+    times. Raises KubeCallError (the last failure, or the first non-retryable one)."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    pause = sleep or time.sleep
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except (ApiException, urllib3.exceptions.HTTPError, TimeoutError, OSError) as exc:
+            err = _to_kube_error(what, exc)
+            if not err.retryable or attempt == retries:
+                raise err from None
+            delay = min(MAX_BACKOFF_S, backoff_s * 2**attempt)
+            pause(delay * random.uniform(0.9, 1.1))
+    raise AssertionError("unreachable")  # pragma: no cover

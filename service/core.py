@@ -1,0 +1,696 @@
+"""The service core: targets, control loop, decision board, persistence, leadership.
+
+`ServiceCore` (threads, no asyncio) owns the target set (validated, persisted through a
+`service.store.Store`), the `ControlLoop`, the `DecisionBoard` that engines and KEDA
+read, the leader `Elector`, and one `tick()` per interval: poll stored targets (apply
+valid changes, refuse invalid ones, keeping the last valid set) -> if leader: loop tick
+(actuate) and save state; else: mirror the leader's published state into the board.
+Admin operations (`set_target`, ...) validate first and change nothing when anything is
+wrong (`AdminError` with a gRPC status code).
+
+Restart safety: state is saved after every tick with monotonic times converted to wall
+time (service.store.to_wall) and restored at start, so the stabilization windows
+continue across a restart and a restart never causes a scale-down burst.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+import structlog
+
+from actuators.publisher import (
+    ORIGIN_LEADER,
+    DecisionBoard,
+    LatencyDistribution,
+    ModelSlot,
+    Published,
+)
+from controller.actuation import Actuator
+from controller.config import ConfigError, GovernorConfig, ModelConfig
+from controller.loop import Clock, ControlLoop, SystemClock
+from controller.metrics import GovernorMetrics
+from controller.types import Decision, Knobs
+from estimators.types import LatencyQuantiles, MetricSource, NoDataError, Observation, SourceError
+from service.convert import profile_name_problem, validate_target
+from service.errors import AdminError
+from service.leader import AlwaysLeader, Elector
+from service.store import (
+    ConflictError,
+    FileStore,
+    LatencyDoc,
+    MemoryStore,
+    QuantilesDoc,
+    Store,
+    StoreError,
+    TargetsDoc,
+    TargetsInvalidError,
+    build_config,
+    config_to_targets,
+    from_wall,
+    published_doc,
+    restore_offset,
+    to_wall,
+)
+
+MAX_MODELS = 2000  # models a target set may hold after an admin addition
+MAX_ENGINES_TRACKED = 10_000  # per model, for status
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatusView:
+    """Everything GetStatus reports about one model (plain data, no protobuf)."""
+
+    model: str
+    paused: bool
+    observation: Observation | NoDataError | SourceError | None
+    decision: Decision | None
+    published: Published
+    engines_seen: int
+    actuation: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatusView:
+    models: tuple[ModelStatusView, ...]
+    instance: str
+    leader: bool
+    leader_identity: str
+    last_tick_unix_s: float | None
+    store: str
+    targets_revision: str
+    targets_problem: str
+
+
+@dataclass
+class _Counters:
+    ticks: int = 0
+    targets_refused: int = 0
+    state_save_failures: int = 0
+
+
+def _slots(cfg: GovernorConfig) -> list[ModelSlot]:
+    return [
+        ModelSlot(
+            m.name,
+            m.namespace,
+            Knobs(m.knobs.default_max_num_seqs, m.knobs.default_max_num_batched_tokens),
+        )
+        for m in cfg.models
+    ]
+
+
+def _latency_doc(dist: LatencyDistribution | None) -> LatencyDoc | None:
+    if dist is None:
+        return None
+    return LatencyDoc(
+        ttft=QuantilesDoc(**asdict(dist.ttft)),
+        itl=QuantilesDoc(**asdict(dist.itl)),
+        e2e=QuantilesDoc(**asdict(dist.e2e)),
+        observed_at_unix_s=dist.observed_at_unix_s,
+    )
+
+
+def _latency_from_doc(doc: LatencyDoc | None) -> LatencyDistribution | None:
+    if doc is None:
+        return None
+    return LatencyDistribution(
+        ttft=LatencyQuantiles(**doc.ttft.model_dump()),
+        itl=LatencyQuantiles(**doc.itl.model_dump()),
+        e2e=LatencyQuantiles(**doc.e2e.model_dump()),
+        observed_at_unix_s=doc.observed_at_unix_s,
+    )
+
+
+def _published(
+    saved: Mapping[str, Any], keep: Container[str] | None = None
+) -> dict[str, Published]:
+    """Board entries from a state document's saved publications (only the `keep` models)."""
+    return {
+        name: Published(
+            model=name,
+            namespace="",
+            knobs=Knobs(p.max_num_seqs, p.max_num_batched_tokens),
+            generation=p.generation,
+            replicas=p.replicas,
+            reason=p.reason,
+            decided_at_unix_s=p.decided_at_unix_s,
+            latency=_latency_from_doc(p.latency),
+        )
+        for name, p in saved.items()
+        if keep is None or name in keep
+    }
+
+
+class ServiceCore:
+    """Targets, loop, board, persistence and leadership of one governor instance.
+
+    `base_config`: the config file (global policy, Prometheus settings, and the models
+    used when the store holds no targets yet). `source`: the MetricSource.
+    `store`: where targets and state persist. `actuators`: besides the board (always
+    first), e.g. the Kubernetes scale actuator. `elector`: who actuates (default: this
+    instance). `clock`: monotonic + wall time (injected in tests).
+
+    Raises StoreError at construction when the store holds a corrupt state document or
+    cannot be read: the service must not start with garbage.
+    """
+
+    def __init__(
+        self,
+        base_config: GovernorConfig,
+        source: MetricSource,
+        store: Store | None = None,
+        *,
+        actuators: Sequence[Actuator] = (),
+        elector: Elector | None = None,
+        clock: Clock | None = None,
+        metrics: GovernorMetrics | None = None,
+        logger: Any = None,
+        max_models: int = MAX_MODELS,
+    ) -> None:
+        self.base = base_config
+        self.max_models = max_models
+        self.source = source
+        self.store: Store = store if store is not None else MemoryStore()
+        self.clock: Clock = clock or SystemClock()
+        self.metrics = metrics or GovernorMetrics()
+        self.elector: Elector = elector or AlwaysLeader()
+        self.extra_actuators = list(actuators)
+        self.log = logger or structlog.get_logger("governor.service")
+        self._loop_logger = logger  # None: the loop's own default logger
+        self.board = DecisionBoard(wall=self.clock.wall, logger=logger)
+        self._targets_lock = threading.RLock()
+        self._tick_lock = threading.Lock()
+        self._engines: dict[str, dict[str, float]] = {}
+        self._engines_lock = threading.Lock()
+        self.counters = _Counters()
+        self._install_metrics()
+        for act in self.extra_actuators:
+            self._wire_error_hook(act)
+        self.config: GovernorConfig = base_config
+        self.targets: TargetsDoc = config_to_targets(base_config)
+        self.targets_revision = ""
+        self.targets_problem = ""
+        self._refused_revision: str | None = None
+        self._was_leader = True
+        self.loop = self._restore()
+
+    # ------------------------------------------------------------------ metrics
+    def _install_metrics(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        r = self.metrics.registry
+        self.m_leader = Gauge(
+            "governor_leader", "1 while this instance is the leader (actuates)", registry=r
+        )
+        self.m_targets_refused = Counter(
+            "governor_targets_refused", "Stored target sets refused as invalid", registry=r
+        )
+        self.m_store_errors = Counter(
+            "governor_store_errors", "Store read/write failures by operation", ["op"], registry=r
+        )
+        self.m_admin_denied = Counter(
+            "governor_admin_unauthenticated",
+            "Admin API calls refused for missing or wrong credentials",
+            registry=r,
+        )
+        self.m_streams_refused = Counter(
+            "governor_watch_streams_refused",
+            "Watch streams (engines + KEDA) refused at the --max-watch-streams limit",
+            registry=r,
+        )
+        self.m_watch_streams = Gauge(
+            "governor_watch_streams", "Open watch streams (engines + KEDA)", registry=r
+        )
+        self.m_tick_lateness = Histogram(
+            "governor_tick_lateness_seconds",
+            "How long after its scheduled time each tick started (the ticker's monotonic "
+            "schedule; 0 = on time)",
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+
+    def _wire_error_hook(self, act: Actuator) -> None:
+        """Count an actuator's own failure reports (e.g. the Kubernetes actuator's 403,
+        404, HPA conflict, retries exhausted) in governor_actuation_errors_total."""
+        hook = getattr(act, "set_error_hook", None)
+        if not callable(hook):
+            return
+        errors = self.metrics.actuation_errors
+        name = type(act).__name__
+        hook(lambda reason: errors.labels(name, reason).inc())
+
+    # ------------------------------------------------------------------ restore
+    def _offset(self) -> float:
+        """wall - monotonic, seconds (see service.store.to_wall)."""
+        return self.clock.wall() - self.clock.monotonic()
+
+    def _restore(self) -> ControlLoop:
+        """Load targets and state from the store and build the loop."""
+        state_doc = self.store.load_state()  # StoreError propagates: refuse to start
+        cfg, doc, revision = self.base, config_to_targets(self.base), ""
+        try:
+            stored = self.store.load_targets()
+        except TargetsInvalidError as exc:
+            self._refuse(exc.revision, str(exc))
+            stored = None
+            if state_doc is not None and state_doc.targets is not None:
+                # the last valid targets this service applied before the restart
+                try:
+                    cfg = build_config(self.base, state_doc.targets, "last valid targets")
+                    doc = state_doc.targets
+                except ConfigError as exc2:
+                    self.log.error("last_valid_targets_invalid", error=str(exc2))
+            revision = exc.revision
+        if stored is not None:
+            try:
+                cfg = build_config(self.base, stored.doc, self.store.description)
+                doc, revision = stored.doc, stored.revision
+            except ConfigError as exc:
+                if isinstance(self.store, FileStore):
+                    raise StoreError(str(exc)) from None
+                self._refuse(stored.revision, str(exc))
+                revision = stored.revision
+        elif not revision:
+            # Nothing stored yet: seed the store with the config file's models.
+            try:
+                revision = self.store.save_targets(doc, "")
+            except ConflictError:
+                revision = ""  # someone else seeded it; the first poll picks it up
+            except StoreError as exc:
+                self.m_store_errors.labels("save_targets").inc()
+                self.log.error("targets_seed_failed", error=str(exc))
+        self.config, self.targets, self.targets_revision = cfg, doc, revision
+        self.board.configure(_slots(cfg))
+        states = {}
+        if state_doc is not None:
+            offset = restore_offset(
+                self.clock.wall(), self.clock.monotonic(), state_doc.saved_at_unix_s
+            )
+            names = {m.name for m in cfg.models}
+            for name, raw in state_doc.models.items():
+                if name in names:
+                    states[name] = from_wall(raw, offset, f"{self.store.description}: {name}")
+            self.board.restore(_published(state_doc.published, keep=names))
+            self.log.info(
+                "state_restored",
+                store=self.store.description,
+                models=sorted(states),
+                saved_at_unix_s=state_doc.saved_at_unix_s,
+            )
+        loop = ControlLoop(
+            cfg,
+            self.source,
+            [self.board, *self.extra_actuators],
+            clock=self.clock,
+            metrics=self.metrics,
+            logger=self._loop_logger,
+            states=states,
+        )
+        for name in doc.paused:
+            with contextlib.suppress(KeyError):
+                loop.pause(name)
+        return loop
+
+    # ------------------------------------------------------------------ tick
+    def tick(self, now_s: float | None = None) -> list[Decision]:
+        """One service tick at `now_s` (monotonic seconds; default the clock's)."""
+        with self._tick_lock:
+            self.poll_targets()
+            leader = self.elector.is_leader()
+            self.m_leader.set(1 if leader else 0)
+            if leader and not self._was_leader:
+                self._take_over()
+            self._was_leader = leader
+            self.counters.ticks += 1
+            if not leader:
+                self._follow()
+                return []
+            decisions = self.loop.tick(now_s)
+            self._publish_latency()
+            self._save_state()
+            return decisions
+
+    def _publish_latency(self) -> None:
+        """Put each model's latency distribution of this tick on the board (served by
+        GetLatencyDistribution, saved with the publications so followers serve it too);
+        a model without latency data this tick keeps its last one."""
+        wall = self.clock.wall()
+        latencies = {}
+        for name, ms in self.loop.snapshot().models.items():
+            if isinstance(ms.observation, Observation):
+                dist = LatencyDistribution.of(ms.observation, wall)
+                if dist is not None:
+                    latencies[name] = dist
+        self.board.set_latency(latencies)
+
+    def _take_over(self) -> None:
+        """We just became leader: continue from the leader's last saved state."""
+        with self._targets_lock:  # no admin change may land on the loop being replaced
+            self._take_over_locked()
+
+    def _take_over_locked(self) -> None:
+        try:
+            doc = self.store.load_state()
+        except StoreError as exc:
+            self.log.error("takeover_state_unreadable", error=str(exc))
+            doc = None
+        states = {}
+        if doc is not None:
+            offset = restore_offset(self.clock.wall(), self.clock.monotonic(), doc.saved_at_unix_s)
+            for name, raw in doc.models.items():
+                if name in {m.name for m in self.config.models}:
+                    try:
+                        states[name] = from_wall(raw, offset, name)
+                    except StoreError as exc:
+                        self.log.error("takeover_state_invalid", model=name, error=str(exc))
+        paused = self.loop.paused()
+        loop = ControlLoop(
+            self.config,
+            self.source,
+            [self.board, *self.extra_actuators],
+            clock=self.clock,
+            metrics=self.metrics,
+            logger=self._loop_logger,
+            states=states,
+        )
+        for name in paused:
+            with contextlib.suppress(KeyError):
+                loop.pause(name)
+        self.loop = loop
+        self.log.info("took_over", identity=self.elector.identity, models=sorted(states))
+
+    def _follow(self) -> None:
+        """Mirror the leader's published values (engines and KEDA get the leader's
+        decisions whichever instance they reach)."""
+        try:
+            doc = self.store.load_state()
+        except StoreError as exc:
+            self.m_store_errors.labels("load_state").inc()
+            self.log.warning("follow_failed", error=str(exc))
+            return
+        if doc is None:
+            return
+        self.board.restore(_published(doc.published), origin=ORIGIN_LEADER)
+
+    def _state_doc(self) -> Any:
+        from service.store import StateDoc
+
+        offset = self._offset()
+        published = {
+            name: published_doc(
+                p.knobs,
+                generation=p.generation,
+                replicas=p.replicas,
+                reason=p.reason[:64],
+                decided_at_unix_s=p.decided_at_unix_s,
+                latency=_latency_doc(p.latency),
+            )
+            for name, p in self.board.snapshot().items()
+        }
+        return StateDoc(
+            saved_at_unix_s=self.clock.wall(),
+            leader=self.elector.identity,
+            models={name: to_wall(st, offset) for name, st in self.loop.states().items()},
+            published=published,
+            targets=self.targets,
+            targets_revision=self.targets_revision,
+        )
+
+    def _save_state(self) -> None:
+        try:
+            self.store.save_state(self._state_doc())
+        except StoreError as exc:
+            self.counters.state_save_failures += 1
+            self.m_store_errors.labels("save_state").inc()
+            self.log.error("state_save_failed", error=str(exc))
+
+    def flush(self) -> None:
+        """Save the state now (graceful shutdown), if this instance is the leader."""
+        with self._tick_lock:
+            if self.elector.is_leader() and self.counters.ticks > 0:
+                self._save_state()
+
+    def close(self) -> None:
+        """Release leadership and stop actuator workers."""
+        self.elector.stop(release=True)
+        for act in self.extra_actuators:
+            close = getattr(act, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as exc:
+                    self.log.error("actuator_close_failed", error=repr(exc))
+
+    # ------------------------------------------------------------------ targets
+    def _refuse(self, revision: str, problem: str) -> None:
+        if revision == self._refused_revision:
+            return
+        self._refused_revision = revision
+        self.targets_problem = problem
+        self.counters.targets_refused += 1
+        self.m_targets_refused.inc()
+        self.log.warning(
+            "targets_refused", revision=revision, problem=problem, kept=self.targets_revision
+        )
+
+    def poll_targets(self) -> None:
+        """Apply the stored targets if they changed and are valid (see module doc)."""
+        with self._targets_lock:
+            try:
+                stored = self.store.load_targets()
+            except TargetsInvalidError as exc:
+                self._refuse(exc.revision, str(exc))
+                return
+            except StoreError as exc:
+                self.m_store_errors.labels("load_targets").inc()
+                self.log.warning("targets_unreadable", error=str(exc))
+                return
+            if stored is None or stored.revision == self.targets_revision:
+                return
+            if stored.revision == self._refused_revision:
+                return
+            try:
+                cfg = build_config(self.base, stored.doc, self.store.description)
+            except ConfigError as exc:
+                self._refuse(stored.revision, str(exc))
+                return
+            self._apply(cfg, stored.doc, stored.revision)
+
+    def _apply(self, cfg: GovernorConfig, doc: TargetsDoc, revision: str) -> None:
+        self.loop.set_config(cfg)
+        self.board.configure(_slots(cfg))
+        for m in cfg.models:
+            if m.name in doc.paused:
+                self.loop.pause(m.name)
+            else:
+                self.loop.resume(m.name)
+        changed = [m.name for m in cfg.models if m not in self.config.models]
+        removed = sorted({m.name for m in self.config.models} - {m.name for m in cfg.models})
+        self.config, self.targets, self.targets_revision = cfg, doc, revision
+        self.targets_problem = ""
+        self._refused_revision = None
+        self.log.info(
+            "targets_applied", revision=revision, changed=changed, removed=removed,
+            paused=list(doc.paused),
+        )  # fmt: skip
+
+    def _update_targets(
+        self,
+        change: Callable[[TargetsDoc], TargetsDoc],
+        expected_revision: str | None,
+        dry_run: bool = False,
+    ) -> tuple[GovernorConfig, str]:
+        """Read-modify-write of the target set with optimistic concurrency."""
+        with self._targets_lock:
+            for _ in range(5):
+                try:
+                    stored = self.store.load_targets()
+                except TargetsInvalidError as exc:
+                    # Stored set is broken: build on the last valid one, replacing it.
+                    stored_doc, stored_rev = self.targets, exc.revision
+                except StoreError as exc:
+                    raise AdminError(grpc.StatusCode.UNAVAILABLE, f"store: {exc}") from None
+                else:
+                    stored_doc = stored.doc if stored else self.targets
+                    stored_rev = stored.revision if stored else ""
+                if expected_revision is not None and expected_revision != stored_rev:
+                    raise AdminError(
+                        grpc.StatusCode.ABORTED,
+                        f"targets changed since revision {expected_revision} (now "
+                        f"{stored_rev or 'none'}); read them again and retry",
+                    )
+                doc = change(stored_doc)
+                try:
+                    cfg = build_config(self.base, doc, "target")
+                except ConfigError as exc:
+                    raise AdminError(
+                        grpc.StatusCode.INVALID_ARGUMENT, "; ".join(exc.problems)
+                    ) from None
+                if dry_run:
+                    return cfg, stored_rev
+                try:
+                    rev = self.store.save_targets(doc, stored_rev)
+                except ConflictError:
+                    if expected_revision is not None:
+                        raise AdminError(
+                            grpc.StatusCode.ABORTED,
+                            "targets changed concurrently; read them again and retry",
+                        ) from None
+                    continue
+                except StoreError as exc:
+                    self.m_store_errors.labels("save_targets").inc()
+                    raise AdminError(grpc.StatusCode.UNAVAILABLE, f"store: {exc}") from None
+                self._apply(cfg, doc, rev)
+                return cfg, rev
+            raise AdminError(grpc.StatusCode.ABORTED, "targets kept changing; retry")
+
+    def set_target(
+        self, data: dict[str, Any], expected_revision: str | None = None, dry_run: bool = False
+    ) -> tuple[ModelConfig, str]:
+        """Create or replace one model's target (validated alone, then as a whole)."""
+        model = validate_target(data)
+        configured = [m.profile for m in (*self.base.models, *self.config.models)]
+        problem = profile_name_problem(model.profile, configured)
+        if problem is not None:
+            raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        entry = model.model_dump(mode="json", exclude_defaults=True) | {"name": model.name}
+
+        def change(doc: TargetsDoc) -> TargetsDoc:
+            models = list(doc.models)
+            for i, m in enumerate(models):
+                if m.get("name") == model.name:
+                    models[i] = entry
+                    break
+            else:
+                if len(models) >= self.max_models:
+                    raise AdminError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"the target set holds {len(models)} models, the limit "
+                        f"(--max-models {self.max_models}); delete one first",
+                    )
+                models.append(entry)
+            return TargetsDoc(models=tuple(models), paused=doc.paused)
+
+        cfg, rev = self._update_targets(change, expected_revision, dry_run)
+        return cfg.model(model.name), rev
+
+    def _require(self, name: str) -> ModelConfig:
+        if not name:
+            raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, "model: must not be empty")
+        try:
+            return self.config.model(name)
+        except KeyError:
+            known = ", ".join(m.name for m in self.config.models)
+            raise AdminError(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {name!r} is not configured (configured: {known})",
+            ) from None
+
+    def get_target(self, name: str) -> tuple[ModelConfig, str, bool]:
+        with self._targets_lock:
+            m = self._require(name)
+            return m, self.targets_revision, name in self.targets.paused
+
+    def list_targets(self) -> tuple[list[tuple[ModelConfig, bool]], str]:
+        with self._targets_lock:
+            paused = set(self.targets.paused)
+            return [(m, m.name in paused) for m in self.config.models], self.targets_revision
+
+    def delete_target(self, name: str, expected_revision: str | None = None) -> str:
+        with self._targets_lock:
+            self._require(name)
+            if len(self.config.models) == 1:
+                raise AdminError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"model {name!r} is the last one; a config holds at least one model",
+                )
+
+            def change(doc: TargetsDoc) -> TargetsDoc:
+                return TargetsDoc(
+                    models=tuple(m for m in doc.models if m.get("name") != name),
+                    paused=tuple(p for p in doc.paused if p != name),
+                )
+
+            return self._update_targets(change, expected_revision)[1]
+
+    def set_paused(self, name: str, paused: bool) -> bool:
+        """Shadow mode on (`paused`) or off for `name`; persisted with the targets."""
+        with self._targets_lock:
+            self._require(name)
+
+            def change(doc: TargetsDoc) -> TargetsDoc:
+                rest = tuple(p for p in doc.paused if p != name)
+                return TargetsDoc(models=doc.models, paused=(*rest, name) if paused else rest)
+
+            self._update_targets(change, None)
+            return paused
+
+    # ------------------------------------------------------------------ reads
+    def deployments(self) -> dict[str, tuple[str, str]]:
+        """model -> (namespace, deployment), for the Kubernetes actuator."""
+        return {m.name: (m.namespace, m.deployment) for m in self.config.models}
+
+    def record_engine(self, model: str, engine_id: str) -> None:
+        if not engine_id:
+            return
+        with self._engines_lock:
+            seen = self._engines.setdefault(model, {})
+            if engine_id in seen or len(seen) < MAX_ENGINES_TRACKED:
+                seen[engine_id] = self.clock.wall()
+
+    def explain(self, name: str, last: int = 0) -> tuple[Decision, ...]:
+        self._require(name)
+        snap = self.loop.snapshot().models.get(name)
+        history = snap.history if snap is not None else ()
+        return history[-last:] if last > 0 else history
+
+    def status(self, names: Iterable[str] = ()) -> StatusView:
+        wanted = list(names)
+        for n in wanted:
+            self._require(n)
+        snap = self.loop.snapshot()
+        actuation: dict[str, str] = {}
+        for act in self.extra_actuators:
+            status_fn = getattr(act, "status", None)
+            if callable(status_fn):
+                for model, st in status_fn().items():
+                    describe = getattr(st, "describe", None)
+                    actuation[model] = describe() if callable(describe) else str(st)
+        models = []
+        for m in self.config.models:
+            if wanted and m.name not in wanted:
+                continue
+            ms = snap.models.get(m.name)
+            try:
+                published = self.board.get(m.name)
+            except KeyError:
+                continue
+            with self._engines_lock:
+                engines = len(self._engines.get(m.name, {}))
+            models.append(
+                ModelStatusView(
+                    model=m.name,
+                    paused=m.name in self.loop.paused(),
+                    observation=ms.observation if ms is not None else None,
+                    decision=ms.decision if ms is not None else None,
+                    published=published,
+                    engines_seen=engines,
+                    actuation=actuation.get(m.name, ""),
+                )
+            )
+        return StatusView(
+            models=tuple(models),
+            instance=self.elector.identity,
+            leader=self.elector.is_leader(),
+            leader_identity=self.elector.leader_identity(),
+            last_tick_unix_s=snap.wall_s,
+            store=self.store.description,
+            targets_revision=self.targets_revision,
+            targets_problem=self.targets_problem,
+        )

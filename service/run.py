@@ -1,0 +1,368 @@
+"""`governor run`: arguments, validation and wiring of one governor instance.
+
+`run_service(args)` checks every flag first (exit 2 naming the bad one, nothing
+started), then builds the metric source (Prometheus, or the simulated fleet), the store,
+the leader elector and the actuators, and serves until SIGTERM/SIGINT.
+
+`WallClockSource`: the loop measures windows on the monotonic clock; Prometheus is
+queried at wall time. The adapter gives the source the wall time of each tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from controller.actuation import Actuator
+from controller.config import ConfigError, GovernorConfig, load_config
+from controller.loop import Clock, SystemClock
+from estimators.types import MetricSource
+from service.core import MAX_MODELS, ServiceCore
+from service.demo import demo_config, simulated_fleet_factory
+from service.errors import SimulatorUnavailableError
+from service.leader import AlwaysLeader, Elector
+from service.security import AdminToken, SecurityConfigError, TlsFiles, server_credentials
+from service.server import (
+    DEFAULT_GRPC_LISTEN,
+    DEFAULT_METRICS_LISTEN,
+    MAX_CONCURRENT_RPCS,
+    MAX_WATCH_STREAMS,
+    SHUTDOWN_GRACE_S,
+    GovernorServer,
+    parse_listen,
+    serve,
+)
+from service.store import FileStore, MemoryStore, Store, StoreError
+
+ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
+
+
+class WallClockSource:
+    """Feeds a wall-time metric source from the monotonic control loop.
+
+    The loop's `now_s` is monotonic seconds (windows must not jump with the wall
+    clock); Prometheus evaluates queries at a Unix time. `observe(models, now_s)` asks
+    `inner` at `clock.wall()` instead. Example: a loop tick at monotonic 8123.4 s on a
+    host whose wall clock reads 1,764,400,000.0 queries Prometheus at time=1764400000.
+    """
+
+    def __init__(self, inner: MetricSource, clock: Clock) -> None:
+        self.inner = inner
+        self.clock = clock
+
+    def observe(self, models: Any, now_s: float) -> Any:
+        return self.inner.observe(models, self.clock.wall())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _in_cluster() -> bool:
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _pod_namespace(default: str = "default") -> str:
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    with contextlib.suppress(OSError):
+        return path.read_text().strip() or default
+    return os.environ.get("POD_NAMESPACE", default)
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The `governor run` options (registered by service.admin_cli)."""
+    p.add_argument("--config", help="YAML config file (required unless --simulated-fleet)")
+    p.add_argument(
+        "--simulated-fleet",
+        metavar="TRACE",
+        help="run against the embedded simulated fleet in real time: a trace path, "
+        "azure:conv|azure:code or synthetic:NAME (serves one model `demo` unless --config "
+        "names others)",
+    )
+    p.add_argument(
+        "--sim-rate-scale",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="with --simulated-fleet: K times the trace's requests over the same span",
+    )
+    p.add_argument(
+        "--sim-speed",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="with --simulated-fleet: simulated seconds per real second",
+    )
+    _add_store_arguments(p)
+    _add_server_arguments(p)
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+
+
+def _add_store_arguments(p: argparse.ArgumentParser) -> None:
+    """Persistence, leader election and scaling options of `governor run`."""
+    p.add_argument(
+        "--store",
+        choices=("auto", "file", "configmap", "memory"),
+        default="auto",
+        help="where targets and state persist (auto: configmap in-cluster, else file)",
+    )
+    p.add_argument("--state-file", default="governor-state.json", help="for --store file")
+    p.add_argument("--configmap", default="governor-targets", help="for --store configmap")
+    p.add_argument("--namespace", default=None, help="of the ConfigMap and Lease (default: pod's)")
+    p.add_argument(
+        "--leader-election",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="Kubernetes Lease election (auto: on with --store configmap)",
+    )
+    p.add_argument("--lease", default="llm-governor-leader", help="Lease name")
+    p.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="this instance's identity (default: $POD_NAME or the host name)",
+    )
+    p.add_argument(
+        "--scale-via",
+        choices=("keda", "kubernetes"),
+        default="keda",
+        help="keda: serve the external scaler only; kubernetes: also patch Deployments' "
+        "scale subresource (clusters without KEDA)",
+    )
+
+
+def _add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """Listeners, limits and security options of `governor run`."""
+    p.add_argument("--grpc-listen", default=DEFAULT_GRPC_LISTEN, metavar="HOST:PORT")
+    p.add_argument("--metrics-listen", default=DEFAULT_METRICS_LISTEN, metavar="HOST:PORT")
+    p.add_argument("--shutdown-grace-s", type=float, default=SHUTDOWN_GRACE_S)
+    p.add_argument("--max-concurrent-rpcs", type=int, default=MAX_CONCURRENT_RPCS)
+    p.add_argument(
+        "--max-watch-streams",
+        type=int,
+        default=None,
+        help=f"open WatchBatchingConfig + StreamIsActive streams at most (default "
+        f"{MAX_WATCH_STREAMS}, at most half of --max-concurrent-rpcs)",
+    )
+    p.add_argument(
+        "--max-models",
+        type=int,
+        default=MAX_MODELS,
+        help="models the target set may hold after an admin addition",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=os.environ.get(ADMIN_TOKEN_ENV) or None,
+        metavar="FILE",
+        help="file holding the admin API's bearer token, e.g. a mounted Secret key "
+        f"(default ${ADMIN_TOKEN_ENV}); without it the admin API is disabled",
+    )
+    p.add_argument(
+        "--admin-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the admin API on this listener only (e.g. 127.0.0.1:50052); "
+        "--grpc-listen then serves the engines' and KEDA's read-only APIs alone",
+    )
+    p.add_argument(
+        "--insecure-admin",
+        action="store_true",
+        help="serve the admin API without a token (development only; needs a loopback "
+        "--grpc-listen)",
+    )
+    p.add_argument("--tls-cert-file", metavar="PEM", help="serve gRPC over TLS: certificate")
+    p.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key")
+    p.add_argument(
+        "--tls-client-ca-file",
+        metavar="PEM",
+        help="require client certificates signed by this CA (mTLS)",
+    )
+
+
+class _RunError(Exception):
+    """`governor run` cannot go on: `message` for stderr, `code` the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Check the numeric and address flags; _RunError (exit 2) naming the bad one.
+    Fills the default of `--max-watch-streams`."""
+    listens = (("--grpc-listen", args.grpc_listen), ("--metrics-listen", args.metrics_listen))
+    if args.admin_listen is not None:
+        listens += (("--admin-listen", args.admin_listen),)
+    for flag, value in listens:
+        try:
+            parse_listen(value, flag)
+        except ValueError as exc:
+            raise _RunError(str(exc), 2) from None
+    if not math.isfinite(args.shutdown_grace_s) or args.shutdown_grace_s <= 0:
+        raise _RunError(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
+    if args.max_concurrent_rpcs < 1:
+        raise _RunError(f"--max-concurrent-rpcs must be >= 1 (got {args.max_concurrent_rpcs})", 2)
+    if args.max_watch_streams is None:
+        args.max_watch_streams = min(MAX_WATCH_STREAMS, max(1, args.max_concurrent_rpcs // 2))
+    if not 1 <= args.max_watch_streams < max(2, args.max_concurrent_rpcs):
+        raise _RunError(
+            f"--max-watch-streams must be >= 1 and below --max-concurrent-rpcs "
+            f"({args.max_concurrent_rpcs}), so streams cannot take every slot "
+            f"(got {args.max_watch_streams})",
+            2,
+        )
+    if args.max_models < 1:
+        raise _RunError(f"--max-models must be >= 1 (got {args.max_models})", 2)
+    for flag, value in (("--sim-rate-scale", args.sim_rate_scale), ("--sim-speed", args.sim_speed)):
+        if not math.isfinite(value) or value <= 0:
+            raise _RunError(f"{flag} must be > 0 (got {value})", 2)
+
+
+def _source(args: argparse.Namespace, config: GovernorConfig) -> tuple[Any, list[Actuator]]:
+    """The metric source and the actuators it brings (the simulated fleet resizes
+    itself); _RunError (exit 2) when the simulated fleet cannot be built."""
+    if args.simulated_fleet is not None:
+        try:
+            source, fleet = simulated_fleet_factory(
+                args.simulated_fleet, config, rate_scale=args.sim_rate_scale, speed=args.sim_speed
+            )
+        except SimulatorUnavailableError as exc:
+            raise _RunError(str(exc), 2) from None
+        return source, [fleet]
+    from estimators.prometheus import PrometheusSource
+
+    # Prometheus evaluates at Unix time; the loop's clock is monotonic.
+    prom = PrometheusSource(
+        config.prometheus,
+        window_s=config.policy.window_s,
+        short_window_s=config.short_window_s,
+    )
+    return WallClockSource(prom, SystemClock()), []
+
+
+def _persistence(args: argparse.Namespace) -> tuple[Store, Elector, Any]:
+    """The store, the leader elector and the Kubernetes client (None when nothing
+    needs one); _RunError (exit 1) when the client cannot be configured."""
+    kind = args.store
+    if kind == "auto":
+        kind = "memory" if args.simulated_fleet else ("configmap" if _in_cluster() else "file")
+    namespace = args.namespace or _pod_namespace()
+    kube = None
+    if kind == "configmap" or args.scale_via == "kubernetes" or args.leader_election == "on":
+        from actuators.kubeapi import api_client
+
+        try:
+            kube = api_client()
+        except Exception as exc:
+            raise _RunError(f"cannot configure the Kubernetes client: {exc}", 1) from None
+    store: Store
+    if kind == "configmap":
+        from kubernetes import client as k8s
+
+        from service.store import ConfigMapStore
+
+        store = ConfigMapStore(k8s.CoreV1Api(kube), namespace, args.configmap)
+    elif kind == "file":
+        store = FileStore(args.state_file)
+    else:
+        store = MemoryStore()
+    elector: Elector = AlwaysLeader(args.identity)
+    if args.leader_election == "on" or (args.leader_election == "auto" and kind == "configmap"):
+        from service.leader import LeaseElector
+
+        elector = LeaseElector(kube, namespace, args.lease, args.identity)
+    return store, elector, kube
+
+
+def run_service(args: argparse.Namespace) -> int:
+    """`governor run`: 0 after a graceful shutdown (SIGTERM/SIGINT), 2 for bad
+    arguments or config, 1 when the service cannot start."""
+    try:
+        return _run(args)
+    except _RunError as exc:
+        print(f"governor run: {exc.message}", file=sys.stderr)
+        return exc.code
+
+
+def _run(args: argparse.Namespace) -> int:
+    from controller.logs import configure_logging
+
+    _check_flags(args)
+    try:
+        admin_token, tls = _security_args(args)
+    except (SecurityConfigError, ValueError) as exc:
+        raise _RunError(str(exc), 2) from None
+    if args.config is None and args.simulated_fleet is None:
+        raise _RunError("give --config FILE (or --simulated-fleet TRACE)", 2)
+    try:
+        config = load_config(args.config) if args.config else demo_config()
+    except ConfigError as exc:
+        raise _RunError(str(exc), 2) from None
+    source, actuators = _source(args, config)
+    configure_logging(args.log_level)  # after validation: a refused command changes nothing
+    store, elector, kube = _persistence(args)
+    core_ref: list[ServiceCore] = []
+    if args.scale_via == "kubernetes":
+        from actuators.kubernetes import KubernetesScaleActuator
+
+        # its failures are counted by ServiceCore (set_error_hook)
+        actuators.append(KubernetesScaleActuator(kube, lambda: core_ref[0].deployments()))
+    try:
+        core = ServiceCore(
+            config, source, store, actuators=actuators, elector=elector, max_models=args.max_models
+        )
+    except StoreError as exc:
+        raise _RunError(f"cannot restore state: {exc}", 1) from None
+    core_ref.append(core)
+    try:
+        server = GovernorServer(
+            core,
+            grpc_listen=args.grpc_listen,
+            metrics_listen=args.metrics_listen,
+            max_concurrent_rpcs=args.max_concurrent_rpcs,
+            max_watch_streams=args.max_watch_streams,
+            admin_token=admin_token,
+            allow_unauthenticated_admin=args.insecure_admin,
+            tls=tls,
+            admin_listen=args.admin_listen,
+        )
+        return serve(server, args.shutdown_grace_s)
+    except OSError as exc:
+        raise _RunError(str(exc), 1) from None
+
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _security_args(args: argparse.Namespace) -> tuple[AdminToken | None, TlsFiles | None]:
+    """The admin token and TLS files of `governor run`; SecurityConfigError or
+    ValueError naming the flag (never a file's content)."""
+    token = AdminToken(args.admin_token_file) if args.admin_token_file else None
+    if args.insecure_admin:
+        if token is not None:
+            raise ValueError("--insecure-admin and --admin-token-file exclude each other")
+        flag, listen = (
+            ("--admin-listen", args.admin_listen)
+            if args.admin_listen is not None
+            else ("--grpc-listen", args.grpc_listen)
+        )
+        host, _ = parse_listen(listen, flag)
+        if host not in _LOOPBACK:
+            raise ValueError(
+                f"--insecure-admin needs a loopback {flag} (127.0.0.1:PORT): an "
+                f"unauthenticated admin API must not be reachable from other hosts (got {host})"
+            )
+    tls = None
+    if args.tls_cert_file or args.tls_key_file:
+        if not (args.tls_cert_file and args.tls_key_file):
+            raise ValueError("give both --tls-cert-file and --tls-key-file")
+        tls = TlsFiles(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+        server_credentials(tls)  # read and check the files now: exit 2 naming a bad one
+    elif args.tls_client_ca_file:
+        raise ValueError("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    return token, tls
