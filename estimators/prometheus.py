@@ -283,16 +283,16 @@ class PrometheusSource:
         if arrival is None:
             detail = "absent from the answer" if raw_arrival is None else f"{raw_arrival}"
             return NoDataError(name, DEMAND_SIGNAL, detail)
-        up = _count(t.targets_up, name)
-        known = _count(t.targets_known, name)
-        seen = _count(t.targets_seen, name)
+        up = t.targets_up.get(name)
+        known = t.targets_known.get(name)
+        seen = t.targets_seen.get(name)
         if seen is None:
             seen = known
         if seen and not up:  # up 0, or no `up` series left: down or gone, every one
             detail = f"every engine scrape target is down or gone (0 of {seen} up)"
             return NoDataError(name, TARGETS_SIGNAL, detail)
-        gauge_ts = _finite(t.gauge_ts, name)
-        counter_ts = _finite(t.counter_ts, name)
+        gauge_ts = t.gauge_ts.get(name)
+        counter_ts = t.counter_ts.get(name)
         stamps = [ts for ts in (gauge_ts, counter_ts) if ts is not None]
         if not stamps:
             detail = "no current sample: every engine series is stale (targets down or gone)"
@@ -304,35 +304,8 @@ class PrometheusSource:
         return _observation(mq, now_s, max(0.0, arrival), staleness_s, t, up, known)
 
 
-def _finite(col: Mapping[str, float], name: str) -> float | None:
-    """`col[name]` when present and finite, else None (`v - v` is NaN for NaN and +-Inf).
-    The answers hold floats only (`_parse_tagged`)."""
-    v = col.get(name)
-    return v if v is not None and v - v == 0.0 else None
-
-
-def _ms(col: Mapping[str, float], name: str) -> float | None:
-    v = col.get(name)
-    return v * 1000.0 if v is not None and v - v == 0.0 else None
-
-
-def _non_negative(col: Mapping[str, float], name: str) -> float | None:
-    v = col.get(name)
-    return (v if v > 0.0 else 0.0) if v is not None and v - v == 0.0 else None
-
-
-def _count(col: Mapping[str, float], name: str) -> int | None:
-    v = col.get(name)
-    return round(v) if v is not None and v - v == 0.0 else None
-
-
-def _dist(cols: tuple[Mapping[str, float], ...], name: str) -> LatencyQuantiles | None:
-    """p50/p90/p95/p99 of one histogram (columns in `DIST_QUANTILES` order), ms."""
-    c50, c90, c95, c99 = cols
-    p50, p90, p95, p99 = _ms(c50, name), _ms(c90, name), _ms(c95, name), _ms(c99, name)
-    if p50 is None and p90 is None and p95 is None and p99 is None:
-        return None
-    return LatencyQuantiles(p50, p90, p95, p99)
+Column = dict[str, float]
+"""model -> value of one signal, finite values only (see `_Tables`)."""
 
 
 def _attainment(by_model: Mapping[str, Buckets], name: str, sla_s: float | None) -> float | None:
@@ -351,51 +324,48 @@ def _observation(
     up: int | None,
     known: int | None,
 ) -> Observation:
-    """One model's Observation from the tick's tables (every lookup a plain dict get:
-    this runs once per model per tick)."""
+    """One model's Observation from the tick's cleaned columns: every lookup a plain
+    dict get (this runs once per model per tick; the cleaning ran once per column)."""
     name = mq.name
-    ttft, itl, e2e = _dist(t.ttft_dist, name), _dist(t.itl_dist, name), _dist(t.e2e_dist, name)
-    extra: dict[str, float] = {}
-    completions = _finite(t.completions, name)
-    if completions is not None:
-        extra["completions_rps"] = completions
+    ttft, itl, e2e = t.ttft_dist.get(name), t.itl_dist.get(name), t.e2e_dist.get(name)
+    completions = t.completions.get(name)
     return Observation(
         model=name,
         observed_at_s=now_s,
         arrival_rate_rps=arrival_rps,
-        arrival_rate_short_rps=_non_negative(t.arrival_short, name),
+        arrival_rate_short_rps=t.arrival_short.get(name),
         staleness_s=staleness_s,
-        prompt_tokens_mean=_finite(t.prompt_mean, name),
-        prompt_tokens_p95=_finite(t.prompt_p95, name),
-        output_tokens_mean=_finite(t.output_mean, name),
-        output_tokens_p95=_finite(t.output_p95, name),
+        prompt_tokens_mean=t.prompt_mean.get(name),
+        prompt_tokens_p95=t.prompt_p95.get(name),
+        output_tokens_mean=t.output_mean.get(name),
+        output_tokens_p95=t.output_p95.get(name),
         itl_p95_ms=None if itl is None else itl.p95_ms,
         ttft_p95_ms=None if ttft is None else ttft.p95_ms,
         e2e_p99_ms=None if e2e is None else e2e.p99_ms,
-        queue_time_p95_ms=_ms(t.queue_p95, name),
+        queue_time_p95_ms=t.queue_p95_ms.get(name),
         ttft_attainment_frac=_attainment(t.ttft_edges, name, mq.ttft_sla_s),
         itl_attainment_frac=_attainment(t.itl_edges, name, mq.itl_sla_s),
-        running=_finite(t.running, name),
-        waiting=_finite(t.waiting, name),
-        kv_usage_frac=_finite(t.kv_usage, name),
-        prefix_cache_hit_frac=_finite(t.prefix_hit, name),
-        preemption_rate_per_s=_finite(t.preemptions, name),
-        ready_replicas=_count(t.ready, name),
-        arrival_rate_5m_rps=_non_negative(t.arrival_seed, name),
-        decode_time_p95_ms=_ms(t.decode_p95, name),
-        decode_time_mean_ms=_ms(t.decode_mean, name),
-        prefill_time_mean_ms=_ms(t.prefill_mean, name),
-        tpot_p95_ms=_ms(t.tpot_p95, name),
+        running=t.running.get(name),
+        waiting=t.waiting.get(name),
+        kv_usage_frac=t.kv_usage.get(name),
+        prefix_cache_hit_frac=t.prefix_hit.get(name),
+        preemption_rate_per_s=t.preemptions.get(name),
+        ready_replicas=t.ready.get(name),
+        arrival_rate_5m_rps=t.arrival_seed.get(name),
+        decode_time_p95_ms=t.decode_p95_ms.get(name),
+        decode_time_mean_ms=t.decode_mean_ms.get(name),
+        prefill_time_mean_ms=t.prefill_mean_ms.get(name),
+        tpot_p95_ms=t.tpot_p95_ms.get(name),
         tpot_attainment_frac=_attainment(t.tpot_edges, name, mq.itl_sla_s),
-        itl_mean_ms=_ms(t.itl_mean, name),
-        ttft_mean_ms=_ms(t.ttft_mean, name),
-        step_tokens_mean=_finite(t.step_tokens_mean, name),
+        itl_mean_ms=t.itl_mean_ms.get(name),
+        ttft_mean_ms=t.ttft_mean_ms.get(name),
+        step_tokens_mean=t.step_tokens_mean.get(name),
         ttft_dist=ttft,
         itl_dist=itl,
         e2e_dist=e2e,
         targets_up=up,
         targets_down=None if known is None or up is None else max(0, known - up),
-        extra=extra,
+        extra={} if completions is None else {"completions_rps": completions},
     )
 
 
@@ -411,9 +381,35 @@ _LE_CACHE: dict[str, float | None] = {}
 _LE_CACHE_MAX = 4096  # distinct `le` strings are few (tens); bound it anyway
 
 
+def _finite(table: SignalTable, signal: str, scale: float = 1.0) -> Column:
+    """The finite values of one signal (`v - v` is NaN for NaN and +-Inf), times `scale`."""
+    col = table.get(signal)
+    if not col:
+        return {}
+    if scale == 1.0:
+        return {m: v for m, v in col.items() if v - v == 0.0}
+    return {m: v * scale for m, v in col.items() if v - v == 0.0}
+
+
+def _counts(table: SignalTable, signal: str) -> dict[str, int]:
+    return {m: round(v) for m, v in _finite(table, signal).items()}
+
+
+def _non_negative(table: SignalTable, signal: str) -> Column:
+    return {m: (v if v > 0.0 else 0.0) for m, v in _finite(table, signal).items()}
+
+
+def _dists(q: SignalTable, hist: str) -> dict[str, LatencyQuantiles]:
+    """model -> p50/p90/p95/p99 of histogram `hist` in ms, for models with any of them."""
+    c50, c90, c95, c99 = (_finite(q, quantile_signal(hist, p), 1000.0) for p in DIST_QUANTILES)
+    models = c50.keys() | c90.keys() | c95.keys() | c99.keys()
+    return {m: LatencyQuantiles(c50.get(m), c90.get(m), c95.get(m), c99.get(m)) for m in models}
+
+
 class _Tables:
-    """Every answer of one tick, as one column (model -> value) per signal, looked up
-    once per tick; `_observation` then only does plain dict gets per model.
+    """Every answer of one tick as cleaned columns (model -> value per signal): non-finite
+    values dropped (no data, never 0), latencies converted to ms, counts rounded. Built
+    once per tick, so `_observation` only does plain dict gets per model.
 
     Signal names are plain strings here: a dict lookup by a `StrEnum` member hashes
     through `Enum.__hash__` (a Python call), three times slower than by its value.
@@ -424,45 +420,39 @@ class _Tables:
         state = tagged.get("state", {})
         rates = tagged.get("rates", {})
         q = tagged.get("quantiles", {})
-
-        def col(table: SignalTable, signal: str) -> Mapping[str, float]:
-            return table.get(signal, _EMPTY)
-
-        self.arrival = col(demand, Signal.ARRIVAL_RPS.value)
-        self.arrival_short = col(demand, Signal.ARRIVAL_SHORT_RPS.value)
-        self.arrival_seed = col(demand, Signal.ARRIVAL_SEED_RPS.value)
-        self.completions = col(demand, Signal.COMPLETIONS_RPS.value)
-        self.running = col(state, Signal.RUNNING.value)
-        self.waiting = col(state, Signal.WAITING.value)
-        self.kv_usage = col(state, Signal.KV_USAGE_FRAC.value)
-        self.ready = col(state, Signal.READY_REPLICAS.value)
-        self.gauge_ts = col(state, Signal.GAUGE_SAMPLE_TS.value)
-        self.counter_ts = col(state, Signal.COUNTER_SAMPLE_TS.value)
-        self.targets_up = col(state, Signal.TARGETS_UP.value)
-        self.targets_known = col(state, Signal.TARGETS_KNOWN.value)
-        self.targets_seen = col(state, Signal.TARGETS_SEEN.value)
-        self.prefix_hit = col(rates, Signal.PREFIX_CACHE_HIT_FRAC.value)
-        self.preemptions = col(rates, Signal.PREEMPTION_RATE_PER_S.value)
-        self.prompt_mean = col(rates, Signal.PROMPT_TOKENS_MEAN.value)
-        self.output_mean = col(rates, Signal.OUTPUT_TOKENS_MEAN.value)
-        self.ttft_mean = col(rates, Signal.TTFT_MEAN_S.value)
-        self.itl_mean = col(rates, Signal.ITL_MEAN_S.value)
-        self.decode_mean = col(rates, Signal.DECODE_TIME_MEAN_S.value)
-        self.prefill_mean = col(rates, Signal.PREFILL_TIME_MEAN_S.value)
-        self.step_tokens_mean = col(rates, Signal.STEP_TOKENS_MEAN.value)
-        dist = {h: tuple(col(q, quantile_signal(h, p)) for p in DIST_QUANTILES) for h in _DISTS}
-        self.ttft_dist, self.itl_dist, self.e2e_dist = dist["ttft"], dist["itl"], dist["e2e"]
-        self.queue_p95 = col(q, quantile_signal("queue", 0.95))
-        self.decode_p95 = col(q, quantile_signal("decode", 0.95))
-        self.tpot_p95 = col(q, quantile_signal("tpot", 0.95))
-        self.prompt_p95 = col(q, quantile_signal("prompt_tokens", 0.95))
-        self.output_p95 = col(q, quantile_signal("output_tokens", 0.95))
+        self.arrival = demand.get(Signal.ARRIVAL_RPS.value, _EMPTY)  # raw: NaN is reported
+        self.arrival_short = _non_negative(demand, Signal.ARRIVAL_SHORT_RPS.value)
+        self.arrival_seed = _non_negative(demand, Signal.ARRIVAL_SEED_RPS.value)
+        self.completions = _finite(demand, Signal.COMPLETIONS_RPS.value)
+        self.running = _finite(state, Signal.RUNNING.value)
+        self.waiting = _finite(state, Signal.WAITING.value)
+        self.kv_usage = _finite(state, Signal.KV_USAGE_FRAC.value)
+        self.ready = _counts(state, Signal.READY_REPLICAS.value)
+        self.gauge_ts = _finite(state, Signal.GAUGE_SAMPLE_TS.value)
+        self.counter_ts = _finite(state, Signal.COUNTER_SAMPLE_TS.value)
+        self.targets_up = _counts(state, Signal.TARGETS_UP.value)
+        self.targets_known = _counts(state, Signal.TARGETS_KNOWN.value)
+        self.targets_seen = _counts(state, Signal.TARGETS_SEEN.value)
+        self.prefix_hit = _finite(rates, Signal.PREFIX_CACHE_HIT_FRAC.value)
+        self.preemptions = _finite(rates, Signal.PREEMPTION_RATE_PER_S.value)
+        self.prompt_mean = _finite(rates, Signal.PROMPT_TOKENS_MEAN.value)
+        self.output_mean = _finite(rates, Signal.OUTPUT_TOKENS_MEAN.value)
+        self.ttft_mean_ms = _finite(rates, Signal.TTFT_MEAN_S.value, 1000.0)
+        self.itl_mean_ms = _finite(rates, Signal.ITL_MEAN_S.value, 1000.0)
+        self.decode_mean_ms = _finite(rates, Signal.DECODE_TIME_MEAN_S.value, 1000.0)
+        self.prefill_mean_ms = _finite(rates, Signal.PREFILL_TIME_MEAN_S.value, 1000.0)
+        self.step_tokens_mean = _finite(rates, Signal.STEP_TOKENS_MEAN.value)
+        self.ttft_dist = _dists(q, "ttft")
+        self.itl_dist = _dists(q, "itl")
+        self.e2e_dist = _dists(q, "e2e")
+        self.queue_p95_ms = _finite(q, quantile_signal("queue", 0.95), 1000.0)
+        self.decode_p95_ms = _finite(q, quantile_signal("decode", 0.95), 1000.0)
+        self.tpot_p95_ms = _finite(q, quantile_signal("tpot", 0.95), 1000.0)
+        self.prompt_p95 = _finite(q, quantile_signal("prompt_tokens", 0.95))
+        self.output_p95 = _finite(q, quantile_signal("output_tokens", 0.95))
         self.ttft_edges = edges.get("ttft", _EMPTY)
         self.itl_edges = edges.get("itl", _EMPTY)
         self.tpot_edges = edges.get("tpot", _EMPTY)
-
-
-_DISTS = ("ttft", "itl", "e2e")
 
 
 def _not_a_vector(raw: Any, query: str) -> SourceError:

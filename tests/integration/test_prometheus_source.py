@@ -107,8 +107,20 @@ def check_quantile(
     bounds: Sequence[float],
     scale: float = 1.0,
 ) -> None:
-    """`estimate` (in `scale` units) is the bucket interpolation, and the truth's bucket."""
+    """`estimate` (in `scale` units) is the bucket interpolation, and the truth's bucket.
+
+    Where the rank ties a bucket's count (B's TTFT p95: 19 of 20 at <= 20 ms), float
+    noise in the summed rates picks that bound or interpolates in the next non-empty
+    bucket (PromQL does the same): then it must lie between the truth's bucket's lower
+    bound and the next bucket holding data."""
     assert estimate is not None
+    rank = q * len(values)
+    if any(math.isclose(rank, c) for _, c in cumulative(values, bounds)):
+        lower, _ = bucket_of(true_quantile(q, values), bounds)
+        above = [v for v in values if v > true_quantile(q, values)]
+        upper = bucket_of(min(above), bounds)[1] if above else math.inf
+        assert lower <= estimate / scale <= upper, (q, estimate)
+        return
     expected = bucket_quantile(q, values, bounds)
     assert estimate / scale == pytest.approx(expected, rel=1e-9)
     lower, upper = bucket_of(true_quantile(q, values), bounds)
@@ -195,15 +207,6 @@ def test_latency_distributions(
                 (dist.p50_ms, dist.p90_ms, dist.p95_ms, dist.p99_ms),
                 strict=True,
             ):
-                rank = q * len(values)
-                if any(math.isclose(rank, c) for _, c in cumulative(values, bounds)):
-                    # A tie: the rank equals a bucket's count, so float noise in the rates
-                    # picks that bucket's bound or the next edge (PromQL does the same).
-                    assert value is not None
-                    lower, upper = bucket_of(true_quantile(q, values), bounds)
-                    nxt = min((b for b in (*bounds, math.inf) if b > upper), default=upper)
-                    assert lower <= value / 1000.0 <= nxt, (q, value)
-                    continue
                 check_quantile(value, q, values, bounds, 1000.0)
         assert obs.ttft_dist is not None and obs.ttft_p95_ms == obs.ttft_dist.p95_ms
         assert obs.e2e_dist is not None and obs.e2e_p99_ms == obs.e2e_dist.p99_ms
