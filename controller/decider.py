@@ -14,8 +14,9 @@ can be replayed from its trace. Steps, in order:
    full-sized fleet and recovers while it is met with margin on a loaded fleet.
 4. demand = smoothed level (+ the Holt trend over one cold start, when it predicts more
    growth than the deadband) + backlog / backlog_drain_s. The smoothed level, not the
-   raw sample, so one noisy window cannot scale up on its own: sudden real surges are
-   panic mode's job, on the short window;
+   raw sample, so one noisy window cannot scale up on its own: a rise the short window
+   shows on two ticks in a row is scaled up for at once (SHORT_WINDOW), and sudden
+   surges past the panic threshold are panic mode's job;
    raw = demand / capacity; idle -> min replicas, zero only after the idle period.
 5. burst memory: a demand that triggered panic on a surge (the short window well over
    the long one; a fleet that starts small is not a burst) is remembered, halving every
@@ -98,6 +99,7 @@ class _Demand:
     long: float
     observed: float
     idle: bool
+    rise: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +219,12 @@ class Decider:
             knobs=knobs,
             windows=windows.memory,
             forecast=Forecast(
-                load=demand.load, lengths=lengths, burst_rps=burst[0], burst_at_s=burst[1]
+                load=demand.load,
+                lengths=lengths,
+                burst_rps=burst[0],
+                burst_at_s=burst[1],
+                short_rps=obs.arrival_rate_short_rps,
+                short_at_s=now_s if obs.arrival_rate_short_rps is not None else None,
             ),
             knob_memory=knob_memory,
             health=DataHealth(
@@ -362,7 +369,35 @@ class Decider:
         # first few samples of a surge overshoots, and the overshoot later unwinds.
         long_demand = obs.arrival_rate_rps + backlog
         observed = max(long_demand, short_demand)
-        return _Demand(load, demand, short_demand, long_demand, observed, idle)
+        return _Demand(
+            load,
+            demand,
+            short_demand,
+            long_demand,
+            observed,
+            idle,
+            self._rise(state, short, now_s, demand, backlog),
+        )
+
+    def _rise(
+        self, state: ModelState, short: float | None, now_s: float, demand: float, backlog: float
+    ) -> float | None:
+        """A rise the short window shows on two ticks in a row (req/s), or None.
+
+        The smoothed level follows a step over several windows; the short window shows
+        it within one. Where the short window reads over (1 + tolerance) x the
+        demand on this tick and on the previous one, the smaller of the two readings is
+        the demand to scale up for, below the panic threshold too. Two readings, so one
+        noisy window cannot scale up alone. Example: 9 -> 18 req/s; the short window
+        reads 15 then 18 while the level is at 11: demand 15 on the second tick.
+        """
+        f = state.forecast
+        if short is None or f.short_rps is None or f.short_at_s is None:
+            return None
+        if now_s - f.short_at_s > 2.0 * self.policy.tick_interval_s + 1e-9:
+            return None
+        confirmed = min(short, f.short_rps) + backlog
+        return confirmed if confirmed > (1.0 + self.policy.tolerance_frac) * demand else None
 
     def _raw(
         self,
@@ -386,12 +421,18 @@ class Decider:
         assert base_capacity is not None  # the caller holds without lengths
         correction = plant.capacity_correction
         capacity = base_capacity * correction
-        if (remembered := self._burst_memory(state, now_s)) > demand.demand:
+        level = demand.demand
+        rise = demand.rise
+        if rise is not None and rise / capacity > state.replicas:
+            level = rise  # a confirmed rise on the short window: scale up for it now
+        if (remembered := self._burst_memory(state, now_s)) > level:
             # Bursts that needed panic recur faster than a cold start can follow:
             # keep capacity for them (decaying) instead of chasing each one.
             return _Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None)
+        if level is rise:
+            return _Raw(level / capacity, Reason.SHORT_WINDOW, capacity, None)
         reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
-        return _Raw(max(demand.demand / capacity, 1e-9), reason, capacity, None)
+        return _Raw(max(level / capacity, 1e-9), reason, capacity, None)
 
     def _panic(
         self, state: ModelState, now_s: float, demand: _Demand, raw: _Raw

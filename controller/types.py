@@ -23,6 +23,7 @@ class Reason(StrEnum):
     IDLE = "IDLE"  # no demand: recommend min (zero only after the idle period)
     SCALE_TO_ZERO = "SCALE_TO_ZERO"
     BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
+    SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed over two ticks
     # deadband
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
     OUTSIDE_TOLERANCE = "OUTSIDE_TOLERANCE"
@@ -180,6 +181,9 @@ class Forecast:
     burst_rps: float | None = None
     """Demand of the last panic-level burst, req/s (decays; see the decider)."""
     burst_at_s: float | None = None
+    short_rps: float | None = None
+    """The short window's arrival rate on the last tick, req/s (a rise needs two)."""
+    short_at_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +284,8 @@ class SavedState:
     knob_running: Knobs | None = None
     knob_running_replicas: int = 0
     knob_running_until_s: float | None = None
+    short_rps: float | None = None
+    short_at_s: float | None = None
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -308,6 +314,8 @@ class SavedState:
             knob_running=k.running,
             knob_running_replicas=k.running_replicas,
             knob_running_until_s=k.running_until_s,
+            short_rps=f.short_rps,
+            short_at_s=f.short_at_s,
         )
 
     def state(self) -> ModelState:
@@ -327,6 +335,8 @@ class SavedState:
                 lengths=self.lengths,
                 burst_rps=self.burst_rps,
                 burst_at_s=self.burst_at_s,
+                short_rps=self.short_rps,
+                short_at_s=self.short_at_s,
             ),
             knob_memory=KnobMemory(
                 candidate=self.knob_candidate,

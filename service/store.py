@@ -71,6 +71,7 @@ TIME_FIELDS = (
     "knob_candidate_since_s",
     "burst_at_s",
     "knob_running_until_s",
+    "short_at_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
@@ -87,6 +88,7 @@ PLAIN_FIELDS = (
     "burst_rps",
     "knob_running",
     "knob_running_replicas",
+    "short_rps",
 )
 
 

@@ -120,3 +120,54 @@ def test_absent_gauges_are_not_idle() -> None:
         assert dec.replicas >= 1 and Reason.IDLE not in dec.reasons, dec.explain()
         assert Reason.SCALE_TO_ZERO not in dec.reasons
         t += 5.0
+
+
+# ---------------------------------------------------------------------- a doubling
+def _step_ticks(before: float, after: float, long_s: float, short_s: float, ticks: int):
+    """(t, long-window rate, short-window rate) every 5 s after a step at t = 0."""
+    for k in range(1, ticks + 1):
+        t = 5.0 * k
+        yield (
+            t,
+            before + (after - before) * min(1.0, t / long_s),
+            before + (after - before) * min(1.0, t / short_s),
+        )
+
+
+@pytest.mark.parametrize(("long_s", "short_s"), [(60.0, 10.0), (30.0, 10.0), (60.0, 30.0)])
+def test_a_step_below_panic_scales_up_within_two_ticks_of_showing(
+    long_s: float, short_s: float
+) -> None:
+    """90 -> 170 req/s (1.9x, below the 2x panic threshold) on 6 replicas: the first
+    scale-up request comes within two ticks of the short window showing more demand
+    than 6 replicas serve (beyond the deadband)."""
+    d = Decider(make_model(max_replicas=40), make_policy())
+    s = d.initial_state(6, now_s=ORIGIN_S - 1000)
+    t0 = ORIGIN_S
+    for k in range(12):  # settled at 90 req/s
+        t = t0 - 60 + 5 * k
+        _, s = d.decide(obs(t=t, rate=90.0, arrival_rate_short_rps=90.0, ready_replicas=6), s, t)
+    assert s.replicas == 6
+    shown = None
+    for i, (dt, long_rps, short_rps) in enumerate(_step_ticks(90.0, 170.0, long_s, short_s, 12)):
+        o = obs(t=t0 + dt, rate=long_rps, arrival_rate_short_rps=short_rps, ready_replicas=6)
+        dec, s = d.decide(o, s, t0 + dt)
+        assert not dec.panic
+        cap = dec.capacity_rps_per_replica
+        if shown is None and cap is not None and short_rps / cap > 6 * 1.1:
+            shown = i  # the short window asks for more than the deadband keeps
+        if dec.replicas > 6:
+            assert shown is not None and i - shown <= 2, (i, shown, dec.explain())
+            assert Reason.SHORT_WINDOW in dec.reasons
+            return
+    pytest.fail("no scale-up within 12 ticks of the step")
+
+
+def test_one_noisy_short_window_does_not_scale_up() -> None:
+    d = Decider(make_model(max_replicas=40), make_policy())
+    s = d.initial_state(6, now_s=ORIGIN_S - 1000)
+    rates = [90.0, 90.0, 150.0, 90.0, 90.0, 150.0, 90.0]  # single-tick spikes
+    for k, short in enumerate(rates):
+        t = ORIGIN_S + 5 * k
+        dec, s = d.decide(obs(t=t, rate=90.0, arrival_rate_short_rps=short, ready_replicas=6), s, t)
+        assert dec.replicas == 6, dec.explain()
