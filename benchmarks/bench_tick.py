@@ -161,7 +161,9 @@ class Rig:
                 _TimedSource(source, self.phases),
                 [_TimedBoard(self.board, self.phases)],
                 metrics=metrics,
-                logger=_TimedLogger(logger, self.phases),
+                # Bound once, as the loop binds its lazy logger once per tick: timing the
+                # lazy proxy would count a bind per line (about 3x the line's cost).
+                logger=_TimedLogger(logger.bind(), self.phases),
             )
             for d in self.loop._deciders.values():
                 d.decide = _timed(d.decide, self.phases, "decide")  # type: ignore[method-assign]
