@@ -148,6 +148,11 @@ class Decision:
             lines.append(
                 f"  {s.name:<10} {arrow:<12} {s.reason}" + (f"  {s.detail}" if s.detail else "")
             )
+        if self.rollout:
+            lines.append(
+                "  rollout: knob change worth a rolling restart; requested (applied by the "
+                "Kubernetes actuator: one per model at a time, never in panic, rate-limited)"
+            )
         if self.detail:
             lines.append(f"  note: {self.detail}")
         return "\n".join(lines)

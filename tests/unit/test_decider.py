@@ -425,6 +425,8 @@ def test_big_knob_changes_ask_for_a_rollout_small_ones_do_not() -> None:
     s = d.initial_state(3)
     dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S)  # 256/8192 -> 160/2560: big
     assert dec.knob_reason == Reason.KNOBS_CHANGED and dec.rollout
+    assert "rollout: knob change worth a rolling restart" in dec.explain()
     # p95 prompt 4083 -> 3400: seqs 160 -> 184 (+15 %): published, not rolled out
     dec, s = d.decide(obs(rate=30.0, prompt_tokens_p95=3400.0), s, ORIGIN_S + 5)
     assert dec.knob_reason == Reason.KNOBS_CHANGED and not dec.rollout, dec.knobs
+    assert "rollout" not in dec.explain()
