@@ -21,12 +21,14 @@ says so; a pod without a series (not scraped yet, e.g. just started) costs 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import structlog
 
 from actuators.kubeapi import KubeCallError, call_with_retries
+from controller.types import Decision
 from estimators.promql import RUNNING_METRICS
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -144,3 +146,55 @@ class PodDrainer:
         shown = ", ".join(f"{n}={c}" for n, c in sorted(costs.items(), key=lambda kv: kv[1]))
         self._log.info("drain_prepared", model=model, costs=costs)
         return f"drain: deletion cost = running requests ({shown})"
+
+
+class DrainBeforeScaleDown:
+    """KEDA (or plain-HPA) mode: the HPA applies the replicas, so the costs are set when a
+    decision lowers a model's replicas below the previous decision, in a worker thread
+    (never blocking the tick). KEDA polls every pollingInterval (15 s) and the HPA syncs
+    every 15 s, so the costs are normally in place before the pods are picked.
+
+    `drain(model, namespace, deployment) -> detail` (`PodDrainer.prepare`); `targets()`:
+    model -> (namespace, deployment); `background`: False in tests (drain in `apply`).
+    """
+
+    def __init__(
+        self,
+        drain: Callable[[str, str, str], str],
+        targets: Callable[[], Mapping[str, tuple[str, str]]],
+        *,
+        background: bool = True,
+    ) -> None:
+        self.drain, self.targets, self.background = drain, targets, background
+        self._last: dict[str, int] = {}
+        self._status: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        lowered = []
+        for d in decisions:
+            if not d.valid:
+                continue
+            prev = self._last.get(d.model)
+            self._last[d.model] = d.replicas
+            if prev is not None and d.replicas < prev:
+                lowered.append(d.model)
+        if not lowered:
+            return
+        if self.background:
+            threading.Thread(target=self._run, args=(lowered,), daemon=True).start()
+        else:
+            self._run(lowered)
+
+    def _run(self, models: list[str]) -> None:
+        targets = self.targets()
+        for model in models:
+            if model in targets:
+                detail = self.drain(model, *targets[model])
+                with self._lock:
+                    self._status[model] = detail
+
+    def status(self) -> dict[str, str]:
+        """The last drain account per model (for `governor status`)."""
+        with self._lock:
+            return dict(self._status)

@@ -661,7 +661,9 @@ class ServiceCore:
             if callable(status_fn):
                 for model, st in status_fn().items():
                     describe = getattr(st, "describe", None)
-                    actuation[model] = describe() if callable(describe) else str(st)
+                    text = describe() if callable(describe) else str(st)
+                    # several actuators (scale, roll-out, drain): every one's outcome
+                    actuation[model] = "; ".join(filter(None, (actuation.get(model), text)))
         models = []
         for m in self.config.models:
             if wanted and m.name not in wanted:

@@ -133,6 +133,20 @@ def _add_store_arguments(p: argparse.ArgumentParser) -> None:
         help="keda: serve the external scaler only; kubernetes: also patch Deployments' "
         "scale subresource (clusters without KEDA)",
     )
+    p.add_argument(
+        "--knob-rollouts",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="roll out knob changes worth a restart by patching the engine Deployment's "
+        "pod-template annotation (actuators/rollout.py); auto: on inside a cluster",
+    )
+    p.add_argument(
+        "--drain-scale-in",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="before a scale-down, set pod-deletion-cost from each pod's running requests "
+        "(actuators/drain.py); auto: on inside a cluster",
+    )
 
 
 def _add_server_arguments(p: argparse.ArgumentParser) -> None:
@@ -253,7 +267,13 @@ def _persistence(args: argparse.Namespace) -> tuple[Store, Elector, Any]:
         kind = "memory" if args.simulated_fleet else ("configmap" if _in_cluster() else "file")
     namespace = args.namespace or _pod_namespace()
     kube = None
-    if kind == "configmap" or args.scale_via == "kubernetes" or args.leader_election == "on":
+    if (
+        kind == "configmap"
+        or args.scale_via == "kubernetes"
+        or args.leader_election == "on"
+        or _enabled(args, args.knob_rollouts)
+        or _enabled(args, args.drain_scale_in)
+    ):
         from actuators.kubeapi import api_client
 
         try:
@@ -277,6 +297,55 @@ def _persistence(args: argparse.Namespace) -> tuple[Store, Elector, Any]:
 
         elector = LeaseElector(kube, namespace, args.lease, args.identity)
     return store, elector, kube
+
+
+def _enabled(args: argparse.Namespace, switch: str) -> bool:
+    """An auto|on|off switch of a Kubernetes feature: auto = inside a cluster, with
+    Prometheus as the source (not a simulated fleet)."""
+    if switch == "auto":
+        return _in_cluster() and args.simulated_fleet is None
+    return switch == "on"
+
+
+def _kube_actuators(
+    args: argparse.Namespace, kube: Any, config: GovernorConfig, core_ref: list[ServiceCore]
+) -> list[Actuator]:
+    """The Kubernetes actuators `args` ask for: the scale patcher (with drain-aware
+    scale-in), the drain before KEDA's/the HPA's scale-downs, the knob roll-outs. Their
+    failures are counted by ServiceCore (set_error_hook)."""
+
+    def targets() -> dict[str, tuple[str, str]]:
+        return core_ref[0].deployments()
+
+    def rollout_interval_s(model: str) -> float:
+        cfg = core_ref[0].config
+        return cfg.policy_for(cfg.model(model)).rollout_min_interval_s
+
+    out: list[Actuator] = []
+    drain = None
+    if _enabled(args, args.drain_scale_in):
+        from kubernetes import client as k8s
+
+        from actuators.drain import PodDrainer, prometheus_running_by_pod
+        from estimators.prometheus import _default_client
+
+        p = config.prometheus
+        prom = _default_client(p.url, p.timeout_s, p.disable_ssl, 0)
+        running = prometheus_running_by_pod(prom, p.model_label)
+        drain = PodDrainer(k8s.CoreV1Api(kube), k8s.AppsV1Api(kube), running).prepare
+    if args.scale_via == "kubernetes":
+        from actuators.kubernetes import KubernetesScaleActuator
+
+        out.append(KubernetesScaleActuator(kube, targets, drain=drain))
+    elif drain is not None:
+        from actuators.drain import DrainBeforeScaleDown
+
+        out.append(DrainBeforeScaleDown(drain, targets))
+    if _enabled(args, args.knob_rollouts):
+        from actuators.rollout import KnobRolloutActuator
+
+        out.append(KnobRolloutActuator(kube, targets, rollout_interval_s))
+    return out
 
 
 def run_service(args: argparse.Namespace) -> int:
@@ -307,11 +376,7 @@ def _run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)  # after validation: a refused command changes nothing
     store, elector, kube = _persistence(args)
     core_ref: list[ServiceCore] = []
-    if args.scale_via == "kubernetes":
-        from actuators.kubernetes import KubernetesScaleActuator
-
-        # its failures are counted by ServiceCore (set_error_hook)
-        actuators.append(KubernetesScaleActuator(kube, lambda: core_ref[0].deployments()))
+    actuators += _kube_actuators(args, kube, config, core_ref)
     try:
         core = ServiceCore(
             config, source, store, actuators=actuators, elector=elector, max_models=args.max_models

@@ -96,9 +96,12 @@ def _port_of(listen: str) -> int:
 
 
 def _scale_grants(objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
-    """(namespace, deployment) pairs any Role lets the governor touch."""
+    """(namespace, deployment) pairs any Role lets the governor scale (the `-engines`
+    Roles of roll-outs and drain touch the pod template and pods, checked apart)."""
     out = set()
     for role in find(objs, "Role"):
+        if role["metadata"]["name"].endswith("-engines"):
+            continue
         for rule in role["rules"]:
             if any("deployments" in r for r in rule["resources"]):
                 assert rule["resources"] == ["deployments/scale"], rule
@@ -234,10 +237,19 @@ def test_rbac_names_exactly_the_scaled_deployments() -> None:
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
             assert set(rule["verbs"]) <= {"get", "update", "patch", "create", "list"}, rule
-            if "list" in rule["verbs"]:
-                # Only the HPA conflict check lists, read-only.
+            if "list" in rule["verbs"] and rule["resources"] == ["pods"]:
+                # The drain (actuation.drainScaleIn) lists the engine pods and patches
+                # their pod-deletion-cost; pods cannot be named in advance.
+                assert role["metadata"]["name"].endswith("-engines"), role
+                assert rule["verbs"] == ["list", "patch"], rule
+            elif "list" in rule["verbs"]:
+                # Otherwise only the HPA conflict check lists, read-only.
                 assert rule["resources"] == ["horizontalpodautoscalers"], rule
                 assert rule["verbs"] == ["list"], rule
+            if rule["resources"] == ["deployments"]:  # roll-outs: exactly the engines
+                ns = role["metadata"]["namespace"]
+                names = {d for n, d in expected if n == ns}
+                assert set(rule["resourceNames"]) == names, rule
 
 
 def test_rbac_without_direct_scaling_grants_no_deployment_access() -> None:
@@ -245,7 +257,17 @@ def test_rbac_without_direct_scaling_grants_no_deployment_access() -> None:
         extra = {"monitoring": _HPA_MONITORING} if via == "hpa" else {}
         objs = render(values(models=ALL_MODELS, scaling={"via": via}, **extra))
         assert _scale_grants(objs) == set(), via
-        assert [r["metadata"]["namespace"] for r in find(objs, "Role")] == [NAMESPACE], via
+        roles = [r for r in find(objs, "Role") if not r["metadata"]["name"].endswith("-engines")]
+        assert [r["metadata"]["namespace"] for r in roles] == [NAMESPACE], via
+        off = render(
+            values(
+                models=ALL_MODELS,
+                scaling={"via": via},
+                actuation={"knobRollouts": False, "drainScaleIn": False},
+                **extra,
+            )
+        )
+        assert [r["metadata"]["namespace"] for r in find(off, "Role")] == [NAMESPACE], via
 
 
 def test_rbac_hpa_conflict_check_can_be_turned_off() -> None:
@@ -291,7 +313,9 @@ def test_no_lease_rights_without_leader_election() -> None:
     )
     args = container(_governor_pod(objs), "governor")["args"]
     assert arg_value(args, "--leader-election") == "off"
-    resources = {r for rule in one(objs, "Role")["rules"] for r in rule["resources"]}
+    resources = {
+        r for role in find(objs, "Role") for rule in role["rules"] for r in rule["resources"]
+    }
     assert "leases" not in resources
 
 
@@ -367,6 +391,8 @@ def _local_argv(args: list[str], config: Path) -> list[str]:
         "--metrics-listen": "127.0.0.1:0",
         "--store": "memory",
         "--leader-election": "off",
+        "--knob-rollouts": "off",  # no API server here
+        "--drain-scale-in": "off",
     }
     for flag, value in swaps.items():
         out[out.index(flag) + 1] = value

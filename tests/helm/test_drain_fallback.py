@@ -15,7 +15,17 @@ from typing import Any
 
 import pytest
 
-from tests.helm.chart import CHART, MODEL_8B, container, find, one, render, validate, values
+from tests.helm.chart import (
+    CHART,
+    MODEL_8B,
+    arg_value,
+    container,
+    find,
+    one,
+    render,
+    validate,
+    values,
+)
 
 
 def _scaled_objects(**over: Any) -> dict[str, dict[str, Any]]:
@@ -148,3 +158,21 @@ def test_prestop_is_bounded(metrics: _Metrics) -> None:
 
 def test_prestop_returns_when_the_engine_does_not_answer() -> None:
     assert _hook("1", 60).wait(timeout=10) == 0
+
+
+def test_engine_actuation_rbac_and_flags() -> None:
+    objs = render(values())
+    role = one(objs, "Role", "gov-llm-governor-engines")
+    assert role["metadata"]["namespace"] == "llm"
+    deps, pods = role["rules"]
+    assert deps["resources"] == ["deployments"] and deps["verbs"] == ["get", "patch"]
+    assert deps["resourceNames"] == ["code-assistant", "llama-8b"]  # exactly those
+    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}
+    one(objs, "RoleBinding", "gov-llm-governor-engines")
+    args = container(one(objs, "Deployment")["spec"]["template"]["spec"], "governor")["args"]
+    assert arg_value(args, "--knob-rollouts") == "on"
+    assert arg_value(args, "--drain-scale-in") == "on"
+    off = render(values(actuation={"knobRollouts": False, "drainScaleIn": False}))
+    assert not find(off, "Role", "gov-llm-governor-engines")
+    args = container(one(off, "Deployment")["spec"]["template"]["spec"], "governor")["args"]
+    assert arg_value(args, "--knob-rollouts") == "off"

@@ -239,6 +239,14 @@ class FakeKubeAPI:
             del self.pods[(ns, name)]
             self.deleted_pods.append(name)
 
+    def scale_to(self, namespace: str, name: str, replicas: int) -> None:
+        """Another writer (e.g. KEDA's HPA) sets the Deployment's replicas."""
+        with self._lock:
+            d = self.deployments[(namespace, name)]
+            d.update(replicas=replicas, rv=self._next_rv())
+            d["updated"] = min(d["updated"], replicas)
+            self._resize(namespace, name, replicas)
+
     def template_annotations(self, namespace: str, name: str) -> dict[str, str]:
         with self._lock:
             return dict(self.deployments[(namespace, name)]["annotations"])

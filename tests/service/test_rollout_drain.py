@@ -17,6 +17,7 @@ from actuators.rollout import ROLLOUT_ANNOTATION, KnobRolloutActuator, RolloutRe
 from controller.types import Decision, Knobs, Reason
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import quiet_logger
+from tests.service.harness import wait_until
 
 NS = "llm"
 K1, K2, K3 = Knobs(64, 4096), Knobs(128, 8192), Knobs(32, 2048)
@@ -210,3 +211,71 @@ def test_a_scale_up_sets_no_deletion_cost(api: FakeKubeAPI) -> None:
     act = _scaler(api, prom)
     act.apply([_decision(K1, rollout=False, replicas=6)])
     assert api.replicas(NS, "demo") == 6 and prom.queries == []
+
+
+def test_keda_mode_sets_costs_when_a_decision_lowers_replicas(api: FakeKubeAPI) -> None:
+    """KEDA's HPA scales; the governor only prepares the pods when its decision drops."""
+    from kubernetes import client as k8s
+
+    from actuators.drain import DrainBeforeScaleDown
+
+    kube = api_client(api.url)
+    prom = FakeProm({"demo-1": 5, "demo-2": 0, "demo-3": 2, "demo-4": 7})
+    drainer = PodDrainer(k8s.CoreV1Api(kube), k8s.AppsV1Api(kube), prometheus_running_by_pod(prom))
+    act = DrainBeforeScaleDown(drainer.prepare, lambda: {"demo": (NS, "demo")}, background=False)
+    act.apply([_decision(K1, rollout=False, replicas=4)])
+    act.apply([_decision(K1, rollout=False, replicas=5)])
+    assert prom.queries == []  # first decision and a raise: nothing to prepare
+    act.apply([_decision(K1, rollout=False, replicas=2)])
+    assert len(prom.queries) == 1
+    costs = {n: p["metadata"]["annotations"][DELETION_COST] for (_, n), p in api.pods.items()}
+    assert costs == {"demo-1": "5", "demo-2": "0", "demo-3": "2", "demo-4": "7"}
+    assert "demo-2=0" in act.status()["demo"]
+    api.scale_to(NS, "demo", 2)  # what KEDA's HPA does next
+    assert sorted(api.deleted_pods) == ["demo-2", "demo-3"]
+
+
+def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: FakeKubeAPI) -> None:
+    import argparse
+
+    from actuators.drain import DrainBeforeScaleDown
+    from service.core import ServiceCore
+    from service.run import _kube_actuators
+    from service.store import MemoryStore
+    from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
+
+    cfg = make_config(model_entry("demo", namespace=NS))
+    args = argparse.Namespace(
+        scale_via="kubernetes", knob_rollouts="on", drain_scale_in="on", simulated_fleet=None
+    )
+    core_ref: list[ServiceCore] = []
+    acts = _kube_actuators(args, api_client(api.url), cfg, core_ref)
+    try:
+        assert [type(a).__name__ for a in acts] == [
+            "KubernetesScaleActuator",
+            "KnobRolloutActuator",
+        ]
+        assert acts[0].drain is not None
+        args.scale_via = "keda"
+        keda = _kube_actuators(args, api_client(api.url), cfg, core_ref)
+        assert isinstance(keda[0], DrainBeforeScaleDown)
+        keda[1].close()
+        args.knob_rollouts = args.drain_scale_in = "off"
+        assert _kube_actuators(args, None, cfg, core_ref) == []
+        # status: every actuator's outcome for the model, joined
+        drain = DrainBeforeScaleDown(lambda m, ns, d: "drain: ok", lambda: {"demo": (NS, "demo")})
+        drain.background = False
+        core = ServiceCore(
+            cfg, FakeSource({"demo": 10.0}), MemoryStore(), clock=FakeClock(),
+            actuators=[acts[1], drain], logger=quiet_logger(),
+        )  # fmt: skip
+        core_ref.append(core)
+        drain.apply([_decision(K1, rollout=False, replicas=4)])
+        drain.apply([_decision(K1, rollout=False, replicas=3)])
+        acts[1].apply([_decision(K1)])
+        wait_until(lambda: "demo" in acts[1].status())  # the roll-out worker thread
+        line = core.status(["demo"]).models[0].actuation
+        assert "ROLLOUT_STARTED" in line and "drain: ok" in line
+    finally:
+        for a in acts:
+            a.close()

@@ -25,6 +25,10 @@ new instance continues the stabilization windows instead of starting over. */}}
 - {{ include "llm-governor.leaseName" . }}
 - --scale-via
 - {{ include "llm-governor.scaleVia" . }}
+- --knob-rollouts
+- {{ ternary "on" "off" .Values.actuation.knobRollouts | quote }}
+- --drain-scale-in
+- {{ ternary "on" "off" .Values.actuation.drainScaleIn | quote }}
 - --shutdown-grace-s
 - {{ .Values.governor.shutdownGraceSeconds | toString | quote }}
 - --max-concurrent-rpcs
