@@ -17,8 +17,8 @@ every step of T ms carries lam*Lout*T/1000 decode tokens and lam*Lin*T/1000 pref
 tokens, so T = A + lam*T*w/1000 with A the per-step overhead (base + fixed) and
 w = Lout*(per_token + per_seq + per_kv*ctx) + Lin*per_token + attn*Lin^2/2 the
 per-request work in ms. Hence T = A / (1 - lam*w/1000). Worked example (conversation
-trace means Lin 1155, Lout 211, ctx 1260): w = 44.3 ms, so at lam = 18 req/s the mean
-step is 3.0/(1 - 0.797) = 14.8 ms with 56 sequences decoding.
+trace means Lin 1155, Lout 211, ctx 1260): w = 47.1 ms, so at lam = 18 req/s the mean
+step is 3.0/(1 - 0.848) = 19.7 ms with 75 sequences decoding.
 """
 
 from __future__ import annotations
@@ -180,9 +180,9 @@ def slo_knobs(
     """Knobs that keep decode and mixed steps under the ITL target (see module doc).
 
     Worked example (default profile, ITL 50 ms, margin 0.85, conversation p95s 4083/451,
-    means 1155/211): decode step budget 42.5 ms -> 165 sequences at 4308 tokens of context
-    -> 160 after quantizing; a mixed step of up to 85 ms with 160 decodes leaves room for
-    a chunk of ~2,500 tokens -> budget 2,560.
+    means 1155/211): decode step budget 42.5 ms -> 152 sequences at 4308 tokens of context
+    (42.32 ms) -> 152 after quantizing; a mixed step of up to 85 ms with 152 decodes leaves
+    room for a chunk of ~2,500 tokens -> budget 2,560.
     """
     model = _step_model(profile)
     step_budget_ms = sla.itl_p95_ms * itl_margin_frac

@@ -147,15 +147,15 @@ class StepTimeModel:
     def decode_step_ms(self, num_seqs: int, total_kv_tokens: float) -> float:
         """A pure-decode iteration of `num_seqs` sequences holding `total_kv_tokens`, ms.
 
-        Single stream at 1,000 tokens of context: max(6.1, 2.3 + 0.0218) + 0.7 + 0.0016
-        + 0.05 = 6.85 ms.
+        Single stream at 1,000 tokens of context: max(6.6, 2.3 + 0.0218) + 0.7 + 0.015
+        + 0.05 = 7.365 ms.
         """
         return self.step_ms(num_seqs, num_seqs, int(total_kv_tokens))
 
     def prefill_ms(self, tokens: int) -> float:
         """A single prompt of `tokens` prefilled in one iteration from empty, ms.
 
-        2,048 tokens: 2.3 + 44.65 + 0.7 + 0.0016 + 1.31e-6 * 2048 * 1024 = 50.4 ms.
+        2,048 tokens: 2.3 + 44.65 + 0.7 + 0.015 + 1.31e-6 * 2048 * 1024 = 50.4 ms.
         """
         return self.step_ms(tokens, 1, 0, tokens * tokens / 2.0)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES
+from simulator.calibrate import main as calibrate_main
 from simulator.oracle import scenario_oracle
 from simulator.plant import Plant
 from simulator.report import document, plot, table
@@ -388,6 +389,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate", help="published vLLM H100 measurements vs the simulated plant (a table)"
+    )
+    p.add_argument("--out", default=None, help="write the markdown table here")
+    p.set_defaults(func=lambda a: calibrate_main(["--out", a.out] if a.out else []))
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     add_simulate(sub)
     add_demo(sub)
+    add_calibrate(sub)

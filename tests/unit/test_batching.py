@@ -49,9 +49,9 @@ def test_clamp_knobs_budget_at_least_seqs() -> None:
 
 
 def test_slo_knobs_conversation_worked_example() -> None:
-    """The docstring's worked example: 160 seqs, 2,560 tokens."""
+    """The docstring's worked example: 152 seqs, 2,560 tokens."""
     k = slo_knobs(CONV, SLA_STD, load_profile(), KnobBounds(), itl_margin_frac=0.85)
-    assert k == Knobs(max_num_seqs=160, max_num_batched_tokens=2560)
+    assert k == Knobs(max_num_seqs=152, max_num_batched_tokens=2560)
 
 
 def test_slo_knobs_keep_steps_under_itl_target() -> None:
@@ -87,7 +87,7 @@ def test_slo_knobs_respect_bounds() -> None:
 
 
 def test_per_request_work_worked_example() -> None:
-    assert per_request_work_ms(CONV, load_profile()) == pytest.approx(44.29, abs=0.01)
+    assert per_request_work_ms(CONV, load_profile()) == pytest.approx(47.12, abs=0.01)
 
 
 def test_capacity_grows_with_looser_sla_and_shrinks_with_longer_requests() -> None:

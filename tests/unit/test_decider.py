@@ -187,10 +187,10 @@ def test_knobs_change_only_when_material_and_sustained() -> None:
     assert Reason.KNOBS_CHANGED in reasons
     changed_at = reasons.index(Reason.KNOBS_CHANGED)
     assert changed_at * 5 >= 60
-    assert s.knobs == Knobs(160, 2560) and s.knob_memory.changes == 1
+    assert s.knobs == Knobs(152, 2560) and s.knob_memory.changes == 1
     # a small wobble in lengths (<10 %) does not move the knobs
     dec, s = d.decide(obs(rate=30.0, prompt_tokens_p95=4200.0), s, ORIGIN_S + 70)
-    assert dec.knobs == Knobs(160, 2560)
+    assert dec.knobs == Knobs(152, 2560)
     assert dec.knob_reason in (Reason.KNOBS_UNCHANGED, Reason.KNOBS_NOT_MATERIAL)
 
 
@@ -200,11 +200,11 @@ def test_knob_candidate_interrupted_restarts_the_clock() -> None:
     _, s = d.decide(obs(rate=30.0), s, ORIGIN_S)
     # lengths jump (material change of candidate) -> the sustain clock restarts
     _, s = d.decide(
-        obs(rate=30.0, prompt_tokens_p95=800.0, prompt_tokens_mean=300.0), s, ORIGIN_S + 50
+        obs(rate=30.0, prompt_tokens_p95=12000.0, prompt_tokens_mean=4000.0), s, ORIGIN_S + 50
     )
     assert s.knob_memory.candidate_since_s == ORIGIN_S + 50
     dec, s = d.decide(
-        obs(rate=30.0, prompt_tokens_p95=800.0, prompt_tokens_mean=300.0), s, ORIGIN_S + 65
+        obs(rate=30.0, prompt_tokens_p95=12000.0, prompt_tokens_mean=4000.0), s, ORIGIN_S + 65
     )
     assert dec.knob_reason == Reason.KNOBS_PENDING
 

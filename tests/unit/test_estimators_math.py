@@ -72,8 +72,8 @@ def test_profile_worked_examples() -> None:
     p = load_profile()
     m = p.step_model()
     assert p.kv_capacity_tokens == 464_688 and p.kv_capacity_blocks == 29_043
-    assert m.decode_step_ms(1, 1000) == pytest.approx(6.8516)
-    assert m.prefill_ms(2048) == pytest.approx(50.395, abs=1e-3)
+    assert m.decode_step_ms(1, 1000) == pytest.approx(7.365)
+    assert m.prefill_ms(2048) == pytest.approx(50.4084, abs=1e-3)
     with pytest.raises(FileNotFoundError, match=r"shipped: llama-3\.1-8b-h100"):
         load_profile("no-such-profile")
 
