@@ -1,0 +1,100 @@
+"""Pins of what the simulated results depend on: the baselines' published defaults, the
+oracle's goal, the scoring rule and the governor's tolerance band. Each test here fails
+when its constant or rule is changed (KEDA threshold 5 -> 50, hpa-queue target 500 ms ->
+5 s, hpa-gpu target 0.7 -> 0.95, oracle goal 0.99 -> 0.5, an SLO that ignores ITL, the
+tolerance band removed), so the README's numbers cannot move silently."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from controller.config import SLA
+from controller.decider import Decider
+from controller.types import Knobs, Reason
+from estimators.stepmodel import load_profile
+from estimators.types import Observation
+from simulator.autoscalers import HpaGpu, HpaQueue, Keda
+from simulator.engine import RequestLog
+from simulator.fleet import Fleet
+from simulator.metrics import SimulatedSource
+from simulator.oracle import window_replicas
+from simulator.scenario import slo_met
+from simulator.traces import load_trace
+from tests.conftest import ORIGIN_S, make_model, make_policy
+from tests.unit.helpers import obs
+
+SLA_STD = SLA(ttft_p95_ms=500, itl_p95_ms=50)
+
+
+@pytest.fixture
+def fleet_source() -> tuple[Fleet, SimulatedSource]:
+    fleet = Fleet(initial_replicas=2)
+    return fleet, SimulatedSource(fleet, "m")
+
+
+def _o(**kw: float) -> Observation:
+    return Observation(model="m", observed_at_s=0.0, arrival_rate_rps=1.0, **kw)  # type: ignore[arg-type]
+
+
+def test_keda_threshold_is_5_waiting_per_replica(fleet_source) -> None:  # type: ignore[no-untyped-def]
+    """KEDA's AverageValue 5: 60 waiting on 2 replicas is 6x the target."""
+    keda = Keda(*fleet_source, "m", 1, 64)
+    assert keda.ratio(_o(waiting=60.0), current=2) == pytest.approx(6.0)
+    assert keda.hpa.desired(keda.ratio(_o(waiting=60.0), 2), 2, 0.0) == 6  # +4 pods cap
+
+
+def test_hpa_queue_target_is_500_ms(fleet_source) -> None:  # type: ignore[no-untyped-def]
+    q = HpaQueue(*fleet_source, "m", 1, 64)
+    assert q.ratio(_o(queue_time_p95_ms=1000.0), current=3) == pytest.approx(2.0)
+    assert q.hpa.desired(q.ratio(_o(queue_time_p95_ms=1000.0), 3), 3, 0.0) == 6
+
+
+def test_hpa_gpu_target_is_70_percent(fleet_source) -> None:  # type: ignore[no-untyped-def]
+    g = HpaGpu(*fleet_source, "m", 1, 64)
+    assert g.ratio(_o(gpu_busy_frac=0.84), current=5) == pytest.approx(1.2)
+    assert g.hpa.desired(g.ratio(_o(gpu_busy_frac=0.84), 5), 5, 0.0) == 6
+
+
+def test_oracle_goal_is_99_percent() -> None:
+    """35 req/s for a minute: two warm replicas serve ~84 % of what three serve (enough
+    for any goal up to that), three reach 99 %: the oracle must pick 3."""
+    p = load_profile()
+    trace = load_trace("synthetic:poisson:rate=35,duration=60", seed=1)
+    assert window_replicas((trace, p, Knobs(152, 2560), SLA_STD, 32, 0, 0.029)) == 3
+
+
+def _records(ttft_s: list[float], itl_s: list[float]):  # type: ignore[no-untyped-def]
+    log = RequestLog()
+    for i, (ttft, itl) in enumerate(zip(ttft_s, itl_s, strict=True)):
+        rid = log.add(0.0, 100, 11)
+        log.first_token_s[rid] = ttft
+        log.finish_s[rid] = ttft + 10 * itl
+        log.dispatch_s[rid] = 0.0
+        assert rid == i
+    return log.arrays()
+
+
+def test_slo_needs_both_ttft_and_mean_itl() -> None:
+    """A request with a fast first token but 80 ms between tokens misses a 50 ms ITL SLA."""
+    rec = _records([0.2, 0.2, 0.9], [0.02, 0.08, 0.02])
+    assert slo_met(rec, SLA_STD).tolist() == [True, False, False]
+
+
+def test_governor_keeps_replicas_within_the_tolerance_band() -> None:
+    """Demand 4 % above what 10 replicas serve: the decider holds 10 (WITHIN_TOLERANCE);
+    without the band it would ask for 11."""
+    d = Decider(make_model(max_replicas=50), make_policy())
+    s = d.initial_state(10)
+    per_replica = None
+    for rate in np.arange(100.0, 300.0, 2.0):
+        dec, _ = d.decide(obs(rate=float(rate), ready_replicas=10), s, ORIGIN_S)
+        if dec.raw_replicas is not None and 10.2 < dec.raw_replicas < 10.6:
+            per_replica = dec
+            break
+    assert per_replica is not None, "no rate gives raw replicas just above 10"
+    assert per_replica.replicas == 10
+    assert Reason.WITHIN_TOLERANCE in per_replica.reasons
+    assert math.ceil(per_replica.raw_replicas) == 11  # type: ignore[arg-type]
