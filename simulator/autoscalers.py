@@ -32,7 +32,7 @@ from controller.config import GovernorConfig, RateLimit
 from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics
 from controller.stages import rate_limit, stabilize
-from controller.types import Decision, Knobs
+from controller.types import Decision, Knobs, Reason
 from estimators.types import ModelQuery, Observation
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
@@ -71,6 +71,10 @@ class Autoscaler(Protocol):
         damping-free behavior): the HPA still applies its 10 % tolerance."""
         ...
 
+    def scale_down_pending(self) -> bool:
+        """True while a lower count is held back (stabilization window, rate limits)."""
+        ...
+
 
 @dataclass
 class _HpaCore:
@@ -80,12 +84,15 @@ class _HpaCore:
     max_replicas: int
     recommendations: list[tuple[float, int]] = field(default_factory=list)
     changes: list[tuple[float, int]] = field(default_factory=list)
+    last_recommendation: int | None = None
+    last_out: int | None = None
 
     def desired(self, ratio: float | None, current: int, now_s: float) -> int | None:
         if ratio is None or not math.isfinite(ratio):
             return None  # missing metric: the HPA does not act
         rec = current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(ratio * current - 1e-9)
         rec = min(max(rec, self.min_replicas), self.max_replicas)
+        self.last_recommendation = rec
         self.recommendations = [
             (t, v) for t, v in self.recommendations if now_s - t < HPA_DOWN_STABILIZATION_S
         ]
@@ -98,7 +105,16 @@ class _HpaCore:
         out = min(max(out, self.min_replicas), self.max_replicas)
         if out != current:
             self.changes.append((now_s, out - current))
+        self.last_out = out
         return out
+
+    def scale_down_pending(self) -> bool:
+        """The latest recommendation is below what the stabilized output holds."""
+        return (
+            self.last_recommendation is not None
+            and self.last_out is not None
+            and self.last_recommendation < self.last_out
+        )
 
 
 class _Base:
@@ -106,6 +122,9 @@ class _Base:
     passthrough = False
 
     def rollout(self) -> bool:
+        return False
+
+    def scale_down_pending(self) -> bool:
         return False
 
     def knobs(self) -> Knobs | None:
@@ -131,6 +150,9 @@ class _MetricHpa(_Base):
         current = self.fleet.active_replicas
         ratio = self.ratio(o, current) if isinstance(o, Observation) else None
         return self.hpa.desired(ratio, current, now_s)
+
+    def scale_down_pending(self) -> bool:
+        return self.hpa.scale_down_pending()
 
 
 class HpaGpu(_MetricHpa):
@@ -245,6 +267,9 @@ class Kpa(_Base):
         self.desired_now = min(max(want, self.lo), self.hi)
         return self.desired_now
 
+    def scale_down_pending(self) -> bool:
+        return self.panic_since is not None  # the KPA never scales down in panic
+
 
 class Static(_Base):
     """A fixed replica count."""
@@ -300,6 +325,12 @@ class Governor(_Base):
     def knobs(self) -> Knobs | None:
         d = self.capture.latest
         return None if d is None else d.knobs
+
+    def scale_down_pending(self) -> bool:
+        # A lower raw count held by the stabilization window, a rate limit or a cooldown.
+        d = self.capture.latest
+        held = (Reason.SCALE_DOWN_STABILIZED, Reason.SCALE_DOWN_LIMITED, Reason.SCALE_DOWN_COOLDOWN)
+        return d is not None and any(r in held for r in d.reasons)
 
     def rollout(self) -> bool:
         # A big knob change is rolled out (rolling restart, one surge replica at a time),

@@ -312,6 +312,14 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default="out/demo", help="folder for the plot and JSON")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--settle-max-s",
+        type=_non_negative("--settle-max-s"),
+        default=1800.0,
+        help="after the trace, run on until the fleet has settled (no scale-down pending), "
+        "at most this long",
+    )
+    add_plant_args(p)
     p.set_defaults(func=cmd_demo)
 
 
@@ -338,6 +346,26 @@ def _live_line(t_s: float, fleet, policy, sc: Scenario) -> str:
     )
 
 
+def demo_goals(doc: dict) -> str:
+    """The smooth-trace goals, met or missed, for the governor's row of `doc`."""
+    from simulator.matrix import SMOOTH_ATTAINMENT_GOAL, SMOOTH_ORACLE_RATIO_GOAL
+
+    g = doc["policies"]["governor"]
+    ratio = g.get("oracle_ratio")
+    checks = (
+        (
+            f"SLO attainment >= {SMOOTH_ATTAINMENT_GOAL:.0%}",
+            g["slo_attainment"] >= SMOOTH_ATTAINMENT_GOAL,
+        ),
+        (
+            f"GPU-h <= {SMOOTH_ORACLE_RATIO_GOAL:g}x oracle",
+            ratio is not None and ratio <= SMOOTH_ORACLE_RATIO_GOAL,
+        ),
+        ("0 flaps", g["flaps"] == 0),
+    )
+    return "goals: " + "; ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in checks)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(
@@ -347,7 +375,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"governor demo: --trace {args.trace}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
-    sc = Scenario(trace=trace, sla=sla, start_replicas=args.start_replicas, seed=args.seed)
+    sc = Scenario(
+        trace=trace,
+        sla=sla,
+        start_replicas=args.start_replicas,
+        seed=args.seed,
+        scrape_interval_s=args.scrape_interval_s,
+        plant=plant_from_args(args),
+    )
     print(
         f"llm-governor demo: {trace.name}, {len(trace):,} requests over "
         f"{trace.span_s / 60:.0f} min; "
@@ -370,7 +405,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 time.sleep(lag)  # pacing of the live view only
         print(_live_line(t_s, fleet, policy, sc), flush=True)
 
-    results = {"governor": run_policy("governor", sc, on_sync=on_sync)}
+    gov = run_policy("governor", sc, on_sync=on_sync, settle_max_s=args.settle_max_s)
+    results = {"governor": gov}
+    if gov.settled_s is not None:
+        m, sec = divmod(int(gov.settled_s), 60)
+        print(
+            f"settled at t={m}:{sec:02d} with {gov.settled_replicas} replica(s), "
+            "no scale-down pending"
+        )
+    elif args.settle_max_s > 0:
+        print(f"not settled {args.settle_max_s:g} s after the scored window")
     print(f"\ncomparing with {', '.join(args.baselines)} and the oracle ...", flush=True)
     orc = scenario_oracle(sc)
     if "static" in args.baselines:
@@ -381,6 +425,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     doc = document(sc, results, orc)
     print()
     print(table(doc))
+    print(demo_goals(doc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo.json").write_text(json.dumps(doc, indent=2) + "\n")

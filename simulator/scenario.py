@@ -151,6 +151,9 @@ class PolicyResult:
     unfinished: int
     max_replicas: int
     series: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    settled_s: float | None = None
+    """When the fleet had settled after the scored window (runs with a settling tail)."""
+    settled_replicas: int | None = None
 
     def summary(self) -> dict[str, float | int | None]:
         return {
@@ -226,14 +229,79 @@ def score(fleet: Fleet, sla: SLA) -> tuple[float, float | None, float | None, in
     return float(ok.sum() / n), ttft_p95, itl_p95, refused, unfinished
 
 
+@dataclass
+class _Run:
+    """The mutable bookkeeping of one `run_policy` (desired count, actions, series)."""
+
+    desired: int | None = None
+    actions: list[tuple[float, int]] = field(default_factory=list)
+    knob_changes: int = 0
+    peak_queue: int = 0
+    series: dict[str, list[float]] = field(
+        default_factory=lambda: {k: [] for k in ("t", "desired", "ready", "total", "waiting")}
+    )
+
+
+def _apply_policy(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None:
+    """A policy evaluation: remember its desired count, hand new knobs to the fleet."""
+    want = policy.evaluate(t)
+    if want is not None:
+        run.desired = want
+    k = policy.knobs()
+    if k is not None and k != fleet.knobs:
+        fleet.set_knobs(k)
+        run.knob_changes += 1
+        if policy.rollout():
+            fleet.roll_out()
+
+
+def _hpa_sync(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None:
+    """An HPA sync: scale the fleet to the desired count (the HPA's tolerance on a
+    relayed number), record the series point."""
+    current = fleet.active_replicas
+    if run.desired is not None and run.desired != current:
+        target = run.desired
+        if policy.passthrough and current > 0 and abs(target / current - 1.0) <= HPA_TOLERANCE:
+            target = current  # the HPA's own tolerance on the relayed metric
+        if target != current:
+            fleet.scale_to(target, t)
+            run.actions.append((t, target - current))
+    waiting = fleet.router_queue_len + sum(e.num_waiting for _, e in fleet.live_engines())
+    run.peak_queue = max(run.peak_queue, waiting)
+    s = run.series
+    s["t"].append(t)
+    s["desired"].append(float(run.desired if run.desired is not None else current))
+    s["ready"].append(float(fleet.ready_replicas))
+    s["total"].append(float(fleet.total_replicas))
+    s["waiting"].append(float(waiting))
+
+
+def settled(policy: Autoscaler, fleet: Fleet, desired: int | None) -> bool:
+    """The fleet holds what the policy wants, nothing starts or drains, and the policy
+    has no scale-down waiting in its stabilization window."""
+    active = fleet.active_replicas
+    return (
+        (desired is None or desired == active)
+        and fleet.total_replicas == active == fleet.ready_replicas
+        and not policy.scale_down_pending()
+    )
+
+
 def run_policy(
     name: str,
     sc: Scenario,
     progress: Callable[[float], None] | None = None,
     on_sync: Callable[[float, Fleet, Autoscaler], None] | None = None,
+    settle_max_s: float = 0.0,
 ) -> PolicyResult:
     """Simulate `name` over the scenario and score it. `progress(fraction)` is called
-    about once a simulated minute; `on_sync(t_s, fleet, policy)` after every HPA sync."""
+    about once a simulated minute; `on_sync(t_s, fleet, policy)` after every HPA sync.
+
+    Scores (attainment, GPU-hours, actions, flaps) cover [0, `sc.end_s`]. With
+    `settle_max_s` > 0 the run goes on after that until the fleet has settled (see
+    `settled`) or for at most that long; the series include that tail and
+    `settled_s` / `settled_replicas` say where it ended.
+    """
     # A static fleet is what it is from the start; the others start at start_replicas.
     initial = sc.static_replicas if name == "static" and sc.static_replicas else sc.initial_replicas
     fleet = sc.make_fleet(initial)
@@ -248,80 +316,68 @@ def run_policy(
     policy = make_policy(name, sc, fleet, source)
     end = sc.end_s
     events: list[tuple[float, int]] = [(policy.interval_s, 0), (sc.hpa_sync_s, 1)]
-    desired: int | None = None
-    actions: list[tuple[float, int]] = []
-    knob_changes = 0
-    series: dict[str, list[float]] = {
-        "t": [],
-        "desired": [],
-        "ready": [],
-        "total": [],
-        "waiting": [],
-    }
-    peak_queue = 0
+    run = _Run()
+    scored: PolicyResult | None = None
+    settled_s: float | None = None
     last_progress = 0.0
     while events:
         t, kind = heapq.heappop(events)
-        if t > end:
+        if t > end and scored is None:
+            fleet.advance_to(end)
+            scored = _result(name, sc, fleet, run)
+            if settle_max_s <= 0 or settled(policy, fleet, run.desired):
+                settled_s = end if settle_max_s > 0 else None
+                break
+        if t > end + settle_max_s:
             break
         fleet.advance_to(t)
         if kind == 0:
-            want = policy.evaluate(t)
-            if want is not None:
-                desired = want
-            k = policy.knobs()
-            if k is not None and k != fleet.knobs:
-                fleet.set_knobs(k)
-                knob_changes += 1
-                if policy.rollout():
-                    fleet.roll_out()
+            _apply_policy(run, policy, fleet, t)
             heapq.heappush(events, (t + policy.interval_s, 0))
         else:
-            current = fleet.active_replicas
-            if desired is not None and desired != current:
-                target = desired
-                if (
-                    policy.passthrough
-                    and current > 0
-                    and abs(desired / current - 1.0) <= HPA_TOLERANCE
-                ):
-                    target = current  # the HPA's own tolerance on the relayed metric
-                if target != current:
-                    fleet.scale_to(target, t)
-                    actions.append((t, target - current))
-            waiting = fleet.router_queue_len + sum(e.num_waiting for _, e in fleet.live_engines())
-            peak_queue = max(peak_queue, waiting)
-            series["t"].append(t)
-            series["desired"].append(float(desired if desired is not None else current))
-            series["ready"].append(float(fleet.ready_replicas))
-            series["total"].append(float(fleet.total_replicas))
-            series["waiting"].append(float(waiting))
+            _hpa_sync(run, policy, fleet, t)
             heapq.heappush(events, (t + sc.hpa_sync_s, 1))
             if on_sync is not None:
                 on_sync(t, fleet, policy)
+            if scored is not None and settled(policy, fleet, run.desired):
+                settled_s = t
+                break
         if progress is not None and t - last_progress >= 60.0:
-            progress(t / end)
+            progress(min(1.0, t / end))
             last_progress = t
-    fleet.advance_to(end)
-    att, ttft_p95, itl_p95, refused, unfinished = score(fleet, sc.sla)
-    series["ttft_p95_by_minute"] = ttft_p95_by_minute(fleet, end)
+    if scored is None:
+        fleet.advance_to(end)
+        scored = _result(name, sc, fleet, run)
+    res = scored
+    res.series = run.series  # the whole run, the settling tail included
+    res.settled_s = settled_s
+    res.settled_replicas = fleet.active_replicas if settled_s is not None else None
     if progress is not None:
         progress(1.0)
+    return res
+
+
+def _result(name: str, sc: Scenario, fleet: Fleet, run: _Run) -> PolicyResult:
+    """Scores at `sc.end_s` (the fleet advanced exactly there)."""
+    end = sc.end_s
+    att, ttft_p95, itl_p95, refused, unfinished = score(fleet, sc.sla)
+    run.series["ttft_p95_by_minute"] = ttft_p95_by_minute(fleet, end)
+    actions = list(run.actions)
     return PolicyResult(
         name=name,
         slo_attainment=att,
         gpu_hours=fleet.gpu_seconds(end) / 3600.0,
         scaling_actions=len(actions),
         flaps=count_flaps(actions),
-        knob_changes=knob_changes,
+        knob_changes=run.knob_changes,
         ttft_p95_ms=ttft_p95,
         itl_p95_ms=itl_p95,
-        peak_queue=max(peak_queue, fleet.peak_router_queue),
+        peak_queue=max(run.peak_queue, fleet.peak_router_queue),
         requests=len(sc.trace),
         refused=refused,
         unfinished=unfinished,
-        max_replicas=int(max(series["total"], default=0)),
-        series=series,
+        max_replicas=int(max(run.series["total"], default=0)),
+        series=run.series,
     )
 
 

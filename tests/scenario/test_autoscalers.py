@@ -136,6 +136,24 @@ def test_governor_reacts_to_a_step_within_two_ticks_and_is_not_dominated() -> No
         assert not dominated, (name, other.summary(), gov.summary())
 
 
+def test_settling_tail_runs_until_no_scale_down_is_pending() -> None:
+    """After the load stops the governor scales down once its stabilization window has
+    passed; the settling tail follows it there (the series end with the count it holds
+    and no scale-down pending) and leaves the scores of the scored window unchanged."""
+    trace = load_trace("synthetic:poisson:rate=30,duration=240", seed=2)
+    sc = Scenario(trace=trace, sla=SLA_STD, start_replicas=3, drain_tail_s=60)
+    plain = run_policy("governor", sc)
+    tail = run_policy("governor", sc, settle_max_s=1800)
+    assert plain.settled_s is None
+    assert tail.settled_s is not None and tail.settled_s > sc.end_s
+    assert tail.settled_replicas is not None
+    assert tail.settled_replicas < tail.series["total"][0] == 3
+    assert tail.series["total"][-1] == tail.series["desired"][-1] == tail.settled_replicas
+    assert tail.series["t"][-1] == tail.settled_s
+    for key in ("slo_attainment", "gpu_hours", "scaling_actions", "flaps"):
+        assert getattr(tail, key) == getattr(plain, key), key
+
+
 def test_oracle_more_load_needs_more_replicas() -> None:
     p = load_profile()
     k = Knobs(160, 2560)
@@ -245,6 +263,7 @@ def test_demo_cli_live_view_table_and_plot(
     out = capsys.readouterr().out
     assert "replicas" in out and "SLO so far" in out  # the live view
     assert "governor" in out and "static" in out and "oracle" in out  # the table
+    assert "settled at t=" in out and "goals: SLO attainment >= 99%" in out
     doc = json.loads((tmp_path / "demo.json").read_text())
     assert set(doc["policies"]) == {"governor", "static"}
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
