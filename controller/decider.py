@@ -9,7 +9,9 @@ can be replayed from its trace. Steps, in order:
    (NO_DATA_FALLBACK). Missing data never lowers replicas.
 2. knobs by the model's batching policy (`seed`, `slo`, `static`), adopted only when
    the change is material (>= knob_min_gain_frac) and sustained (knob_sustain_s).
-3. per-replica capacity at the SLA with those knobs (controller.batching), times a
+3. per-replica capacity at the SLA with the knobs the replicas run (controller.batching)
+   on the profile x the engines' learned speed (controller.plant: learned online from
+   their mean ITL against the batch they ran, before the SLA is violated), times a
    feedback correction in [0.4, 1] that shrinks while the observed SLA is violated on a
    full-sized fleet and recovers while it is met with margin on a loaded fleet.
 4. demand = smoothed level (+ the Holt trend over one cold start, when it predicts more
@@ -35,13 +37,19 @@ import math
 from dataclasses import dataclass, fields, replace
 
 from controller.batching import (
-    MIXED_STEP_FACTOR,
-    clamp_knobs,
     replica_capacity_rps,
-    seed_policy_knobs,
-    slo_knobs,
 )
 from controller.config import ModelConfig, ScalingPolicy
+from controller.knobstep import KnobSteps
+from controller.plant import (
+    LOADED_FRAC,
+    learn_speed,
+    model_speed,
+    next_correction,
+    scaled_profile,
+    sla_evidence,
+    speed_sample,
+)
 from controller.rules import rules_stage
 from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
 from controller.types import (
@@ -58,26 +66,10 @@ from controller.types import (
     RuleMemory,
     Stage,
 )
-from estimators.smoothing import HoltState, ewma, holt_forecast, holt_update
+from estimators.smoothing import HoltState, holt_forecast, holt_update
 from estimators.stepmodel import Profile, load_profile
 from estimators.types import NoDataError, Observation, SourceError
 
-CORRECTION_MIN = 0.4
-CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.74
-CORRECTION_RECOVERY_PER_S = 0.0005  # while healthy: +0.0005 per s; 10 min -> +0.3
-LOADED_FRAC = 0.8  # demand >= 80 % of the corrected fleet capacity counts as "loaded"
-HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met with margin"
-# Evidence that the SLA is violated, per signal: an attainment below its goal, or a p95
-# past its threshold x a factor (where the source has no exact attainment).
-# TTFT: at least `sla.attainment_goal_frac` of first tokens within the target.
-# ITL: the SLA is on each request's streaming speed (its mean inter-token latency, as
-# `governor simulate` scores it), while vLLM's histogram counts every token gap. The
-# slo knobs let a step that carries a prefill chunk take up to MIXED_STEP_FACTOR x the
-# target, so a request's mean stays within the target while up to ~10 % of its gaps are
-# slow ones (0.9 x 0.7 + 0.1 x 2 = 0.83 of the target): the token-level evidence of a
-# violation is fewer than min(goal, 90 %) of gaps within the target, or a p95 past 2x
-# the target.
-ITL_SLOW_GAPS_FRAC = 0.10
 # A tick after a gap in the data counts as at most this many tick intervals for the
 # feedback correction and the forecast: evidence is one window, whatever the gap was
 # (600 s without data and one violated tick must not decay the correction by 600 s).
@@ -149,7 +141,7 @@ def _stage(name: str, before: int, out: StageOut) -> Stage:
     return Stage(name=name, before=before, after=out.value, reason=out.reason, detail=out.detail)
 
 
-class Decider:
+class Decider(KnobSteps):
     """Decides replicas and knobs for one model. Immutable; `decide` is pure."""
 
     def __init__(
@@ -248,49 +240,18 @@ class Decider:
             raw_replicas=raw.raw,
             demand_rps=demand.demand,
             capacity_rps_per_replica=raw.capacity,
+            plant_speed=plant.speed,
+            capacity_correction=plant.capacity_correction,
             panic=panic_state[0],
             rollout=rollout,
         )
         return decision, new_state
 
     # ------------------------------------------------------------------ steps
-    def _knob_memory(
-        self,
-        state: ModelState,
-        knobs: Knobs,
-        reason: Reason,
-        pending: KnobMemory,
-        rollout: bool,
-        now_s: float,
-    ) -> KnobMemory:
-        """Step 2's memory: the pending candidate, the change count, and which replicas
-        still run knobs from before the last change (they serve with those until a
-        rolling restart or a scale-down replaces them)."""
-        old = state.knob_memory
-        running, n, until = (
-            old.running,
-            min(old.running_replicas, state.replicas),
-            old.running_until_s,
-        )
-        if reason == Reason.KNOBS_CHANGED:
-            running, n = state.knobs, state.replicas
-            # A roll-out restarts one surge replica at a time, each a cold start.
-            until = now_s + self.model.cold_start_s * max(1, n) if rollout else None
-        if running is None or running == knobs or n <= 0 or (until is not None and now_s >= until):
-            running, n, until = None, 0, None
-        return KnobMemory(
-            candidate=pending.candidate,
-            candidate_since_s=pending.candidate_since_s,
-            changes=old.changes + (1 if reason == Reason.KNOBS_CHANGED else 0),
-            running=running,
-            running_replicas=n,
-            running_until_s=until,
-        )
-
-    def _capacity(self, knobs: Knobs, lengths: Lengths) -> float:
-        """The profile's per-replica capacity at the SLA with `knobs`, req/s."""
+    def _capacity(self, knobs: Knobs, lengths: Lengths, profile: Profile) -> float:
+        """Per-replica capacity at the SLA with `knobs` on `profile`, req/s."""
         return replica_capacity_rps(
-            knobs, lengths, self.model.sla, self.profile, self.policy.target_utilization_frac
+            knobs, lengths, self.model.sla, profile, self.policy.target_utilization_frac
         )
 
     def _plant(
@@ -302,9 +263,10 @@ class Decider:
         lengths: Lengths | None,
         now_s: float,
     ) -> tuple[float | None, PlantBelief]:
-        """Step 3: the profile's per-replica capacity at the SLA with the knobs the
-        replicas run (req/s; None without length statistics), and the updated belief
-        about the plant.
+        """Step 3: the updated belief about the plant (controller.plant: the learned
+        speed, the feedback correction) and the per-replica capacity at the SLA with
+        the knobs the replicas run on the profile x that speed (req/s; None without
+        length statistics; the correction is applied by the caller).
 
         Replicas still on knobs from before a change count with those: capacity is the
         fleet's mean. Example: 2 of 4 replicas on knobs worth 10 req/s, the published
@@ -312,9 +274,14 @@ class Decider:
         """
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
-        base_capacity = None if lengths is None else self._capacity(knobs, lengths)
+        sample = speed_sample(
+            obs, lengths, self.profile, self.policy.window_s, knobs.max_num_batched_tokens
+        )
+        speed = learn_speed(state.plant.speed, sample, dt)
+        profile = scaled_profile(self.profile, model_speed(speed))
+        base_capacity = None if lengths is None else self._capacity(knobs, lengths, profile)
         if base_capacity is not None and memory.running is not None and state.replicas > 0:
-            old = self._capacity(memory.running, lengths)  # type: ignore[arg-type]
+            old = self._capacity(memory.running, lengths, profile)  # type: ignore[arg-type]
             n_old = min(memory.running_replicas, state.replicas)
             base_capacity = (n_old * old + (state.replicas - n_old) * base_capacity) / (
                 state.replicas
@@ -335,8 +302,12 @@ class Decider:
             and obs.ready_replicas is not None
             and obs.arrival_rate_rps >= LOADED_FRAC * obs.ready_replicas * base_capacity * c
         )
-        correction = self._correction(obs, state, now_s, dt, believed_enough, loaded)
-        return base_capacity, replace(state.plant, capacity_correction=correction)
+        violated, healthy = sla_evidence(obs, self.model.sla)
+        judge = believed_enough and self._judge(obs, state, now_s)
+        correction = next_correction(c, dt, violated, healthy, judge, loaded)
+        samples = state.plant.speed_samples + (1 if sample is not None else 0)
+        plant = PlantBelief(capacity_correction=correction, speed=speed, speed_samples=samples)
+        return base_capacity, plant
 
     def _demand(self, obs: Observation, state: ModelState, now_s: float) -> _Demand:
         """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""
@@ -607,153 +578,22 @@ class Decider:
     ) -> tuple[tuple[float, int], ...]:
         return tuple(it for it in items if now_s - it[0] < keep_s)
 
-    def _lengths(self, obs: Observation, state: ModelState, now_s: float) -> Lengths | None:
-        """Smoothed length statistics: this tick's, blended into the last known ones with
-        a half-life of `lengths_half_life_s`; the last known when this tick has none.
+    def _judge(self, obs: Observation, state: ModelState, now_s: float) -> bool:
+        """Whether the SLA seen now may judge the capacity model (see controller.plant).
 
-        The per-window means of a bursty trace swing by 2x or more from one minute to
-        the next, and capacity and knobs follow them: smoothing keeps one odd window from
-        resizing the fleet. Example: last 2,000 tokens, this window 4,000, 5 s later with
-        a 300 s half-life -> 2,023 tokens.
+        Only on a fleet at the size we asked for, settled: after a scale-up the new
+        replicas need a cold start and the window still holds samples from before they
+        served (judging then would count the same violation twice and overshoot);
+        likewise the first window after the controller starts holds whatever happened
+        before we were in charge.
         """
-        pm, pp, om, op = (
-            obs.prompt_tokens_mean,
-            obs.prompt_tokens_p95,
-            obs.output_tokens_mean,
-            obs.output_tokens_p95,
-        )
-        if pm is None or om is None:
-            return state.forecast.lengths
-        new = Lengths(
-            prompt_mean=pm,
-            prompt_p95=pp if pp is not None else pm,
-            output_mean=om,
-            output_p95=op if op is not None else om,
-        )
-        old = state.forecast.lengths
-        last = state.forecast.load.at_s if state.forecast.load is not None else None
-        if old is None or last is None:
-            return new
-        dt, hl = now_s - last, self.policy.lengths_half_life_s
-        return Lengths(
-            prompt_mean=ewma(old.prompt_mean, new.prompt_mean, dt, hl),
-            prompt_p95=ewma(old.prompt_p95, new.prompt_p95, dt, hl),
-            output_mean=ewma(old.output_mean, new.output_mean, dt, hl),
-            output_p95=ewma(old.output_p95, new.output_p95, dt, hl),
-        )
-
-    def _knobs(
-        self, obs: Observation, lengths: Lengths | None, state: ModelState, now_s: float
-    ) -> tuple[Knobs, Reason, KnobMemory]:
-        """Step 2: knobs to publish, the reason, and the candidate memory (its `changes`
-        count is the caller's)."""
-        bounds = self.model.knobs
-        policy = self.model.batching_policy
-        if policy == "static":
-            return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, KnobMemory()
-        # Knobs move only on this tick's own length statistics under real demand: not on
-        # remembered lengths, nor on the few requests of an idle window.
-        if lengths is None or obs.prompt_tokens_mean is None or obs.arrival_rate_rps <= 0:
-            return (
-                state.knobs,
-                Reason.KNOBS_NO_DATA,
-                state.knob_memory,
-            )
-        if policy == "seed":
-            seed = seed_policy_knobs(obs, self.model.sla)
-            if isinstance(seed, str):
-                return state.knobs, Reason.KNOBS_NO_DATA, KnobMemory()
-            candidate = clamp_knobs(seed, bounds)
-        else:
-            candidate = slo_knobs(
-                lengths, self.model.sla, self.profile, bounds, self.policy.itl_margin_frac
-            )
-        current = state.knobs
-        if candidate == current:
-            return current, Reason.KNOBS_UNCHANGED, KnobMemory()
-        if not self._material(candidate, current):
-            return current, Reason.KNOBS_NOT_MATERIAL, KnobMemory()
-        prev = state.knob_memory.candidate
-        since = state.knob_memory.candidate_since_s
-        if prev is None or since is None or self._material(candidate, prev):
-            since = now_s
-        if now_s - since >= self.policy.knob_sustain_s:
-            return candidate, Reason.KNOBS_CHANGED, KnobMemory()
-        return current, Reason.KNOBS_PENDING, KnobMemory(candidate, since)
-
-    def _material(self, a: Knobs, b: Knobs, gain_frac: float | None = None) -> bool:
-        """Whether `a` differs from `b` by at least `gain_frac` (default knob_min_gain_frac)
-        of `b` in either knob."""
-        g = self.policy.knob_min_gain_frac if gain_frac is None else gain_frac
-        return (
-            abs(a.max_num_seqs - b.max_num_seqs) >= g * b.max_num_seqs
-            or abs(a.max_num_batched_tokens - b.max_num_batched_tokens)
-            >= g * b.max_num_batched_tokens
-        )
-
-    def _correction(
-        self,
-        obs: Observation,
-        state: ModelState,
-        now_s: float,
-        dt: float,
-        believed_enough: bool,
-        loaded: bool,
-    ) -> float:
-        """Feedback on the capacity estimate from the observed SLA (see module doc).
-
-        Shrinks only while the SLA is violated on a fleet that is at the size we asked
-        for and that our estimate said was enough for the observed demand: a violation
-        on a fleet still cold-starting, or on demand we knew exceeded it, says nothing
-        about the capacity model.
-        """
-        c = state.plant.capacity_correction
-        sla = self.model.sla
-        violated = False
-        healthy = True
-        goal_frac = sla.attainment_goal_frac
-        itl_goal = min(goal_frac, 1.0 - ITL_SLOW_GAPS_FRAC)
-        # ITL evidence: the per-request TPOT (`vllm:request_time_per_output_token_seconds`)
-        # where the engine exposes it, judged like the SLA itself (each request's
-        # streaming speed against the target, the attainment goal, no slow-gap allowance);
-        # else the per-token histogram with its allowance (see ITL_SLOW_GAPS_FRAC).
-        if obs.tpot_attainment_frac is not None or obs.tpot_p95_ms is not None:
-            itl = (obs.tpot_attainment_frac, obs.tpot_p95_ms, sla.itl_p95_ms, (goal_frac, 1.0))
-        else:
-            itl = (
-                obs.itl_attainment_frac,
-                obs.itl_p95_ms,
-                sla.itl_p95_ms,
-                (itl_goal, MIXED_STEP_FACTOR),
-            )
-        for att, p95, target, (goal, factor) in (
-            (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, (goal_frac, 1.0)),
-            itl,
-        ):
-            if att is not None:
-                violated |= att < goal
-                healthy &= att >= 1.0 - (1.0 - goal) / 2.0  # half the allowed misses
-            elif p95 is not None:
-                violated |= p95 > target * factor
-                healthy &= p95 <= HEALTHY_FRAC * target * factor
-            else:
-                healthy = False
         full_fleet = obs.ready_replicas is None or obs.ready_replicas >= state.replicas
-        # Dead time: after a scale-up the new replicas need a cold start, and the window
-        # still holds samples from before they served. Judging the model during that
-        # time would count the same violation twice and overshoot.
-        # Likewise for the first window after the controller starts: it holds whatever
-        # happened before we were in charge.
         dead_time = self.model.cold_start_s + self.policy.window_s
         first, last_up = state.health.first_good_s, state.windows.last_scale_up_s
         settled = (first is not None and now_s - first >= self.policy.window_s) and (
             last_up is None or now_s - last_up >= dead_time
         )
-        if violated and full_fleet and settled and believed_enough and state.replicas > 0:
-            return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt))
-        if healthy and not violated and loaded:
-            return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt)
-        return c
+        return full_fleet and settled and state.replicas > 0
 
     # ------------------------------------------------------------------ no data
     def _unusable(self, obs: Observation, state: ModelState) -> str | None:

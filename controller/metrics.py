@@ -24,12 +24,14 @@ class _ModelSeries:
 
     __slots__ = (
         "capacity",
+        "correction",
         "demand",
         "desired_replicas",
         "max_num_batched_tokens",
         "max_num_seqs",
         "panic",
         "paused",
+        "plant_speed",
         "reasons",
         "stale",
         "staleness",
@@ -45,6 +47,8 @@ class _ModelSeries:
         self.stale = metrics.stale.labels(model)
         self.panic = metrics.panic.labels(model)
         self.paused = metrics.paused.labels(model)
+        self.plant_speed = metrics.plant_speed.labels(model)
+        self.correction = metrics.capacity_correction.labels(model)
         self.reasons: dict[tuple[str, str], Any] = {}
         """(stage, reason) -> the reasons counter's child for this model."""
 
@@ -76,6 +80,18 @@ class GovernorMetrics:
         self.capacity = Gauge(
             "governor_capacity_per_replica_rps",
             "Per-replica capacity at the SLA, req/s",
+            ["model"],
+            registry=r,
+        )
+        self.plant_speed = Gauge(
+            "governor_plant_speed_factor",
+            "Learned step time of the engines x the profile's (> 1: slower than profiled)",
+            ["model"],
+            registry=r,
+        )
+        self.capacity_correction = Gauge(
+            "governor_capacity_correction",
+            "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
             ["model"],
             registry=r,
         )
@@ -160,6 +176,10 @@ class GovernorMetrics:
             series.demand.set(d.demand_rps)
         if d.capacity_rps_per_replica is not None:
             series.capacity.set(d.capacity_rps_per_replica)
+        if d.plant_speed is not None:
+            series.plant_speed.set(d.plant_speed)
+        if d.capacity_correction is not None:
+            series.correction.set(d.capacity_correction)
 
     def forget(self, model: str) -> None:
         """Drop a removed model's per-model gauge series (and the children kept for it)."""
@@ -170,6 +190,8 @@ class GovernorMetrics:
             self.max_num_batched_tokens,
             self.demand,
             self.capacity,
+            self.plant_speed,
+            self.capacity_correction,
             self.staleness,
             self.stale,
             self.panic,

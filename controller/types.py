@@ -118,6 +118,10 @@ class Decision:
     demand_rps: float | None = None
     capacity_rps_per_replica: float | None = None
     panic: bool = False
+    plant_speed: float | None = None
+    """The engines' learned step-time factor against the profile (> 1: slower)."""
+    capacity_correction: float | None = None
+    """The feedback correction on capacity from observed SLA violations, in [0.4, 1]."""
     rollout: bool = False
     """True on the tick a knob change big enough to be worth restarting the running
     replicas is adopted (a rolling restart); smaller changes reach new replicas only."""
@@ -142,6 +146,15 @@ class Decision:
                 f"  demand={self.demand_rps:.3f} req/s  capacity/replica="
                 + (f"{cap:.3f} req/s" if cap is not None else "n/a")
                 + (f"  raw={self.raw_replicas:.2f}" if self.raw_replicas is not None else "")
+            )
+        if self.plant_speed is not None:
+            lines.append(
+                f"  plant: step time x{self.plant_speed:.2f} of the profile (learned)"
+                + (
+                    f"  capacity correction x{self.capacity_correction:.2f}"
+                    if self.capacity_correction is not None
+                    else ""
+                )
             )
         for s in self.stages:
             arrow = f"{s.before} -> {s.after}"
@@ -223,6 +236,10 @@ class PlantBelief:
 
     capacity_correction: float = 1.0
     """Feedback factor on the per-replica capacity from observed SLA violations."""
+    speed: float = 1.0
+    """Learned step-time factor of the engines against the profile (> 1: slower)."""
+    speed_samples: int = 0
+    """Windows the speed was learned from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +308,8 @@ class SavedState:
     knob_running_until_s: float | None = None
     short_rps: float | None = None
     short_at_s: float | None = None
+    plant_speed: float = 1.0
+    plant_speed_samples: int = 0
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -321,6 +340,8 @@ class SavedState:
             knob_running_until_s=k.running_until_s,
             short_rps=f.short_rps,
             short_at_s=f.short_at_s,
+            plant_speed=s.plant.speed,
+            plant_speed_samples=s.plant.speed_samples,
         )
 
     def state(self) -> ModelState:
@@ -356,6 +377,10 @@ class SavedState:
                 last_good_s=self.last_good_s,
                 first_good_s=self.first_good_s,
             ),
-            plant=PlantBelief(capacity_correction=self.capacity_correction),
+            plant=PlantBelief(
+                capacity_correction=self.capacity_correction,
+                speed=self.plant_speed,
+                speed_samples=self.plant_speed_samples,
+            ),
             rules=RuleMemory(states=self.rules),
         )

@@ -335,6 +335,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"  decision: valid={d.valid} replicas={d.replicas} "
                 f"stages={' '.join(d.stage_reasons)}"
             )
+            if d.HasField("plant_speed"):
+                corr = d.capacity_correction if d.HasField("capacity_correction") else 1.0
+                print(
+                    f"  plant (learned): step time x{d.plant_speed:.2f} of the profile, "
+                    f"capacity correction x{corr:.2f}"
+                )
         if m.actuation:
             print(f"  actuation: {m.actuation}")
     return EXIT_OK

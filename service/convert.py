@@ -122,7 +122,13 @@ def decision_to_pb(d: Decision) -> governor_v1_pb2.DecisionSummary:
         panic=d.panic,
         detail=d.detail,
     )
-    for name in ("demand_rps", "capacity_rps_per_replica", "raw_replicas"):
+    for name in (
+        "demand_rps",
+        "capacity_rps_per_replica",
+        "raw_replicas",
+        "plant_speed",
+        "capacity_correction",
+    ):
         v = getattr(d, name)
         if v is not None and math.isfinite(v):
             setattr(out, name, float(v))

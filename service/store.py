@@ -89,6 +89,8 @@ PLAIN_FIELDS = (
     "knob_running",
     "knob_running_replicas",
     "short_rps",
+    "plant_speed",
+    "plant_speed_samples",
 )
 
 

@@ -62,7 +62,9 @@ def decision_record(d: Decision) -> dict[str, Any]:
 
 def _input_record(obs: Observation | NoDataError | SourceError) -> dict[str, Any]:
     if isinstance(obs, Observation):
-        return {"obs": _OBS.dump_python(obs, mode="json", exclude_none=True)}
+        # The latency distributions are for status and engines, not the decider.
+        skip = {"ttft_dist", "itl_dist", "e2e_dist"}
+        return {"obs": _OBS.dump_python(obs, mode="json", exclude_none=True, exclude=skip)}
     if isinstance(obs, NoDataError):
         return {"no_data": [obs.model, obs.signal, obs.detail]}
     return {"source_error": str(obs)}

@@ -1,0 +1,146 @@
+"""Step 2 of the decider (controller.decider): request lengths, smoothed, and the
+batching knobs by the model's policy, adopted only when the change is material and
+sustained; which replicas still run knobs from before a change.
+
+A mixin of `Decider`: the methods read the decider's `model`, `policy`, `profile` and
+`default_knobs`, and are pure like `decide`.
+"""
+
+from __future__ import annotations
+
+from controller.batching import clamp_knobs, seed_policy_knobs, slo_knobs
+from controller.config import ModelConfig, ScalingPolicy
+from controller.plant import model_speed, scaled_profile
+from controller.types import KnobMemory, Knobs, Lengths, ModelState, Reason
+from estimators.smoothing import ewma
+from estimators.stepmodel import Profile
+from estimators.types import Observation
+
+
+class KnobSteps:
+    """Knob and length steps of `Decider` (see the module doc)."""
+
+    model: ModelConfig
+    policy: ScalingPolicy
+    profile: Profile
+    default_knobs: Knobs
+
+    def _knob_memory(
+        self,
+        state: ModelState,
+        knobs: Knobs,
+        reason: Reason,
+        pending: KnobMemory,
+        rollout: bool,
+        now_s: float,
+    ) -> KnobMemory:
+        """Step 2's memory: the pending candidate, the change count, and which replicas
+        still run knobs from before the last change (they serve with those until a
+        rolling restart or a scale-down replaces them)."""
+        old = state.knob_memory
+        running, n, until = (
+            old.running,
+            min(old.running_replicas, state.replicas),
+            old.running_until_s,
+        )
+        if reason == Reason.KNOBS_CHANGED:
+            running, n = state.knobs, state.replicas
+            # A roll-out restarts one surge replica at a time, each a cold start.
+            until = now_s + self.model.cold_start_s * max(1, n) if rollout else None
+        if running is None or running == knobs or n <= 0 or (until is not None and now_s >= until):
+            running, n, until = None, 0, None
+        return KnobMemory(
+            candidate=pending.candidate,
+            candidate_since_s=pending.candidate_since_s,
+            changes=old.changes + (1 if reason == Reason.KNOBS_CHANGED else 0),
+            running=running,
+            running_replicas=n,
+            running_until_s=until,
+        )
+
+    def _lengths(self, obs: Observation, state: ModelState, now_s: float) -> Lengths | None:
+        """Smoothed length statistics: this tick's, blended into the last known ones with
+        a half-life of `lengths_half_life_s`; the last known when this tick has none.
+
+        The per-window means of a bursty trace swing by 2x or more from one minute to
+        the next, and capacity and knobs follow them: smoothing keeps one odd window from
+        resizing the fleet. Example: last 2,000 tokens, this window 4,000, 5 s later with
+        a 300 s half-life -> 2,023 tokens.
+        """
+        pm, pp, om, op = (
+            obs.prompt_tokens_mean,
+            obs.prompt_tokens_p95,
+            obs.output_tokens_mean,
+            obs.output_tokens_p95,
+        )
+        if pm is None or om is None:
+            return state.forecast.lengths
+        new = Lengths(
+            prompt_mean=pm,
+            prompt_p95=pp if pp is not None else pm,
+            output_mean=om,
+            output_p95=op if op is not None else om,
+        )
+        old = state.forecast.lengths
+        last = state.forecast.load.at_s if state.forecast.load is not None else None
+        if old is None or last is None:
+            return new
+        dt, hl = now_s - last, self.policy.lengths_half_life_s
+        return Lengths(
+            prompt_mean=ewma(old.prompt_mean, new.prompt_mean, dt, hl),
+            prompt_p95=ewma(old.prompt_p95, new.prompt_p95, dt, hl),
+            output_mean=ewma(old.output_mean, new.output_mean, dt, hl),
+            output_p95=ewma(old.output_p95, new.output_p95, dt, hl),
+        )
+
+    def _knobs(
+        self, obs: Observation, lengths: Lengths | None, state: ModelState, now_s: float
+    ) -> tuple[Knobs, Reason, KnobMemory]:
+        """Step 2: knobs to publish, the reason, and the candidate memory (its `changes`
+        count is the caller's)."""
+        bounds = self.model.knobs
+        policy = self.model.batching_policy
+        if policy == "static":
+            return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, KnobMemory()
+        # Knobs move only on this tick's own length statistics under real demand: not on
+        # remembered lengths, nor on the few requests of an idle window.
+        if lengths is None or obs.prompt_tokens_mean is None or obs.arrival_rate_rps <= 0:
+            return (
+                state.knobs,
+                Reason.KNOBS_NO_DATA,
+                state.knob_memory,
+            )
+        if policy == "seed":
+            seed = seed_policy_knobs(obs, self.model.sla)
+            if isinstance(seed, str):
+                return state.knobs, Reason.KNOBS_NO_DATA, KnobMemory()
+            candidate = clamp_knobs(seed, bounds)
+        else:
+            # On the profile x the learned speed: slower engines fit fewer sequences
+            # into the ITL target.
+            profile = scaled_profile(self.profile, model_speed(state.plant.speed))
+            candidate = slo_knobs(
+                lengths, self.model.sla, profile, bounds, self.policy.itl_margin_frac
+            )
+        current = state.knobs
+        if candidate == current:
+            return current, Reason.KNOBS_UNCHANGED, KnobMemory()
+        if not self._material(candidate, current):
+            return current, Reason.KNOBS_NOT_MATERIAL, KnobMemory()
+        prev = state.knob_memory.candidate
+        since = state.knob_memory.candidate_since_s
+        if prev is None or since is None or self._material(candidate, prev):
+            since = now_s
+        if now_s - since >= self.policy.knob_sustain_s:
+            return candidate, Reason.KNOBS_CHANGED, KnobMemory()
+        return current, Reason.KNOBS_PENDING, KnobMemory(candidate, since)
+
+    def _material(self, a: Knobs, b: Knobs, gain_frac: float | None = None) -> bool:
+        """Whether `a` differs from `b` by at least `gain_frac` (default knob_min_gain_frac)
+        of `b` in either knob."""
+        g = self.policy.knob_min_gain_frac if gain_frac is None else gain_frac
+        return (
+            abs(a.max_num_seqs - b.max_num_seqs) >= g * b.max_num_seqs
+            or abs(a.max_num_batched_tokens - b.max_num_batched_tokens)
+            >= g * b.max_num_batched_tokens
+        )

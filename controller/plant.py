@@ -1,0 +1,205 @@
+"""What the decider learns about the engines (the plant), online, from their own metrics.
+
+The profile (estimators.stepmodel) is a belief: the step times of one model on one GPU
+as measured somewhere else. A customer's engines can be slower or faster (another
+driver, another vLLM version, a noisy neighbour, a CPU build). Two corrections, both
+bounded and smoothed:
+
+- **speed** (step-time factor, learned before the SLA is violated): each window's mean
+  inter-token latency against what the profile predicts for the batch the engines ran
+  (running sequences per replica, their context, and the prefill tokens the arrival
+  rate brings into each step). A factor > 1 means slower engines than the profile; the
+  capacity and knob models use the profile's step times x speed. Learned only from a
+  window with enough requests, sequences running on every replica and no queue (a
+  queued fleet's ITL is set by its knobs, not its speed), as a half-life average of
+  log(speed) and within [SPEED_MIN, SPEED_MAX].
+- **capacity correction** (feedback from SLA violations, in [CORRECTION_MIN, 1]):
+  shrinks while the observed SLA is violated on a full fleet that was believed big
+  enough, recovers while it is met with margin on a loaded fleet. It catches what the
+  step-time model cannot see (e.g. a burstier arrival process than assumed).
+
+Worked example of one speed sample (default profile: base 2.3, per token 0.0218, fixed
+0.7, per sampled seq 0.05, per KV token 1.6e-6 ms; floor 6.1 ms): 40 sequences per
+replica at 1,260 tokens of context and 2.6 req/s per replica with 1,155-token prompts.
+Decode part D = 2.3 + 0.7 + 40 x (0.0218 + 0.05 + 1.6e-6 x 1,260) = 5.95 ms; prefill
+load p = 2.6 x 1,155 x 0.0218 / 1000 = 0.065 of each step; the profile predicts
+T = D / (1 - p) = 6.37 ms. An observed ITL mean of 8.3 ms gives
+speed = 8.3 / (5.95 + 8.3 x 0.065) = 1.28.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from controller.config import SLA
+from controller.types import Lengths
+from estimators.stepmodel import Profile
+from estimators.types import Observation
+
+CORRECTION_MIN = 0.4
+CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.74
+CORRECTION_RECOVERY_PER_S = 0.0005  # while healthy: +0.0005 per s; 10 min -> +0.3
+LOADED_FRAC = 0.8  # demand >= 80 % of the corrected fleet capacity counts as "loaded"
+HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met with margin"
+# ITL: the SLA is on each request's streaming speed (its mean inter-token latency, as
+# `governor simulate` scores it), while vLLM's histogram counts every token gap. The
+# slo knobs let a step that carries a prefill chunk take up to MIXED_STEP_FACTOR x the
+# target, so a request's mean stays within the target while up to ~10 % of its gaps are
+# slow ones (0.9 x 0.7 + 0.1 x 2 = 0.83 of the target): the token-level evidence of a
+# violation is fewer than min(goal, 90 %) of gaps within the target, or a p95 past 2x
+# the target.
+ITL_SLOW_GAPS_FRAC = 0.10
+
+SPEED_MIN = 0.25
+SPEED_MAX = 4.0
+SPEED_HALF_LIFE_S = 60.0
+"""Half-life of the learned speed's average, seconds of evidence."""
+MIN_REQUESTS_PER_WINDOW = 30.0
+"""A window with fewer arrivals teaches nothing (its means are a handful of requests)."""
+MIN_RUNNING_PER_REPLICA = 2.0
+MAX_WAITING_PER_REPLICA = 1.0
+STEADY_FRAC = 0.25
+"""A window whose short-window rate is off its mean by more than this is not steady."""
+SPEED_QUANTUM = 0.02
+"""The speed the models use is rounded to this (a cached scaled profile per value)."""
+
+
+def speed_sample(
+    obs: Observation,
+    lengths: Lengths | None,
+    profile: Profile,
+    window_s: float,
+    budget_tokens: int,
+) -> float | None:
+    """One window's step-time factor (engines' / profile's), or None when the window
+    has not enough data to say (see the module doc for the model)."""
+    itl = obs.itl_mean_ms
+    n = obs.ready_replicas if obs.ready_replicas is not None else obs.targets_up
+    if itl is None or itl <= 0 or lengths is None or n is None or n <= 0:
+        return None
+    if obs.running is None or obs.waiting is None:
+        return None
+    b = obs.running / n
+    if b < MIN_RUNNING_PER_REPLICA or obs.waiting / n > MAX_WAITING_PER_REPLICA:
+        return None
+    if obs.arrival_rate_rps * window_s < MIN_REQUESTS_PER_WINDOW:
+        return None
+    short = obs.arrival_rate_short_rps
+    if short is not None and abs(short - obs.arrival_rate_rps) > STEADY_FRAC * obs.arrival_rate_rps:
+        # Not a steady window: tokens were produced mostly while the batch was big, and
+        # a window mean of the load says too little about the steps they saw.
+        return None
+    c = profile.step_time
+    ctx = lengths.prompt_mean + lengths.output_mean / 2.0
+    lin = lengths.prompt_mean
+    per_seq = c.per_sampled_seq_ms + c.per_decode_kv_token_ms * ctx
+    # A prompt is prefilled in chunks of at most the token budget left by the decodes.
+    chunks = max(1, math.ceil(lin / max(1.0, budget_tokens - b)))
+    chunk = lin / chunks
+    decode = max(c.base_ms + c.per_token_ms * b, c.floor_ms) + c.fixed_ms + b * per_seq
+    mixed = (
+        max(c.base_ms + c.per_token_ms * (b + chunk), c.floor_ms)
+        + c.fixed_ms
+        + (b + 1) * per_seq
+        + c.prefill_attention_ms_per_token2 * lin * lin / 2.0 / chunks
+    )
+    # Fraction of steps that carry a chunk: chunks arriving per step (the observed
+    # step time x the per-replica arrival rate x chunks per prompt), at most all.
+    f = min(1.0, obs.arrival_rate_rps / n * chunks * itl / 1000.0)
+    predicted = (1.0 - f) * decode + f * mixed
+    speed = itl / predicted
+    return speed if math.isfinite(speed) and speed > 0 else None
+
+
+def learn_speed(
+    previous: float, sample: float | None, dt_s: float, half_life_s: float = SPEED_HALF_LIFE_S
+) -> float:
+    """The learned speed after `dt_s` seconds of evidence `sample` (None: unchanged):
+    a half-life average in log space, within [SPEED_MIN, SPEED_MAX]. Example: 1.0 and
+    a sample of 1.3 over 5 s with a 60 s half-life -> 1.0 x 1.3 ** 0.056 = 1.015."""
+    if sample is None or dt_s <= 0:
+        return previous
+    keep = 0.5 ** (dt_s / half_life_s)
+    s = min(SPEED_MAX, max(SPEED_MIN, sample))
+    return math.exp(keep * math.log(previous) + (1.0 - keep) * math.log(s))
+
+
+def model_speed(speed: float) -> float:
+    """The learned speed as the models use it: rounded to SPEED_QUANTUM, and 1 within
+    one quantum of 1 (a profile that is right stays exactly itself)."""
+    q = round(speed / SPEED_QUANTUM) * SPEED_QUANTUM
+    return 1.0 if abs(q - 1.0) < SPEED_QUANTUM - 1e-9 else round(q, 6)
+
+
+@lru_cache(maxsize=256)
+def scaled_profile(profile: Profile, speed: float) -> Profile:
+    """`profile` with every step-time coefficient x `speed` (the same object at 1)."""
+    if speed == 1.0:
+        return profile
+    c = profile.step_time
+    scaled = c.model_copy(
+        update={
+            "floor_ms": c.floor_ms * speed,
+            "base_ms": c.base_ms * speed,
+            "per_token_ms": c.per_token_ms * speed,
+            "fixed_ms": c.fixed_ms * speed,
+            "per_sampled_seq_ms": c.per_sampled_seq_ms * speed,
+            "per_decode_kv_token_ms": c.per_decode_kv_token_ms * speed,
+            "prefill_attention_ms_per_token2": c.prefill_attention_ms_per_token2 * speed,
+        }
+    )
+    return profile.model_copy(update={"step_time": scaled})
+
+
+def sla_evidence(obs: Observation, sla: SLA) -> tuple[bool, bool]:
+    """(violated, healthy) from the observed SLA signals.
+
+    Violated: an attainment below its goal (TTFT: `sla.attainment_goal_frac`; ITL token
+    gaps: min(goal, 90 %)), or, without an exact attainment, a p95 past its threshold
+    (ITL token gaps: 2x). Healthy: every signal known and within half the allowed misses (or its
+    p95 within 70 % of the threshold)."""
+    from controller.batching import MIXED_STEP_FACTOR
+
+    violated = False
+    healthy = True
+    goal_frac = sla.attainment_goal_frac
+    itl_goal = min(goal_frac, 1.0 - ITL_SLOW_GAPS_FRAC)
+    # ITL evidence: the per-request TPOT (`vllm:request_time_per_output_token_seconds`)
+    # where the engine exposes it, judged like the SLA itself (each request's streaming
+    # speed against the target, the attainment goal, no slow-gap allowance); else the
+    # per-token histogram with its allowance (see ITL_SLOW_GAPS_FRAC).
+    if obs.tpot_attainment_frac is not None or obs.tpot_p95_ms is not None:
+        itl = (obs.tpot_attainment_frac, obs.tpot_p95_ms, sla.itl_p95_ms, (goal_frac, 1.0))
+    else:
+        itl = (
+            obs.itl_attainment_frac,
+            obs.itl_p95_ms,
+            sla.itl_p95_ms,
+            (itl_goal, MIXED_STEP_FACTOR),
+        )
+    for att, p95, target, (goal, factor) in (
+        (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, (goal_frac, 1.0)),
+        itl,
+    ):
+        if att is not None:
+            violated |= att < goal
+            healthy &= att >= 1.0 - (1.0 - goal) / 2.0  # half the allowed misses
+        elif p95 is not None:
+            violated |= p95 > target * factor
+            healthy &= p95 <= HEALTHY_FRAC * target * factor
+        else:
+            healthy = False
+    return violated, healthy
+
+
+def next_correction(
+    c: float, dt_s: float, violated: bool, healthy: bool, judge: bool, loaded: bool
+) -> float:
+    """The capacity correction after `dt_s` seconds: shrinks while `violated` on a fleet
+    the decider may `judge`, recovers while `healthy` and `loaded`; else unchanged."""
+    if violated and judge:
+        return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt_s))
+    if healthy and not violated and loaded:
+        return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt_s)
+    return c
