@@ -96,7 +96,7 @@ def test_a_slower_engine_is_learned_before_the_sla_is_violated() -> None:
     assert s.plant.capacity_correction == 1.0
     assert first is not None and first.capacity_rps_per_replica is not None
     assert dec.capacity_rps_per_replica < first.capacity_rps_per_replica / 2.0  # type: ignore[operator]
-    assert dec.replicas >= 2 * first.replicas
+    assert dec.raw_replicas >= 2 * first.raw_replicas  # type: ignore[operator]
     assert f"step time x{s.plant.speed:.2f}" in dec.explain()
     m = GovernorMetrics(CollectorRegistry())
     m.record(dec, 0.0)
