@@ -46,11 +46,13 @@ class FaultyKubeAPI(FakeKubeAPI):
                     return True
         return False
 
-    def _route(self, method: str, path: str, body: Any, ctype: str) -> tuple[int, Any]:
+    def _route(
+        self, method: str, path: str, body: Any, ctype: str, query: str = ""
+    ) -> tuple[int, Any]:
         if method == "PATCH" and "/scale" in path and self.patch_delay_s > 0:
             self.patch_started.set()
             time.sleep(self.patch_delay_s)
-        code, obj = super()._route(method, path, body, ctype)
+        code, obj = super()._route(method, path, body, ctype, query)
         if code == 200 and method in ("PATCH", "PUT") and path.endswith("/scale"):
             meta = obj.get("metadata", {})
             with self._lock:
