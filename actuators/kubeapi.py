@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,3 +93,55 @@ def call_with_retries(
             delay = min(MAX_BACKOFF_S, backoff_s * 2**attempt)
             pause(delay * random.uniform(0.9, 1.1))
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+class QueuedActuatorBase:
+    """Plumbing shared by the Kubernetes actuators (scale, knob roll-outs): per-model
+    pending intents and last outcomes under one condition lock, the error hook, the
+    worker's stop, and API calls with this actuator's timeout and retries.
+
+    Subclasses set `_lock` (a Condition), `_pending`, `_status`, `_stopped`, `_worker`,
+    `_on_error`, `timeout_s`, `retries`, `backoff_s` and `_sleep` in their constructor.
+    """
+
+    _lock: threading.Condition
+    _pending: dict[str, Any]
+    _status: dict[str, Any]
+    _stopped: bool
+    _worker: threading.Thread | None
+    _on_error: Callable[[str], None] | None
+    timeout_s: float
+    retries: int
+    backoff_s: float
+    _sleep: Callable[[float], None]
+
+    def set_error_hook(self, on_error: Callable[[str], None] | None) -> None:
+        """Set the `on_error(reason)` callback (ServiceCore wires it to its metrics)."""
+        self._on_error = on_error
+
+    def pending(self) -> dict[str, Any]:
+        """Intents not applied yet (queued, waiting or to be retried), per model."""
+        with self._lock:
+            return dict(self._pending)
+
+    def status(self) -> dict[str, Any]:
+        """The last outcome per model."""
+        with self._lock:
+            return dict(self._status)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the worker after its current call."""
+        with self._lock:
+            self._stopped = True
+            self._lock.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout_s)
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        return call_with_retries(
+            lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
+            retries=self.retries,
+            backoff_s=self.backoff_s,
+            sleep=self._sleep,
+            what=what,
+        )

@@ -44,7 +44,7 @@ from typing import Any
 
 import structlog
 
-from actuators.kubeapi import MAX_BACKOFF_S, KubeCallError, call_with_retries
+from actuators.kubeapi import MAX_BACKOFF_S, KubeCallError, QueuedActuatorBase
 from controller.types import Decision
 
 MAX_RETRY_DELAY_S = 30.0
@@ -90,7 +90,7 @@ class ScaleStatus:
         )
 
 
-class KubernetesScaleActuator:
+class KubernetesScaleActuator(QueuedActuatorBase):
     """Applies decisions to Deployments' scale subresource.
 
     `targets()` returns model -> (namespace, deployment) for the configured models.
@@ -191,27 +191,6 @@ class KubernetesScaleActuator:
                     self._retry_at.pop(model, None)
         return out
 
-    def set_error_hook(self, on_error: Callable[[str], None] | None) -> None:
-        """Set the `on_error(reason)` callback (ServiceCore wires it to its metrics)."""
-        self._on_error = on_error
-
-    def pending(self) -> dict[str, int]:
-        """Desired replicas not applied yet (queued or waiting for a retry), per model."""
-        with self._lock:
-            return dict(self._pending)
-
-    def status(self) -> dict[str, ScaleStatus]:
-        with self._lock:
-            return dict(self._status)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the worker after its current call."""
-        with self._lock:
-            self._stopped = True
-            self._lock.notify_all()
-        if self._worker is not None:
-            self._worker.join(timeout_s)
-
     def _wait_due_locked(self) -> None:
         """Wait (lock held) until a pending value is due or the actuator stops."""
         while not self._stopped:
@@ -233,15 +212,6 @@ class KubernetesScaleActuator:
                 self._log.error("scaler_worker_failed", error=repr(exc))
 
     # ------------------------------------------------------------------ scaling
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        return call_with_retries(
-            lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
-            retries=self.retries,
-            backoff_s=self.backoff_s,
-            sleep=self._sleep,
-            what=what,
-        )
-
     def hpas_for(self, namespace: str, deployment: str) -> list[str]:
         """Names of the HPAs in `namespace` whose scale target is Deployment
         `deployment` (cached for `hpa_check_interval_s`)."""

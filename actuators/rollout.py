@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from actuators.kubeapi import MAX_BACKOFF_S, KubeCallError, call_with_retries
+from actuators.kubeapi import MAX_BACKOFF_S, KubeCallError, QueuedActuatorBase
 from actuators.kubernetes import failure_reason
 from controller.types import Decision, Knobs
 
@@ -97,7 +97,7 @@ def rollout_in_progress(dep: Any) -> bool:
     return updated < want or (status.replicas or 0) > updated
 
 
-class KnobRolloutActuator:
+class KnobRolloutActuator(QueuedActuatorBase):
     """Applies `Decision.rollout` as a pod-template annotation patch (see module doc).
 
     `targets()`: model -> (namespace, deployment). `min_interval_s(model)`: seconds
@@ -151,24 +151,6 @@ class KnobRolloutActuator:
             self._lock.notify_all()
         if self._worker is None:
             self.run_pending()
-
-    def set_error_hook(self, on_error: Callable[[str], None] | None) -> None:
-        self._on_error = on_error
-
-    def status(self) -> dict[str, RolloutStatus]:
-        with self._lock:
-            return dict(self._status)
-
-    def pending(self) -> dict[str, Knobs]:
-        with self._lock:
-            return dict(self._pending)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        with self._lock:
-            self._stopped = True
-            self._lock.notify_all()
-        if self._worker is not None:
-            self._worker.join(timeout_s)
 
     def _run(self) -> None:
         while True:
@@ -272,12 +254,3 @@ class KnobRolloutActuator:
             if exc.status == 404:
                 return done(RolloutReason.NOT_FOUND, str(exc))
             return done(RolloutReason.FAILED, str(exc))
-
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        return call_with_retries(
-            lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
-            retries=self.retries,
-            backoff_s=self.backoff_s,
-            sleep=self._sleep,
-            what=what,
-        )
