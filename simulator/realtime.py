@@ -5,7 +5,9 @@ run for as long as you like) with simulated time = (clock - start) x speed. The 
 source advances every fleet to "now" before evaluating it like Prometheus would; the
 actuator applies valid decisions at once: replica counts to the fleet, knob changes to
 replicas that start from then on (and rolls the others). Everything runs on the control
-loop's thread, so no locking is needed.
+loop's thread, so no locking is needed. The engines are the calibrated plant (the
+profile's step times and request overhead); the source scrapes at the config's
+`prometheus.scrape_interval_s` and reads the short window over `short_window_s`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from estimators.stepmodel import load_profile
 from estimators.types import ModelQuery, NoDataError, ObservationResult
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
+from simulator.plant import Plant
 from simulator.traces import Trace, load_trace
 
 LOOKAHEAD_S = 120.0  # trace copies are queued this far ahead of simulated time
@@ -34,11 +37,20 @@ class _ModelFleet:
         window_s: float,
         short_window_s: float,
         profile: str,
+        scrape_interval_s: float,
     ) -> None:
         self.trace = trace
-        self.fleet = Fleet(load_profile(profile), initial_replicas=replicas, seed=seed)
+        prof = load_profile(profile)
+        # The plant as calibrated: the profile's step times and request overhead.
+        self.fleet = Fleet(
+            prof, initial_replicas=replicas, seed=seed, overhead_s=Plant().overhead_s(prof)
+        )
         self.source = SimulatedSource(
-            self.fleet, model, window_s=window_s, short_window_s=short_window_s
+            self.fleet,
+            model,
+            window_s=window_s,
+            scrape_interval_s=scrape_interval_s,
+            short_window_s=short_window_s,
         )
         self.loops = 0
         self.queued_until_s = 0.0
@@ -76,7 +88,14 @@ class RealTimeSimulatedFleet:
             policy = config.policy_for(m)
             n = start_replicas if start_replicas is not None else max(1, m.replicas.min_replicas)
             self.fleets[m.name] = _ModelFleet(
-                trace, m.name, n, seed + i, policy.window_s, policy.panic_window_s, m.profile
+                trace,
+                m.name,
+                n,
+                seed + i,
+                policy.window_s,
+                config.short_window_s,
+                m.profile,
+                config.prometheus.scrape_interval_s,
             )
 
     def sim_time(self, now_s: float | None = None) -> float:
