@@ -16,8 +16,11 @@ import math
 import os
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from controller.actuation import Actuator
 from controller.config import ConfigError, GovernorConfig, load_config
@@ -254,9 +257,35 @@ def _source(args: argparse.Namespace, config: GovernorConfig) -> tuple[Any, list
     prom = PrometheusSource(
         config.prometheus,
         window_s=config.policy.window_s,
-        short_window_s=config.short_window_s,
+        short_window_s=checked_short_window_s(config),
     )
     return WallClockSource(prom, SystemClock()), []
+
+
+def checked_short_window_s(
+    config: GovernorConfig, reported_s: Callable[[str, float], float | None] | None = None
+) -> float:
+    """The short (panic) window for the Prometheus source, seconds: the config's, raised
+    to two of the scrape intervals Prometheus reports for the engine targets when those
+    are longer than `prometheus.scrape_interval_s` says (logged; at most the rate window).
+    Example: configured 15 s, Prometheus scrapes the engines every 30 s -> 60 s."""
+    from estimators.scrape import engine_scrape_interval_s
+
+    ask = reported_s or engine_scrape_interval_s
+    short = config.short_window_s
+    reported = ask(config.prometheus.url, config.prometheus.timeout_s)
+    configured = config.prometheus.scrape_interval_s
+    if reported is not None and reported > configured:
+        raised = min(config.policy.window_s, max(short, 2.0 * reported))
+        structlog.get_logger("governor.run").warning(
+            "scrape_interval_mismatch",
+            configured_s=configured,
+            reported_s=reported,
+            short_window_s=raised,
+            note="prometheus.scrape_interval_s is shorter than Prometheus scrapes the engines",
+        )
+        return raised
+    return short
 
 
 def _persistence(args: argparse.Namespace) -> tuple[Store, Elector, Any]:

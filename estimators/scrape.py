@@ -1,0 +1,64 @@
+"""How often Prometheus scrapes the engines, as Prometheus itself reports it.
+
+A rate over a window needs two samples, so the governor's short (panic) window must
+span at least two scrape intervals (`prometheus.scrape_interval_s` in the config). The
+config can be wrong; at start the service asks Prometheus: the engine jobs are those
+whose targets export vLLM's running-requests gauge, and each active target of those
+jobs reports its `scrapeInterval` in `/api/v1/targets`. The largest one is the answer.
+Example: jobs {"vllm"}; targets of job vllm report "15s" and "30s" -> 30.0.
+
+Every failure (unreachable, not Prometheus, no engine targets yet) is None: the check
+is advisory, the configured value stays in force.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import requests
+
+ENGINE_JOBS_QUERY = "count by (job) (vllm:num_requests_running or vllm_num_requests_running)"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_UNIT_S["y"] = 365 * _UNIT_S["d"]
+
+
+def parse_duration_s(text: str) -> float | None:
+    """A Prometheus duration ("15s", "1m30s", "500ms") in seconds; None when malformed."""
+    if not isinstance(text, str) or not text:
+        return None
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            return None
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    return total if pos == len(text) and total > 0 else None
+
+
+def engine_scrape_interval_s(
+    url: str, timeout_s: float = 3.0, get: Callable[..., Any] | None = None
+) -> float | None:
+    """The largest scrape interval of the engines' active targets, seconds, or None
+    when Prometheus cannot say (see the module doc)."""
+    fetch = get or requests.get
+    base = url.rstrip("/")
+    try:
+        jobs_answer = fetch(
+            f"{base}/api/v1/query", params={"query": ENGINE_JOBS_QUERY}, timeout=timeout_s
+        ).json()
+        jobs = {r["metric"].get("job") for r in jobs_answer["data"]["result"]}
+        targets = fetch(
+            f"{base}/api/v1/targets", params={"state": "active"}, timeout=timeout_s
+        ).json()["data"]["activeTargets"]
+    except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    intervals = [
+        parse_duration_s(t.get("scrapeInterval", ""))
+        for t in targets
+        if isinstance(t, dict) and t.get("labels", {}).get("job") in jobs
+    ]
+    known = [i for i in intervals if i is not None]
+    return max(known) if known else None

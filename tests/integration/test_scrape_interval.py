@@ -1,0 +1,56 @@
+"""The engines' scrape interval as Prometheus reports it (estimators.scrape), and the
+start-up check that raises the short (panic) window to two of them. Real Prometheus
+(1 s scrapes, see conftest); a closed port for the unreachable case."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.config import GovernorConfig, PrometheusSettings
+from estimators.scrape import engine_scrape_interval_s, parse_duration_s
+from service.run import checked_short_window_s
+from tests.conftest import make_model, make_policy
+from tests.integration.conftest import VllmWorld
+from tests.integration.promserver import free_port
+
+
+def test_real_prometheus_reports_the_engine_targets_interval(vllm_world: VllmWorld) -> None:
+    assert engine_scrape_interval_s(vllm_world.url) == 1.0
+
+
+def test_unreachable_prometheus_is_no_answer() -> None:
+    assert engine_scrape_interval_s(f"http://127.0.0.1:{free_port()}", timeout_s=1.0) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("15s", 15.0),
+        ("1m", 60.0),
+        ("1m30s", 90.0),
+        ("500ms", 0.5),
+        ("", None),
+        ("15", None),
+        ("x1s", None),
+    ],
+)
+def test_durations(text: str, seconds: float | None) -> None:
+    assert parse_duration_s(text) == seconds
+
+
+def _config() -> GovernorConfig:
+    return GovernorConfig(
+        models=(make_model(),),
+        policy=make_policy(window_s=120.0, panic_window_s=10.0),
+        prometheus=PrometheusSettings(scrape_interval_s=15.0),
+    )
+
+
+def test_a_longer_reported_interval_raises_the_short_window() -> None:
+    assert checked_short_window_s(_config(), lambda url, t: 45.0) == 90.0
+    assert checked_short_window_s(_config(), lambda url, t: 90.0) == 120.0  # <= window_s
+
+
+@pytest.mark.parametrize("reported", [None, 5.0, 15.0])
+def test_the_configured_window_stands_otherwise(reported: float | None) -> None:
+    assert checked_short_window_s(_config(), lambda url, t: reported) == 30.0
