@@ -253,11 +253,11 @@ class GovernorConfig(_Strict):
             if m.name in seen:
                 raise ValueError(f"model name {m.name!r} appears more than once")
             seen.add(m.name)
-        for i, m in enumerate(self.models):
+        for m in self.models:
             try:
                 self.policy_for(m)
             except ValidationError as exc:
-                msgs = format_validation_error(exc, prefix=f"models.{i}.policy")
+                msgs = format_validation_error(exc, prefix=f"models[{m.name}].policy")
                 raise ValueError("; ".join(msgs)) from None
         scrape = self.prometheus.scrape_interval_s
         if self.policy.window_s < 2.0 * scrape:
@@ -381,10 +381,20 @@ def parse_config(
             [f"<root>: must be a mapping with a 'models:' list (got {type(data).__name__})"], source
         )
     problems = apply_env_overrides(data, os.environ if environ is None else environ)
+    entry_problems: list[str] = []
+    if isinstance(data.get("models"), list):
+        # each entry through the one target validator (controller.targets), so a config
+        # file reports a bad model exactly as the Admin API and the ConfigMap do
+        from controller.targets import model_problems
+
+        entry_problems = model_problems(data["models"])
     try:
         cfg = GovernorConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(problems + format_validation_error(exc), source) from None
+        rest = format_validation_error(exc)
+        if entry_problems:  # the entries' own problems are reported once, by name
+            rest = [p for p in rest if not p.startswith("models.")]
+        raise ConfigError(problems + entry_problems + rest, source) from None
     if problems:
         raise ConfigError(problems, source)
     return cfg

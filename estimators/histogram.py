@@ -57,7 +57,7 @@ def fraction_le(threshold: float, buckets: Buckets, rel_tol: float = 1e-9) -> fl
     return None
 
 
-# vLLM's histogram bucket bounds (ARCHITECTURE.md section 4), seconds or tokens.
+# vLLM's histogram bucket bounds (docs/ARCHITECTURE.md, Signals), seconds or tokens.
 TTFT_BUCKETS_S: tuple[float, ...] = (
     0.001,
     0.005,

@@ -1,6 +1,6 @@
 """Step-time model of a continuous-batching engine, and the profiles it is read from.
 
-The model (ARCHITECTURE.md section 7) gives the wall time of one engine iteration in
+The model (docs/ARCHITECTURE.md, Plant model) gives the wall time of one engine iteration in
 milliseconds from what the iteration does. Profiles are YAML data files under
 `estimators/profiles/` so another model or GPU is a new file, not new code. The same
 object serves the simulator (the plant) and the decider (the controller's model of

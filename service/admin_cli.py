@@ -26,7 +26,6 @@ from typing import Any
 
 import grpc
 import yaml
-from google.protobuf import json_format
 
 from controller.config import ConfigError, KnobBounds, load_config
 from controller.types import Knobs
@@ -129,7 +128,9 @@ def _rpc(args: argparse.Namespace, method: str, request: Any) -> Any:
 
 
 def _print_json(message: Any) -> None:
-    print(json_format.MessageToJson(message, preserving_proto_field_name=True, indent=2))
+    from service.convert import message_to_json
+
+    print(message_to_json(message))
 
 
 # ====================================================================== target
@@ -208,9 +209,9 @@ def _build_target(args: argparse.Namespace, current: dict[str, Any] | None) -> d
 
 
 def _cmd_target_set(args: argparse.Namespace) -> int:
+    from controller.targets import TargetError, validate_target
     from governor_api import governor_v1_pb2 as pb
-    from service.convert import target_from_pb, target_to_pb, validate_target
-    from service.errors import AdminError
+    from service.convert import target_from_pb, target_to_pb
 
     current: dict[str, Any] | None = None
     revision: str | None = None
@@ -225,9 +226,9 @@ def _cmd_target_set(args: argparse.Namespace) -> int:
     if current is None and not args.deployment and "deployment" not in data:
         raise CliError(f"model {args.model!r} is new: give --deployment (and its SLA)")
     try:
-        model = validate_target(data)  # same rules as the server: fail before sending
-    except AdminError as exc:
-        raise CliError(exc.message) from None
+        model = validate_target(data)  # the server's rules and messages: fail before sending
+    except TargetError as exc:
+        raise CliError(str(exc)) from None
     request = pb.SetTargetRequest(target=target_to_pb(model), dry_run=args.dry_run)
     if revision is not None and not args.force:
         request.expected_revision = revision
@@ -500,7 +501,13 @@ def _client_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--timeout-s", type=_positive_timeout, default=ADMIN_TIMEOUT_S, help="call deadline"
     )
-    client.add_argument("--output", choices=("text", "json"), default="text")
+    client.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="json: the API's messages, zero values included",
+    )
     client.add_argument(
         "--token-file",
         default=os.environ.get(TOKEN_FILE_ENV) or None,

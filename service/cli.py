@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from controller.config import ConfigError, load_config
+from controller.targets import build_config, config_to_targets
 from service import admin_cli
 from simulator import cli as simulator_cli
 
@@ -16,6 +17,7 @@ EXIT_USAGE = 2
 def _cmd_check_config(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.file)
+        build_config(cfg, config_to_targets(cfg), args.file)  # profiles load, as at start
     except ConfigError as exc:
         print(f"FAILED: {exc.source}", file=sys.stderr)
         for p in exc.problems:

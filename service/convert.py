@@ -6,22 +6,16 @@ Field names are the config keys; `None` fields of a config are left unset.
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
-from pydantic import ValidationError
 
 from actuators.engines import quantiles_to_pb
 from actuators.publisher import latency_quantiles
-from controller.config import ModelConfig, format_validation_error
+from controller.config import ModelConfig
 from controller.types import Decision
 from estimators.types import NoDataError, Observation, SourceError
 from governor_api import governor_v1_pb2
-from service.errors import AdminError
-from service.security import clip
 
 pb = governor_v1_pb2
 
@@ -45,31 +39,16 @@ def target_from_pb(target: governor_v1_pb2.ModelTarget) -> dict[str, Any]:
     return json_format.MessageToDict(target, preserving_proto_field_name=True)
 
 
-def validate_target(data: dict[str, Any]) -> ModelConfig:
-    """Validate one model's target; AdminError(INVALID_ARGUMENT) naming each problem."""
-    try:
-        return ModelConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = format_validation_error(exc, prefix="target")
-        raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems)) from None
-
-
-_PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-def profile_name_problem(profile: str, allowed: Iterable[str] = ()) -> str | None:
-    """Why an admin call may not use `profile`, or None.
-
-    Through the admin API a profile is a shipped profile's name, never a file path (an
-    operator may point the config file at a profile file; a remote caller may not make
-    the server read files), unless it is one already configured (`allowed`)."""
-    if profile in set(allowed):
-        return None
-    if _PROFILE_NAME.fullmatch(profile) and not profile.endswith((".yaml", ".yml")):
-        return None
-    return (
-        "target.profile: must be the name of a shipped profile, not a path "
-        f"(got {clip(profile, 80)!r})"
+def message_to_json(message: Any) -> str:
+    """Every JSON view of an API message (`governor ... -o json`): field names as in the
+    .proto, and fields without presence shown at their zero value, so an idle model's
+    `arrival_rate_rps: 0` reads as zero, not as a missing field. Fields with presence
+    (`optional`) appear only when set: absent still means "no data"."""
+    return json_format.MessageToJson(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+        indent=2,
     )
 
 

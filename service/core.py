@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -28,30 +28,32 @@ from actuators.publisher import (
     ORIGIN_LEADER,
     DecisionBoard,
     LatencyDistribution,
-    ModelSlot,
     Published,
 )
 from controller.actuation import Actuator
 from controller.config import ConfigError, GovernorConfig, ModelConfig
 from controller.loop import Clock, ControlLoop, SystemClock
 from controller.metrics import GovernorMetrics
-from controller.types import Decision, Knobs
-from estimators.types import LatencyQuantiles, MetricSource, NoDataError, Observation, SourceError
-from service.convert import profile_name_problem, validate_target
+from controller.targets import (
+    TargetError,
+    TargetsDoc,
+    build_config,
+    config_to_targets,
+    profile_problem,
+    validate_target,
+)
+from controller.types import Decision
+from estimators.types import MetricSource, NoDataError, Observation, SourceError
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
+from service.publications import latency_doc, published_entries, slots
 from service.store import (
     ConflictError,
     FileStore,
-    LatencyDoc,
     MemoryStore,
-    QuantilesDoc,
     Store,
     StoreError,
-    TargetsDoc,
     TargetsInvalidError,
-    build_config,
-    config_to_targets,
     from_wall,
     published_doc,
     restore_offset,
@@ -92,59 +94,6 @@ class _Counters:
     ticks: int = 0
     targets_refused: int = 0
     state_save_failures: int = 0
-
-
-def _slots(cfg: GovernorConfig) -> list[ModelSlot]:
-    return [
-        ModelSlot(
-            m.name,
-            m.namespace,
-            Knobs(m.knobs.default_max_num_seqs, m.knobs.default_max_num_batched_tokens),
-        )
-        for m in cfg.models
-    ]
-
-
-def _latency_doc(dist: LatencyDistribution | None) -> LatencyDoc | None:
-    if dist is None:
-        return None
-    return LatencyDoc(
-        ttft=QuantilesDoc(**asdict(dist.ttft)),
-        itl=QuantilesDoc(**asdict(dist.itl)),
-        e2e=QuantilesDoc(**asdict(dist.e2e)),
-        observed_at_unix_s=dist.observed_at_unix_s,
-    )
-
-
-def _latency_from_doc(doc: LatencyDoc | None) -> LatencyDistribution | None:
-    if doc is None:
-        return None
-    return LatencyDistribution(
-        ttft=LatencyQuantiles(**doc.ttft.model_dump()),
-        itl=LatencyQuantiles(**doc.itl.model_dump()),
-        e2e=LatencyQuantiles(**doc.e2e.model_dump()),
-        observed_at_unix_s=doc.observed_at_unix_s,
-    )
-
-
-def _published(
-    saved: Mapping[str, Any], keep: Container[str] | None = None
-) -> dict[str, Published]:
-    """Board entries from a state document's saved publications (only the `keep` models)."""
-    return {
-        name: Published(
-            model=name,
-            namespace="",
-            knobs=Knobs(p.max_num_seqs, p.max_num_batched_tokens),
-            generation=p.generation,
-            replicas=p.replicas,
-            reason=p.reason,
-            decided_at_unix_s=p.decided_at_unix_s,
-            latency=_latency_from_doc(p.latency),
-        )
-        for name, p in saved.items()
-        if keep is None or name in keep
-    }
 
 
 class ServiceCore:
@@ -257,6 +206,8 @@ class ServiceCore:
         try:
             stored = self.store.load_targets()
         except TargetsInvalidError as exc:
+            if isinstance(self.store, FileStore):
+                raise  # a local file: refuse to start (nothing else could fix it)
             self._refuse(exc.revision, str(exc))
             stored = None
             if state_doc is not None and state_doc.targets is not None:
@@ -286,7 +237,7 @@ class ServiceCore:
                 self.m_store_errors.labels("save_targets").inc()
                 self.log.error("targets_seed_failed", error=str(exc))
         self.config, self.targets, self.targets_revision = cfg, doc, revision
-        self.board.configure(_slots(cfg))
+        self.board.configure(slots(cfg))
         states = {}
         if state_doc is not None:
             offset = restore_offset(
@@ -296,7 +247,7 @@ class ServiceCore:
             for name, raw in state_doc.models.items():
                 if name in names:
                     states[name] = from_wall(raw, offset, f"{self.store.description}: {name}")
-            self.board.restore(_published(state_doc.published, keep=names))
+            self.board.restore(published_entries(state_doc.published, keep=names))
             self.log.info(
                 "state_restored",
                 store=self.store.description,
@@ -396,7 +347,7 @@ class ServiceCore:
             return
         if doc is None:
             return
-        self.board.restore(_published(doc.published), origin=ORIGIN_LEADER)
+        self.board.restore(published_entries(doc.published), origin=ORIGIN_LEADER)
 
     def _state_doc(self) -> Any:
         from service.store import StateDoc
@@ -409,7 +360,7 @@ class ServiceCore:
                 replicas=p.replicas,
                 reason=p.reason[:64],
                 decided_at_unix_s=p.decided_at_unix_s,
-                latency=_latency_doc(p.latency),
+                latency=latency_doc(p.latency),
             )
             for name, p in self.board.snapshot().items()
         }
@@ -484,7 +435,7 @@ class ServiceCore:
 
     def _apply(self, cfg: GovernorConfig, doc: TargetsDoc, revision: str) -> None:
         self.loop.set_config(cfg)
-        self.board.configure(_slots(cfg))
+        self.board.configure(slots(cfg))
         for m in cfg.models:
             if m.name in doc.paused:
                 self.loop.pause(m.name)
@@ -554,18 +505,20 @@ class ServiceCore:
         self, data: dict[str, Any], expected_revision: str | None = None, dry_run: bool = False
     ) -> tuple[ModelConfig, str]:
         """Create or replace one model's target (validated alone, then as a whole)."""
-        model = validate_target(data)
+        try:
+            model = validate_target(data)
+        except TargetError as exc:
+            raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         configured = [m.profile for m in (*self.base.models, *self.config.models)]
-        problem = profile_name_problem(model.profile, configured)
+        problem = profile_problem(model, allow_paths=False, configured=configured)
         if problem is not None:
             raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        entry = model.model_dump(mode="json", exclude_defaults=True) | {"name": model.name}
 
         def change(doc: TargetsDoc) -> TargetsDoc:
             models = list(doc.models)
             for i, m in enumerate(models):
-                if m.get("name") == model.name:
-                    models[i] = entry
+                if m.name == model.name:
+                    models[i] = model
                     break
             else:
                 if len(models) >= self.max_models:
@@ -574,7 +527,7 @@ class ServiceCore:
                         f"the target set holds {len(models)} models, the limit "
                         f"(--max-models {self.max_models}); delete one first",
                     )
-                models.append(entry)
+                models.append(model)
             return TargetsDoc(models=tuple(models), paused=doc.paused)
 
         cfg, rev = self._update_targets(change, expected_revision, dry_run)
@@ -613,7 +566,7 @@ class ServiceCore:
 
             def change(doc: TargetsDoc) -> TargetsDoc:
                 return TargetsDoc(
-                    models=tuple(m for m in doc.models if m.get("name") != name),
+                    models=tuple(m for m in doc.models if m.name != name),
                     paused=tuple(p for p in doc.paused if p != name),
                 )
 

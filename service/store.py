@@ -3,10 +3,10 @@ state (the decider's hysteresis memory and the values published to KEDA and engi
 
 Two documents:
 
-- targets (`TargetsDoc`): what operators set. In-cluster it is the ConfigMap `<name>`,
-  key `targets.yaml` (declarative: kubectl or Helm may edit it; the service polls it
-  every tick, applies valid changes and refuses invalid ones, keeping the last valid
-  set); otherwise part of a local JSON file. Revisions are opaque strings (the
+- targets (`controller.targets.TargetsDoc`): what operators set. In-cluster it is the
+  ConfigMap `<name>`, key `targets.yaml` (declarative: kubectl or Helm may edit it; the
+  service polls it every tick, applies valid changes and refuses invalid ones, keeping
+  the last valid set); otherwise part of a local JSON file. Revisions are opaque strings (the
   ConfigMap's resourceVersion, or a counter in the file) used for optimistic
   concurrency: a write names the revision it read and fails with `ConflictError` when
   the document changed since.
@@ -51,7 +51,8 @@ from pydantic import (
     ValidationError,
 )
 
-from controller.config import GovernorConfig, format_validation_error
+from controller.config import format_validation_error
+from controller.targets import TargetError, TargetsDoc, targets_doc
 from controller.types import Knobs, ModelState, SavedState
 
 STATE_FORMAT = "llm-governor/state/v1"
@@ -119,14 +120,6 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TargetsDoc(_Doc):
-    """The operator-owned target set: model entries as in the config file's `models:`
-    list (validated against the global policy by `build_config`) and paused models."""
-
-    models: tuple[dict[str, Any], ...] = Field(min_length=1)
-    paused: tuple[str, ...] = ()
-
-
 class QuantilesDoc(_Doc):
     """Latency quantiles, ms (None = no data)."""
 
@@ -179,64 +172,6 @@ class StoredTargets:
     doc: TargetsDoc
 
 
-def config_to_targets(config: GovernorConfig, paused: frozenset[str] = frozenset()) -> TargetsDoc:
-    """The targets document of a config's models (defaults left out for readability)."""
-    models = tuple(
-        m.model_dump(mode="json", exclude_defaults=True) | {"name": m.name} for m in config.models
-    )
-    return TargetsDoc(models=models, paused=tuple(sorted(paused)))
-
-
-def build_config(
-    base: GovernorConfig, targets: TargetsDoc, where: str = "targets"
-) -> GovernorConfig:
-    """`base` with its models replaced by `targets.models`, validated as a whole
-    (global policy, unique names, per-model policy overrides). Raises ConfigError."""
-    from controller.config import ConfigError
-
-    data = base.model_dump(mode="json", exclude={"models"})
-    data["models"] = [dict(m) for m in targets.models]
-    try:
-        cfg = GovernorConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc), where) from None
-    names = {m.name for m in cfg.models}
-    unknown = [p for p in targets.paused if p not in names]
-    if unknown:
-        raise ConfigError([f"paused: {p!r} is not a configured model" for p in unknown], where)
-    problems = [
-        f"models.{i}.profile: {problem}"
-        for i, m in enumerate(cfg.models)
-        if (problem := profile_problem(m.profile)) is not None
-    ]
-    if problems:
-        raise ConfigError(problems, where)
-    return cfg
-
-
-_GOOD_PROFILES: set[str] = set()
-
-
-def profile_problem(name: str) -> str | None:
-    """Why the step-time profile `name` (a shipped name or a YAML path) cannot be
-    loaded, or None. Checked before a target set is stored or applied: a profile that
-    fails later, when the loop builds the model's decider, would stop every tick."""
-    if name in _GOOD_PROFILES:
-        return None
-    from estimators.stepmodel import load_profile
-
-    try:
-        load_profile(name)
-    except FileNotFoundError as exc:
-        return str(exc)[:300]
-    except ValidationError as exc:
-        return "invalid profile: " + "; ".join(format_validation_error(exc))[:300]
-    except (OSError, yaml.YAMLError, ValueError, TypeError) as exc:
-        return f"cannot load profile {name[:100]!r}: {type(exc).__name__}"
-    _GOOD_PROFILES.add(name)
-    return None
-
-
 def parse_targets_yaml(text: str, where: str, revision: str) -> TargetsDoc:
     """Parse the ConfigMap's `targets.yaml`; TargetsInvalidError naming each problem."""
     try:
@@ -253,10 +188,12 @@ def parse_targets_yaml(text: str, where: str, revision: str) -> TargetsDoc:
 
 
 def _targets_doc(data: Any, where: str, revision: str) -> TargetsDoc:
+    """A stored target document, validated by controller.targets (the same checks and
+    messages as every other path an edit takes); TargetsInvalidError naming each problem."""
     try:
-        return TargetsDoc.model_validate(data)
-    except ValidationError as exc:
-        raise TargetsInvalidError(where, revision, format_validation_error(exc)) from None
+        return targets_doc(data)
+    except TargetError as exc:
+        raise TargetsInvalidError(where, revision, exc.problems) from None
 
 
 # ---------------------------------------------------------------------- state <-> wall

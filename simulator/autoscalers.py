@@ -4,7 +4,7 @@ Every policy acts through the same modelled actuation path (`simulator.scenario`
 publishes a desired replica count; an HPA sync loop (default every 15 s) reads it and
 scales the Deployment (the fleet), and every replica pays the same cold start.
 
-Baselines, faithful to their published algorithms and defaults (ARCHITECTURE.md s.6):
+Baselines, faithful to their published algorithms and defaults (docs/ARCHITECTURE.md, Actuation):
 - `hpa-gpu`: HPA v2 on GPU utilisation (DCGM's busy fraction), target 70 %.
 - `hpa-queue`: HPA v2 on p95 queue time, target 500 ms (a Value-type metric).
 - `keda`: KEDA Prometheus scaler on sum(vllm:num_requests_waiting), threshold 5

@@ -1,6 +1,6 @@
 """simulator.engine: one simulated vLLM V1 continuous-batching engine, event-driven.
 
-Owns the scheduling semantics of ARCHITECTURE.md section 7 and the per-request ground
+Owns the scheduling semantics (docs/ARCHITECTURE.md, Plant model) and the per-request ground
 truth (`RequestLog`). Times are seconds (`_s`) on the simulation clock; step durations
 are milliseconds (`_ms`) from `estimators.stepmodel.StepTimeModel`.
 

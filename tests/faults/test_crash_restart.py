@@ -127,7 +127,7 @@ def test_sigkill_mid_actuation(tmp_path: Path, fault_note: Any) -> None:
                 state = store.load_state()
                 targets = store.load_targets()
                 assert state is not None and targets is not None
-                assert targets.doc.models[0]["sla"]["itl_p95_ms"] == 42
+                assert targets.doc.models[0].sla.itl_p95_ms == 42
                 saved = state.published["demo"].replicas
                 assert state.models["demo"]["recommendations"], "hysteresis memory lost"
                 svc = _start(tmp_path, api.url)

@@ -22,9 +22,10 @@ from kubernetes import client as k8s
 
 from actuators.kubeapi import api_client
 from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
+from controller.targets import config_to_targets
 from controller.types import Decision, Knobs, Reason
 from service.core import ServiceCore
-from service.store import ConfigMapStore, config_to_targets
+from service.store import ConfigMapStore
 from tests.faults.helpers import FaultyKubeAPI, sample
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 

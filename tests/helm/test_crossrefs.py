@@ -8,7 +8,7 @@
   ConfigMaps by the real config/targets validation;
 - a real `governor run` started with the rendered flags answers SERVING to exactly the
   probes' gRPC health requests, and its /metrics lists every governor metric the
-  dashboard and the alerts use (vLLM names: ARCHITECTURE.md section 4);
+  dashboard and the alerts use (vLLM names: docs/ARCHITECTURE.md, Signals);
 - the HPA's external metric is the PrometheusRule's recording rule, with its labels.
 """
 
@@ -31,8 +31,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.config import parse_config
+from controller.targets import TargetsDoc, build_config
 from service.cli import build_parser
-from service.store import TargetsDoc, build_config
 from tests.helm.chart import (
     MODEL_8B,
     MODEL_CODE,
@@ -53,7 +53,7 @@ FULLNAME = "gov-llm-governor"
 # scaling.via=hpa needs both: the recording rule and the scrape it reads.
 _HPA_MONITORING = {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}
 
-# vLLM V1 metric names the chart may query (ARCHITECTURE.md section 4: gauges as is,
+# vLLM V1 metric names the chart may query (docs/ARCHITECTURE.md, Signals: gauges as is,
 # counters with `_total`, histograms with their series suffixes; deprecated names too).
 _VLLM_GAUGES = {
     "vllm:num_requests_running",

@@ -19,9 +19,10 @@ from typing import Any
 
 from controller.config import load_config
 from controller.logs import configure_logging
+from controller.targets import TargetsDoc
 from service.core import ServiceCore
 from service.server import GovernorServer, serve
-from service.store import FileStore, TargetsDoc
+from service.store import FileStore
 from tests.service.fakes import FakeSource
 
 

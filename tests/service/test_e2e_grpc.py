@@ -85,7 +85,7 @@ def _code(exc_info: pytest.ExceptionInfo[grpc.RpcError]) -> grpc.StatusCode:
 # ---------------------------------------------------------------------- KEDA conformance
 class KedaConformanceClient:
     """What KEDA does with an external scaler, written from the contract
-    (ARCHITECTURE.md section 6 and KEDA's external scaler / HPA v2 semantics):
+    (docs/ARCHITECTURE.md, Actuation and KEDA's external scaler / HPA v2 semantics):
 
     - GetMetricSpec once per ScaledObject: one MetricSpec; target = targetSizeFloat as a
       milli-quantity when > 0, else targetSize; metric type AverageValue.

@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 
 from actuators.kubeapi import KubeCallError, api_client, call_with_retries
 from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
+from controller.targets import config_to_targets
 from controller.types import Decision, Knobs, Reason
 from service.core import ServiceCore
 from service.errors import AdminError
@@ -23,7 +24,6 @@ from service.store import (
     ConflictError,
     StoreError,
     TargetsInvalidError,
-    config_to_targets,
 )
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger

@@ -36,7 +36,7 @@ def _fields(message: type) -> dict[str, tuple[int, int]]:
 
 
 def test_keda_contract_field_names_and_numbers() -> None:
-    """As ARCHITECTURE.md section 6 (KEDA's externalscaler.proto) states them."""
+    """As docs/ARCHITECTURE.md, Actuation (KEDA's externalscaler.proto) states them."""
     fd = externalscaler_pb2.DESCRIPTOR
     assert fd.package == "externalscaler"
     svc = fd.services_by_name["ExternalScaler"]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.config import GovernorConfig
+from controller.targets import TargetsDoc, config_to_targets
 from controller.types import Knobs, Lengths, ModelState, RuleState, SavedState
 from estimators.smoothing import HoltState
 from service.core import ServiceCore
@@ -22,8 +23,6 @@ from service.store import (
     TIME_PAIR_FIELDS,
     FileStore,
     StoreError,
-    TargetsDoc,
-    config_to_targets,
     from_wall,
     model_state_fields,
     to_wall,

@@ -63,7 +63,7 @@ def test_single_stream_decode_step_time_matches_formula() -> None:
     run_all(eng)
     rec = log.arrays()
     # 4 decode steps at 1001..1004 tokens of context, each
-    # max(6.6, 2.3 + 0.0218) + 0.7 + 0.015 + 5e-5 * ctx ms (ARCHITECTURE.md section 7).
+    # max(6.6, 2.3 + 0.0218) + 0.7 + 0.015 + 5e-5 * ctx ms (docs/ARCHITECTURE.md, Plant model).
     expect_ms = sum(
         max(6.6, 2.3 + 0.0218 * 1) + 0.7 + 0.015 * 1 + 5.0e-5 * ctx for ctx in range(1001, 1005)
     )

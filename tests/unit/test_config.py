@@ -40,7 +40,7 @@ def _problems(data: object) -> list[str]:
     [
         pytest.param(
             {"sla": {"ttft_p95_ms": -5, "itl_p95_ms": 50}},
-            "models.0.sla.ttft_p95_ms",
+            "models[m].sla.ttft_p95_ms",
             id="negative-latency",
         ),
         pytest.param(
@@ -50,13 +50,13 @@ def _problems(data: object) -> list[str]:
         ),
         pytest.param(
             {"sla": {"ttft_p95_ms": 500, "itl_p95_ms": 50, "itl_p99_ms": 3}},
-            "models.0.sla.itl_p99_ms: unknown key",
+            "models[m].sla.itl_p99_ms: unknown key",
             id="typo-key",
         ),
-        pytest.param({"batching_policy": "fast"}, "models.0.batching_policy", id="bad-policy"),
-        pytest.param({"deployment": "Bad_Name"}, "models.0.deployment", id="bad-k8s-name"),
+        pytest.param({"batching_policy": "fast"}, "models[m].batching_policy", id="bad-policy"),
+        pytest.param({"deployment": "Bad_Name"}, "models[m].deployment", id="bad-k8s-name"),
         pytest.param(
-            {"policy": {"tolerance_frac": 2}}, "models.0.policy.tolerance_frac", id="bad-override"
+            {"policy": {"tolerance_frac": 2}}, "models[m].policy.tolerance_frac", id="bad-override"
         ),
         pytest.param(
             {"fallback_replicas": 50}, "fallback_replicas (50) must be <=", id="fallback-over-max"

@@ -107,7 +107,7 @@ prometheus. */}}
 
 {{/* Checksum of what a running governor reads only at start. Not the models: their
 targets (SLAs, replica bounds, knobs) reach the governor live through the targets
-ConfigMap (service/store.py build_config replaces the file's models with them), so an
+ConfigMap (controller/targets.py build_config replaces the file's models with them), so an
 SLA-only `helm upgrade` restarts no pod, least of all a GPU engine that carries the
 sidecar. */}}
 {{- define "llm-governor.restartChecksum" -}}

@@ -1,0 +1,144 @@
+"""One target validator on every path an SLA edit takes, and JSON views with zero values.
+
+A bad edit is refused with the same message by the `governor target set` CLI (before it
+sends anything), the Admin API, the targets ConfigMap (through the fake Kubernetes API
+server of tests/service/fake_kube.py: a fake, since no API server can run here) and
+`governor check-config`, and it changes nothing. Real gRPC on loopback; ticks driven
+by the test on a fake clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from actuators.kubeapi import api_client
+from controller.targets import TargetError, validate_target
+from governor_api import governor_v1_pb2 as pb
+from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.cli import main as cli_main
+from service.core import ServiceCore
+from service.store import ConfigMapStore, MemoryStore
+from tests.service.fake_kube import FakeKubeAPI
+from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
+from tests.service.harness import ServerThread
+
+BAD_SLA = {"ttft_p95_ms": -5.0, "itl_p95_ms": 50.0}
+
+
+def _expected_problem() -> str:
+    with pytest.raises(TargetError) as ei:
+        validate_target(model_entry("demo", sla=BAD_SLA))
+    (problem,) = ei.value.problems
+    assert problem.startswith("models[demo].sla.ttft_p95_ms: ")
+    assert "(got -5.0)" in problem
+    return problem
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[ServiceCore, str]]:
+    core = ServiceCore(
+        make_config(model_entry("demo")),
+        FakeSource({"demo": 0.0}),
+        MemoryStore(),
+        clock=FakeClock(),
+        logger=quiet_logger(),
+    )
+    with ServerThread(core, logger=quiet_logger()) as server:
+        yield core, server.address
+
+
+def test_bad_edit_same_message_on_admin_api_and_cli(
+    served: tuple[ServiceCore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    core, address = served
+    problem = _expected_problem()
+    before = (core.config, core.targets, core.targets_revision)
+
+    channel = grpc.insecure_channel(address)
+    admin = pb_grpc.AdminServiceStub(channel)
+    target = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5).target
+    target.sla.ttft_p95_ms = -5.0
+    with pytest.raises(grpc.RpcError) as ei:
+        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=5)
+    channel.close()
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ei.value.details() == problem
+
+    code = cli_main(["target", "set", "demo", "--ttft-p95-ms", "-5", "--server", address])
+    assert code == 2
+    assert f"governor target set: {problem}" in capsys.readouterr().err
+    assert (core.config, core.targets, core.targets_revision) == before
+
+
+def test_profile_path_refused_alike_by_admin_api_and_cli(
+    served: tuple[ServiceCore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A remote caller may not make the server read a file: one check, one message."""
+    core, address = served
+    before = core.targets_revision
+    code = cli_main(["target", "set", "demo", "--profile", "/etc/passwd", "--server", address])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "models[demo].profile: must be the name of a shipped profile, not a path" in err
+    assert core.targets_revision == before
+
+
+def test_bad_edit_same_message_in_configmap_and_check_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ConfigMap path against FakeKubeAPI, a fake of the published API contract."""
+    problem = _expected_problem()
+    with FakeKubeAPI() as api:
+        store = ConfigMapStore(k8s.CoreV1Api(api_client(api.url)), "ns", "governor-targets")
+        core = ServiceCore(
+            make_config(model_entry("demo")),
+            FakeSource({"demo": 1.0}),
+            store,
+            clock=FakeClock(),
+            logger=quiet_logger(),
+        )
+        before = (core.config, core.targets, core.targets_revision)
+        bad = {"models": [model_entry("demo", sla=BAD_SLA)]}
+        api.edit_configmap("ns", "governor-targets", {"targets.yaml": yaml.safe_dump(bad)})
+        core.poll_targets()
+        assert problem in core.targets_problem
+        assert (core.config, core.targets, core.targets_revision) == before
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    assert cli_main(["check-config", str(path)]) == 2
+    assert f"  - {problem}" in capsys.readouterr().err.splitlines()
+
+
+def test_check_config_refuses_a_profile_that_cannot_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.yaml"
+    entry = model_entry("demo") | {"profile": "no-such-profile"}
+    path.write_text(yaml.safe_dump({"models": [entry]}))
+    assert cli_main(["check-config", str(path)]) == 2
+    assert "models[demo].profile: " in capsys.readouterr().err
+
+
+def test_status_json_shows_zero_values_of_an_idle_model(
+    served: tuple[ServiceCore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An idle model (arrival rate 0) reads as 0 in `governor status -o json`, not as a
+    missing field; fields with presence stay absent when there is no data."""
+    core, address = served
+    core.tick(5.0)
+    assert cli_main(["status", "demo", "-o", "json", "--server", address]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (model,) = doc["models"]
+    obs = model["observation"]
+    assert obs["present"] is True
+    assert obs["arrival_rate_rps"] == 0.0
+    assert model["paused"] is False
+    assert "ready_replicas" not in obs or obs["ready_replicas"] >= 0
