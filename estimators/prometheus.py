@@ -14,9 +14,9 @@ answers into typed per-model outcomes:
   whose engine scrape targets (seen within the lookback) are all down or gone from
   service discovery -> `NoDataError(model, "targets_up")`;
   a model without a current sample, or whose newest sample is older than
-  `max_staleness_s` -> `NoDataError(model, "staleness")`: a dead fleet is never read as
-  an idle one (its rates decay to zero over a window while nothing is scraped). Other
-  models are observed;
+  `max_staleness_s` (when set) -> `NoDataError(model, "staleness")`: a dead fleet is
+  never read as an idle one (its rates decay to zero over a window while nothing is
+  scraped). Other models are observed;
 - an optional signal missing, NaN or infinite -> `None`, never 0.
 
 Quantiles are PromQL's own `histogram_quantile`; the exact attainment is
@@ -144,9 +144,11 @@ class PrometheusSource:
     `accept_escaped`: also read `vllm_...` spellings of the `vllm:...` names (promql).
     `short_window_s`: also report `arrival_rate_short_rps` over this (panic) window.
     `seed_window_s`: the window of `arrival_rate_5m_rps` (default 300 s; None: not read).
-    `max_staleness_s`: a model whose newest sample is older reads as no data (default:
-    `window_s`). `targets_lookback_s`: how long a vanished scrape target still counts as
-    down (default: the longest window).
+    `max_staleness_s`: a model whose newest sample is older reads as no data (`governor
+    run` passes `policy.max_staleness_s`; None: only a model without any current sample
+    is, and the age is left to the caller). `targets_lookback_s`: how long an engine
+    target that went down or left discovery still belongs to its model, so that every
+    target gone reads as no data (default: the longest window, 5 minutes).
     """
 
     def __init__(
@@ -177,14 +179,13 @@ class PrometheusSource:
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout}")
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
-        staleness = float(window_s) if max_staleness_s is None else float(max_staleness_s)
-        if not staleness > 0:  # also refuses NaN
+        if max_staleness_s is not None and not max_staleness_s > 0:  # also refuses NaN
             raise ValueError(f"max_staleness_s must be > 0 seconds, got {max_staleness_s}")
         self.url: str = url.rstrip("/")
         self.window_s: float = float(window_s)
         self.timeout_s: float = float(timeout)
         self.model_label: str = label
-        self.max_staleness_s: float = staleness
+        self.max_staleness_s: float | None = max_staleness_s
         self._builder = QueryBuilder(
             label,
             self.window_s,
@@ -298,7 +299,7 @@ class PrometheusSource:
             detail = "no current sample: every engine series is stale (targets down or gone)"
             return NoDataError(name, STALENESS_SIGNAL, detail)
         staleness_s = max(0.0, now_s - max(stamps))
-        if staleness_s > self.max_staleness_s:
+        if self.max_staleness_s is not None and staleness_s > self.max_staleness_s:
             detail = f"newest sample {staleness_s:.1f} s old (limit {self.max_staleness_s:g} s)"
             return NoDataError(name, STALENESS_SIGNAL, detail)
         return _observation(mq, now_s, max(0.0, arrival), staleness_s, t, up, known)

@@ -217,8 +217,8 @@ class QueryBuilder:
     seed_window_s: float | None = DEFAULT_SEED_WINDOW_S
     """Also report the arrival rate over this longer (seed policy) window, seconds."""
     targets_lookback_s: float | None = None
-    """How long a scrape target that vanished still counts (as down), seconds; default
-    the longest window."""
+    """How long an engine target that went down or left discovery still belongs to its
+    model (`engine_targets`), seconds; default the longest window."""
 
     def __post_init__(self) -> None:
         check_label_name(self.model_label)

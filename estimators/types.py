@@ -78,8 +78,8 @@ class Observation:
     """Age of the newest sample behind this observation, seconds. A source returns
     `NoDataError(model, "staleness")` instead of an Observation when it has no current
     sample at all or this age exceeds its limit (`PrometheusSource(max_staleness_s=)`,
-    default the rate window): rates over a window keep decaying after the last scrape,
-    so old data is never passed on as a low demand."""
+    `policy.max_staleness_s` in `governor run`): rates over a window keep decaying after
+    the last scrape, so old data is never passed on as a low demand."""
     prompt_tokens_mean: float | None = None
     prompt_tokens_p95: float | None = None
     output_tokens_mean: float | None = None

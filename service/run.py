@@ -258,6 +258,7 @@ def _source(args: argparse.Namespace, config: GovernorConfig) -> tuple[Any, list
         config.prometheus,
         window_s=config.policy.window_s,
         short_window_s=checked_short_window_s(config),
+        max_staleness_s=config.policy.max_staleness_s,
     )
     return WallClockSource(prom, SystemClock()), []
 
