@@ -1,13 +1,15 @@
 """The control loop: observe -> decide -> actuate, once per tick, for every model.
 
 `ControlLoop.tick(now_s)` is the whole loop body and takes the time as an argument, so
-simulated time (the simulator, tests) and real time (APScheduler) run the same code.
-Only `RealTimeRunner` and `SystemClock` read the wall clock. Windows are measured on
-the monotonic clock, so a wall-clock jump cannot fire a burst of actions.
+simulated time (the simulator, tests) and real time run the same code. In real time
+the service calls it once per tick from an APScheduler job (service/ticker.py, through
+`ServiceCore.tick`); `RealTimeRunner` here does the same for a bare loop. Only
+`RealTimeRunner` and `SystemClock` read the clock. Windows are measured on the
+monotonic clock, so a wall-clock jump cannot fire a burst of actions.
 
 Thread safety: `tick` runs on one thread at a time (the scheduler job has
-max_instances=1); readers (gRPC handlers) get immutable snapshots swapped in whole
-under a lock.
+max_instances=1, and `ServiceCore.tick` holds a lock); readers (gRPC handlers) get
+immutable snapshots swapped in whole under a lock.
 
 Cost (benchmarks/bench_tick.py; 2-core machine, 1,000 models): a tick decodes ~12 MB of
 Prometheus answers into ~500,000 short-lived containers. With the cyclic garbage

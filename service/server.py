@@ -21,12 +21,9 @@ concurrent RPCs, concurrent watch streams (`MAX_WATCH_STREAMS`), configured mode
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -45,6 +42,7 @@ from service.security import (
     TlsFiles,
     server_credentials,
 )
+from service.ticker import TickScheduler
 
 DEFAULT_GRPC_LISTEN = "0.0.0.0:50051"
 DEFAULT_METRICS_LISTEN = "0.0.0.0:9464"
@@ -64,49 +62,6 @@ def parse_listen(value: str, what: str = "address") -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{what}: port must be 0-65535 (got {port!r} in {value!r})")
     return host, int(port)
-
-
-class _Ticker:
-    """Calls `fn()` every `interval_s` seconds on a thread, first at once; a slow tick
-    delays the next one instead of queueing several (missed ticks are coalesced).
-    `on_late(seconds)` gets each tick's lateness: how long after its scheduled monotonic
-    time it started (0 when on time; a tick delayed by a slow previous one or by a
-    starved thread shows here)."""
-
-    def __init__(
-        self,
-        fn: Callable[[], Any],
-        interval_s: float,
-        logger: Any,
-        on_late: Callable[[float], None] | None = None,
-    ) -> None:
-        self.fn = fn
-        self.interval_s = interval_s
-        self.log = logger
-        self.on_late = on_late
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="governor-ticker", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
-            if self.on_late is not None:
-                with contextlib.suppress(Exception):
-                    self.on_late(max(0.0, time.monotonic() - next_at))
-            try:
-                self.fn()
-            except Exception as exc:
-                self.log.error("tick_failed", error=repr(exc))
-            now = time.monotonic()
-            next_at = max(next_at + self.interval_s, now + 0.001)
-
-    def stop(self, timeout_s: float = SHUTDOWN_GRACE_S) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
 
 
 class GovernorServer:
@@ -165,7 +120,7 @@ class GovernorServer:
         self.admin_port: int | None = None
         self._health: Any = None
         self._httpd: Any = None
-        self._ticker: _Ticker | None = None
+        self._ticker: TickScheduler | None = None
         parse_listen(grpc_listen, "--grpc-listen")
         if admin_listen is not None:
             parse_listen(admin_listen, "--admin-listen")
@@ -262,7 +217,7 @@ class GovernorServer:
             self.metrics_port = self._httpd.server_address[1]
         self.core.elector.start()
         if self.autotick:
-            self._ticker = _Ticker(
+            self._ticker = TickScheduler(
                 self.core.tick,
                 self.tick_interval_s,
                 self.log,
@@ -322,7 +277,8 @@ class GovernorServer:
         if admin_stop is not None:
             waits.append(admin_stop)
         if self._ticker is not None:
-            waits.append(asyncio.to_thread(self._ticker.stop, grace_s))
+            self._ticker.stop()
+            waits.append(asyncio.to_thread(self._ticker.wait_idle, grace_s))
         await asyncio.gather(*waits)
         left = max(0.5, grace_s - (time.monotonic() - started))
         try:

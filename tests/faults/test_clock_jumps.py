@@ -1,23 +1,25 @@
 """Wall-clock jumps (NTP steps, an operator setting the date, a VM resumed): the loop's
 windows run on the monotonic clock, so a jump of the wall clock must change nothing the
 governor does. Fake clocks whose wall time jumps independently of monotonic time; no
-sleeps except the ticker case, which runs the real `_Ticker` for a fraction of a second
-while `time.time` jumps."""
+sleeps except the ticker case, which runs the real APScheduler ticker for a second while
+the wall clock it reads jumps."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from service.core import ServiceCore
 from service.leader import LeaseElector
-from service.server import _Ticker
 from service.store import FileStore
+from service.ticker import TickScheduler
 from tests.faults.helpers import JumpClock
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeSource, make_config, model_entry, quiet_logger
@@ -109,36 +111,68 @@ def test_restart_after_the_clock_went_back(tmp_path: Path) -> None:
     assert held_s <= 300, f"held {held_s:.0f}s: the restored windows were stretched"
 
 
+class _JumpingDatetime(datetime):
+    """`datetime` whose `now()` is off by `offset[0]` seconds: the wall clock as
+    APScheduler (and the ticker's lateness) read it, jumping."""
+
+    offset: ClassVar[list[float]] = [0.0]
+
+    @classmethod
+    def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+        return datetime.now(tz) + timedelta(seconds=cls.offset[0])
+
+
 @pytest.mark.fault_case(
     "Clock",
-    "time.time() jumping +-1 h every 0.1 s under the real ticker",
-    "the ticker (monotonic) fires at its interval: no burst of ticks, none missed",
+    "the wall clock jumping +-1 h every 0.1 s under the real APScheduler ticker",
+    "ticks keep their interval (a stalled schedule is restarted on the monotonic clock): "
+    "no burst of ticks, none missed for long, lateness never the size of a jump",
 )
 def test_ticker_ignores_wall_jumps(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_time = time.time
-    offset = [0.0]
-    monkeypatch.setattr(time, "time", lambda: real_time() + offset[0])
+    import apscheduler.executors.base
+    import apscheduler.schedulers.base
+    import apscheduler.triggers.interval
+
+    import service.ticker
+
+    for module in (
+        apscheduler.schedulers.base,
+        apscheduler.executors.base,
+        apscheduler.triggers.interval,
+        service.ticker,
+    ):
+        monkeypatch.setattr(module, "datetime", _JumpingDatetime)
+    _JumpingDatetime.offset[0] = 0.0
     ticks: list[float] = []
-    ticker = _Ticker(lambda: ticks.append(time.monotonic()), 0.05, quiet_logger())
+    lateness: list[float] = []
     stop = threading.Event()
 
     def jumper() -> None:
         sign = 1.0
         while not stop.wait(0.1):
-            offset[0] += sign * HOUR
+            _JumpingDatetime.offset[0] += sign * HOUR
             sign = -sign * 2 if abs(sign) < 4 else -1.0
 
-    threading.Thread(target=jumper, daemon=True).start()
-    started = time.monotonic()
-    ticker.start()
-    time.sleep(1.0)
-    ticker.stop()
+    async def run() -> float:
+        ticker = TickScheduler(
+            lambda: ticks.append(time.monotonic()), 0.05, quiet_logger(), on_late=lateness.append
+        )
+        threading.Thread(target=jumper, daemon=True).start()
+        started = time.monotonic()
+        ticker.start()
+        await asyncio.sleep(1.0)
+        ticker.stop()
+        assert await asyncio.to_thread(ticker.wait_idle, 5.0)
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(run())
     stop.set()
-    elapsed = time.monotonic() - started
     expected = elapsed / 0.05
-    assert 0.6 * expected <= len(ticks) <= expected + 2, (len(ticks), expected)
+    assert 0.5 * expected <= len(ticks) <= expected + 2, (len(ticks), expected)
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
     assert min(gaps) > 0.02, "a burst of ticks"
+    assert max(gaps) < 0.5, "the schedule stalled"
+    assert max(lateness) < 1.0, "a wall jump read as a late tick"
 
 
 @pytest.mark.fault_case(
