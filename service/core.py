@@ -388,15 +388,15 @@ class ServiceCore:
                 self._save_state()
 
     def close(self) -> None:
-        """Release leadership and stop actuator workers."""
+        """Release leadership, stop actuator workers and the store's watch."""
         self.elector.stop(release=True)
-        for act in self.extra_actuators:
+        for act in (*self.extra_actuators, self.store):
             close = getattr(act, "close", None)
             if callable(close):
                 try:
                     close()
                 except Exception as exc:
-                    self.log.error("actuator_close_failed", error=repr(exc))
+                    self.log.error("close_failed", error=repr(exc))
 
     # ------------------------------------------------------------------ targets
     def _refuse(self, revision: str, problem: str) -> None:
@@ -411,10 +411,12 @@ class ServiceCore:
         )
 
     def poll_targets(self) -> None:
-        """Apply the stored targets if they changed and are valid (see module doc)."""
+        """Apply the stored targets if they changed and are valid (see module doc). Read
+        through `Store.watched_targets`: the ConfigMap store answers from its watch, so
+        a tick makes no API call for the targets."""
         with self._targets_lock:
             try:
-                stored = self.store.load_targets()
+                stored = self.store.watched_targets()
             except TargetsInvalidError as exc:
                 self._refuse(exc.revision, str(exc))
                 return

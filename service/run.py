@@ -317,6 +317,7 @@ def _persistence(args: argparse.Namespace) -> tuple[Store, Elector, Any]:
         from service.store import ConfigMapStore
 
         store = ConfigMapStore(k8s.CoreV1Api(kube), namespace, args.configmap)
+        store.start_watch()  # the targets are watched, not read every tick
     elif kind == "file":
         store = FileStore(args.state_file)
     else:

@@ -5,11 +5,11 @@ Two documents:
 
 - targets (`controller.targets.TargetsDoc`): what operators set. In-cluster it is the
   ConfigMap `<name>`, key `targets.yaml` (declarative: kubectl or Helm may edit it; the
-  service polls it every tick, applies valid changes and refuses invalid ones, keeping
-  the last valid set); otherwise part of a local JSON file. Revisions are opaque strings (the
-  ConfigMap's resourceVersion, or a counter in the file) used for optimistic
-  concurrency: a write names the revision it read and fails with `ConflictError` when
-  the document changed since.
+  service follows it with a Kubernetes watch (service.cmwatch), applies valid changes
+  and refuses invalid ones, keeping the last valid set); otherwise part of a local JSON
+  file. Revisions are opaque strings (the ConfigMap's resourceVersion, or a counter in
+  the file) used for optimistic concurrency: a write names the revision it read and
+  fails with `ConflictError` when the document changed since.
 - state (`StateDoc`): written by the leader after every tick. In-cluster the ConfigMap
   `<name>-state`, key `state.json`; otherwise the same local file.
 
@@ -323,6 +323,11 @@ class Store(Protocol):
         stored ones are invalid; StoreError when the store cannot be read."""
         ...
 
+    def watched_targets(self) -> StoredTargets | None:
+        """As `load_targets`, for the once-per-tick check for changes: a store that
+        follows changes (the ConfigMap store's watch) answers from memory."""
+        ...
+
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
         """Write `doc`; with `expected_revision`, only if the stored targets are still at
         that revision (else ConflictError). Returns the new revision."""
@@ -351,6 +356,9 @@ class MemoryStore:
     def load_targets(self) -> StoredTargets | None:
         with self._lock:
             return self._targets
+
+    def watched_targets(self) -> StoredTargets | None:
+        return self.load_targets()
 
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
         with self._lock:
@@ -445,6 +453,9 @@ class FileStore:
         body = {k: v for k, v in raw.items() if k != "revision"}
         return StoredTargets(rev, _targets_doc(body, where, rev))
 
+    def watched_targets(self) -> StoredTargets | None:
+        return self.load_targets()
+
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
         with self._lock:
             data = self._read()
@@ -505,6 +516,32 @@ class ConfigMapStore:
         self._sleep = sleep
         self._log = logger or structlog.get_logger("governor.store")
         self._lock = threading.Lock()
+        self._watch: Any = None
+        self._parsed: tuple[str, StoredTargets | TargetsInvalidError] | None = None
+
+    # ------------------------------------------------------------------ watch
+    def start_watch(self, **watch_kw: Any) -> None:
+        """Follow the targets ConfigMap with a Kubernetes watch (service.cmwatch), so
+        `watched_targets` reads memory instead of the API server."""
+        from service.cmwatch import ConfigMapWatch
+
+        if self._watch is None:
+            self._watch = ConfigMapWatch(
+                self.api, self.namespace, self.name, logger=self._log, **watch_kw
+            )
+            self._watch.start()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+
+    def watched_targets(self) -> StoredTargets | None:
+        """The targets as the watch last saw them (no API call); read from the API
+        server instead while the watch is not running or not synced."""
+        synced, cm = self._watch.current() if self._watch is not None else (False, None)
+        if not synced:
+            return self.load_targets()
+        return self._targets_of(cm)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         from actuators.kubeapi import call_with_retries
@@ -569,12 +606,26 @@ class ConfigMapStore:
 
     # ------------------------------------------------------------------ targets
     def load_targets(self) -> StoredTargets | None:
-        cm = self._get(self.name)
+        return self._targets_of(self._get(self.name))
+
+    def _targets_of(self, cm: Any) -> StoredTargets | None:
+        """The targets of ConfigMap `cm` (parsed once per resourceVersion)."""
         if cm is None or TARGETS_KEY not in (cm.data or {}):
             return None
         rev = str(cm.metadata.resource_version)
-        where = f"configmap {self.namespace}/{self.name} key {TARGETS_KEY}"
-        return StoredTargets(rev, parse_targets_yaml(cm.data[TARGETS_KEY], where, rev))
+        parsed = self._parsed
+        if parsed is None or parsed[0] != rev:
+            where = f"configmap {self.namespace}/{self.name} key {TARGETS_KEY}"
+            try:
+                result: StoredTargets | TargetsInvalidError = StoredTargets(
+                    rev, parse_targets_yaml(cm.data[TARGETS_KEY], where, rev)
+                )
+            except TargetsInvalidError as exc:
+                result = exc
+            parsed = self._parsed = (rev, result)
+        if isinstance(parsed[1], TargetsInvalidError):
+            raise parsed[1]
+        return parsed[1]
 
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
         """Write `doc` to the key `targets.yaml` (see `Store.save_targets`).

@@ -236,8 +236,13 @@ def test_rbac_names_exactly_the_scaled_deployments() -> None:
     for role in find(objs, "Role"):
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-            assert set(rule["verbs"]) <= {"get", "update", "patch", "create", "list"}, rule
-            if "list" in rule["verbs"] and rule["resources"] == ["pods"]:
+            verbs = {"get", "update", "patch", "create", "list", "watch"}
+            assert set(rule["verbs"]) <= verbs, rule
+            if "watch" in rule["verbs"]:
+                # the targets ConfigMap's watch (list + watch by name), nothing else
+                assert rule["resources"] == ["configmaps"], rule
+                assert rule["verbs"] == ["list", "watch"] and len(rule["resourceNames"]) == 1
+            elif "list" in rule["verbs"] and rule["resources"] == ["pods"]:
                 # The drain (actuation.drainScaleIn) lists the engine pods and patches
                 # their pod-deletion-cost; pods cannot be named in advance.
                 assert role["metadata"]["name"].endswith("-engines"), role
@@ -291,8 +296,10 @@ def test_rbac_names_the_store_and_lease_the_flags_name(managed: bool) -> None:
         for r in rule["resources"]:
             by_resource.setdefault(r, []).append(rule)
     named_cms = [r for r in by_resource["configmaps"] if r.get("resourceNames")]
-    assert [sorted(r["resourceNames"]) for r in named_cms] == [sorted([cm, f"{cm}-state"])]
-    assert named_cms[0]["verbs"] == ["get", "update"]
+    assert [(sorted(r["resourceNames"]), r["verbs"]) for r in named_cms] == [
+        (sorted([cm, f"{cm}-state"]), ["get", "update"]),
+        ([cm], ["list", "watch"]),  # the targets watch (service/cmwatch.py)
+    ]
     creates = [r for r in by_resource["configmaps"] if "create" in r["verbs"]]
     if managed:
         # Helm creates both ConfigMaps, so the governor never needs `create`.

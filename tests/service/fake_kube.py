@@ -14,7 +14,15 @@ Implemented (JSON only):
   adds pods;
 - autoscaling/v2 horizontalpodautoscalers: list in a namespace;
 - core/v1 configmaps: GET, PUT (resourceVersion precondition when given), POST
-  (409 AlreadyExists);
+  (409 AlreadyExists); LIST in a namespace (`fieldSelector=metadata.name=NAME`, the
+  list's resourceVersion) and WATCH as the API server does it (`watch=true`): from a
+  given `resourceVersion`, every later ADDED / MODIFIED / DELETED event in order, then
+  new ones as they happen, until `timeoutSeconds`, when the server ends the stream;
+  without a resourceVersion, ADDED for each existing object first; a resourceVersion
+  older than the retained event history answers an ERROR event carrying a 410 Gone
+  Status ("too old resource version"); `allowWatchBookmarks=true` gets a BOOKMARK with
+  the current resourceVersion at the end of each stream. `compact_configmap_history()`
+  drops the history (what etcd compaction does), `delete_configmap` deletes;
 - coordination.k8s.io/v1 leases: GET, PUT (resourceVersion precondition), POST.
 
 Every write bumps a cluster-wide resourceVersion counter, like etcd's revision. Missing
@@ -34,6 +42,7 @@ import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
@@ -86,6 +95,13 @@ class FakeKubeAPI:
         self.deleted_pods: list[str] = []
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str]] = []
+        # configmap events (resourceVersion, type, object) since `_cm_compacted`
+        self._cm_events: list[tuple[int, str, dict[str, Any]]] = []
+        self._cm_compacted = 0
+        self._cm_changed = threading.Condition(self._lock)
+        self.watches = 0  # configmap WATCH requests served
+        self.send_bookmarks = True  # the API server may send them, or not
+        self._closing = False
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,11 +122,25 @@ class FakeKubeAPI:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _stream(self, events: Any) -> None:
+                """A watch answer: one JSON event per line, until the events end."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in events:
+                    line = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
             def _handle(self, method: str) -> None:
                 path, _, query = self.path.partition("?")
                 body = self._body() if method in ("PUT", "POST", "PATCH") else None
                 with api._lock:
-                    api.requests.append((method, path))
+                    api.requests.append(
+                        (method, path + ("?watch" if "watch=true" in query else ""))
+                    )
                 fault = api._take_fault(method, path)
                 if fault is not None:
                     if fault.status == "timeout":
@@ -122,6 +152,10 @@ class FakeKubeAPI:
                     self._send(code, _status(code, reason.get(code, "Injected"), "injected"))
                     return
                 ctype = self.headers.get("Content-Type", "")
+                watch = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps", path)
+                if method == "GET" and watch and "watch=true" in query:
+                    self._stream(api._watch_configmaps(watch.group(1), parse_qs(query)))
+                    return
                 code, obj = api._route(method, path, body, ctype, query)
                 self._send(code, obj)
 
@@ -153,6 +187,9 @@ class FakeKubeAPI:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._closing = True
+            self._cm_changed.notify_all()
         self._server.shutdown()
         self._server.server_close()
 
@@ -306,9 +343,91 @@ class FakeKubeAPI:
             }
             cm = copy.deepcopy(cm)
             cm["data"] = dict(data)
+            kind = "MODIFIED" if (namespace, name) in self.configmaps else "ADDED"
             cm["metadata"]["resourceVersion"] = self._next_rv()
             self.configmaps[(namespace, name)] = cm
+            self._cm_event(kind, cm)
             return str(cm["metadata"]["resourceVersion"])
+
+    def delete_configmap(self, namespace: str, name: str) -> None:
+        """What `kubectl delete configmap` does (a DELETED event for watchers)."""
+        with self._lock:
+            cm = self.configmaps.pop((namespace, name))
+            cm = copy.deepcopy(cm)
+            cm["metadata"]["resourceVersion"] = self._next_rv()
+            self._cm_event("DELETED", cm)
+
+    def compact_configmap_history(self) -> None:
+        """Forget the event history (etcd compaction): a watch from an older
+        resourceVersion is answered 410 Gone from now on."""
+        with self._lock:
+            self._cm_events.clear()
+            self._cm_compacted = self._rv
+
+    # ------------------------------------------------------------------ configmap watch
+    def _cm_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self._lock:
+            rv = int(obj["metadata"]["resourceVersion"])
+            self._cm_events.append((rv, kind, copy.deepcopy(obj)))
+            self._cm_changed.notify_all()
+
+    @staticmethod
+    def _selected(obj: dict[str, Any], ns: str, q: dict[str, list[str]]) -> bool:
+        meta = obj.get("metadata") or {}
+        if meta.get("namespace") != ns:
+            return False
+        for sel in (q.get("fieldSelector") or [""])[0].split(","):
+            key, _, value = sel.partition("=")
+            if key == "metadata.name" and meta.get("name") != value:
+                return False
+        return True
+
+    def _list_configmaps(self, ns: str, q: dict[str, list[str]]) -> dict[str, Any]:
+        items = [copy.deepcopy(c) for c in self.configmaps.values() if self._selected(c, ns, q)]
+        return {
+            "apiVersion": "v1",
+            "kind": "ConfigMapList",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+
+    def _watch_configmaps(self, ns: str, q: dict[str, list[str]]) -> Any:
+        """The events of one watch request (a generator: it waits for new ones)."""
+        timeout_s = float((q.get("timeoutSeconds") or ["1800"])[0])
+        deadline = time.monotonic() + timeout_s
+        rv_text = (q.get("resourceVersion") or [""])[0]
+        with self._lock:
+            self.watches += 1
+            if rv_text in ("", "0"):
+                pending = [
+                    {"type": "ADDED", "object": copy.deepcopy(c)}
+                    for c in self.configmaps.values()
+                    if self._selected(c, ns, q)
+                ]
+                last = self._rv
+            elif int(rv_text) < self._cm_compacted:
+                gone = _status(410, "Expired", f"too old resource version: {rv_text}")
+                pending, last = [{"type": "ERROR", "object": gone}], None
+            else:
+                pending, last = [], int(rv_text)
+        yield from pending
+        while last is not None:
+            with self._lock:
+                events = [e for e in self._cm_events if e[0] > last]
+                if not events:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._closing:
+                        break
+                    self._cm_changed.wait(min(left, 0.5))
+                    continue
+            for rv, kind, obj in events:
+                last = rv
+                if self._selected(obj, ns, q):
+                    yield {"type": kind, "object": copy.deepcopy(obj)}
+        bookmarks = (q.get("allowWatchBookmarks") or ["false"])[0] == "true"
+        if last is not None and bookmarks and self.send_bookmarks:
+            meta = {"resourceVersion": str(self._rv)}
+            yield {"type": "BOOKMARK", "object": {"kind": "ConfigMap", "metadata": meta}}
 
     def lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
@@ -341,7 +460,12 @@ class FakeKubeAPI:
             m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps(?:/([^/]+))?", path)
             if m:
                 ns, name = m.group(1), m.group(2)
-                return self._object(self.configmaps, "ConfigMap", method, ns, name, body)
+                if method == "GET" and name is None:
+                    return 200, self._list_configmaps(ns, parse_qs(query))
+                code, obj = self._object(self.configmaps, "ConfigMap", method, ns, name, body)
+                if code in (200, 201) and method in ("PUT", "POST"):
+                    self._cm_event("ADDED" if method == "POST" else "MODIFIED", obj)
+                return code, obj
             m = re.fullmatch(
                 r"/apis/coordination.k8s.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?", path
             )

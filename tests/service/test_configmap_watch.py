@@ -1,0 +1,107 @@
+"""The targets ConfigMap is watched (list, then watch from its resourceVersion, re-list on
+410 Gone), not read every tick. Against FakeKubeAPI (tests/service/fake_kube.py), a fake
+of the published list/watch contract: no Kubernetes API server can run here. Ticks are
+driven by the test on a fake clock; waits are bounded polls of a condition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from actuators.kubeapi import api_client
+from service.core import ServiceCore
+from service.store import ConfigMapStore
+from tests.service.fake_kube import FakeKubeAPI
+from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
+from tests.service.harness import wait_until
+
+NS, NAME = "llm", "governor-targets"
+OBJECT = f"/api/v1/namespaces/{NS}/configmaps/{NAME}"
+
+
+def _reads(api: FakeKubeAPI) -> int:
+    """GETs of the targets ConfigMap itself (not LIST/WATCH, not the state ConfigMap)."""
+    with api._lock:
+        return sum(1 for m, p in api.requests if m == "GET" and p == OBJECT)
+
+
+def _targets(ttft_ms: float) -> dict[str, str]:
+    entry = model_entry("demo", sla={"ttft_p95_ms": ttft_ms, "itl_p95_ms": 50})
+    return {"targets.yaml": yaml.safe_dump({"models": [entry]})}
+
+
+@pytest.fixture
+def watched() -> Iterator[tuple[FakeKubeAPI, ConfigMapStore, ServiceCore]]:
+    with FakeKubeAPI() as api:
+        api.edit_configmap(NS, NAME, _targets(1000))
+        store = ConfigMapStore(k8s.CoreV1Api(api_client(api.url)), NS, NAME)
+        store.start_watch(watch_timeout_s=1, backoff_s=0.05)
+        assert store._watch.wait_synced(10)
+        core = ServiceCore(
+            make_config(model_entry("demo")),
+            FakeSource({"demo": 5.0}),
+            store,
+            clock=FakeClock(),
+            logger=quiet_logger(),
+        )
+        try:
+            yield api, store, core
+        finally:
+            core.close()
+
+
+def _ttft(core: ServiceCore) -> float:
+    return core.config.model("demo").sla.ttft_p95_ms
+
+
+def _applied(core: ServiceCore, ttft_ms: float) -> Any:
+    def check() -> bool:
+        core.tick(core.clock.advance(1.0))  # type: ignore[attr-defined]
+        return _ttft(core) == ttft_ms
+
+    return check
+
+
+def test_ticks_read_the_watch_not_the_api_server(
+    watched: tuple[FakeKubeAPI, ConfigMapStore, ServiceCore],
+) -> None:
+    api, _store, core = watched
+    reads = _reads(api)
+    for _ in range(20):
+        core.tick(core.clock.advance(1.0))  # type: ignore[attr-defined]
+    assert _reads(api) == reads, "a tick read the ConfigMap"
+    # an operator's edit (kubectl apply) arrives through the watch and is applied
+    api.edit_configmap(NS, NAME, _targets(700))
+    wait_until(_applied(core, 700.0), 10, "the edit applied from the watch")
+    assert _reads(api) == reads
+
+
+def test_expired_resource_version_is_relisted(
+    watched: tuple[FakeKubeAPI, ConfigMapStore, ServiceCore],
+) -> None:
+    """The watch's resourceVersion is compacted away while its stream is open; the next
+    watch gets 410 Gone and the watcher lists again, then sees later edits."""
+    api, store, core = watched
+    api.send_bookmarks = False  # so the client's resourceVersion stays the old one
+    assert store._watch.lists == 1
+    api.edit_configmap(NS, "unrelated", {"k": "v"})  # moves the cluster's resourceVersion
+    api.compact_configmap_history()
+    wait_until(lambda: store._watch.lists == 2, 10, "a re-list after 410 Gone")
+    api.edit_configmap(NS, NAME, _targets(650))
+    wait_until(_applied(core, 650.0), 10, "an edit after the re-list")
+
+
+def test_deleted_configmap_keeps_the_last_valid_targets(
+    watched: tuple[FakeKubeAPI, ConfigMapStore, ServiceCore],
+) -> None:
+    api, store, core = watched
+    api.edit_configmap(NS, NAME, _targets(800))
+    wait_until(_applied(core, 800.0), 10, "the edit")
+    api.delete_configmap(NS, NAME)
+    wait_until(lambda: store._watch.current() == (True, None), 10, "the DELETED event")
+    core.tick(core.clock.advance(1.0))  # type: ignore[attr-defined]
+    assert _ttft(core) == 800.0
