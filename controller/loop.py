@@ -271,10 +271,12 @@ class ControlLoop:
             if isinstance(obs, NoDataError):
                 self.metrics.source_errors.labels("no_data").inc()
             state = self._states.get(name)
+            size_unknown = False
             if state is None:
                 start = obs.ready_replicas if isinstance(obs, Observation) else None
                 if start is None and self._initial_replicas is not None:
                     start = self._initial_replicas(decider.model)
+                size_unknown = start is None
                 state = decider.initial_state(start, now)
             try:
                 decision, new_state = decider.decide(obs, state, now)
@@ -283,7 +285,12 @@ class ControlLoop:
                 self.log.error("decide_failed", model=name, error=repr(exc))
                 err = SourceError(f"decide raised {type(exc).__name__}: {exc}")
                 decision, new_state = decider.decide(err, state, now)
-            new_states[name] = new_state
+            if not (size_unknown and not decision.valid):
+                # A state begun without knowing the fleet's size (min replicas assumed)
+                # is not kept through a tick without data: the first good observation
+                # starts it from the fleet it sees, so a controller that starts before
+                # the first scrape cannot shrink a bigger fleet toward min replicas.
+                new_states[name] = new_state
             decisions.append(decision)
             staleness = obs.staleness_s if isinstance(obs, Observation) else None
             self.metrics.record(decision, staleness, paused=name in paused)

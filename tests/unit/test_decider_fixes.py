@@ -129,3 +129,36 @@ def test_one_model_whose_decision_raises_does_not_stop_the_others(
     assert not decisions["a"].valid and decisions["a"].replicas == 2
     assert "decide raised ZeroDivisionError" in decisions["a"].detail
     assert metrics.source_errors.labels("decide")._value.get() == 1
+
+
+class _LateSource:
+    """No data for the first ticks (no scrape yet), then a 4-replica fleet at low load."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def observe(self, models, now_s):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        if self.calls <= 2:
+            return {m.name: NoDataError(m.name, "arrival_rate", "no samples yet") for m in models}
+        return {m.name: obs(model=m.name, t=now_s, rate=5.0, ready_replicas=4) for m in models}
+
+
+def test_a_controller_that_starts_before_the_first_scrape_keeps_the_fleet_it_finds() -> None:
+    """Without an initial size the first no-data ticks must not fix the state at min
+    replicas: the first observation starts it from the 4 ready replicas, and the
+    down-stabilization window holds them."""
+    clock = FakeClock()
+    loop = ControlLoop(
+        GovernorConfig(models=(make_model("a"),)),
+        _LateSource(),
+        [],
+        clock=clock,
+        metrics=GovernorMetrics(CollectorRegistry()),
+    )
+    decisions = []
+    for _ in range(10):
+        decisions += loop.tick()
+        clock.now += 5.0
+    valid = [d for d in decisions if d.valid]
+    assert valid and all(d.replicas == 4 for d in valid), [d.replicas for d in valid]
