@@ -17,6 +17,10 @@ Rules, per model:
 - rate-limited: at most one roll-out per `min_interval_s(model)` seconds
   (`policy.rollout_min_interval_s`), else RATE_LIMITED until then;
 - the newest request wins: a later knob change replaces a waiting one;
+- nothing is lost when the leader changes or restarts: on the first decision this
+  instance sees for a model, it compares the template's annotation (the knobs last
+  rolled out) with the decided knobs and rolls out when they differ by the roll-out
+  threshold (`worth(model, decided, annotated)`); no annotation: nothing on record;
 - the patch carries the resourceVersion it read (409 on a concurrent write: re-read and
   retry, `retries` times; still conflicting: FAILED, kept for the next tick).
 Works the same whether KEDA or the governor scales the Deployment: the roll-out only
@@ -48,6 +52,15 @@ ROLLOUT_ANNOTATION = "llm-governor.io/knobs"
 
 def annotation_value(knobs: Knobs) -> str:
     return f"seqs={knobs.max_num_seqs},tokens={knobs.max_num_batched_tokens}"
+
+
+def parse_annotation(value: str | None) -> Knobs | None:
+    """The knobs of an `annotation_value`; None when absent or not one of ours."""
+    try:
+        parts = dict(p.split("=", 1) for p in (value or "").split(","))
+        return Knobs(int(parts["seqs"]), int(parts["tokens"]))
+    except (KeyError, ValueError):
+        return None
 
 
 class RolloutReason(StrEnum):
@@ -101,8 +114,10 @@ class KnobRolloutActuator(QueuedActuatorBase):
     """Applies `Decision.rollout` as a pod-template annotation patch (see module doc).
 
     `targets()`: model -> (namespace, deployment). `min_interval_s(model)`: seconds
-    between two roll-outs of a model. `background`: do the API calls in a worker thread
-    (production) instead of inside `apply`.
+    between two roll-outs of a model. `worth(model, decided, annotated)`: whether the
+    template's knobs are stale enough to roll out when this instance takes over (None:
+    no catch-up). `background`: do the API calls in a worker thread (production)
+    instead of inside `apply`.
     """
 
     def __init__(
@@ -119,10 +134,14 @@ class KnobRolloutActuator(QueuedActuatorBase):
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_error: Callable[[str], None] | None = None,
+        worth: Callable[[str, Knobs, Knobs], bool] | None = None,
     ) -> None:
         from kubernetes import client as k8s
 
         self.apps = k8s.AppsV1Api(client)
+        self.worth = worth
+        self._seen: set[str] = set()
+        self._catch_up: set[str] = set()  # pending entries that are a take-over check
         self.targets, self.min_interval_s = targets, min_interval_s
         self.timeout_s, self.retries, self.backoff_s = request_timeout_s, retries, backoff_s
         self._sleep, self._wall, self._monotonic = sleep or time.sleep, wall, monotonic
@@ -148,6 +167,11 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 self._panic[d.model] = d.panic
                 if d.rollout:
                     self._pending[d.model] = d.knobs
+                    self._catch_up.discard(d.model)
+                elif d.model not in self._seen and self.worth is not None:
+                    self._pending.setdefault(d.model, d.knobs)
+                    self._catch_up.add(d.model)
+                self._seen.add(d.model)
             self._lock.notify_all()
         if self._worker is None:
             self.run_pending()
@@ -179,15 +203,20 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 with self._lock:
                     self._pending.pop(model, None)
                 continue
-            st = self._try(model, *targets[model], knobs)
+            with self._lock:
+                catch_up = model in self._catch_up
+            st = self._try(model, *targets[model], knobs, catch_up)
             out[model] = st
             with self._lock:
                 self._status[model] = st
                 if st.reason not in WAITING and self._pending.get(model) == knobs:
                     del self._pending[model]
+                    self._catch_up.discard(model)
         return out
 
-    def _try(self, model: str, namespace: str, deployment: str, knobs: Knobs) -> RolloutStatus:
+    def _try(
+        self, model: str, namespace: str, deployment: str, knobs: Knobs, catch_up: bool = False
+    ) -> RolloutStatus:
         def done(reason: RolloutReason, detail: str = "") -> RolloutStatus:
             return RolloutStatus(model, reason, knobs, detail, self._wall())
 
@@ -216,6 +245,10 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 )
                 if current == value:
                     return done(RolloutReason.UNCHANGED)
+                if catch_up:
+                    last = parse_annotation(current)
+                    if last is None or not (self.worth and self.worth(model, knobs, last)):
+                        return done(RolloutReason.UNCHANGED, f"template knobs: {current}")
                 if rollout_in_progress(dep):
                     return done(RolloutReason.WAITING_ROLLOUT, f"{where} is still rolling out")
                 body = {

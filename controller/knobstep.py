@@ -138,9 +138,4 @@ class KnobSteps:
     def _material(self, a: Knobs, b: Knobs, gain_frac: float | None = None) -> bool:
         """Whether `a` differs from `b` by at least `gain_frac` (default knob_min_gain_frac)
         of `b` in either knob."""
-        g = self.policy.knob_min_gain_frac if gain_frac is None else gain_frac
-        return (
-            abs(a.max_num_seqs - b.max_num_seqs) >= g * b.max_num_seqs
-            or abs(a.max_num_batched_tokens - b.max_num_batched_tokens)
-            >= g * b.max_num_batched_tokens
-        )
+        return a.differs_by(b, self.policy.knob_min_gain_frac if gain_frac is None else gain_frac)

@@ -68,6 +68,15 @@ class Knobs:
     max_num_seqs: int
     max_num_batched_tokens: int
 
+    def differs_by(self, other: Knobs, frac: float) -> bool:
+        """Whether these knobs differ from `other` by at least `frac` of `other` in either
+        knob (e.g. 0.25: 160 seqs vs 128 differs, 150 does not)."""
+        return (
+            abs(self.max_num_seqs - other.max_num_seqs) >= frac * other.max_num_seqs
+            or abs(self.max_num_batched_tokens - other.max_num_batched_tokens)
+            >= frac * other.max_num_batched_tokens
+        )
+
     def engine_args(self) -> list[str]:
         """The vLLM command-line flags for these knobs."""
         return [

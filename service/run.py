@@ -25,6 +25,7 @@ import structlog
 from controller.actuation import Actuator
 from controller.config import ConfigError, GovernorConfig, load_config
 from controller.loop import Clock, SystemClock
+from controller.types import Knobs
 from estimators.types import MetricSource
 from service.core import MAX_MODELS, ServiceCore
 from service.demo import demo_config, simulated_fleet_factory
@@ -352,6 +353,12 @@ def _kube_actuators(
         cfg = core_ref[0].config
         return cfg.policy_for(cfg.model(model)).rollout_min_interval_s
 
+    def rollout_worth(model: str, decided: Knobs, annotated: Knobs) -> bool:
+        cfg = core_ref[0].config
+        return decided.differs_by(
+            annotated, cfg.policy_for(cfg.model(model)).knob_rollout_gain_frac
+        )
+
     out: list[Actuator] = []
     drain = None
     if _enabled(args, args.drain_scale_in):
@@ -375,7 +382,7 @@ def _kube_actuators(
     if _enabled(args, args.knob_rollouts):
         from actuators.rollout import KnobRolloutActuator
 
-        out.append(KnobRolloutActuator(kube, targets, rollout_interval_s))
+        out.append(KnobRolloutActuator(kube, targets, rollout_interval_s, worth=rollout_worth))
     return out
 
 

@@ -279,3 +279,31 @@ def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: Fake
     finally:
         for a in acts:
             a.close()
+
+
+def test_a_new_leader_rolls_out_what_its_predecessor_left_pending(api: FakeKubeAPI) -> None:
+    """The old leader rolled out K1 then decided K2 (worth a restart) and died before
+    applying it; the new leader's actuator compares the template with its first decision."""
+    old = _rollouts(api, Clock(), interval_s=0.0)
+    old.apply([_decision(K1)])
+    api.finish_rollout(NS, "demo")
+
+    def worth(model: str, decided: Knobs, annotated: Knobs) -> bool:
+        return decided.differs_by(annotated, 0.25)
+
+    def new_leader() -> KnobRolloutActuator:
+        act = _rollouts(api, Clock())
+        act.worth = worth
+        return act
+
+    same = new_leader()
+    same.apply([_decision(Knobs(70, 4096), rollout=False)])  # +9 %: not worth a restart
+    assert _reason(same) == RolloutReason.UNCHANGED
+    assert "seqs=64,tokens=4096" in same.status()["demo"].detail
+    taker = new_leader()
+    taker.apply([_decision(K2, rollout=False)])
+    assert _reason(taker) == RolloutReason.STARTED
+    assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=128,tokens=8192"
+    taker.apply([_decision(K3, rollout=False)])  # only the first decision is checked
+    assert taker.pending() == {}
+    assert api.count("PATCH", "/deployments/demo") == 2
