@@ -27,11 +27,19 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     for m in cfg.models:
         s = m.sla
         e2e = f" e2e_p99={s.e2e_p99_ms:g}ms" if s.e2e_p99_ms else ""
+        e2e += f" e2e_p95={s.e2e_p95_ms:g}ms" if s.e2e_p95_ms else ""
         print(
             f"  {m.name}  ({m.namespace}/{m.deployment})  ttft_p95={s.ttft_p95_ms:g}ms "
             f"itl_p95={s.itl_p95_ms:g}ms{e2e}  replicas=[{m.replicas.min_replicas},"
             f"{m.replicas.max_replicas}]  batching={m.batching_policy}"
         )
+        for r in m.scale_out_rules:
+            conds = (" AND " if r.join == "all" else " OR ").join(
+                f"{c.signal} {c.op} {c.threshold:g} for {c.for_s:g}s" for c in r.conditions
+            )
+            a = r.action
+            act = f"+{a.add_replicas}" if a.add_replicas is not None else f"min {a.min_replicas}"
+            print(f"    rule {r.name}: {conds} -> {act} replica(s)")
     return 0
 
 

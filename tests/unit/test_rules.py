@@ -189,3 +189,14 @@ def test_decider_adds_a_replica_at_120_s_and_explains_the_timers() -> None:
     # missing data: hold, and the timers restart (nothing carried over the gap)
     _, state = d.decide(NoDataError("m", "arrival_rate"), state, T0 + 130)
     assert state.rules.states == ()
+
+
+def test_check_config_prints_the_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli import main
+
+    assert main(["check-config", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "rule slow-decode-cold-cache: decode_time_p95_ms > 900 for 120s AND "
+        "kv_cache_miss_frac > 0.35 for 120s -> +1 replica(s)"
+    ) in out
