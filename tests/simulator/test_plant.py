@@ -188,3 +188,25 @@ def test_simulate_plant_flags_refuse_bad_values(
 def test_simulate_start_below_min_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["simulate", "--min-replicas", "3", "--start-replicas", "2", "--no-oracle"])
     assert rc == 2 and "below --min-replicas 3" in capsys.readouterr().err
+
+
+def test_long_prompts_are_bounded_by_the_kv_cache() -> None:
+    """16 prompts of 40k tokens at once: the profile's KV cache (29,043 blocks of 16)
+    holds at most 11 such sequences (2,532 blocks each with their outputs), so the rest
+    wait, and growing outputs preempt the newest; a lone 40k prefill costs the quadratic
+    attention term (chunks of 8,192 tokens: 1.31e-6 ms x 40,000^2 / 2 = 1,048 ms of it)."""
+    prof = load_profile()
+    eng = Engine(prof, Knobs(256, 8192))
+    for _ in range(16):
+        eng.enqueue(eng.log.add(0.0, 40_000, 500), 0.0, 40_000, 500)
+    eng.advance_to(20.0)
+    assert eng.num_running <= prof.kv_capacity_blocks // (40_000 // 16) == 11
+    assert eng.num_waiting >= 5 and eng.kv_usage_frac > 0.85
+    eng.advance_to(600.0)
+    assert eng.metrics.preemptions > 0 and eng.metrics.success == 16
+    alone = Engine(prof, Knobs(256, 8192))
+    alone.enqueue(alone.log.add(0.0, 40_000, 1), 0.0, 40_000, 1)
+    alone.advance_to(10.0)
+    attention_ms = prof.step_time.prefill_attention_ms_per_token2 * 40_000**2 / 2
+    linear_ms = prof.step_time.per_token_ms * 40_000
+    assert alone.log.first_token_s[0] * 1000 > attention_ms + linear_ms
