@@ -306,14 +306,19 @@ class Governor(_Base):
         config: GovernorConfig,
         source: SimulatedSource,
         extra_actuators: Sequence[Actuator] = (),
+        fleet: Fleet | None = None,
     ):
         self.capture = _Capture()
+        # Like the service reading the Deployment's replicas: a first tick without data
+        # starts from the fleet's actual size, not from min replicas.
+        current = None if fleet is None else (lambda _m: fleet.active_replicas)
         self.loop = ControlLoop(
             config,
             source,
             [self.capture, *extra_actuators],
             metrics=GovernorMetrics(),
             logger=_NullLogger(),
+            initial_replicas=current,
         )
         self.interval_s = config.policy.tick_interval_s
 

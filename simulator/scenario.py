@@ -175,7 +175,7 @@ class PolicyResult:
 def make_policy(name: str, sc: Scenario, fleet: Fleet, source: SimulatedSource) -> Autoscaler:
     lo, hi = sc.min_replicas, sc.max_replicas
     if name == "governor":
-        return Governor(sc.governor_config(), source)
+        return Governor(sc.governor_config(), source, fleet=fleet)
     if name == "hpa-gpu":
         return HpaGpu(fleet, source, MODEL, lo, hi)
     if name == "hpa-queue":

@@ -136,6 +136,19 @@ def test_governor_reacts_to_a_step_within_two_ticks_and_is_not_dominated() -> No
         assert not dominated, (name, other.summary(), gov.summary())
 
 
+def test_governor_starting_on_a_bigger_fleet_waits_the_window_to_scale_down() -> None:
+    """Four replicas up and little load: the first tick has no data (one scrape), so the
+    loop starts from the fleet's size, and nothing is scaled down inside the 300 s
+    stabilization window (before, the first decision treated the fleet as min replicas
+    and halved it at the first HPA sync)."""
+    trace = load_trace("synthetic:poisson:rate=2,duration=400", seed=4)
+    sc = Scenario(trace=trace, sla=SLA_STD, start_replicas=4, drain_tail_s=0)
+    r = run_policy("governor", sc)
+    early = [n for t, n in zip(r.series["t"], r.series["total"], strict=True) if t < 300.0]
+    assert early and min(early) == 4
+    assert r.series["total"][-1] < 4  # it does scale down once the window has passed
+
+
 def test_settling_tail_runs_until_no_scale_down_is_pending() -> None:
     """After the load stops the governor scales down once its stabilization window has
     passed; the settling tail follows it there (the series end with the count it holds
