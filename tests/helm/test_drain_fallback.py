@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,13 @@ from tests.helm.chart import (
     CHART,
     MODEL_8B,
     arg_value,
+    chart_copy,
     container,
     find,
     one,
+    parse,
     render,
+    render_files,
     validate,
     values,
 )
@@ -176,3 +180,27 @@ def test_engine_actuation_rbac_and_flags() -> None:
     assert not find(off, "Role", "gov-llm-governor-engines")
     args = container(one(off, "Deployment")["spec"]["template"]["spec"], "governor")["args"]
     assert arg_value(args, "--knob-rollouts") == "off"
+
+
+def _crd(with_behavior: bool) -> dict[str, Any]:
+    """The part of scaledobjects.keda.sh that matters: fallback.behavior from KEDA 2.15."""
+    fb: dict[str, Any] = {"replicas": {"type": "integer"}}
+    if with_behavior:
+        fb["behavior"] = {"type": "string"}
+    spec = {"properties": {"fallback": {"properties": fb}}}
+    schema = {"openAPIV3Schema": {"properties": {"spec": spec}}}
+    return {"spec": {"versions": [{"name": "v1alpha1", "schema": schema}]}}
+
+
+def test_old_keda_is_detected_from_its_crd(tmp_path: Path) -> None:
+    """The install checks the CRD `lookup` returns (offline renders cannot serve one, so
+    the helper is called with stand-in CRD objects)."""
+    chart = chart_copy(tmp_path, drop_schema=True)
+    (chart / "templates" / "probe-crd.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe, namespace: x}\ndata:\n"
+        '  keda215: "{{ include "llm-governor.crdHasFallbackBehavior" .Values.crd215 }}"\n'
+        '  keda214: "{{ include "llm-governor.crdHasFallbackBehavior" .Values.crd214 }}"\n'
+    )
+    vals = values(crd215=_crd(True), crd214=_crd(False))
+    probe = one(parse(render_files(vals, chart=chart)), "ConfigMap", "probe")
+    assert probe["data"] == {"keda215": "true", "keda214": ""}
