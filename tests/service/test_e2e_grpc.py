@@ -147,7 +147,9 @@ def test_keda_drives_the_hpa_to_the_decided_replicas(svc: Service) -> None:
     assert spec.targetSizeFloat == 1.0 and spec.targetSize == 1
     assert spec.metricName == "governor-demo"
     seen = set()
-    for rate in (20.0, 60.0, 130.0, 45.0):
+    # Steps big enough to move the decision on the calibrated (faster) default profile:
+    # 2, 7 and 16 replicas (a second step of 60 req/s no longer left 2).
+    for rate in (20.0, 130.0, 300.0, 45.0):
         svc.source.set("demo", rate)
         svc.tick()
         decided = svc.core.loop.snapshot().models["demo"].decision
@@ -321,6 +323,9 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 def test_cli_set_target_moves_engine_knobs_and_keda_metric_within_one_tick(
     svc: Service, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # Enough load that the tighter ITL target needs more replicas on the calibrated
+    # default profile (at 20 req/s two replicas serve both targets): 4 -> 5.
+    svc.source.set("demo", 60.0)
     svc.tick()
     keda = KedaConformanceClient(svc.keda, {"model": "demo"})
     keda.metric_spec()
