@@ -432,10 +432,13 @@ class Decider(KnobSteps):
         without panicking keep it from shrinking back into the next panic.
         """
         remembered = self._burst_memory(state, now_s)
-        # Only a surge arms it: the short window well above the long one. A fleet that
-        # starts small panics too (demand far over its capacity), but on a level load:
-        # that is a ramp to hold the load, not a burst to remember.
-        surge = demand.short >= BURST_SURGE_FRAC * demand.long
+        # Only a surge arms it: the short window well above the long one, once the long
+        # window holds a full window of history. A fleet that starts small panics too
+        # (demand far over its capacity), but on a level load or while its first window
+        # fills: that is a ramp to hold the load, not a burst to remember.
+        first = state.health.first_good_s
+        history = first is not None and now_s - first >= self.policy.window_s
+        surge = history and demand.short >= BURST_SURGE_FRAC * demand.long
         armed = panic_reason == Reason.PANIC and surge
         if armed or (remembered > 0 and demand.observed > remembered):
             return max(remembered, demand.observed), now_s

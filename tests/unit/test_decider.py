@@ -388,7 +388,8 @@ def test_burst_memory_holds_capacity_for_recurring_bursts_then_decays() -> None:
     fleet stays sized for it, halving every half-life, instead of chasing each burst."""
     policy = make_policy(burst_memory_half_life_s=600.0, scale_down_stabilization_s=60.0)
     d = Decider(make_model(max_replicas=30), policy)
-    s = d.initial_state(2)
+    # a model with a full window of history (a surge only arms the memory then)
+    s = replace(d.initial_state(2), health=DataHealth(first_good_s=ORIGIN_S - 1000))
     _, s = run(d, s, [20.0] * 4)
     dec, s = d.decide(
         obs(t=ORIGIN_S + 20, rate=20.0, arrival_rate_short_rps=150.0), s, ORIGIN_S + 20

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from controller.config import GovernorConfig, PrometheusSettings
 from controller.decider import Decider
-from controller.types import KnobMemory, Knobs, Reason
+from controller.types import DataHealth, KnobMemory, Knobs, Reason
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import obs
 
@@ -31,7 +31,7 @@ def test_a_fleet_that_starts_small_panics_but_is_not_a_burst() -> None:
 
 def test_a_surge_over_the_long_window_arms_the_burst_memory() -> None:
     d = Decider(make_model(max_replicas=64), make_policy())
-    s = d.initial_state(2)
+    s = replace(d.initial_state(2), health=DataHealth(first_good_s=ORIGIN_S - 1000))
     # long window 60 req/s, short window 150 req/s: a surge
     dec, s = d.decide(
         obs(t=ORIGIN_S, rate=60.0, arrival_rate_short_rps=150.0, ready_replicas=2), s, ORIGIN_S
@@ -171,3 +171,15 @@ def test_one_noisy_short_window_does_not_scale_up() -> None:
         t = ORIGIN_S + 5 * k
         dec, s = d.decide(obs(t=t, rate=90.0, arrival_rate_short_rps=short, ready_replicas=6), s, t)
         assert dec.replicas == 6, dec.explain()
+
+
+def test_no_burst_memory_while_the_first_window_fills() -> None:
+    """At start-up the long window holds a few samples of a ramp: a surge over it is the
+    ramp, not a burst (at a 5 s scrape a 10 s short window reads it first)."""
+    d = Decider(make_model(max_replicas=64), make_policy())
+    s = d.initial_state(1)
+    for k, (long_rps, short_rps) in enumerate([(25.0, 40.0), (40.0, 80.0), (60.0, 120.0)]):
+        t = ORIGIN_S + 5 * k
+        o = obs(t=t, rate=long_rps, arrival_rate_short_rps=short_rps, ready_replicas=1)
+        dec, s = d.decide(o, s, t)
+    assert dec.panic and s.forecast.burst_rps is None
