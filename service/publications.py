@@ -5,14 +5,13 @@ restarted instance or a follower puts back on its board."""
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
-from dataclasses import asdict
 from typing import Any
 
 from actuators.publisher import LatencyDistribution, ModelSlot, Published
 from controller.config import GovernorConfig
 from controller.types import Knobs
 from estimators.types import LatencyQuantiles
-from service.store import LatencyDoc, QuantilesDoc
+from service.store import LatencyDoc, Quantiles
 
 
 def slots(cfg: GovernorConfig) -> list[ModelSlot]:
@@ -27,25 +26,38 @@ def slots(cfg: GovernorConfig) -> list[ModelSlot]:
     ]
 
 
+_QUANTILES = ("p50_ms", "p90_ms", "p95_ms", "p99_ms")
+
+
 def latency_doc(dist: LatencyDistribution | None) -> LatencyDoc | None:
-    """A latency distribution as saved in the state document (None: none observed)."""
+    """A latency distribution as saved in the state document (None: none observed).
+    Rounded to 0.1 ms, far below any bucket's resolution, to keep the document small."""
     if dist is None:
         return None
+
+    def q(quantiles: LatencyQuantiles) -> Quantiles:
+        a, b, c, d = (getattr(quantiles, k) for k in _QUANTILES)
+        return tuple(None if v is None else round(v, 1) for v in (a, b, c, d))  # type: ignore[return-value]
+
     return LatencyDoc(
-        ttft=QuantilesDoc(**asdict(dist.ttft)),
-        itl=QuantilesDoc(**asdict(dist.itl)),
-        e2e=QuantilesDoc(**asdict(dist.e2e)),
-        observed_at_unix_s=dist.observed_at_unix_s,
+        ttft=q(dist.ttft),
+        itl=q(dist.itl),
+        e2e=q(dist.e2e),
+        observed_at_unix_s=round(dist.observed_at_unix_s, 3),
     )
 
 
 def latency_from_doc(doc: LatencyDoc | None) -> LatencyDistribution | None:
     if doc is None:
         return None
+
+    def q(values: Quantiles) -> LatencyQuantiles:
+        return LatencyQuantiles(**dict(zip(_QUANTILES, values, strict=True)))
+
     return LatencyDistribution(
-        ttft=LatencyQuantiles(**doc.ttft.model_dump()),
-        itl=LatencyQuantiles(**doc.itl.model_dump()),
-        e2e=LatencyQuantiles(**doc.e2e.model_dump()),
+        ttft=q(doc.ttft),
+        itl=q(doc.itl),
+        e2e=q(doc.e2e),
         observed_at_unix_s=doc.observed_at_unix_s,
     )
 

@@ -120,21 +120,22 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class QuantilesDoc(_Doc):
-    """Latency quantiles, ms (None = no data)."""
-
-    p50_ms: NonNegativeFloat | None = None
-    p90_ms: NonNegativeFloat | None = None
-    p95_ms: NonNegativeFloat | None = None
-    p99_ms: NonNegativeFloat | None = None
+Quantiles = tuple[
+    NonNegativeFloat | None,
+    NonNegativeFloat | None,
+    NonNegativeFloat | None,
+    NonNegativeFloat | None,
+]
+"""Latency quantiles p50, p90, p95, p99, ms (None = no data): a list in the document, to
+keep the state of many models within a ConfigMap's 1 MiB."""
 
 
 class LatencyDoc(_Doc):
     """A model's last observed latency distribution (see actuators.publisher)."""
 
-    ttft: QuantilesDoc = QuantilesDoc()
-    itl: QuantilesDoc = QuantilesDoc()
-    e2e: QuantilesDoc = QuantilesDoc()
+    ttft: Quantiles = (None, None, None, None)
+    itl: Quantiles = (None, None, None, None)
+    e2e: Quantiles = (None, None, None, None)
     observed_at_unix_s: float
 
 

@@ -85,6 +85,9 @@ def test_a_follower_serves_the_leaders_distribution() -> None:
     leader = _core(FakeSource({"demo": 10.0}, dists={"ttft": TTFT, "itl": ITL}), store, clock)
     follower = _core(FakeSource({"demo": 10.0}), store, clock, elector=_Follower("follower-0"))
     leader.tick(clock.advance(5))
+    saved = store.load_state()
+    assert saved is not None
+    assert saved.published["demo"].latency.itl == (18.0, 26.0, 31.0, 48.0)  # p50..p99, ms
     follower.tick(clock.mono)
     with ServerThread(follower, logger=quiet_logger()) as srv:
         channel = grpc.insecure_channel(srv.address)
