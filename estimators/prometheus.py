@@ -7,7 +7,7 @@ answers into typed per-model outcomes:
 - every query of a tick is evaluated at ONE evaluation time (`time=now_s`), so the
   signals of an observation describe the same instant;
 - the number of queries per tick is constant in the number of models
-  (`len(list(source.queries.items()))`, five), recorded in `queries_last_tick`;
+  (`len(list(source.queries.items()))`, eight), recorded in `queries_last_tick`;
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
   that is not an instant vector of numbers) -> `SourceError` carrying the query;
 - a model without a finite arrival rate -> `NoDataError(model, "arrival_rate")`; a model
@@ -138,7 +138,7 @@ class PrometheusSource:
     timeout per request and the server-side evaluation timeout, seconds (default: the
     settings' value, else 3 s); like requests' timeouts it bounds connecting and each
     wait for bytes. A failing observe stops at the first failing query; a succeeding
-    one takes at most five queries' time. `client`: injected query client (tests, custom
+    one takes at most eight queries' time. `client`: injected query client (tests, custom
     auth); it then owns its session settings, and gets the timeout per call when its
     `custom_query` takes one. `retries`: HTTP retries of the default client (no backoff).
     `accept_escaped`: also read `vllm_...` spellings of the `vllm:...` names (promql).
@@ -267,6 +267,8 @@ class PrometheusSource:
             raw = self._query(query, now_s)
             if name == "sla_buckets":
                 edges = _parse_edge_buckets(raw, query, label)
+            elif name.endswith("_quantiles"):  # distinct tags: one table for all four
+                tagged.setdefault("quantiles", {}).update(_parse_tagged(raw, query, label))
             else:
                 tagged[name] = _parse_tagged(raw, query, label)
             del raw

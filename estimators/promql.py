@@ -5,8 +5,8 @@ aggregated and which alternative metric names are accepted. `PrometheusSource`
 (estimators/prometheus.py) owns running the queries and interpreting the answers.
 
 Every query covers ALL models at once, grouped `by (<model label>)`, so the number of
-queries per tick is constant in the number of models: `build_queries` returns five
-(demand, state, counter rates and means, quantiles, SLA-edge buckets).
+queries per tick is constant in the number of models: `build_queries` returns eight
+(demand, state, counter rates and means, four of quantiles, SLA-edge buckets).
 
 Prometheus does the heavy lifting, so an answer carries a few numbers per model rather
 than every bucket of every histogram (issue 13 item 6: 124 series per model became about
@@ -264,12 +264,15 @@ class QueryBuilder:
         inner = self.either(metrics, "rate({name}" + sel + "[{w}])", "_bucket")
         return f"sum by ({self.model_label}, le) ({inner})"
 
-    def quantiles(self) -> str:
-        """Every quantile of `QUANTILES`, computed by PromQL's `histogram_quantile` over
-        the per-model bucket rates; tagged `quantile_signal(hist, q)`. Seconds for latency
-        histograms, tokens for token ones; NaN (no requests in the window) is no data."""
+    def quantiles(self, hists: Sequence[str] | None = None) -> str:
+        """The quantiles of `QUANTILES` (of the histograms tagged `hists`, default all),
+        computed by PromQL's `histogram_quantile` over the per-model bucket rates; tagged
+        `quantile_signal(hist, q)`. Seconds for latency histograms, tokens for token ones;
+        NaN (no requests in the window) is no data."""
         parts = []
         for hist, metrics, qs in QUANTILES:
+            if hists is not None and hist not in hists:
+                continue
             grouped = self.buckets(metrics)
             parts += [_tag(f"histogram_quantile({q:g}, {grouped})", quantile_signal(hist, q))
                       for q in qs]  # fmt: skip
@@ -373,6 +376,17 @@ class QueryBuilder:
         return " or ".join(parts)
 
 
+# The quantile queries, by name: Prometheus evaluates each `histogram_quantile` over a
+# fresh bucket-rate aggregation, so one query for all 17 would be the tick's heaviest by
+# far; four keep each within a few aggregations (and its evaluation timeout).
+QUANTILE_QUERIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ttft_quantiles", ("ttft",)),
+    ("itl_quantiles", ("itl",)),
+    ("e2e_quantiles", ("e2e",)),
+    ("other_quantiles", ("queue", "decode", "tpot", "prompt_tokens", "output_tokens")),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TickQueries:
     """The full set of queries one tick runs, by name. Count: `len(list(q.items()))`."""
@@ -380,13 +394,21 @@ class TickQueries:
     demand: str
     state: str
     rates: str
-    quantiles: str
+    ttft_quantiles: str
+    itl_quantiles: str
+    e2e_quantiles: str
+    other_quantiles: str
     sla_buckets: str
 
     def items(self) -> Iterator[tuple[str, str]]:
         """(name, query) pairs in a fixed order, demand first."""
         for f in fields(self):
             yield f.name, getattr(self, f.name)
+
+    @property
+    def quantiles(self) -> str:
+        """The text of every quantile query (for reading, not for sending)."""
+        return " or ".join(getattr(self, name) for name, _ in QUANTILE_QUERIES)
 
 
 def build_queries(
@@ -409,6 +431,9 @@ def build_queries(
         demand=b.demand(),
         state=b.state(),
         rates=b.means_and_rates(),
-        quantiles=b.quantiles(),
+        ttft_quantiles=b.quantiles(("ttft",)),
+        itl_quantiles=b.quantiles(("itl",)),
+        e2e_quantiles=b.quantiles(("e2e",)),
+        other_quantiles=b.quantiles(("queue", "decode", "tpot", "prompt_tokens", "output_tokens")),
         sla_buckets=b.edge_buckets(edges or {}),
     )

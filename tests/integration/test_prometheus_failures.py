@@ -74,7 +74,7 @@ def healthy_answers() -> dict[str, Any]:
         + [tagged(m, Signal.COMPLETIONS_RPS, 12.0) for m in (A, B)],
         "state": state,
         "rates": [tagged(m, Signal.PREFIX_CACHE_HIT_FRAC, 0.25) for m in (A, B)],
-        "quantiles": [tagged(m, "itl_p95", 0.065625) for m in (A, B)],
+        "itl_quantiles": [tagged(m, "itl_p95", 0.065625) for m in (A, B)],
         "sla_buckets": buckets(A, ITL_OK) + buckets(B, ITL_OK),
     }
 
@@ -126,7 +126,7 @@ def test_healthy_answer_maps_every_field() -> None:
     assert obs.preemption_rate_per_s is None
     assert (obs.targets_up, obs.targets_down) == (2, 1)
     assert {params["time"] for _, params in client.calls} == {f"{NOW:.3f}"}
-    assert src.queries_last_tick == len(client.calls) == 5
+    assert src.queries_last_tick == len(client.calls) == 8
 
 
 def test_model_missing_from_demand_is_no_data_while_the_other_is_observed() -> None:
@@ -179,7 +179,9 @@ def test_non_finite_optional_signals_are_none_never_zero(bad: str) -> None:
             Signal.STEP_TOKENS_MEAN,
         )
     ]
-    answers["quantiles"] = [tagged(A, q, bad) for q in ("itl_p95", "ttft_p50", "decode_p95")]
+    answers["itl_quantiles"] = [tagged(A, "itl_p95", bad)]
+    answers["ttft_quantiles"] = [tagged(A, "ttft_p50", bad)]
+    answers["other_quantiles"] = [tagged(A, "decode_p95", bad)]
     answers["sla_buckets"] = buckets(A, [("0.05", bad), ("0.1", 10.0), ("+Inf", 10.0)])
     obs = fake_source(answers, window_s=30)[0].observe(MODELS, NOW)[A]
     assert isinstance(obs, Observation)
@@ -249,7 +251,7 @@ def test_every_target_down_or_gone_is_no_data(up: str | None) -> None:
 
 def test_idle_histogram_gives_none_not_zero() -> None:
     answers = healthy_answers()
-    answers["quantiles"] = [tagged(A, "itl_p95", "NaN")]  # PromQL: no requests in the window
+    answers["itl_quantiles"] = [tagged(A, "itl_p95", "NaN")]  # PromQL: no requests in window
     answers["sla_buckets"] = buckets(A, [("0.05", 0.0), ("0.1", 0.0), ("+Inf", 0.0)])
     obs = fake_source(answers)[0].observe(MODELS, NOW)[A]
     assert isinstance(obs, Observation)
@@ -277,7 +279,7 @@ def test_sla_edge_query_follows_the_models_slas() -> None:
     text = src.queries.sla_buckets
     src.observe([ModelQuery(A, itl_sla_s=0.1), ModelQuery(B, itl_sla_s=0.2)], NOW)
     assert src.queries.sla_buckets != text and "0\\.2" in src.queries.sla_buckets
-    assert src.queries_last_tick == 5  # still five queries
+    assert src.queries_last_tick == 8  # still eight queries
     obs = src.observe([ModelQuery(A, itl_sla_s=0.1)], NOW)[A]
     assert isinstance(obs, Observation)
     assert obs.tpot_attainment_frac == pytest.approx(0.95)  # 9.5 of 10 at 100 ms
@@ -409,7 +411,7 @@ def test_healthy_empty_server_gives_no_data(tiny_server: Any) -> None:
     src = PrometheusSource(url, timeout_s=1.0)
     results = src.observe(MODELS, NOW)
     assert all(isinstance(r, NoDataError) for r in results.values())
-    assert len(paths) == src.queries_last_tick == 5
+    assert len(paths) == src.queries_last_tick == 8
     assert all(f"time={NOW:.3f}" in p for p in paths)
 
 

@@ -87,7 +87,7 @@ class CountingClient(PrometheusConnect):
 def settled_now() -> float:
     """An evaluation time every scrape before it has been committed at: queries of one
     tick then see the same samples even if a scrape lands while they run."""
-    return time.time() - 1.5 * SCRAPE_INTERVAL_S
+    return time.time() - 2.5 * SCRAPE_INTERVAL_S
 
 
 def source(world: VllmWorld, **kwargs: Any) -> PrometheusSource:

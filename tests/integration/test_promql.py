@@ -45,8 +45,11 @@ def test_itl_accepts_current_then_deprecated_name_in_one_query() -> None:
     )
 
 
-def test_every_quantile_appears_once() -> None:
-    q = build_queries().quantiles
+def test_every_quantile_appears_once_in_its_query() -> None:
+    queries = build_queries()
+    q = queries.quantiles
+    assert "ttft_p95" in queries.ttft_quantiles and "ttft_p95" not in queries.itl_quantiles
+    assert "decode_p95" in queries.other_quantiles
     for hist, _, qs in QUANTILES:
         for p in qs:
             assert q.count(f'"{SIGNAL_LABEL}", "{quantile_signal(hist, p)}"') == 1, (hist, p)
@@ -107,12 +110,12 @@ def test_model_label_is_substituted_everywhere() -> None:
         assert "model_name" not in text, name
         assert "served_model" in text, name
         assert "[15s]" in text or name == "state", name
-    assert "sum by (served_model, le) (" in queries["quantiles"]
+    assert "sum by (served_model, le) (" in queries["itl_quantiles"]
 
 
-def test_five_queries_naming_no_model() -> None:
+def test_eight_queries_naming_no_model() -> None:
     queries = dict(build_queries(edges={"ttft": [1.0]}).items())
-    assert len(queries) == 5
+    assert len(queries) == 8
     assert next(iter(queries)) == "demand"
     for text in queries.values():
         assert "model_name=" not in text  # no per-model selectors
