@@ -114,30 +114,44 @@ def _observed(results: dict[str, ObservationResult], name: str) -> Observation:
     return obs
 
 
+def _targets(results: dict[str, ObservationResult], name: str) -> tuple[int | None, ...] | str:
+    r = results[name]
+    return (r.targets_up, r.targets_down) if isinstance(r, Observation) else r.signal
+
+
+def _until(
+    world: World, name: str, expected: tuple[int, int] | str, what: str
+) -> dict[str, ObservationResult]:
+    """Observe until `name` reads `expected` ((up, down), or a NoDataError's signal):
+    polled with a deadline, since on a loaded machine one scrape may time out and read
+    as a target down for an instant."""
+    seen: list[dict[str, ObservationResult]] = []
+
+    def check() -> bool:
+        seen.append(world.observe())
+        return _targets(seen[-1], name) == expected
+
+    wait_for(check, 20.0, what)
+    return seen[-1]
+
+
 def test_targets_going_down_then_gone_read_as_no_data(world: World) -> None:
-    healthy = _observed(world.observe(), DEAD)
-    assert (healthy.targets_up, healthy.targets_down) == (2, 0)
+    healthy = _observed(_until(world, DEAD, (2, 0), "both targets up"), DEAD)
     assert healthy.arrival_rate_rps > 0
 
     first, second = world.dead
     first.stop()
-    wait_for(lambda: world.up(first.target) == 0.0, 15.0, "the first target down")
-    obs = _observed(world.observe(), DEAD)
-    assert (obs.targets_up, obs.targets_down) == (1, 1)
+    obs = _observed(_until(world, DEAD, (1, 1), "the first target down"), DEAD)
     assert obs.running == 3.0  # the live engine's gauge; the dead one's is absent, not 0
 
     # A scale-in deletes the pod: gone from discovery is not "down".
     world.prometheus.reload({"engines": [second.target, world.alive.target]})
     wait_for(lambda: world.up(first.target) is None, 15.0, "the first target gone")
-    obs = _observed(world.observe(), DEAD)
-    assert (obs.targets_up, obs.targets_down) == (1, 0)
+    _until(world, DEAD, (1, 0), "the first target gone, not down")
 
     second.stop()
-    wait_for(lambda: world.up(second.target) == 0.0, 15.0, "the second target down")
-    results = world.observe()
-    err = results[DEAD]
-    assert isinstance(err, NoDataError), err
-    assert err.signal == "targets_up" and "0 of 2 up" in str(err)
+    results = _until(world, DEAD, "targets_up", "every target down: no data")
+    assert "0 of 2 up" in str(results[DEAD])
     # What the source refused to read as demand: the window still holds samples, so
     # PromQL's rate is positive now and decays to 0 over the next window.
     rows = world.prometheus.query(
@@ -145,12 +159,9 @@ def test_targets_going_down_then_gone_read_as_no_data(world: World) -> None:
         at_s=settled(),
     )
     assert rows and float(rows[0]["value"][1]) > 0
-    alive = _observed(results, ALIVE)
-    assert (alive.targets_up, alive.targets_down) == (1, 0)
 
     world.prometheus.reload({"engines": [world.alive.target]})
     wait_for(lambda: world.up(second.target) is None, 15.0, "the dead targets gone")
-    gone = world.observe()
-    err = gone[DEAD]
-    assert isinstance(err, NoDataError) and err.signal == "targets_up", err
-    assert _observed(gone, ALIVE).targets_up == 1
+    gone = _until(world, DEAD, "targets_up", "every target gone: still no data")
+    alive = _until(world, ALIVE, (1, 0), "the healthy model observed")
+    assert isinstance(gone[DEAD], NoDataError) and isinstance(alive[DEAD], NoDataError)
