@@ -438,7 +438,10 @@ class Decider(KnobSteps):
         # fills: that is a ramp to hold the load, not a burst to remember.
         first = state.health.first_good_s
         history = first is not None and now_s - first >= self.policy.window_s
-        surge = history and demand.short >= BURST_SURGE_FRAC * demand.long
+        # Against the smoothed level too: at a slow scrape the short window spans the
+        # long one (30 s scrape: both 60 s), and only the level still lags a burst.
+        base = min(demand.long, demand.demand)
+        surge = history and demand.short >= BURST_SURGE_FRAC * base
         armed = panic_reason == Reason.PANIC and surge
         if armed or (remembered > 0 and demand.observed > remembered):
             return max(remembered, demand.observed), now_s

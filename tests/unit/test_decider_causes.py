@@ -183,3 +183,16 @@ def test_no_burst_memory_while_the_first_window_fills() -> None:
         o = obs(t=t, rate=long_rps, arrival_rate_short_rps=short_rps, ready_replicas=1)
         dec, s = d.decide(o, s, t)
     assert dec.panic and s.forecast.burst_rps is None
+
+
+def test_at_a_slow_scrape_a_burst_over_the_smoothed_level_arms_the_memory() -> None:
+    """30 s scrape: the short window spans the long one (both 60 s) and reads the same
+    rate; the burst still stands out against the smoothed level."""
+    d = Decider(make_model(max_replicas=64), make_policy())
+    s = replace(d.initial_state(2), health=DataHealth(first_good_s=ORIGIN_S - 1000))
+    for k in range(12):
+        t = ORIGIN_S + 5 * k
+        _, s = d.decide(obs(t=t, rate=20.0, arrival_rate_short_rps=20.0, ready_replicas=2), s, t)
+    t = ORIGIN_S + 60
+    dec, s = d.decide(obs(t=t, rate=150.0, arrival_rate_short_rps=150.0, ready_replicas=2), s, t)
+    assert dec.panic and s.forecast.burst_rps == pytest.approx(150.0)
