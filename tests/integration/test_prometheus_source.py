@@ -58,7 +58,7 @@ from tests.integration.fake_vllm import (
     cumulative,
     true_quantile,
 )
-from tests.integration.promserver import SCRAPE_INTERVAL_S
+from tests.integration.promserver import SCRAPE_INTERVAL_S, wait_for
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
@@ -84,10 +84,34 @@ class CountingClient(PrometheusConnect):
         return super().custom_query(query, params=params, timeout=timeout)  # type: ignore[arg-type]
 
 
+_WORLD: list[VllmWorld] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remember_world(vllm_world: VllmWorld) -> None:
+    _WORLD[:] = [vllm_world]
+
+
 def settled_now() -> float:
-    """An evaluation time every scrape before it has been committed at: queries of one
-    tick then see the same samples even if a scrape lands while they run."""
-    return time.time() - 2.5 * SCRAPE_INTERVAL_S
+    """An evaluation time every scrape before it has been committed at (the queries of
+    one tick then see the same samples), and with every scrape of the rate window before
+    it successful: on a loaded machine the in-process exporters sometimes miss a 1 s
+    scrape, which reads (correctly) as a target down or a rate from fewer samples.
+    Polled with a deadline."""
+    world = _WORLD[0]
+    found: list[float] = []
+
+    def healthy() -> bool:
+        at = time.time() - 2.5 * SCRAPE_INTERVAL_S
+        span = f"{world.window_s + 2 * SCRAPE_INTERVAL_S:g}s"
+        rows = world.prometheus.query(f"min_over_time(up[{span}])", at_s=at)
+        if rows and all(float(r["value"][1]) == 1.0 for r in rows):
+            found.append(at)
+            return True
+        return False
+
+    wait_for(healthy, 30.0, "a rate window in which every scrape succeeded")
+    return found[-1]
 
 
 def source(world: VllmWorld, **kwargs: Any) -> PrometheusSource:
@@ -131,7 +155,6 @@ def check_quantile(
 def tick(vllm_world: VllmWorld) -> tuple[dict[str, ObservationResult], float, PrometheusSource]:
     """One observation of the main models with SLAs on (A) and off (B) bucket edges."""
     src = source(vllm_world)
-    now = settled_now()
     models = [
         ModelQuery(MODEL_A.name, ttft_sla_s=0.25, itl_sla_s=0.05),  # both bucket edges
         ModelQuery(MODEL_B.name, ttft_sla_s=0.3, itl_sla_s=0.1),  # 0.3 is no TTFT edge
@@ -140,7 +163,18 @@ def tick(vllm_world: VllmWorld) -> tuple[dict[str, ObservationResult], float, Pr
         ModelQuery(MODEL_ESCAPED.name),
         ModelQuery(MODEL_DUAL.name, itl_sla_s=0.05),
     ]
-    return src.observe(models, now), now, src
+    taken: list[tuple[dict[str, ObservationResult], float]] = []
+
+    def every_model_observed() -> bool:
+        at = settled_now()
+        taken.append((src.observe(models, at), at))
+        return all(isinstance(r, Observation) for r in taken[-1][0].values())
+
+    # Polled with a deadline: on a loaded machine one scrape of the shared exporter may
+    # time out, and at that instant its target reads down (no data, correctly).
+    wait_for(every_model_observed, 20.0, "every model observed")
+    results, now = taken[-1]
+    return results, now, src
 
 
 @pytest.mark.parametrize("spec", [MODEL_A, MODEL_B], ids=lambda s: s.name)
