@@ -3,8 +3,10 @@
 It sits beside KEDA's servicer (`actuators.keda`): both are read-only faces of the same
 `DecisionBoard` (actuators.publisher) and answer from its last-known values without
 waiting for a tick. Neither needs the service core: `BatchingServicer` gets the board,
-an optional stream limit (`StreamSlots`) and an optional `on_engine(model, engine_id)`
-callback that records which engines asked (for status).
+an optional stream limit (`StreamSlots`), an optional `on_engine(model, engine_id)`
+callback that records which engines asked (for status), and an optional
+`ceilings(model)` that gives the largest knobs the governor may choose for a model (the
+start values of an engine that follows the knobs live).
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
         streams: StreamSlots | None = None,
         *,
         on_engine: Callable[[str, str], None] | None = None,
+        ceilings: Callable[[str], Knobs | None] | None = None,
     ) -> None:
         self.board = board
         self.streams = streams
         self.on_engine = on_engine
+        self.ceilings = ceilings or (lambda model: None)
 
     async def _entry(
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
@@ -73,7 +77,8 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
     async def GetBatchingConfig(
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
     ) -> governor_v1_pb2.BatchingConfig:
-        return batching_to_pb(await self._entry(request, context))
+        entry = await self._entry(request, context)
+        return batching_to_pb(entry, self.ceilings(entry.model))
 
     async def GetLatencyDistribution(
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
@@ -101,14 +106,15 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
                 key = (entry.generation, entry.knobs)
                 if key != last:
                     last = key
-                    yield batching_to_pb(entry)
+                    yield batching_to_pb(entry, self.ceilings(entry.model))
         finally:
             if self.streams is not None:
                 self.streams.release()
 
 
-def batching_to_pb(p: Published) -> governor_v1_pb2.BatchingConfig:
-    """A board entry as the engines' BatchingConfig message."""
+def batching_to_pb(p: Published, ceiling: Knobs | None = None) -> governor_v1_pb2.BatchingConfig:
+    """A board entry as the engines' BatchingConfig message; `ceiling` (the model's
+    largest knobs) fills the ceiling fields, 0 when unknown."""
     return pb.BatchingConfig(
         model=p.model,
         max_num_seqs=p.knobs.max_num_seqs,
@@ -117,6 +123,8 @@ def batching_to_pb(p: Published) -> governor_v1_pb2.BatchingConfig:
         reason=p.reason,
         decided_at_unix_s=p.decided_at_unix_s or 0.0,
         engine_args=p.knobs.engine_args(),
+        max_num_seqs_ceiling=ceiling.max_num_seqs if ceiling else 0,
+        max_num_batched_tokens_ceiling=ceiling.max_num_batched_tokens if ceiling else 0,
     )
 
 

@@ -31,6 +31,7 @@ import structlog
 
 from actuators.engines import BatchingServicer
 from actuators.keda import ExternalScalerService
+from controller.types import Knobs
 from governor_api import externalscaler_pb2_grpc, governor_v1_pb2, governor_v1_pb2_grpc
 from service.admin import AdminServicer
 from service.core import ServiceCore
@@ -166,7 +167,12 @@ class GovernorServer:
         self.core.m_watch_streams.set_function(lambda: streams.active)
         server, admin_server = self._new_servers()
         governor_v1_pb2_grpc.add_BatchingServiceServicer_to_server(
-            BatchingServicer(self.core.board, self.streams, on_engine=self.core.record_engine),
+            BatchingServicer(
+                self.core.board,
+                self.streams,
+                on_engine=self.core.record_engine,
+                ceilings=self._knob_ceiling,
+            ),
             server,
         )
         governor_v1_pb2_grpc.add_AdminServiceServicer_to_server(
@@ -204,6 +210,15 @@ class GovernorServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._start_metrics_and_ticks()
         self._log_serving()
+
+    def _knob_ceiling(self, model: str) -> Knobs | None:
+        """The largest knobs the governor may choose for `model` (its knob bounds'
+        maxima), served to engines that follow the knobs live; None if not configured."""
+        try:
+            kb = self.core.config.model(model).knobs
+        except KeyError:
+            return None
+        return Knobs(kb.max_num_seqs_max, kb.max_num_batched_tokens_max)
 
     def _start_metrics_and_ticks(self) -> None:
         """The /metrics HTTP server, the elector and (with `autotick`) the ticker."""
