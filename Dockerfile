@@ -21,6 +21,7 @@ COPY actuators/ actuators/
 COPY simulator/ simulator/
 COPY service/ service/
 COPY governor_api/ governor_api/
+COPY governor_engine/ governor_engine/
 # Bytecode is compiled here: the runtime root filesystem is read-only
 # (securityContext.readOnlyRootFilesystem), so Python could not write it at start.
 RUN /opt/governor/bin/pip install . \

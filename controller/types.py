@@ -8,6 +8,7 @@ clock; durations are compared as timestamps (`now - since >= window`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -85,6 +86,29 @@ class Knobs:
             "--max-num-batched-tokens",
             str(self.max_num_batched_tokens),
         ]
+
+
+LIVE_SCHEDULER_CLS = "governor_engine.scheduler.GovernedScheduler"
+"""vLLM `--scheduler-cls` of the engine plugin that follows the knobs live."""
+LIVE_MIDDLEWARE = "governor_engine.middleware.LatencyDistMiddleware"
+"""vLLM `--middleware` that adds the `X-Latency-Dist` header."""
+
+
+def live_engine_args(ceiling: Knobs, server: str, model: str) -> list[str]:
+    """The vLLM flags of an engine that follows the governor live: the ceilings (the
+    largest knobs the governor may choose), the scheduler plugin, the header middleware,
+    and the governor's address and model for both (`--additional-config`, JSON without
+    spaces, so the flags survive a shell's word splitting)."""
+    extra = json.dumps({"governor_server": server, "governor_model": model}, separators=(",", ":"))
+    return [
+        *ceiling.engine_args(),
+        "--scheduler-cls",
+        LIVE_SCHEDULER_CLS,
+        "--middleware",
+        LIVE_MIDDLEWARE,
+        "--additional-config",
+        extra,
+    ]
 
 
 @dataclass(frozen=True, slots=True)

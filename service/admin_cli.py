@@ -28,7 +28,7 @@ import grpc
 import yaml
 
 from controller.config import ConfigError, KnobBounds, load_config
-from controller.types import Knobs
+from controller.types import Knobs, live_engine_args
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -392,12 +392,62 @@ def _default_knobs(args: argparse.Namespace) -> tuple[Knobs, str]:
     return Knobs(seqs, tokens), where
 
 
+def _ceiling_knobs(args: argparse.Namespace, resp: Any) -> tuple[Knobs, str]:
+    """The ceilings a live engine starts with: the flags, else the server's answer, else
+    --config's knob bounds, else KnobBounds' built-in maxima."""
+    base = KnobBounds()
+    seqs, tokens = base.max_num_seqs_max, base.max_num_batched_tokens_max
+    where = "built-in knob bounds"
+    served = (resp.max_num_seqs_ceiling, resp.max_num_batched_tokens_ceiling) if resp else (0, 0)
+    if min(served) > 0:
+        seqs, tokens = served
+        where = f"bounds served by {args.server}"
+    elif args.config:
+        try:
+            kb = load_config(args.config).model(args.model).knobs
+            seqs, tokens = kb.max_num_seqs_max, kb.max_num_batched_tokens_max
+            where = f"bounds of {args.model!r} in {args.config}"
+        except (ConfigError, KeyError) as exc:
+            print(f"governor engine-args: warning: {args.config}: {exc}", file=sys.stderr)
+    if args.max_num_seqs_ceiling is not None:
+        seqs, where = args.max_num_seqs_ceiling, "command-line ceilings"
+    if args.max_num_batched_tokens_ceiling is not None:
+        tokens, where = args.max_num_batched_tokens_ceiling, "command-line ceilings"
+    return Knobs(seqs, max(tokens, seqs)), where
+
+
+def _copy_plugin(target: str) -> None:
+    """Copy the engine plugin's packages (governor_engine, governor_api: pure Python; they
+    need only grpcio and protobuf, which vLLM ships) into `target`, for an engine
+    container that puts `target` on its PYTHONPATH. A failure is a warning: the engine
+    then starts without the plugin's packages and vLLM names the missing module."""
+    import importlib
+    import shutil
+    from pathlib import Path
+
+    try:
+        for name in ("governor_engine", "governor_api"):
+            src = Path(importlib.import_module(name).__file__ or "").parent
+            dst = Path(target) / name
+            tmp = Path(target) / f".{name}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.rmtree(dst, ignore_errors=True)
+            tmp.rename(dst)
+    except Exception as exc:
+        print(
+            f"governor engine-args: warning: plugin not copied to {target}: {exc}",
+            file=sys.stderr,
+        )
+
+
 def _cmd_engine_args(args: argparse.Namespace) -> int:
     """Print the vLLM flags; always exit 0 (fall back to the defaults)."""
     from governor_api import governor_v1_pb2 as pb
     from governor_api import governor_v1_pb2_grpc
 
     knobs: Knobs | None = None
+    resp: Any = None
     try:
         with open_channel(args) as channel:
             stub = governor_v1_pb2_grpc.BatchingServiceStub(channel)
@@ -410,6 +460,7 @@ def _cmd_engine_args(args: argparse.Namespace) -> int:
         else:
             raise ValueError(f"server sent non-positive knobs: {resp}")
     except Exception as exc:  # anything at all: fall back, never fail the engine
+        resp = None
         knobs, where = _default_knobs(args)
         reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else exc
         print(
@@ -417,7 +468,15 @@ def _cmd_engine_args(args: argparse.Namespace) -> int:
             f"{args.model!r} ({reason}); using {where}",
             file=sys.stderr,
         )
-    print(" ".join(knobs.engine_args()))
+    if args.live:
+        if args.plugin_dir:
+            _copy_plugin(args.plugin_dir)
+        ceiling, where = _ceiling_knobs(args, resp)
+        if resp is None:
+            print(f"governor engine-args: ceilings from {where}", file=sys.stderr)
+        print(" ".join(live_engine_args(ceiling, args.server, args.model)))
+    else:
+        print(" ".join(knobs.engine_args()))
     return EXIT_OK
 
 
@@ -471,6 +530,21 @@ def register(sub: Any) -> None:
     p.add_argument("--config", help="config file whose model defaults to fall back to")
     p.add_argument("--default-max-num-seqs", type=int)
     p.add_argument("--default-max-num-batched-tokens", type=int)
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="flags of an engine that follows the governor live: the ceilings (the "
+        "largest knobs the governor may choose), the governor_engine scheduler plugin and "
+        "X-Latency-Dist middleware, and the governor's address",
+    )
+    p.add_argument(
+        "--plugin-dir",
+        metavar="DIR",
+        help="with --live: also copy the plugin's Python packages here (put DIR on the "
+        "engine's PYTHONPATH)",
+    )
+    p.add_argument("--max-num-seqs-ceiling", type=int, help="with --live: override")
+    p.add_argument("--max-num-batched-tokens-ceiling", type=int, help="with --live: override")
     p.set_defaults(func=_cmd_engine_args, timeout_s=ENGINE_ARGS_TIMEOUT_S)
     _register_target(sub, client)
     p = sub.add_parser("status", parents=[client], help="observations, decisions, latencies")
