@@ -22,6 +22,7 @@ after every change of the kept object. The object is the client's `V1ConfigMap`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -77,11 +78,18 @@ class ConfigMapWatch:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """End the watch: the open stream is closed (the thread would otherwise sit in
+        it until the server's timeout, minutes) and the thread joined for at most
+        `timeout_s` seconds (it is a daemon: shutdown never waits longer)."""
         self._stop.set()
         w = self._watch
         if w is not None:
             w.stop()
+            resp = getattr(w, "_resp", None)  # the client keeps the open response here
+            if resp is not None:
+                with contextlib.suppress(Exception):
+                    resp.close()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
@@ -119,6 +127,8 @@ class ConfigMapWatch:
                 self.log.info("configmap_watch_expired", configmap=self.name)
                 rv = None
             except Exception as exc:
+                if self._stop.is_set():
+                    break
                 with self._lock:
                     self._failing_since = self._failing_since or time.monotonic()
                 self.log.warning("configmap_watch_failed", configmap=self.name, error=repr(exc))

@@ -17,9 +17,11 @@ Wall-clock jumps. APScheduler 3 schedules on the wall clock (its maintainer: "th
 scheduler relies on the system clock being correct", agronholm/apscheduler#351): after
 the clock is set back it would sleep until the wall clock catches up, and after a jump
 forward one run is late by the jump. The governor must not stop ticking because NTP
-stepped the clock, so a watchdog on the event loop's monotonic timer checks, every
-interval, when the last run started: when no run started for two intervals and none is
-running, it moves the job's next run to now (and records the stall). A lateness is
+stepped the clock, so a watchdog on the event loop's monotonic timer checks every
+interval: when the wall clock was set back (wall minus monotonic time fell), or no run
+started for two intervals, and none is running, it moves the job's next run to one
+interval after the last start on the monotonic clock, or now if that has passed (and
+logs the stall). A lateness is
 capped at the monotonic time since the previous run started, so a jump forward reads
 as at most one interval late, not as the size of the jump.
 """
@@ -88,6 +90,7 @@ class TickScheduler:
         self._lock = threading.Lock()
         self._scheduled: datetime | None = None  # of the run submitted last
         self._last_start_mono: float | None = None
+        self._offset: float | None = None  # wall - monotonic at the last watchdog check
         self._running = False
         self._idle = threading.Event()
         self._idle.set()
@@ -164,15 +167,29 @@ class TickScheduler:
                 self._idle.set()
 
     def _check(self, loop: Any) -> None:
-        """Watchdog (event loop, monotonic): restart a schedule stalled by the wall clock."""
+        """Watchdog (event loop, monotonic): restart a schedule the wall clock stalled,
+        at once when the wall clock was seen set back, else after two idle intervals."""
         with self._lock:
             last, running = self._last_start_mono, self._running
-        stalled = not running and last is not None and time.monotonic() - last > 2 * self.interval_s
+        now_mono = time.monotonic()
+        offset = datetime.now(UTC).timestamp() - now_mono  # wall - monotonic, seconds
+        set_back = self._offset is not None and offset < self._offset - self.interval_s / 2
+        self._offset = offset
+        idle_long = last is not None and now_mono - last > 2 * self.interval_s
+        stalled = not running and (set_back or idle_long)
         if stalled and self._scheduler is not None and self._scheduler.running:
-            self.log.warning("tick_schedule_stalled", seconds=round(time.monotonic() - last, 3))
+            self.log.warning(
+                "tick_schedule_stalled",
+                seconds=round(now_mono - last, 3) if last is not None else None,
+                wall_clock_set_back=set_back,
+            )
             if self.on_stall is not None:
                 with contextlib.suppress(Exception):
                     self.on_stall()
+            # the run that was due one interval after the last start (now, if overdue)
+            due_in = 0.0 if last is None else max(0.0, last + self.interval_s - now_mono)
             with contextlib.suppress(Exception):
-                self._scheduler.modify_job(JOB_ID, next_run_time=datetime.now(UTC))
+                self._scheduler.modify_job(
+                    JOB_ID, next_run_time=datetime.now(UTC) + timedelta(seconds=due_in)
+                )
         self._watchdog = loop.call_later(self.interval_s, self._check, loop)

@@ -170,7 +170,10 @@ def test_ticker_ignores_wall_jumps(monkeypatch: pytest.MonkeyPatch) -> None:
     expected = elapsed / 0.05
     assert 0.5 * expected <= len(ticks) <= expected + 2, (len(ticks), expected)
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
-    assert min(gaps) > 0.02, "a burst of ticks"
+    # Ticks sit on a 0.05 s grid: a tick started late by the thread pool and the next one
+    # on time may be 0.02 s apart on a loaded machine; a burst (coalescing failed) would
+    # run ticks back to back, well under 5 ms apart.
+    assert min(gaps) > 0.005, "a burst of ticks"
     assert max(gaps) < 0.5, "the schedule stalled"
     assert max(lateness) < 1.0, "a wall jump read as a late tick"
 
