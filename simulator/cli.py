@@ -7,6 +7,7 @@ simulator in the layering).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -178,6 +179,12 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--matrix-quick", action="store_true", help="a small, fast matrix (smoke run)")
     p.add_argument(
+        "--matrix-traces",
+        default=None,
+        help="comma-separated trace keys of the matrix to run (default: all), "
+        "e.g. 'long-context,diurnal'",
+    )
+    p.add_argument(
         "--workers",
         type=_positive(int, "--workers"),
         default=2,
@@ -206,6 +213,18 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         "workers": args.workers,
     }
     spec = MatrixSpec.quick(**kw) if args.matrix_quick else MatrixSpec(**kw)
+    if args.matrix_traces:
+        keys = [k.strip() for k in args.matrix_traces.split(",") if k.strip()]
+        known = [t.key for t in spec.traces]
+        bad = [k for k in keys if k not in known]
+        if bad or not keys:
+            print(
+                f"governor simulate: --matrix-traces: unknown {', '.join(bad) or '(none)'}; "
+                f"choose from {', '.join(known)}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        spec = dataclasses.replace(spec, traces=tuple(t for t in spec.traces if t.key in keys))
     show = sys.stderr.isatty() if args.progress is None else args.progress
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if show else None
     doc = run_matrix(spec, log=log)

@@ -60,3 +60,11 @@ def test_the_matrix_covers_the_issue_conditions() -> None:
         "speed 1.3",
         "cold start 2x",
     ]
+
+
+def test_matrix_traces_filter_refuses_unknown_keys(capsys) -> None:  # type: ignore[no-untyped-def]
+    from service.cli import main
+
+    assert main(["simulate", "--matrix", "--matrix-traces", "conv x16,nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--matrix-traces: unknown nope" in err and "long-context" in err
