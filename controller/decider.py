@@ -464,8 +464,13 @@ class Decider(KnobSteps):
         detail = f"demand {demand.demand:.3f} req/s" if not demand.idle else ""
         stages = [Stage("raw", current, raw_int, raw.reason, detail)]
         if in_panic:
-            # Panic: scale up at once to what was observed, never down.
-            target = max(current, math.ceil(demand.observed / raw.capacity - 1e-9))  # type: ignore[operator]
+            # Panic: scale up at once to what was observed, never down. While it holds,
+            # only past the tolerance band: noise on a level load must not ratchet the
+            # fleet up sample by sample (it would unwind later, a direction reversal).
+            need = demand.observed / raw.capacity  # type: ignore[operator]
+            if panic_reason == Reason.PANIC_HOLD and need <= current * (1.0 + p.tolerance_frac):
+                need = current
+            target = max(current, math.ceil(need - 1e-9))
             out = StageOut(target, panic_reason, f"short demand {demand.short:.2f} req/s")
             stages.append(_stage("panic", raw_int, out))
             value = out.value
