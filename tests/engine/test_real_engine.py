@@ -47,9 +47,11 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "out" / "engine.json"
 LOW_CAP = 4
 HIGH_CAP = 32
-LIVE_BOUND_S = 10.0
-"""A lowered cap must hold this soon (seconds) for the test to call it live; the goal
-(1 s) is checked on the recorded number, see README "Real engine"."""
+LIVE_BOUND_S = 5.0
+"""A lowered cap must hold this soon (seconds) for the test to call it live: 0.06-2.2 s
+measured on loaded 2-core machines; without the preemption over the cap it took 9 s (the
+running requests had to finish). The 1 s goal is read from the recorded number (README
+"Real engine"), not held here, so a loaded machine does not fail a correct engine."""
 
 
 def _record(**values: Any) -> None:
