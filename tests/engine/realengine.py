@@ -32,9 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import requests
 import yaml
 
+from governor_api import governor_v1_pb2 as pb
+from governor_api import governor_v1_pb2_grpc as pb_grpc
 from tests.integration.promserver import PrometheusServer, find_prometheus, free_port, wait_for
 from tests.service.harness import ServiceProcess
 
@@ -405,6 +408,27 @@ def start_world(
         if governor is not None:
             governor.kill()
         prom.stop()
+
+
+def set_knobs(world: EngineWorld, seqs: int, tokens: int = 2048) -> float:
+    """Ask the governor (admin API) for static knobs; returns the monotonic time at which
+    the governor published them on WatchBatchingConfig."""
+    with grpc.insecure_channel(world.governor_address) as channel:
+        admin = pb_grpc.AdminServiceStub(channel)
+        target = pb.ModelTarget()
+        target.CopyFrom(admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=10).target)
+        target.knobs.default_max_num_seqs = seqs
+        target.knobs.default_max_num_batched_tokens = tokens
+        watch = pb_grpc.BatchingServiceStub(channel).WatchBatchingConfig(
+            pb.GetBatchingConfigRequest(model=MODEL_NAME), timeout=30
+        )
+        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=10)
+        for msg in watch:
+            if msg.max_num_seqs == seqs and msg.max_num_batched_tokens == tokens:
+                published = time.monotonic()
+                watch.cancel()
+                return published
+    raise AssertionError("the governor never published the knobs")
 
 
 def prompt_ids(n: int, seed: int = 0) -> list[int]:

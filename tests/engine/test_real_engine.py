@@ -38,6 +38,7 @@ from tests.engine.realengine import (
     complete,
     governor_cli,
     metric_value,
+    set_knobs,
 )
 from tests.service.harness import keda_replicas
 
@@ -77,27 +78,6 @@ def _gauge(world: EngineWorld, name: str) -> float:
     value = metric_value(world.engine.metrics(), name, model_name=MODEL_NAME)
     assert value is not None, f"{name} missing from the engine's /metrics"
     return value
-
-
-def _set_knobs(world: EngineWorld, seqs: int, tokens: int = 2048) -> float:
-    """Ask the governor (admin API) for static knobs; returns the monotonic time at which
-    the governor published them on WatchBatchingConfig."""
-    with grpc.insecure_channel(world.governor_address) as channel:
-        admin = pb_grpc.AdminServiceStub(channel)
-        target = pb.ModelTarget()
-        target.CopyFrom(admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=10).target)
-        target.knobs.default_max_num_seqs = seqs
-        target.knobs.default_max_num_batched_tokens = tokens
-        watch = pb_grpc.BatchingServiceStub(channel).WatchBatchingConfig(
-            pb.GetBatchingConfigRequest(model=MODEL_NAME), timeout=30
-        )
-        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=10)
-        for msg in watch:
-            if msg.max_num_seqs == seqs and msg.max_num_batched_tokens == tokens:
-                published = time.monotonic()
-                watch.cancel()
-                return published
-    raise AssertionError("the governor never published the knobs")
 
 
 def _exposed_names(text: str) -> set[str]:
@@ -194,7 +174,7 @@ def test_running_and_waiting_follow_a_lowered_cap_live(engine_world: EngineWorld
     workers = 16
     with ClosedLoopLoad(engine.url, workers, prompt_len=32, max_tokens=48) as load:
         _poll(lambda: _gauge(engine_world, "vllm:num_requests_running") > LOW_CAP, 60, "load")
-        published = _set_knobs(engine_world, LOW_CAP)
+        published = set_knobs(engine_world, LOW_CAP)
         _poll(
             lambda: _gauge(engine_world, "vllm:num_requests_running") <= LOW_CAP,
             10,
@@ -213,7 +193,7 @@ def test_running_and_waiting_follow_a_lowered_cap_live(engine_world: EngineWorld
                 )
             )
             time.sleep(0.1)
-        raised = _set_knobs(engine_world, HIGH_CAP)
+        raised = set_knobs(engine_world, HIGH_CAP)
         _poll(
             lambda: _gauge(engine_world, "vllm:num_requests_running") > LOW_CAP,
             10,
@@ -280,7 +260,7 @@ def test_a_load_step_raises_the_decided_replicas(engine_world: EngineWorld) -> N
         base = _poll(
             lambda: keda_replicas(channel, MODEL_NAME) == 1 and 1, 60, "1 replica at idle", 0.5
         )
-        _set_knobs(engine_world, LOW_CAP)
+        set_knobs(engine_world, LOW_CAP)
         # 40 in flight at a cap of 4: a queue of ~36, about twice what the governor
         # believes one replica serves (it counts the queue as demand to drain in 1 s)
         with ClosedLoopLoad(engine_world.engine.url, 40, prompt_len=64, max_tokens=24) as load:
