@@ -281,7 +281,9 @@ class Decider(KnobSteps):
         profile = scaled_profile(self.profile, model_speed(speed))
         base_capacity = None if lengths is None else self._capacity(knobs, lengths, profile)
         if base_capacity is not None and memory.running is not None and state.replicas > 0:
-            old = self._capacity(memory.running, lengths, profile)  # type: ignore[arg-type]
+            # Never more than the published knobs' capacity: knobs that batch more than
+            # the SLA allows serve worse, not better (the fluid model cannot see that).
+            old = min(base_capacity, self._capacity(memory.running, lengths, profile))  # type: ignore[arg-type]
             n_old = min(memory.running_replicas, state.replicas)
             base_capacity = (n_old * old + (state.replicas - n_old) * base_capacity) / (
                 state.replicas
