@@ -47,9 +47,11 @@ from actuators.keda import metric_name
 from benchmarks.common import Row, bench_args, median, percentile, print_rows, write_rows
 from benchmarks.procs import (
     Child,
+    NoTickDataError,
     fake_prometheus,
     governor_run,
     grpc_ceiling,
+    tick_data_problem,
     write_governor_config,
 )
 from benchmarks.promreplay import model_names
@@ -250,11 +252,21 @@ def tick_gaps(line_times: list[float], since: float, until: float) -> list[float
 
 
 def wait_ticks(gov: Child, metrics_port: int, n: int, timeout_s: float = 120.0) -> None:
+    """Wait for `n` ticks of `gov`; NoTickDataError when they had no data."""
     deadline = time.monotonic() + timeout_s
     while scrape(metrics_port).get("governor_ticks_total", 0) < n:
         if time.monotonic() > deadline or gov.proc.poll() is not None:
             raise RuntimeError("governor did not tick:\n" + "\n".join(gov.kept[-20:]))
         time.sleep(0.5)
+    check_tick_data(metrics_port)
+
+
+def check_tick_data(metrics_port: int) -> None:
+    """NoTickDataError when any tick of the governor so far had no data for a model."""
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    problem = tick_data_problem(urllib.request.urlopen(url, timeout=30).read().decode())
+    if problem:
+        raise NoTickDataError(problem)
 
 
 def _start_governor(names: list[str], url: str, workdir: Path, tick_s: float) -> Child:
@@ -359,6 +371,7 @@ def latency_under_ticks(
                 f" s wall, max gap {ol['tick_gap_max_s']:.2f} s",
                 flush=True,
             )
+        check_tick_data(gov.ports[1])  # every tick during the open loops had data
         out["governor_rss_mb"] = gov.rss_mb()[0]
     finally:
         ceiling.stop()
@@ -379,8 +392,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if args.quick:
         args.models, args.seconds, args.reps, args.open_seconds = 10, 1.0, 1, 2.0
     names = model_names(args.models)
-    prom, url = fake_prometheus(args.models)
     tmp = tempfile.TemporaryDirectory()
+    prom, url = fake_prometheus(write_governor_config(Path(tmp.name) / "fake.yaml", names))
     try:
         results = throughput(names, url, Path(tmp.name), args)
         lat = latency_under_ticks(names, url, Path(tmp.name), args)
@@ -442,8 +455,31 @@ def main(argv: list[str] | None = None) -> list[Row]:
             )
         )
     write_rows(args.json, "grpc", rows, {"medians": med, "open_loop": lat})
+    failed = failed_calls(rows)
+    if failed:
+        print_rows(rows)
+        raise CallErrorsError(f"{failed} calls failed: the numbers above are not on answers")
     return rows
 
 
+class CallErrorsError(RuntimeError):
+    """Some measured calls failed (the latencies would be of errors)."""
+
+
+def failed_calls(rows: list[Row]) -> int:
+    """Failed calls over every measured run in `rows` (governor, ceiling, loop idle)."""
+    total = 0
+    for r in rows:
+        for runs in r.data.get("runs", {}).values():  # closed loops
+            total += sum(int(run["errors"]) for run in runs)
+        if "rate_per_s" in r.data:  # open loops
+            total += int(r.data["errors"]) + int(r.data["ceiling"]["errors"])
+            total += int(r.data["governor_loop_idle"]["errors"])
+    return total
+
+
 if __name__ == "__main__":
-    print_rows(main())
+    try:
+        print_rows(main())
+    except (NoTickDataError, CallErrorsError) as exc:
+        raise SystemExit(f"bench_grpc: FAILED: {exc}") from None

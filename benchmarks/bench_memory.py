@@ -24,7 +24,13 @@ import grpc
 
 from benchmarks.bench_grpc import scrape, wait_ticks
 from benchmarks.common import Row, bench_args, median, print_rows, write_rows
-from benchmarks.procs import Child, fake_prometheus, governor_run, write_governor_config
+from benchmarks.procs import (
+    Child,
+    NoTickDataError,
+    fake_prometheus,
+    governor_run,
+    write_governor_config,
+)
 from benchmarks.promreplay import model_names
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
@@ -105,8 +111,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
     if args.quick:
         args.models, args.streams, args.ticks, args.samples = 10, 10, 1, 1
     names = model_names(args.models)
-    prom, url = fake_prometheus(args.models)
     tmp = tempfile.TemporaryDirectory()
+    prom, url = fake_prometheus(write_governor_config(Path(tmp.name) / "fake.yaml", names))
     gov = None
     try:
         gov = governor_run(write_governor_config(Path(tmp.name) / "g.yaml", names, url))
@@ -143,4 +149,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
 
 
 if __name__ == "__main__":
-    print_rows(main())
+    try:
+        print_rows(main())
+    except NoTickDataError as exc:
+        raise SystemExit(f"bench_memory: FAILED: {exc}") from None

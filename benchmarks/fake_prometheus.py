@@ -1,16 +1,26 @@
-"""A Prometheus query API on loopback that answers the tick's queries from the recording.
+"""A Prometheus query API on loopback that answers a `governor run`'s tick queries from
+the recording.
 
 This owns serving `benchmarks.promreplay` answers over HTTP, so a real `governor run`
 (its PrometheusConnect client, HTTP and JSON decoding included) can be benchmarked at N
-models without a Prometheus holding N models' series. `GET/POST /api/v1/query?query=Q`
-answers `{"status": "success", "data": {"resultType": "vector", "result": [...]}}` for
-each of the five tick queries (built with the same model label, rate window and panic
-window as the governor's; the SLA-edge one recognized by its shape), pre-rendered per
-tick variant; the variant advances on each
-`demand` query. Any other query gets HTTP 400 with Prometheus's error shape.
+models without a Prometheus holding N models' series. It is started with the governor
+config of the benchmark (`--config`; its URL is not read) and answers exactly the
+queries a governor with that config sends, no others: they are listed by building the
+governor's own source (`service.run.prometheus_source`, windows and the short window's
+start-up check included) over a capturing client and running one tick for the config's
+models (`controller.loop.model_query`, so the SLA-edge query is the governor's too).
 
-Run: `python -m benchmarks.fake_prometheus --models 1000 [--window-s 60] [--short-window-s
-10]`; prints `fake-prometheus: port N` on stdout once listening, serves until killed.
+`GET/POST /api/v1/query?query=Q` answers `{"status": "success", "data": {"resultType":
+"vector", "result": [...]}}` for each of the eight tick queries, pre-rendered per tick
+variant (the variant advances on each `demand` query), and for the start-up check's
+engine-jobs query; `GET /api/v1/targets` lists one engine target scraped every
+`prometheus.scrape_interval_s` of the config (so the check keeps the configured short
+window). Any other query gets HTTP 400 with Prometheus's error shape and is counted
+(`unknown`).
+
+Run: `python -m benchmarks.fake_prometheus --config governor.yaml [--variants 4]`;
+prints `fake-prometheus: port N` on stdout once listening, serves until killed. The
+config's models must be `benchmarks.promreplay.model_names(N)`.
 """
 
 from __future__ import annotations
@@ -19,10 +29,13 @@ import argparse
 import contextlib
 import http.server
 import json
+import random
 import sys
 import threading
 import time
 import urllib.parse
+from pathlib import Path
+from typing import Any
 
 from benchmarks.promreplay import (
     fill_now,
@@ -31,31 +44,64 @@ from benchmarks.promreplay import (
     query_namer,
     render_answers,
 )
-from estimators.promql import DEFAULT_MODEL_LABEL, build_queries
+from controller.config import GovernorConfig, load_config
+from controller.loop import model_query
+from estimators.promql import TickQueries
+from estimators.scrape import ENGINE_JOBS_QUERY
 
 PORT_LINE = "fake-prometheus: port "
+ENGINE_JOB = "vllm"
+
+
+class _Capture:
+    """A query client that answers every query with no series (lists nothing)."""
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> list[Any]:
+        return []
+
+
+def governor_queries(config: GovernorConfig) -> TickQueries:
+    """The queries one tick of `governor run --config` sends for `config`'s models, when
+    Prometheus reports the engines scraped every `prometheus.scrape_interval_s`."""
+    from service.run import prometheus_source
+
+    interval = config.prometheus.scrape_interval_s
+    source = prometheus_source(config, reported_s=lambda url, timeout: interval, client=_Capture())
+    source.observe([model_query(m) for m in config.models], time.time())
+    return source.queries
+
+
+def _ok(result: object) -> bytes:
+    return json.dumps({"status": "success", "data": result}).encode()
 
 
 class Answers:
-    """Pre-rendered HTTP bodies per (variant, query text)."""
+    """Pre-rendered HTTP bodies per (variant, query name) for the governor `config`."""
 
-    def __init__(
-        self, n_models: int, window_s: float, short_window_s: float | None, variants: int
-    ) -> None:
-        import random
-
+    def __init__(self, config: GovernorConfig, variants: int) -> None:
+        names = [m.name for m in config.models]
+        if names != model_names(len(names)):
+            raise ValueError(
+                "the config's models must be benchmarks.promreplay.model_names(N) "
+                f"(model-00000, ...), got {names[:3]}..."
+            )
         rec = load_recording()
-        queries = build_queries(DEFAULT_MODEL_LABEL, window_s, short_window_s=short_window_s)
-        self.name_of = query_namer(queries)
+        if rec["model_label"] != config.prometheus.model_label:
+            raise ValueError(
+                f"the recording groups by {rec['model_label']!r}, the config by "
+                f"{config.prometheus.model_label!r}"
+            )
+        self.queries = governor_queries(config)
+        self.name_of = query_namer(self.queries, any_edges=False)
         rng = random.Random(0)
         self.bodies: list[dict[str, bytes]] = []
         for v in range(max(1, variants)):
             factors = (
                 None
                 if v == 0
-                else {m: 1.0 + 0.05 * rng.uniform(-1.0, 1.0) for m in model_names(n_models)}
+                else {m: 1.0 + 0.05 * rng.uniform(-1.0, 1.0) for m in model_names(len(names))}
             )
-            rendered = render_answers(rec, n_models, factors=factors)
+            rendered = render_answers(rec, len(names), factors=factors)
             self.bodies.append(
                 {
                     name: b'{"status":"success","data":{"resultType":"vector","result":'
@@ -64,13 +110,26 @@ class Answers:
                     for name, body in rendered.items()
                 }
             )
+        interval = f"{config.prometheus.scrape_interval_s:g}s"
+        jobs = [{"metric": {"job": ENGINE_JOB}, "value": [0, "1"]}]
+        self.jobs = _ok({"resultType": "vector", "result": jobs})
+        self.targets = _ok(
+            {"activeTargets": [{"labels": {"job": ENGINE_JOB}, "scrapeInterval": interval}]}
+        )
         self.tick = -1
+        self.unknown = 0
+        """Queries answered 400 (not the governor's) since start."""
         self.lock = threading.Lock()
 
     def body(self, query: str, eval_time_s: float) -> bytes | None:
+        """The answer to `query` at `eval_time_s` (Unix s); None for an unknown query."""
+        if query == ENGINE_JOBS_QUERY:
+            return self.jobs
         try:
             name = self.name_of(query)
         except KeyError:
+            with self.lock:
+                self.unknown += 1
             return None
         with self.lock:
             if name == "demand":
@@ -85,31 +144,37 @@ def serve(answers: Answers, port: int = 0) -> http.server.ThreadingHTTPServer:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def _answer(self, params: dict[str, list[str]]) -> None:
-            query = params.get("query", [""])[0]
-            try:
-                at = float(params.get("time", [""])[0])
-            except ValueError:
-                at = time.time()
-            body = answers.body(query, at)
-            status = 200
-            if body is None:
-                status = 400
-                body = json.dumps(
-                    {"status": "error", "errorType": "bad_data", "error": f"unknown {query!r}"}
-                ).encode()
+        def _send(self, status: int, body: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
+        def _answer(self, path: str, params: dict[str, list[str]]) -> None:
+            if path == "/api/v1/targets":
+                self._send(200, answers.targets)
+                return
+            query = params.get("query", [""])[0]
+            try:
+                at = float(params.get("time", [""])[0])
+            except ValueError:
+                at = time.time()
+            body = answers.body(query, at) if path == "/api/v1/query" else None
+            if body is None:
+                error = {"status": "error", "errorType": "bad_data", "error": f"unknown {query!r}"}
+                self._send(400, json.dumps(error).encode())
+                return
+            self._send(200, body)
+
         def do_GET(self) -> None:
-            self._answer(urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query))
+            url = urllib.parse.urlsplit(self.path)
+            self._answer(url.path, urllib.parse.parse_qs(url.query))
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            self._answer(urllib.parse.parse_qs(self.rfile.read(length).decode()))
+            params = urllib.parse.parse_qs(self.rfile.read(length).decode())
+            self._answer(urllib.parse.urlsplit(self.path).path, params)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -122,13 +187,15 @@ def serve(answers: Answers, port: int = 0) -> http.server.ThreadingHTTPServer:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--models", type=int, default=1000)
-    ap.add_argument("--window-s", type=float, default=60.0)
-    ap.add_argument("--short-window-s", type=float, default=10.0)
+    ap.add_argument("--config", required=True, help="the governor config of the benchmark")
     ap.add_argument("--variants", type=int, default=4)
     ap.add_argument("--port", type=int, default=0)
     args = ap.parse_args(argv)
-    answers = Answers(args.models, args.window_s, args.short_window_s, args.variants)
+    try:
+        answers = Answers(load_config(Path(args.config)), args.variants)
+    except (ValueError, OSError) as exc:  # ConfigError is a ValueError
+        print(f"fake-prometheus: error: {exc}", flush=True)
+        return 2
     server = serve(answers, args.port)
     print(f"{PORT_LINE}{server.server_address[1]}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):

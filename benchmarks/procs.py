@@ -12,6 +12,7 @@ Units: seconds (CPU, wall), MB (10^6 bytes) of resident memory.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,12 +136,24 @@ def _ints(text: str) -> list[str]:
     return out
 
 
+SCRAPE_INTERVAL_S = 15.0
+"""How often the benchmarks' Prometheus scrapes the engines, s: stated in the governor
+config (`prometheus.scrape_interval_s`) and reported by the fake Prometheus's targets."""
+UNUSED_URL = "http://fake-prometheus.invalid"
+"""The Prometheus URL of the config the fake Prometheus reads (it reads no URL)."""
+
+
 def write_governor_config(
-    path: Path, names: Sequence[str], prometheus_url: str, **policy: object
+    path: Path, names: Sequence[str], prometheus_url: str = UNUSED_URL, **policy: object
 ) -> Path:
-    """A `governor run` config for `names` (SLA as the tick benchmark's) -> `path`."""
+    """A `governor run` config for `names` (SLA as the tick benchmark's, engines scraped
+    every `SCRAPE_INTERVAL_S`) -> `path`."""
     doc = {
-        "prometheus": {"url": prometheus_url, "timeout_s": 30},
+        "prometheus": {
+            "url": prometheus_url,
+            "timeout_s": 30,
+            "scrape_interval_s": SCRAPE_INTERVAL_S,
+        },
         "policy": dict(policy),
         "models": [
             {
@@ -156,8 +169,9 @@ def write_governor_config(
     return path
 
 
-def fake_prometheus(n_models: int, variants: int = 4) -> tuple[Child, str]:
-    """Start the fake Prometheus for `n_models`; returns (child, base URL)."""
+def fake_prometheus(config: Path, variants: int = 4) -> tuple[Child, str]:
+    """Start the fake Prometheus answering the queries of a governor with `config` (its
+    URL unused; see benchmarks.fake_prometheus); returns (child, base URL)."""
     from benchmarks.fake_prometheus import PORT_LINE
 
     child = Child(
@@ -165,14 +179,42 @@ def fake_prometheus(n_models: int, variants: int = 4) -> tuple[Child, str]:
             sys.executable,
             "-m",
             "benchmarks.fake_prometheus",
-            "--models",
-            str(n_models),
+            "--config",
+            str(config),
             "--variants",
             str(variants),
         ],
         PORT_LINE,
+        stream="stdout",
+        keep_lines=20,
     )
     return child, f"http://127.0.0.1:{child.port()}"
+
+
+class NoTickDataError(RuntimeError):
+    """The governor's ticks had no data: numbers measured on it would be on errors."""
+
+
+def tick_data_problem(metrics_text: str) -> str | None:
+    """Why the governor's ticks had no data, from its /metrics text; None when every
+    model had data at the latest tick and the source never failed."""
+    errors = {
+        kind: float(v)
+        for kind, v in re.findall(
+            r'^governor_source_errors_total\{kind="([^"]+)"\} (\S+)$', metrics_text, re.M
+        )
+        if float(v) > 0
+    }
+    flags = re.findall(r"^governor_model_stale\{[^}]*\} (\S+)$", metrics_text, re.M)
+    stale = sum(float(v) > 0 for v in flags)
+    if errors or stale or not flags:
+        listed = ", ".join(f"{k} {v:g}" for k, v in sorted(errors.items())) or "none"
+        return (
+            f"the governor's ticks had no data: {stale} of {len(flags)} models without "
+            f"data, source errors by kind: {listed} (does the fake Prometheus answer the "
+            "governor's queries? see benchmarks/fake_prometheus.py)"
+        )
+    return None
 
 
 def governor_run(config: Path, extra: Sequence[str] = (), keep_lines: int = 50) -> Child:

@@ -19,8 +19,8 @@ decodes the HTTP body (`response.json()["data"]["result"]`), so decoding is coun
 the observe cost; the HTTP round trip itself is not. With `decode=False` it returns
 answers decoded once at construction (never mutated by the source), so the cost of
 our own parsing can be told apart from the decoder's. Queries are matched by text to the
-source's `TickQueries` names (`query_namer`: the SLA-edge query by its shape); the variant
-advances on each `demand` query (one per tick).
+source's `TickQueries` names (`query_namer`: the SLA-edge query by its shape, or exactly
+for the fake Prometheus); the variant advances on each `demand` query (one per tick).
 """
 
 from __future__ import annotations
@@ -54,15 +54,16 @@ JITTERED_SIGNALS = frozenset(
 SLA_BUCKETS = "sla_buckets"
 
 
-def query_namer(queries: TickQueries) -> Callable[[str], str]:
-    """Name a tick's query text: by `queries`, and any SLA-edge bucket query (its text
-    follows the SLAs of the models asked for) as `sla_buckets`. KeyError for others."""
+def query_namer(queries: TickQueries, *, any_edges: bool = True) -> Callable[[str], str]:
+    """Name a tick's query text: by `queries`, and (`any_edges`) any SLA-edge bucket
+    query as `sla_buckets` (its text follows the SLAs of the models asked for, unknown
+    to a client made before the first tick). KeyError for others."""
     names = {text: name for name, text in queries.items()}
 
     def name_of(text: str) -> str:
         name = names.get(text)
         if name is None:
-            if "_bucket{le=~" not in text:
+            if not any_edges or "_bucket{le=~" not in text:
                 raise KeyError(text[:200])
             name = SLA_BUCKETS
         return name

@@ -5,7 +5,7 @@ tick benchmark (`benchmarks/bench_tick.py`) and the perf tests replay, scaled to
 models, through a fake query client (`benchmarks/promreplay.py`). It starts the same
 world the integration tests use (tests/integration: a real Prometheus scraping the
 deterministic fake vLLM exporters, 1 s scrapes), waits for a full rate window, runs the
-five queries of `estimators.promql.build_queries` once and stores each query's
+eight queries of `estimators.promql.build_queries` once and stores each query's
 `data.result` list exactly as Prometheus answered it (labels, `[timestamp, "value"]`
 strings), keyed by query name, with the query text and the Prometheus version.
 

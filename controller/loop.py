@@ -118,6 +118,11 @@ class LoopSnapshot:
     models: Mapping[str, ModelSnapshot] = field(default_factory=dict)
 
 
+def model_query(model: ModelConfig) -> ModelQuery:
+    """What a tick asks the source about `model`: its name and SLA thresholds, seconds."""
+    return ModelQuery(model.name, model.sla.ttft_p95_ms / 1000.0, model.sla.itl_p95_ms / 1000.0)
+
+
 def _obs_fields(obs: Observation | NoDataError | SourceError) -> dict[str, Any]:
     if not isinstance(obs, Observation):
         return {"no_data": str(obs)}
@@ -243,12 +248,7 @@ class ControlLoop:
         with self._lock:
             deciders = dict(self._deciders)
             paused = set(self._paused)
-        queries = [
-            ModelQuery(
-                d.model.name, d.model.sla.ttft_p95_ms / 1000.0, d.model.sla.itl_p95_ms / 1000.0
-            )
-            for d in deciders.values()
-        ]
+        queries = [model_query(d.model) for d in deciders.values()]
         observations: dict[str, Observation | NoDataError | SourceError]
         try:
             observations = dict(self.source.observe(queries, now))

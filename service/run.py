@@ -18,7 +18,7 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -43,6 +43,9 @@ from service.server import (
     serve,
 )
 from service.store import FileStore, MemoryStore, Store, StoreError
+
+if TYPE_CHECKING:
+    from estimators.prometheus import PrometheusSource
 
 ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
 
@@ -252,16 +255,29 @@ def _source(args: argparse.Namespace, config: GovernorConfig) -> tuple[Any, list
         except SimulatorUnavailableError as exc:
             raise _RunError(str(exc), 2) from None
         return source, [fleet]
+    # Prometheus evaluates at Unix time; the loop's clock is monotonic.
+    return WallClockSource(prometheus_source(config), SystemClock()), []
+
+
+def prometheus_source(
+    config: GovernorConfig,
+    reported_s: Callable[[str, float], float | None] | None = None,
+    client: Any = None,
+) -> PrometheusSource:
+    """The Prometheus source `governor run` reads for `config`: its rate window and
+    staleness limit, the short window of `checked_short_window_s` (`reported_s`: how
+    the engines' scrape interval is asked, default Prometheus's targets API). `client`:
+    an injected query client (the benchmarks' fake Prometheus lists the queries this
+    source sends through one)."""
     from estimators.prometheus import PrometheusSource
 
-    # Prometheus evaluates at Unix time; the loop's clock is monotonic.
-    prom = PrometheusSource(
+    return PrometheusSource(
         config.prometheus,
         window_s=config.policy.window_s,
-        short_window_s=checked_short_window_s(config),
+        short_window_s=checked_short_window_s(config, reported_s),
         max_staleness_s=config.policy.max_staleness_s,
+        client=client,
     )
-    return WallClockSource(prom, SystemClock()), []
 
 
 def checked_short_window_s(
