@@ -21,6 +21,10 @@ Measured:
   started within 1 s of its schedule) and the longest gap between tick starts (from the
   arrival times of its log lines).
 
+Fails (exit 1, naming the cause) rather than report numbers on errors: when a tick of
+the governor had no data for a model (its /metrics: stale models, source errors; see
+`benchmarks.procs.tick_data_problem`) or when calls failed other than by load shedding.
+
 Goals (issue 7): GetBatchingConfig throughput >= 70 % of the ceiling's; p99 <= 5 ms at
 1,000 calls/s while control ticks stay on time.
 Run: `.venv/bin/python -m benchmarks.bench_grpc [--models 1000] [--json F]`.
@@ -113,6 +117,7 @@ async def closed_loop(
             await ch.channel_ready()
         lat: list[float] = []
         errors = 0
+        codes: dict[str, int] = {}
         measuring = False
         stop_at = time.perf_counter() + 1.0 + seconds
         rng = random.Random(1)
@@ -126,8 +131,9 @@ async def closed_loop(
                     return
                 try:
                     await call(ch, rng.randrange(1 << 30))
-                except grpc.aio.AioRpcError:
+                except grpc.aio.AioRpcError as exc:
                     errors += 1
+                    codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
                     continue
                 if measuring:
                     lat.append(time.perf_counter() - t0)
@@ -150,6 +156,7 @@ async def closed_loop(
         "server_cpu_us_per_call": cpu / n * 1e6 if n else float("nan"),
         "calls": n,
         "errors": errors,
+        "error_codes": codes,
     }
 
 
@@ -162,6 +169,7 @@ async def open_loop(address: str, call: Call, rate: float, seconds: float) -> di
         lat: list[float] = []
         late: list[float] = []
         errors = 0
+        codes: dict[str, int] = {}
         loop = asyncio.get_running_loop()
         total = int(rate * seconds)
         start = loop.time() + 0.05
@@ -173,8 +181,9 @@ async def open_loop(address: str, call: Call, rate: float, seconds: float) -> di
             late.append(loop.time() - due)
             try:
                 await call(channels[i % CHANNELS], i)
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as exc:
                 errors += 1
+                codes[exc.code().name] = codes.get(exc.code().name, 0) + 1
                 return
             lat.append(time.perf_counter() - t0)
 
@@ -192,6 +201,7 @@ async def open_loop(address: str, call: Call, rate: float, seconds: float) -> di
         "rate_per_s": rate,
         "calls": len(lat),
         "errors": errors,
+        "error_codes": codes,
         "p50_ms": percentile(lat, 0.5) * 1000,
         "p99_ms": percentile(lat, 0.99) * 1000,
         "max_ms": max(lat) * 1000,
@@ -365,7 +375,8 @@ def latency_under_ticks(
             out[f"{rate:g}"] = ol
             print(
                 f"open loop {rate:.0f}/s, {t1 - t0:.1f} s: governor p50 {ol['p50_ms']:.2f} "
-                f"p99 {ol['p99_ms']:.2f} max {ol['max_ms']:.1f} ms ({ol['errors']} errors); "
+                f"p99 {ol['p99_ms']:.2f} max {ol['max_ms']:.1f} ms ({ol['errors']} errors "
+                f"{ol['error_codes']}); "
                 f"ceiling p50 {ref['p50_ms']:.2f} p99 {ref['p99_ms']:.2f} ms; {ticks:.0f} "
                 f"ticks (schedule {ol['ticks_expected']:.1f}), tick {ol['tick_wall_s_mean']:.2f}"
                 f" s wall, max gap {ol['tick_gap_max_s']:.2f} s",
@@ -458,24 +469,36 @@ def main(argv: list[str] | None = None) -> list[Row]:
     failed = failed_calls(rows)
     if failed:
         print_rows(rows)
-        raise CallErrorsError(f"{failed} calls failed: the numbers above are not on answers")
+        listed = ", ".join(f"{n} {code}" for code, n in sorted(failed.items()))
+        raise CallErrorsError(f"calls failed ({listed}): the numbers above are not on answers")
     return rows
 
 
 class CallErrorsError(RuntimeError):
-    """Some measured calls failed (the latencies would be of errors)."""
+    """Measured calls failed other than by load shedding (the governor could not answer:
+    the latencies would be of errors)."""
 
 
-def failed_calls(rows: list[Row]) -> int:
-    """Failed calls over every measured run in `rows` (governor, ceiling, loop idle)."""
-    total = 0
+SHED_CODES = frozenset({"RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"})
+"""Failures of an overloaded server (refused over the RPC limit, or too slow): they are
+measurements, reported in the rows; any other code means the answer itself failed."""
+
+
+def failed_calls(rows: list[Row]) -> dict[str, int]:
+    """Failed calls by gRPC status code, load shedding left out (`SHED_CODES`), over
+    every measured run in `rows` (governor, ceiling, loop idle)."""
+    runs: list[dict[str, Any]] = []
     for r in rows:
-        for runs in r.data.get("runs", {}).values():  # closed loops
-            total += sum(int(run["errors"]) for run in runs)
+        for per_server in r.data.get("runs", {}).values():  # closed loops
+            runs.extend(per_server)
         if "rate_per_s" in r.data:  # open loops
-            total += int(r.data["errors"]) + int(r.data["ceiling"]["errors"])
-            total += int(r.data["governor_loop_idle"]["errors"])
-    return total
+            runs += [r.data, r.data["ceiling"], r.data["governor_loop_idle"]]
+    out: dict[str, int] = {}
+    for run in runs:
+        for code, n in run.get("error_codes", {}).items():
+            if code not in SHED_CODES:
+                out[code] = out.get(code, 0) + int(n)
+    return out
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.bench_grpc import failed_calls
+from benchmarks.common import Row
 from benchmarks.fake_prometheus import Answers, serve
 from benchmarks.procs import SCRAPE_INTERVAL_S, tick_data_problem, write_governor_config
 from benchmarks.promreplay import load_recording, model_names
@@ -98,3 +100,16 @@ def test_ticks_without_data_are_named() -> None:
     assert problem is not None
     assert "1 of 2 models without data" in problem and "source 3" in problem
     assert tick_data_problem("") is not None  # no model reported: nothing to trust
+
+
+def test_calls_failing_other_than_by_load_shedding_are_counted() -> None:
+    idle = {"error_codes": {"UNAVAILABLE": 2}}
+    open_loop = {
+        "rate_per_s": 1000.0,
+        "error_codes": {"RESOURCE_EXHAUSTED": 9, "UNAVAILABLE": 1},
+        "ceiling": {"error_codes": {"DEADLINE_EXCEEDED": 4}},
+        "governor_loop_idle": idle,
+    }
+    closed = {"runs": {"governor": [{"error_codes": {"NOT_FOUND": 5}}], "ceiling": []}}
+    rows = [Row("3", "closed", "", data=closed), Row("3", "open", "", data=open_loop)]
+    assert failed_calls(rows) == {"UNAVAILABLE": 3, "NOT_FOUND": 5}
