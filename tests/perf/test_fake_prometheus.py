@@ -107,7 +107,7 @@ def test_calls_failing_other_than_by_load_shedding_are_counted() -> None:
     open_loop = {
         "rate_per_s": 1000.0,
         "error_codes": {"RESOURCE_EXHAUSTED": 9, "UNAVAILABLE": 1},
-        "ceiling": {"error_codes": {"DEADLINE_EXCEEDED": 4}},
+        "ceiling": {"error_codes": {"DEADLINE_EXCEEDED": 4, "CANCELLED": 2}},
         "governor_loop_idle": idle,
     }
     closed = {"runs": {"governor": [{"error_codes": {"NOT_FOUND": 5}}], "ceiling": []}}
