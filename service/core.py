@@ -134,7 +134,10 @@ class ServiceCore:
         self._loop_logger = logger  # None: the loop's own default logger
         self.board = DecisionBoard(wall=self.clock.wall, logger=logger)
         self._targets_lock = threading.RLock()
-        self._tick_lock = threading.Lock()
+        # A tick runs under one target set: an admin edit waits for the tick in flight
+        # (lock order: tick, then targets), else a tick begun under the old target could
+        # publish its knobs after the edit's (seen on a real engine as 4 -> 32 -> 4).
+        self._tick_lock = threading.RLock()
         self._engines: dict[str, dict[str, float]] = {}
         self._engines_lock = threading.Lock()
         self.counters = _Counters()
@@ -460,7 +463,7 @@ class ServiceCore:
         dry_run: bool = False,
     ) -> tuple[GovernorConfig, str]:
         """Read-modify-write of the target set with optimistic concurrency."""
-        with self._targets_lock:
+        with self._tick_lock, self._targets_lock:
             for _ in range(5):
                 try:
                     stored = self.store.load_targets()
@@ -558,7 +561,7 @@ class ServiceCore:
             return [(m, m.name in paused) for m in self.config.models], self.targets_revision
 
     def delete_target(self, name: str, expected_revision: str | None = None) -> str:
-        with self._targets_lock:
+        with self._tick_lock, self._targets_lock:
             self._require(name)
             if len(self.config.models) == 1:
                 raise AdminError(
@@ -576,7 +579,7 @@ class ServiceCore:
 
     def set_paused(self, name: str, paused: bool) -> bool:
         """Shadow mode on (`paused`) or off for `name`; persisted with the targets."""
-        with self._targets_lock:
+        with self._tick_lock, self._targets_lock:
             self._require(name)
 
             def change(doc: TargetsDoc) -> TargetsDoc:

@@ -419,9 +419,9 @@ def set_knobs(world: EngineWorld, seqs: int, tokens: int = 2048) -> float:
         target.CopyFrom(admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=10).target)
         target.knobs.default_max_num_seqs = seqs
         target.knobs.default_max_num_batched_tokens = tokens
-        # Change the target right after a tick has ended: a tick that began under the old
-        # target and ends after the change publishes the old knobs once more (a governor
-        # race, seen here as a 4 -> 32 -> 4 flap within 3 s); the test is about the engine.
+        # Change the target right after a tick has ended, so the measured time is the
+        # engine's, not a wait for the tick in flight (an edit is applied after it: the
+        # 4 -> 32 -> 4 flap once seen here is tests/service/test_tick_target_race.py).
         last = admin.GetStatus(pb.GetStatusRequest(), timeout=10).last_tick_unix_s
         end = time.monotonic() + 10.0
         while time.monotonic() < end:
