@@ -137,6 +137,24 @@ class QueuedActuatorBase:
         if self._worker is not None:
             self._worker.join(timeout_s)
 
+    def _merge_patch(
+        self, what: str, fn: Callable[..., Any], name: str, namespace: str, body: Any, attempt: int
+    ) -> bool:
+        """Merge-patch `body` (which carries the resourceVersion it was read at) with `fn`.
+        True when applied; False after a 409 conflict before the last attempt, having
+        waited a jittered backoff (the caller reads the object again and retries)."""
+        try:
+            self._call(
+                what, fn, name, namespace, body, _content_type="application/merge-patch+json"
+            )
+        except KubeCallError as exc:
+            if exc.status == 409 and attempt < self.retries:
+                delay = min(MAX_BACKOFF_S, self.backoff_s * 2**attempt)
+                self._sleep(delay * random.uniform(0.9, 1.1))
+                return False
+            raise
+        return True
+
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         return call_with_retries(
             lambda: fn(*args, _request_timeout=self.timeout_s, **kw),

@@ -44,7 +44,7 @@ from typing import Any
 
 import structlog
 
-from actuators.kubeapi import MAX_BACKOFF_S, KubeCallError, QueuedActuatorBase
+from actuators.kubeapi import KubeCallError, QueuedActuatorBase
 from controller.types import Decision
 
 MAX_RETRY_DELAY_S = 30.0
@@ -273,21 +273,11 @@ class KubernetesScaleActuator(QueuedActuatorBase):
                     "metadata": {"resourceVersion": scale.metadata.resource_version},
                     "spec": {"replicas": replicas},
                 }
-                try:
-                    self._call(
-                        f"patch scale of {where}",
-                        self.apps.patch_namespaced_deployment_scale,
-                        deployment,
-                        namespace,
-                        body,
-                        _content_type="application/merge-patch+json",
-                    )
-                except KubeCallError as exc:
-                    if exc.status == 409 and attempt < self.retries:
-                        delay = min(MAX_BACKOFF_S, self.backoff_s * 2**attempt)
-                        self._sleep(delay * random.uniform(0.9, 1.1))
-                        continue
-                    raise
+                patch = self.apps.patch_namespaced_deployment_scale
+                if not self._merge_patch(
+                    f"patch scale of {where}", patch, deployment, namespace, body, attempt
+                ):
+                    continue
                 self._log.info("scaled", target=where, model=model, replicas=replicas, was=observed)
                 return self._record(model, ScaleReason.SCALED, replicas, observed, drained)
             raise AssertionError("unreachable")  # pragma: no cover

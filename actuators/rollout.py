@@ -32,7 +32,6 @@ knobs and why it waits.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,7 +41,7 @@ from typing import Any
 
 import structlog
 
-from actuators.kubeapi import MAX_BACKOFF_S, KubeCallError, QueuedActuatorBase
+from actuators.kubeapi import KubeCallError, QueuedActuatorBase
 from actuators.kubernetes import failure_reason
 from controller.types import Decision, Knobs
 
@@ -257,21 +256,11 @@ class KnobRolloutActuator(QueuedActuatorBase):
                         "template": {"metadata": {"annotations": {ROLLOUT_ANNOTATION: value}}}
                     },
                 }
-                try:
-                    self._call(
-                        f"patch {where}",
-                        self.apps.patch_namespaced_deployment,
-                        deployment,
-                        namespace,
-                        body,
-                        _content_type="application/merge-patch+json",
-                    )
-                except KubeCallError as exc:
-                    if exc.status == 409 and attempt < self.retries:
-                        delay = min(MAX_BACKOFF_S, self.backoff_s * 2**attempt)
-                        self._sleep(delay * random.uniform(0.9, 1.1))
-                        continue
-                    raise
+                patch = self.apps.patch_namespaced_deployment
+                if not self._merge_patch(
+                    f"patch {where}", patch, deployment, namespace, body, attempt
+                ):
+                    continue
                 with self._lock:
                     self._last_start[model] = self._monotonic()
                 self._log.info("rollout_started", model=model, target=where, knobs=value)
