@@ -248,19 +248,7 @@ class ControlLoop:
         with self._lock:
             deciders = dict(self._deciders)
             paused = set(self._paused)
-        queries = [model_query(d.model) for d in deciders.values()]
-        observations: dict[str, Observation | NoDataError | SourceError]
-        try:
-            observations = dict(self.source.observe(queries, now))
-        except SourceError as exc:
-            self.metrics.source_errors.labels("source").inc()
-            self.log.warning("source_error", error=str(exc))
-            observations = {q.name: exc for q in queries}
-        except Exception as exc:  # a bug in a source must not stop the loop
-            self.metrics.source_errors.labels("unexpected").inc()
-            self.log.error("source_crashed", error=repr(exc))
-            err = SourceError(f"source raised {type(exc).__name__}: {exc}")
-            observations = {q.name: err for q in queries}
+        observations = self._observe([model_query(d.model) for d in deciders.values()], now)
 
         decisions: list[Decision] = []
         new_states: dict[str, ModelState] = {}
@@ -268,56 +256,83 @@ class ControlLoop:
             obs = observations.get(name) or NoDataError(
                 name, "arrival_rate", "model absent from source"
             )
-            if isinstance(obs, NoDataError):
-                self.metrics.source_errors.labels("no_data").inc()
-            state = self._states.get(name)
-            size_unknown = False
-            if state is None:
-                start = obs.ready_replicas if isinstance(obs, Observation) else None
-                if start is None and self._initial_replicas is not None:
-                    start = self._initial_replicas(decider.model)
-                size_unknown = start is None
-                state = decider.initial_state(start, now)
-            try:
-                decision, new_state = decider.decide(obs, state, now)
-            except Exception as exc:  # one model's bad input must not stop the others
-                self.metrics.source_errors.labels("decide").inc()
-                self.log.error("decide_failed", model=name, error=repr(exc))
-                err = SourceError(f"decide raised {type(exc).__name__}: {exc}")
-                decision, new_state = decider.decide(err, state, now)
-            if not (size_unknown and not decision.valid):
-                # A state begun without knowing the fleet's size (min replicas assumed)
-                # is not kept through a tick without data: the first good observation
-                # starts it from the fleet it sees, so a controller that starts before
-                # the first scrape cannot shrink a bigger fleet toward min replicas.
+            decision, new_state = self._decide_model(decider, obs, now)
+            if new_state is not None:
                 new_states[name] = new_state
             decisions.append(decision)
             staleness = obs.staleness_s if isinstance(obs, Observation) else None
             self.metrics.record(decision, staleness, paused=name in paused)
-            log.info(
-                "decision",
-                model=name,
-                valid=decision.valid,
-                replicas=decision.replicas,
-                raw=decision.raw_replicas,
-                demand_rps=decision.demand_rps,
-                capacity_rps=decision.capacity_rps_per_replica,
-                max_num_seqs=decision.knobs.max_num_seqs,
-                max_num_batched_tokens=decision.knobs.max_num_batched_tokens,
-                knob_reason=decision.knob_reason.value,
-                stages=[f"{s.name}:{s.reason.value}" for s in decision.stages],
-                paused=name in paused,
-                **_obs_fields(obs),
-            )
+            _log_decision(log, decision, obs, paused=name in paused)
 
-        to_apply = [d for d in decisions if d.model not in paused]
+        self._actuate([d for d in decisions if d.model not in paused])
+        self._commit(now, observations, decisions, new_states)
+        self.metrics.ticks.inc()
+        self.metrics.last_tick.set(self.clock.wall())
+        self.metrics.tick_duration.observe(time.perf_counter() - started)
+        return decisions
+
+    def _observe(
+        self, queries: list[ModelQuery], now: float
+    ) -> dict[str, Observation | NoDataError | SourceError]:
+        """Every model's observation; a source that fails gives each model its error."""
+        try:
+            return dict(self.source.observe(queries, now))
+        except SourceError as exc:
+            self.metrics.source_errors.labels("source").inc()
+            self.log.warning("source_error", error=str(exc))
+            return {q.name: exc for q in queries}
+        except Exception as exc:  # a bug in a source must not stop the loop
+            self.metrics.source_errors.labels("unexpected").inc()
+            self.log.error("source_crashed", error=repr(exc))
+            err = SourceError(f"source raised {type(exc).__name__}: {exc}")
+            return {q.name: err for q in queries}
+
+    def _decide_model(
+        self, decider: Decider, obs: Observation | NoDataError | SourceError, now: float
+    ) -> tuple[Decision, ModelState | None]:
+        """One model's decision and the state to keep (None: keep none, see below)."""
+        name = decider.model.name
+        if isinstance(obs, NoDataError):
+            self.metrics.source_errors.labels("no_data").inc()
+        state = self._states.get(name)
+        size_unknown = False
+        if state is None:
+            start = obs.ready_replicas if isinstance(obs, Observation) else None
+            if start is None and self._initial_replicas is not None:
+                start = self._initial_replicas(decider.model)
+            size_unknown = start is None
+            state = decider.initial_state(start, now)
+        try:
+            decision, new_state = decider.decide(obs, state, now)
+        except Exception as exc:  # one model's bad input must not stop the others
+            self.metrics.source_errors.labels("decide").inc()
+            self.log.error("decide_failed", model=name, error=repr(exc))
+            err = SourceError(f"decide raised {type(exc).__name__}: {exc}")
+            decision, new_state = decider.decide(err, state, now)
+        if size_unknown and not decision.valid:
+            # A state begun without knowing the fleet's size (min replicas assumed)
+            # is not kept through a tick without data: the first good observation
+            # starts it from the fleet it sees, so a controller that starts before
+            # the first scrape cannot shrink a bigger fleet toward min replicas.
+            return decision, None
+        return decision, new_state
+
+    def _actuate(self, decisions: list[Decision]) -> None:
         for act in self.actuators:
             try:
-                act.apply(to_apply)
+                act.apply(decisions)
             except Exception as exc:  # one actuator's failure must not stop the others
                 self.metrics.actuation_errors.labels(type(act).__name__, "exception").inc()
                 self.log.error("actuator_failed", actuator=type(act).__name__, error=repr(exc))
 
+    def _commit(
+        self,
+        now: float,
+        observations: Mapping[str, Observation | NoDataError | SourceError],
+        decisions: list[Decision],
+        new_states: dict[str, ModelState],
+    ) -> None:
+        """Keep the tick's states and history, publish the snapshot, tell the listeners."""
         with self._lock:
             for name, st in new_states.items():
                 if name in self._deciders:
@@ -345,10 +360,27 @@ class ControlLoop:
                 fn(self._snapshot)
             except Exception as exc:
                 self.log.error("listener_failed", error=repr(exc))
-        self.metrics.ticks.inc()
-        self.metrics.last_tick.set(self.clock.wall())
-        self.metrics.tick_duration.observe(time.perf_counter() - started)
-        return decisions
+
+
+def _log_decision(
+    log: Any, decision: Decision, obs: Observation | NoDataError | SourceError, *, paused: bool
+) -> None:
+    """The tick's one structured line for a model: inputs, outputs, every stage's reason."""
+    log.info(
+        "decision",
+        model=decision.model,
+        valid=decision.valid,
+        replicas=decision.replicas,
+        raw=decision.raw_replicas,
+        demand_rps=decision.demand_rps,
+        capacity_rps=decision.capacity_rps_per_replica,
+        max_num_seqs=decision.knobs.max_num_seqs,
+        max_num_batched_tokens=decision.knobs.max_num_batched_tokens,
+        knob_reason=decision.knob_reason.value,
+        stages=[f"{s.name}:{s.reason.value}" for s in decision.stages],
+        paused=paused,
+        **_obs_fields(obs),
+    )
 
 
 class RealTimeRunner:
