@@ -97,7 +97,7 @@ class QueryClient(Protocol):
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
 
 
-def _default_client(url: str, timeout_s: float, disable_ssl: bool, retries: int) -> QueryClient:
+def http_query_client(url: str, timeout_s: float, disable_ssl: bool, retries: int) -> QueryClient:
     """A `PrometheusConnect` with an HTTP timeout and no backoff-retries by default.
 
     PrometheusConnect's own default retries a failed request 3 times with exponential
@@ -204,7 +204,7 @@ class PrometheusSource:
             targets_lookback_s=targets_lookback_s,
         )
         """The queries of the latest tick (`sla_buckets` follows the models' SLAs)."""
-        self._client: QueryClient = client or _default_client(
+        self._client: QueryClient = client or http_query_client(
             self.url, self.timeout_s, disable_ssl, retries
         )
         self._per_call_timeout = _takes_timeout(self._client)

@@ -381,10 +381,10 @@ def _kube_actuators(
         from kubernetes import client as k8s
 
         from actuators.drain import PodDrainer, prometheus_running_by_pod
-        from estimators.prometheus import _default_client
+        from estimators.prometheus import http_query_client
 
         p = config.prometheus
-        prom = _default_client(p.url, p.timeout_s, p.disable_ssl, 0)
+        prom = http_query_client(p.url, p.timeout_s, p.disable_ssl, 0)
         running = prometheus_running_by_pod(prom, p.model_label)
         drain = PodDrainer(k8s.CoreV1Api(kube), k8s.AppsV1Api(kube), running).prepare
     if args.scale_via == "kubernetes":

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from actuators.drain import prometheus_running_by_pod
-from estimators.prometheus import _default_client
+from estimators.prometheus import http_query_client
 from tests.integration.fake_vllm import serve_registry
 from tests.integration.promserver import PrometheusServer, wait_for
 
@@ -49,11 +49,11 @@ def prom_url(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> I
 
 
 def test_running_by_pod_through_prometheus(prom_url: str) -> None:
-    running = prometheus_running_by_pod(_default_client(prom_url, 3.0, False, 0))
+    running = prometheus_running_by_pod(http_query_client(prom_url, 3.0, False, 0))
     assert running("m", "llm") == {"m-1": 5.0, "m-2": 0.0, "m-3": 2.0}
     assert running("absent", "llm") is None  # no series: unknown, not zero
 
 
 def test_running_by_pod_prometheus_down() -> None:
-    running = prometheus_running_by_pod(_default_client("http://127.0.0.1:9", 0.5, False, 0))
+    running = prometheus_running_by_pod(http_query_client("http://127.0.0.1:9", 0.5, False, 0))
     assert running("m", "llm") is None
