@@ -352,17 +352,23 @@ def test_engine_args_command_is_accepted_by_the_governor_cli() -> None:
         init=True,
     )
     env = {e["name"]: e.get("value") for e in init["env"]}
-    script = init["args"][0].split(">", 1)[0]
-    argv = (
-        script.replace('"$GOVERNOR_MODEL"', env["GOVERNOR_MODEL"])
+    commands = [
+        line.split(">", 1)[0]
+        .replace('"$GOVERNOR_MODEL"', env["GOVERNOR_MODEL"])
         .replace('"$GOVERNOR_SERVER"', env["GOVERNOR_SERVER"])
         .split()
-    )
-    assert argv[0] == "governor"
-    args = build_parser().parse_args(argv[1:])
-    assert args.command == "engine-args"
-    assert args.model == MODEL_8B["name"]
-    assert args.default_max_num_seqs == 128
+        for line in init["args"][0].splitlines()
+        if line.strip().startswith("governor ")
+    ]
+    # engine.liveKnobs (default): the live command, then its start-only fallback.
+    assert len(commands) == 2, init["args"][0]
+    parsed = [build_parser().parse_args(argv[1:]) for argv in commands]
+    for args in parsed:
+        assert args.command == "engine-args"
+        assert args.model == MODEL_8B["name"]
+        assert args.default_max_num_seqs == 128
+    assert parsed[0].live and parsed[0].plugin_dir == "/run/governor/plugin"
+    assert not parsed[1].live and not parsed[1].plugin_dir
 
 
 def test_config_and_targets_configmaps_pass_the_governors_validation() -> None:

@@ -121,7 +121,12 @@ def test_native_sidecar_engine_args_waits_a_bounded_time_only() -> None:
     # At most sidecar.engineArgsWaitSeconds (20 s) for the pod's own governor, then the
     # default knobs: engine-args always exits 0.
     assert "python - 20 50051 <<'EOF'" in script
-    assert script.rstrip().splitlines()[-1].startswith("governor engine-args --model")
+    assert (
+        script.split("<<'EOF'", 1)[1]
+        .split("\nEOF\n", 1)[1]
+        .lstrip()
+        .startswith("# engine.liveKnobs")
+    ), "engine-args runs after the wait, whatever the wait's outcome"
     quick = render(
         values(
             mode="sidecar",
@@ -541,6 +546,7 @@ def test_engine_args_script_runs_with_or_without_the_local_governor(tmp_path: Pa
         ports={"grpc": port},
         sidecar={"engineArgsWaitSeconds": 1},
         exampleEngine={"enabled": True},
+        engine={"liveKnobs": False},  # the wait; the live flags: test_engine_wiring.py
     )
     pod = one(render(vals, namespace="llm"), "Deployment", MODEL_8B["deployment"])
     init = container(pod["spec"]["template"]["spec"], "governor-engine-args", init=True)

@@ -101,8 +101,47 @@ prometheus. */}}
 {{- define "llm-governor.config" -}}
 {{- $cfg := include "llm-governor.models" . | fromYaml -}}
 {{- if .Values.policy }}{{ $_ := set $cfg "policy" .Values.policy }}{{ end -}}
-{{- if .Values.prometheus }}{{ $_ := set $cfg "prometheus" .Values.prometheus }}{{ end -}}
+{{- $prom := include "llm-governor.prometheusConfig" . | fromYaml -}}
+{{- if $prom }}{{ $_ := set $cfg "prometheus" $prom }}{{ end -}}
 {{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* A Prometheus duration ("15s", "1m30s", "500ms") in seconds. */}}
+{{- define "llm-governor.durationSeconds" -}}
+{{- $units := dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 "d" 86400.0 "w" 604800.0 "y" 31536000.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" . -1 -}}
+{{- $n := regexFind "^[0-9]+" . -}}
+{{- $total = addf $total (mulf (float64 $n) (get $units (trimPrefix $n .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/* The config's `prometheus` section. With the chart's ServiceMonitor/PodMonitor
+(monitoring.serviceMonitor.enabled), scrape_interval_s is their interval, so the decider's
+short window (at least two scrape intervals) matches how often the engines are scraped; a
+prometheus.scrape_interval_s that disagrees is refused. */}}
+{{- define "llm-governor.prometheusConfig" -}}
+{{- $prom := deepCopy (default dict .Values.prometheus) -}}
+{{- $sm := .Values.monitoring.serviceMonitor -}}
+{{- if $sm.enabled -}}
+{{- $every := include "llm-governor.durationSeconds" $sm.interval | float64 -}}
+{{- if and (hasKey $prom "scrape_interval_s") (ne (float64 $prom.scrape_interval_s) $every) -}}
+{{- fail (printf "prometheus.scrape_interval_s (%v) disagrees with monitoring.serviceMonitor.interval (%s = %v s), the interval the chart's ServiceMonitor and PodMonitor scrape at: the decider's short window must span two real scrapes. Leave prometheus.scrape_interval_s unset (the chart sets it from the interval) or make the two equal" $prom.scrape_interval_s $sm.interval $every) -}}
+{{- end -}}
+{{- $_ := set $prom "scrape_interval_s" $every -}}
+{{- /* The governor's own start checks (controller/config.py GovernorConfig; defaults
+window_s 60, max_staleness_s 90), at install instead of a crash-looping governor. */ -}}
+{{- $pol := default dict .Values.policy -}}
+{{- if gt $every 300.0 }}{{ fail (printf "monitoring.serviceMonitor.interval (%s) is over 300 s, the most prometheus.scrape_interval_s allows" $sm.interval) }}{{ end -}}
+{{- range $key, $dflt := dict "window_s" 60.0 "max_staleness_s" 90.0 -}}
+{{- $have := float64 (ternary (get $pol $key) $dflt (hasKey $pol $key)) -}}
+{{- if lt $have (mulf 2.0 $every) -}}
+{{- fail (printf "policy.%s (%v) must be >= 2 x monitoring.serviceMonitor.interval (%s): a rate needs two scrapes; raise policy.%s to at least %v or scrape more often" $key $have $sm.interval $key (mulf 2.0 $every)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $prom }}{{ toYaml $prom }}{{ end -}}
 {{- end -}}
 
 {{/* Checksum of what a running governor reads only at start. Not the models: their
@@ -113,7 +152,8 @@ sidecar. */}}
 {{- define "llm-governor.restartChecksum" -}}
 {{- $cfg := dict -}}
 {{- if .Values.policy }}{{ $_ := set $cfg "policy" .Values.policy }}{{ end -}}
-{{- if .Values.prometheus }}{{ $_ := set $cfg "prometheus" .Values.prometheus }}{{ end -}}
+{{- $prom := include "llm-governor.prometheusConfig" . | fromYaml -}}
+{{- if $prom }}{{ $_ := set $cfg "prometheus" $prom }}{{ end -}}
 {{- toYaml $cfg | sha256sum -}}
 {{- end -}}
 

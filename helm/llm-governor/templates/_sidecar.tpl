@@ -14,6 +14,8 @@ then, in the engine's pod template, with `$gov := .Subcharts.governor`:
       - name: vllm
         command: ["/bin/sh", "-c"]
         args: ['exec vllm serve MODEL $(cat /run/governor/engine-args)']
+        env:
+          {{- include "llm-governor.sidecar.engineEnv" $gov | nindent 10 }}
         volumeMounts:
           {{- include "llm-governor.sidecar.engineArgsMount" $gov | nindent 10 }}
       {{- include "llm-governor.sidecar.containers" $gov | nindent 6 }}
@@ -26,6 +28,10 @@ probe and runs under a supervisor that keeps the container running while `govern
 crashes (llm-governor.supervisor); engine-args waits for it at most
 sidecar.engineArgsWaitSeconds and then falls back to the model's default knobs; the
 admin-token Secret is optional; only the governor container gets the ServiceAccount token.
+With engine.liveKnobs the engine follows the knobs live (`engine-args --live`: the
+scheduler plugin and middleware, whose packages the init container copies to
+/run/governor/plugin, on the engine's PYTHONPATH through llm-governor.sidecar.engineEnv);
+a failed copy falls back to the start-only flags, so the engine never fails to import it.
 templates/example-engine.yaml uses exactly these templates, and tests/helm renders an
 engine chart that includes them through .Subcharts.
 */}}
@@ -90,7 +96,25 @@ engine never fails to start because of the governor. */}}
 - name: governor-engine-args
   emptyDir:
     medium: Memory
-    sizeLimit: 1Mi
+    {{- /* the flags; with engine.liveKnobs also the plugin's packages (about 120 KiB) */}}
+    sizeLimit: {{ ternary "8Mi" "1Mi" (include "llm-governor.liveKnobs" . | eq "true") }}
+{{- end -}}
+
+{{- define "llm-governor.liveKnobs" -}}
+{{- $e := default dict .Values.engine -}}
+{{- if hasKey $e "liveKnobs" }}{{ $e.liveKnobs }}{{ else }}true{{ end -}}
+{{- end -}}
+
+{{/* The engine container's environment: with engine.liveKnobs, the plugin's packages
+(copied by the engine-args init container) on PYTHONPATH; else nothing. Argument: the
+governor scope. Renders list items, or `[]` when there are none. */}}
+{{- define "llm-governor.sidecar.engineEnv" -}}
+{{- if eq (include "llm-governor.liveKnobs" .) "true" -}}
+- name: PYTHONPATH
+  value: /run/governor/plugin
+{{- else -}}
+[]
+{{- end -}}
 {{- end -}}
 
 {{- define "llm-governor.sidecar.engineArgsMount" -}}
@@ -128,9 +152,21 @@ governor's ConfigMap. */}}
               time.sleep(0.5)
       EOF
       {{- end }}
-      governor engine-args --model "$GOVERNOR_MODEL" --server "$GOVERNOR_SERVER"
-      {{- with $knobs.default_max_num_seqs }} --default-max-num-seqs {{ int . }}{{ end }}
-      {{- with $knobs.default_max_num_batched_tokens }} --default-max-num-batched-tokens {{ int . }}{{ end }} > /run/governor/engine-args
+      {{- $cmd := `governor engine-args --model "$GOVERNOR_MODEL" --server "$GOVERNOR_SERVER"` }}
+      {{- with $knobs.default_max_num_seqs }}{{ $cmd = printf "%s --default-max-num-seqs %d" $cmd (int .) }}{{ end }}
+      {{- with $knobs.default_max_num_batched_tokens }}{{ $cmd = printf "%s --default-max-num-batched-tokens %d" $cmd (int .) }}{{ end }}
+      {{- if eq (include "llm-governor.liveKnobs" .gov) "true" }}
+      # engine.liveKnobs: the ceilings, scheduler plugin, middleware and governor address;
+      # the plugin's packages go to /run/governor/plugin (the engine's PYTHONPATH). Should
+      # the copy fail, the start-only flags instead: the engine must not fail on an import.
+      {{ $cmd }} --live --plugin-dir /run/governor/plugin > /run/governor/engine-args
+      if [ ! -f /run/governor/plugin/governor_engine/__init__.py ] || [ ! -f /run/governor/plugin/governor_api/__init__.py ]; then
+        echo "governor engine-args: plugin packages missing; the engine starts with the start-only flags" >&2
+        {{ $cmd }} > /run/governor/engine-args
+      fi
+      {{- else }}
+      {{ $cmd }} > /run/governor/engine-args
+      {{- end }}
   env:
     - name: GOVERNOR_MODEL
       value: {{ .model | quote }}
