@@ -393,8 +393,9 @@ def _default_knobs(args: argparse.Namespace) -> tuple[Knobs, str]:
 
 
 def _ceiling_knobs(args: argparse.Namespace, resp: Any) -> tuple[Knobs, str]:
-    """The ceilings a live engine starts with: the flags, else the server's answer, else
-    --config's knob bounds, else KnobBounds' built-in maxima."""
+    """The ceilings a live engine starts with: the override flags, else the server's
+    answer, else the --default-*-ceiling flags, else --config's knob bounds, else
+    KnobBounds' built-in maxima."""
     base = KnobBounds()
     seqs, tokens = base.max_num_seqs_max, base.max_num_batched_tokens_max
     where = "built-in knob bounds"
@@ -409,6 +410,10 @@ def _ceiling_knobs(args: argparse.Namespace, resp: Any) -> tuple[Knobs, str]:
             where = f"bounds of {args.model!r} in {args.config}"
         except (ConfigError, KeyError) as exc:
             print(f"governor engine-args: warning: {args.config}: {exc}", file=sys.stderr)
+    if min(served) <= 0 and args.default_max_num_seqs_ceiling is not None:
+        seqs, where = args.default_max_num_seqs_ceiling, "command-line default ceilings"
+    if min(served) <= 0 and args.default_max_num_batched_tokens_ceiling is not None:
+        tokens, where = args.default_max_num_batched_tokens_ceiling, "command-line default ceilings"
     if args.max_num_seqs_ceiling is not None:
         seqs, where = args.max_num_seqs_ceiling, "command-line ceilings"
     if args.max_num_batched_tokens_ceiling is not None:
@@ -542,6 +547,16 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="with --live: also copy the plugin's Python packages here (put DIR on the "
         "engine's PYTHONPATH)",
+    )
+    p.add_argument(
+        "--default-max-num-seqs-ceiling",
+        type=int,
+        help="with --live: the ceiling when the governor cannot be reached",
+    )
+    p.add_argument(
+        "--default-max-num-batched-tokens-ceiling",
+        type=int,
+        help="with --live: the ceiling when the governor cannot be reached",
     )
     p.add_argument("--max-num-seqs-ceiling", type=int, help="with --live: override")
     p.add_argument("--max-num-batched-tokens-ceiling", type=int, help="with --live: override")

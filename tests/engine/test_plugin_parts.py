@@ -88,6 +88,28 @@ def test_engine_args_live_without_a_governor_uses_config_bounds_then_flags(
     assert cli_main([*base, "--config", str(cfg), "--max-num-seqs-ceiling", "16"]) == 0
     out, _ = capsys.readouterr()
     assert out.split()[:4] == ["--max-num-seqs", "16", "--max-num-batched-tokens", "3072"]
+    # The chart's fallback ceilings (the model's values) win over --config, lose to overrides.
+    fallback = ["--default-max-num-seqs-ceiling", "24", "--default-max-num-batched-tokens-ceiling"]
+    assert cli_main([*base, "--config", str(cfg), *fallback, "1024"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split()[:4] == ["--max-num-seqs", "24", "--max-num-batched-tokens", "1024"]
+    assert "command-line default ceilings" in err
+    assert cli_main([*base, *fallback, "1024", "--max-num-seqs-ceiling", "16"]) == 0
+    out, _ = capsys.readouterr()
+    assert out.split()[:4] == ["--max-num-seqs", "16", "--max-num-batched-tokens", "1024"]
+
+
+def test_engine_args_live_default_ceilings_yield_to_the_governors_bounds(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    core, clock = _core()
+    with ServerThread(core, logger=quiet_logger()) as s:
+        core.tick(clock.advance(5))
+        argv = ["engine-args", "--live", "--model", "demo", "--server", s.address]
+        fallback = ["--default-max-num-seqs-ceiling", "8"]
+        assert cli_main([*argv, *fallback]) == 0
+    out, err = capsys.readouterr()
+    assert out.split()[:4] == ["--max-num-seqs", "64", "--max-num-batched-tokens", "4096"], err
 
 
 # ---------------------------------------------------------------- follower

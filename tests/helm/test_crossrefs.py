@@ -368,6 +368,8 @@ def test_engine_args_command_is_accepted_by_the_governor_cli() -> None:
         assert args.model == MODEL_8B["name"]
         assert args.default_max_num_seqs == 128
     assert parsed[0].live and parsed[0].plugin_dir == "/run/governor/plugin"
+    # Without a governor the live engine starts at the model's knob bound (MODEL_8B: 512).
+    assert parsed[0].default_max_num_seqs_ceiling == MODEL_8B["knobs"]["max_num_seqs_max"]
     assert not parsed[1].live and not parsed[1].plugin_dir
 
 

@@ -32,7 +32,7 @@ def test_live_knobs_by_default_plugin_on_the_engines_pythonpath() -> None:
     pod = _engine_pod()
     init = container(pod, "governor-engine-args", init=True)
     script = init["args"][0]
-    assert f"--live --plugin-dir {PLUGIN} > /run/governor/engine-args" in script
+    assert f"--live --plugin-dir {PLUGIN} --default-max-num-seqs-ceiling 512 >" in script
     vllm = container(pod, "vllm")
     assert _env(vllm)["PYTHONPATH"] == PLUGIN
     assert "$(cat /run/governor/engine-args)" in vllm["args"][0]
@@ -81,6 +81,8 @@ def test_live_script_with_the_real_cli_and_no_governor(tmp_path: Path) -> None:
     flags, done = _run_script(script, tmp_path)
     assert done.returncode == 0, done.stderr
     argv = shlex.split(flags)
+    # No governor: the model's knob bound (MODEL_8B: max_num_seqs_max 512), not the default.
+    assert argv[:2] == ["--max-num-seqs", "512"], argv
     assert argv[argv.index("--scheduler-cls") + 1].startswith("governor_engine.")
     assert argv[argv.index("--middleware") + 1].startswith("governor_engine.")
     plugin = tmp_path / "run" / "plugin"

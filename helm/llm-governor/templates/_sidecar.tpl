@@ -156,10 +156,13 @@ governor's ConfigMap. */}}
       {{- with $knobs.default_max_num_seqs }}{{ $cmd = printf "%s --default-max-num-seqs %d" $cmd (int .) }}{{ end }}
       {{- with $knobs.default_max_num_batched_tokens }}{{ $cmd = printf "%s --default-max-num-batched-tokens %d" $cmd (int .) }}{{ end }}
       {{- if eq (include "llm-governor.liveKnobs" .gov) "true" }}
-      # engine.liveKnobs: the ceilings, scheduler plugin, middleware and governor address;
+      # engine.liveKnobs: the ceilings (without a governor: the model's knob bounds),
+      # scheduler plugin, middleware and governor address;
       # the plugin's packages go to /run/governor/plugin (the engine's PYTHONPATH). Should
       # the copy fail, the start-only flags instead: the engine must not fail on an import.
-      {{ $cmd }} --live --plugin-dir /run/governor/plugin > /run/governor/engine-args
+      {{ $cmd }} --live --plugin-dir /run/governor/plugin
+      {{- with $knobs.max_num_seqs_max }} --default-max-num-seqs-ceiling {{ int . }}{{ end }}
+      {{- with $knobs.max_num_batched_tokens_max }} --default-max-num-batched-tokens-ceiling {{ int . }}{{ end }} > /run/governor/engine-args
       if [ ! -f /run/governor/plugin/governor_engine/__init__.py ] || [ ! -f /run/governor/plugin/governor_api/__init__.py ]; then
         echo "governor engine-args: plugin packages missing; the engine starts with the start-only flags" >&2
         {{ $cmd }} > /run/governor/engine-args
