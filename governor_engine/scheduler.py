@@ -150,37 +150,26 @@ class _GovernedMixin:
         if self._governor_follower is not None:
             self._governor_follower.stop()
 
+    # The scheduler's own entry points, wrapped (the mixin comes first in the MRO).
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._governor_start()
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._governor_apply()
+        return super().schedule(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        self._governor_stop()
+        super().shutdown()
+
 
 class GovernedSyncScheduler(_GovernedMixin, Scheduler):
     """vLLM's synchronous `Scheduler` with live limits."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._governor_start()
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._governor_apply()
-        return super().schedule(*args, **kwargs)
-
-    def shutdown(self) -> None:
-        self._governor_stop()
-        super().shutdown()
-
 
 class GovernedAsyncScheduler(_GovernedMixin, AsyncScheduler):
     """vLLM's `AsyncScheduler` with live limits."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._governor_start()
-
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._governor_apply()
-        return super().schedule(*args, **kwargs)
-
-    def shutdown(self) -> None:
-        self._governor_stop()
-        super().shutdown()
 
 
 class GovernedScheduler(GovernedSyncScheduler):
