@@ -34,7 +34,7 @@ can be replayed from its trace. Steps, in order:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from controller.batching import (
     replica_capacity_rps,
@@ -113,30 +113,6 @@ class _Outcome:
     memory: Hysteresis
 
 
-# Optional fields the decider does not read numerically (or validates itself).
-_NOT_NUMERIC = frozenset({"model", "observed_at_s", "arrival_rate_rps", "staleness_s", "extra"})
-
-
-def clean_observation(obs: Observation) -> Observation:
-    """`obs` with every optional number that is NaN, infinite or negative set to None.
-
-    A source should never hand those over, but one bad value must not raise inside
-    `decide` (a raise would abort the tick for every model) nor read as a number:
-    it is missing data, like a field the source did not have.
-    Example: waiting=NaN -> waiting=None (no backlog known), running=-1 -> None.
-    """
-    bad: dict[str, None] = {}
-    for f in fields(obs):
-        if f.name in _NOT_NUMERIC:
-            continue
-        v = getattr(obs, f.name)
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            continue
-        if not math.isfinite(v) or v < 0:
-            bad[f.name] = None
-    return replace(obs, **bad) if bad else obs
-
-
 def _stage(name: str, before: int, out: StageOut) -> Stage:
     return Stage(name=name, before=before, after=out.value, reason=out.reason, detail=out.detail)
 
@@ -182,7 +158,9 @@ class Decider(KnobSteps):
         if not isinstance(observation, Observation):
             d, s = self._no_data(observation, state, now_s)  # step 1
             return d, replace(s, rules=RuleMemory())  # rule timers need unbroken data
-        obs = clean_observation(observation)
+        # No cleaning here: an Observation is clean by construction (NaN, infinite and
+        # negative optional numbers are None, estimators.types.Observation.__post_init__).
+        obs = observation
         if (why := self._unusable(obs, state)) is not None:  # step 1: a dead fleet
             d, s = self._no_data(NoDataError(obs.model, "engines", why), state, now_s)
             return d, replace(s, rules=RuleMemory())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
 
@@ -146,6 +146,31 @@ class Observation:
             raise ValueError(
                 f"arrival_rate_rps must be finite and >= 0, got {self.arrival_rate_rps}"
             )
+        # An optional number that is NaN, infinite or negative is missing data: it is set
+        # to None here, once, so no reader (the decider, status, logs) ever sees it as a
+        # number and none has to clean it again. Example: waiting=NaN -> None (no backlog
+        # known), running=-1 -> None, ready_replicas=-3 -> None. Booleans and values that
+        # are not numbers are left alone. Cost: ~1 us per Observation (a plain loop; a
+        # float takes one chained comparison, `0 <= NaN` being False).
+        for name in OPTIONAL_NUMBERS:
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if v.__class__ is float:
+                if 0.0 <= v < _INF:
+                    continue
+            elif isinstance(v, bool) or not isinstance(v, int | float) or 0 <= v < _INF:
+                continue
+            object.__setattr__(self, name, None)
+
+
+_INF = math.inf
+OPTIONAL_NUMBERS: tuple[str, ...] = tuple(
+    f.name for f in fields(Observation) if f.type in ("float | None", "int | None")
+)
+"""The optional numeric fields of `Observation` that construction cleans (NaN, +-Inf and
+negative values become None); `arrival_rate_rps` is required and validated instead,
+`observed_at_s` and `staleness_s` are times the source sets."""
 
 
 ObservationResult = Observation | NoDataError
