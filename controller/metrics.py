@@ -53,70 +53,79 @@ class _ModelSeries:
         """(stage, reason) -> the reasons counter's child for this model."""
 
 
+# The per-model gauges: (attribute, metric name, help). Each has the one label `model`.
+MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("desired_replicas", "governor_desired_replicas", "Replicas the last valid decision asked for"),
+    ("max_num_seqs", "governor_knob_max_num_seqs", "Published max_num_seqs"),
+    (
+        "max_num_batched_tokens",
+        "governor_knob_max_num_batched_tokens",
+        "Published max_num_batched_tokens",
+    ),
+    ("demand", "governor_demand_rps", "Demand used by the last decision, req/s"),
+    (
+        "capacity",
+        "governor_capacity_per_replica_rps",
+        "Per-replica capacity at the SLA, req/s",
+    ),
+    (
+        "plant_speed",
+        "governor_plant_speed_factor",
+        "Learned step time of the engines x the profile's (> 1: slower than profiled)",
+    ),
+    (
+        "capacity_correction",
+        "governor_capacity_correction",
+        "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
+    ),
+    (
+        "staleness",
+        "governor_observation_staleness_seconds",
+        "Age of the newest sample behind the observation",
+    ),
+    ("stale", "governor_model_stale", "1 while the model has no usable data (decisions held)"),
+    ("panic", "governor_panic", "1 while the model is in panic mode"),
+    (
+        "paused",
+        "governor_model_paused",
+        "1 while the model is paused (shadow mode: decisions are made, not actuated); "
+        "the actuation-gap alert leaves such models out",
+    ),
+)
+
+
 class GovernorMetrics:
-    """All metrics of one controller instance. Tests pass a fresh registry."""
+    """All metrics of one controller instance. Tests pass a fresh registry.
+
+    The per-model gauges (`MODEL_GAUGES`) are attributes by their first name there
+    (`self.desired_replicas`, ...); the rest are built in `_fleet_metrics`.
+    """
+
+    desired_replicas: Gauge
+    max_num_seqs: Gauge
+    max_num_batched_tokens: Gauge
+    demand: Gauge
+    capacity: Gauge
+    plant_speed: Gauge
+    capacity_correction: Gauge
+    staleness: Gauge
+    stale: Gauge
+    panic: Gauge
+    paused: Gauge
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.desired_replicas = Gauge(
-            "governor_desired_replicas",
-            "Replicas the last valid decision asked for",
-            ["model"],
-            registry=r,
+        self._model_gauges: tuple[Gauge, ...] = tuple(
+            Gauge(name, doc, ["model"], registry=r) for _attr, name, doc in MODEL_GAUGES
         )
-        self.max_num_seqs = Gauge(
-            "governor_knob_max_num_seqs", "Published max_num_seqs", ["model"], registry=r
-        )
-        self.max_num_batched_tokens = Gauge(
-            "governor_knob_max_num_batched_tokens",
-            "Published max_num_batched_tokens",
-            ["model"],
-            registry=r,
-        )
-        self.demand = Gauge(
-            "governor_demand_rps", "Demand used by the last decision, req/s", ["model"], registry=r
-        )
-        self.capacity = Gauge(
-            "governor_capacity_per_replica_rps",
-            "Per-replica capacity at the SLA, req/s",
-            ["model"],
-            registry=r,
-        )
-        self.plant_speed = Gauge(
-            "governor_plant_speed_factor",
-            "Learned step time of the engines x the profile's (> 1: slower than profiled)",
-            ["model"],
-            registry=r,
-        )
-        self.capacity_correction = Gauge(
-            "governor_capacity_correction",
-            "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
-            ["model"],
-            registry=r,
-        )
-        self.staleness = Gauge(
-            "governor_observation_staleness_seconds",
-            "Age of the newest sample behind the observation",
-            ["model"],
-            registry=r,
-        )
-        self.stale = Gauge(
-            "governor_model_stale",
-            "1 while the model has no usable data (decisions held)",
-            ["model"],
-            registry=r,
-        )
-        self.panic = Gauge(
-            "governor_panic", "1 while the model is in panic mode", ["model"], registry=r
-        )
-        self.paused = Gauge(
-            "governor_model_paused",
-            "1 while the model is paused (shadow mode: decisions are made, not actuated); "
-            "the actuation-gap alert leaves such models out",
-            ["model"],
-            registry=r,
-        )
+        for (attr, _name, _doc), gauge in zip(MODEL_GAUGES, self._model_gauges, strict=True):
+            setattr(self, attr, gauge)
+        self._fleet_metrics(r)
+        self._series: dict[str, _ModelSeries] = {}
+
+    def _fleet_metrics(self, r: CollectorRegistry) -> None:
+        """The metrics that are not per-model gauges: reasons, errors, tick timing."""
         self.reasons = Counter(
             "governor_stage_reasons",
             "Reason codes returned by each stage",
@@ -146,7 +155,6 @@ class GovernorMetrics:
             registry=r,
         )
         self.ticks = Counter("governor_ticks", "Control ticks run", registry=r)
-        self._series: dict[str, _ModelSeries] = {}
 
     def record(self, d: Decision, staleness_s: float | None, paused: bool = False) -> None:
         """Update the per-model series from one decision (`paused`: not actuated)."""
@@ -184,18 +192,6 @@ class GovernorMetrics:
     def forget(self, model: str) -> None:
         """Drop a removed model's per-model gauge series (and the children kept for it)."""
         self._series.pop(model, None)
-        for g in (
-            self.desired_replicas,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.demand,
-            self.capacity,
-            self.plant_speed,
-            self.capacity_correction,
-            self.staleness,
-            self.stale,
-            self.panic,
-            self.paused,
-        ):
+        for g in self._model_gauges:
             with contextlib.suppress(KeyError):
                 g.remove(model)
