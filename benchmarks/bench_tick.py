@@ -2,8 +2,8 @@
 
 One control tick as `governor run` does it, on replayed Prometheus answers:
 observe (`PrometheusSource` over `benchmarks.promreplay.ReplayClient`: the recording of
-a real Prometheus scaled to N models, JSON-decoded on every query as PrometheusConnect
-does) + decide (one `Decider` per model) + publish (the `DecisionBoard` engines and
+a real Prometheus scaled to N models, decoded with orjson on every query as the source's
+HTTP client does) + decide (one `Decider` per model) + publish (the `DecisionBoard` engines and
 KEDA read), with the controller's own metrics and one structlog JSON line per model
 (`controller.logs.configure_logging`, written to /dev/null). The HTTP round trip to
 Prometheus is not included (it is Prometheus's CPU, not ours).

@@ -14,9 +14,10 @@ multiplies a model's rates (arrival, completions, bucket rates) and mean lengths
 own factor in [1 - jitter, 1 + jitter] (seeded, deterministic).
 
 Cost model: each variant's answers are serialized to JSON bytes once, at construction;
-`custom_query` decodes them with `json.loads` on every call, as `PrometheusConnect`
-decodes the HTTP body (`response.json()["data"]["result"]`), so decoding is counted in
-the observe cost; the HTTP round trip itself is not. With `decode=False` it returns
+`custom_query` decodes them with `orjson.loads` on every call, as the source's default
+client decodes the HTTP body (`estimators.prometheus.http_query_client`: PrometheusConnect
+over a session whose `response.json()` is orjson's), so decoding is counted in the
+observe cost; the HTTP round trip itself is not. With `decode=False` it returns
 answers decoded once at construction (never mutated by the source), so the cost of
 our own parsing can be told apart from the decoder's. Queries are matched by text to the
 source's `TickQueries` names (`query_namer`: the SLA-edge query by its shape, or exactly
@@ -31,6 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from estimators.promql import SIGNAL_LABEL, TickQueries
 
@@ -171,7 +174,7 @@ class ReplayClient:
         self.calls = 0
         self.tick = -1
         self.decode_cpu_s = 0.0
-        """CPU seconds spent in `json.loads` (decode=True), summed over calls."""
+        """CPU seconds spent in `orjson.loads` (decode=True), summed over calls."""
         self.bytes_per_tick = sum(len(b) for b in self._bodies[0].values())
 
     def custom_query(
@@ -188,6 +191,6 @@ class ReplayClient:
         if name == "state":
             body = fill_now(body, float((params or {}).get("time", time.time())))
         c0 = time.process_time()
-        result = json.loads(body)
+        result = orjson.loads(body)
         self.decode_cpu_s += time.process_time() - c0
         return result

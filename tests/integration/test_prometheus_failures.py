@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import orjson
 import pytest
 import requests
 
@@ -413,6 +414,29 @@ def test_healthy_empty_server_gives_no_data(tiny_server: Any) -> None:
     assert all(isinstance(r, NoDataError) for r in results.values())
     assert len(paths) == src.queries_last_tick == 8
     assert all(f"time={NOW:.3f}" in p for p in paths)
+
+
+def test_default_client_decodes_with_orjson(
+    tiny_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import estimators.prometheus as prom
+
+    decoded: list[bytes] = []
+
+    class CountingOrjson:
+        @staticmethod
+        def loads(body: bytes) -> Any:
+            decoded.append(body)
+            return orjson.loads(body)
+
+    monkeypatch.setattr(prom, "orjson", CountingOrjson)
+    url, paths = tiny_server(reply(200, EMPTY_VECTOR))
+    src = PrometheusSource(url, timeout_s=1.0)
+    src.observe(MODELS, NOW)
+    assert len(decoded) == len(paths) == 8 and decoded[0] == EMPTY_VECTOR
+    # TLS verification follows disable_ssl, as PrometheusConnect's own session does.
+    assert prom.http_query_client(url, 1.0, True, 0)._session.verify is False  # type: ignore[attr-defined]
+    assert prom.http_query_client(url, 1.0, False, 0)._session.verify is True  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
