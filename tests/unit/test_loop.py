@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import pytest
@@ -170,7 +171,7 @@ def test_set_config_keeps_state_of_remaining_models(clock: FakeClock) -> None:
     assert metrics.registry.get_sample_value("governor_desired_replicas", {"model": "b"}) is None
 
 
-def test_one_structured_log_line_per_model_per_tick(clock: FakeClock) -> None:
+def test_first_decision_of_each_model_is_logged_in_full(clock: FakeClock) -> None:
     loop, _ = _loop(FakeSource({"a": 40.0, "b": 80.0}), "a", "b", clock=clock)
     loop.log = structlog.get_logger("test")
     with structlog.testing.capture_logs() as logs:
@@ -178,6 +179,7 @@ def test_one_structured_log_line_per_model_per_tick(clock: FakeClock) -> None:
     lines = [entry for entry in logs if entry["event"] == "decision"]
     assert [entry["model"] for entry in lines] == ["a", "b"]
     for entry in lines:
+        assert entry["log_level"] == "info"
         assert entry["stages"][0].startswith("raw:") and "clamp:" in entry["stages"][-1]
         for key in (
             "arrival_rps",
@@ -187,6 +189,65 @@ def test_one_structured_log_line_per_model_per_tick(clock: FakeClock) -> None:
             "max_num_batched_tokens",
         ):
             assert key in entry
+    (tick,) = [entry for entry in logs if entry["event"] == "tick"]
+    assert (tick["models"], tick["valid"], tick["held"], tick["changed"]) == (2, 2, 0, 2)
+
+
+def _info_logger() -> tuple[object, list[tuple[str, dict]]]:
+    """A structlog logger filtering at info (as `governor run --log-level info`) whose
+    lines are kept as (event, fields)."""
+    lines: list[tuple[str, dict]] = []
+
+    def keep(_logger: object, _method: str, event: dict) -> str:
+        lines.append((event.pop("event"), event))
+        return ""
+
+    log = structlog.wrap_logger(
+        structlog.ReturnLogger(),
+        processors=[keep],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+    )
+    return log, lines
+
+
+def test_decision_lines_only_when_the_decision_changes(clock: FakeClock) -> None:
+    src = FakeSource({"a": 40.0, "b": 40.0, "c": 40.0})
+    loop, _ = _loop(src, "a", "b", "c", clock=clock)
+    loop.log, lines = _info_logger()
+    loop.tick(clock.now)
+    assert [f["model"] for e, f in lines if e == "decision"] == ["a", "b", "c"]
+    for _ in range(3):  # same input: the decisions settle, nothing is news
+        loop.tick(clock.advance(5))
+    lines.clear()
+    before = {m: s.decision for m, s in loop.snapshot().models.items()}
+    src.rates["b"] = 400.0  # b's demand jumps: b scales, a and c stay
+    loop.tick(clock.advance(5))
+    after = {m: s.decision for m, s in loop.snapshot().models.items()}
+    assert after["b"].replicas != before["b"].replicas  # type: ignore[union-attr]
+    assert [f["model"] for e, f in lines if e == "decision"] == ["b"]
+    assert [e for e, _ in lines].count("tick") == 1
+    tick = next(f for e, f in lines if e == "tick")
+    assert (tick["models"], tick["changed"], tick["held"]) == (3, 1, 0)
+    src.fail = True  # data lost: every model's hold is news once, then only the tick line
+    lines.clear()
+    loop.tick(clock.advance(5))
+    assert sorted(f["model"] for e, f in lines if e == "decision") == ["a", "b", "c"]
+    lines.clear()
+    loop.tick(clock.advance(5))
+    assert [e for e, _ in lines if e != "source_error"] == ["tick"]
+    assert next(f for e, f in lines if e == "tick")["held"] == 3
+
+
+def test_debug_level_logs_every_model_every_tick(clock: FakeClock) -> None:
+    loop, _ = _loop(FakeSource({"a": 40.0, "b": 40.0}), "a", "b", clock=clock)
+    loop.log = structlog.get_logger("test")  # not filtered: debug lines are emitted
+    loop.tick(clock.now)
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            loop.tick(clock.advance(5))
+    lines = [entry for entry in logs if entry["event"] == "decision"]
+    assert len(lines) == 6
+    assert any(entry["log_level"] == "debug" for entry in lines)
 
 
 def test_listener_gets_snapshot_and_failures_are_contained(clock: FakeClock) -> None:
