@@ -47,6 +47,9 @@ class ModelSlot:
     name: str
     namespace: str
     default_knobs: Knobs
+    ceiling: Knobs | None = None
+    """The largest knobs the governor may choose (the knob bounds' maxima), served to
+    engines that follow the knobs live; None: not known."""
 
 
 LATENCY_SIGNALS = ("ttft", "itl", "e2e")
@@ -142,6 +145,7 @@ class DecisionBoard:
         self._version = 0
         self._closed = False
         self._subscribers: list[Callable[[], None]] = []
+        self._quiet_subscribers: list[Callable[[], None]] = []
         self.configure(models)
 
     # ------------------------------------------------------------------ readers
@@ -170,6 +174,17 @@ class DecisionBoard:
         with self._cond:
             return dict(self._entries)
 
+    def slots(self) -> dict[str, ModelSlot]:
+        """A copy of every configured model's slot."""
+        with self._cond:
+            return dict(self._slots)
+
+    def ceiling(self, model: str) -> Knobs | None:
+        """The largest knobs the governor may choose for `model`; None if not known."""
+        with self._cond:
+            slot = self._slots.get(model)
+            return slot.ceiling if slot is not None else None
+
     # ------------------------------------------------------------------ writers
     def configure(self, models: Iterable[ModelSlot]) -> None:
         """Set the configured models: new ones start at their default knobs, removed
@@ -177,6 +192,7 @@ class DecisionBoard:
         slots = {m.name: m for m in models}
         with self._cond:
             changed = set(slots) != set(self._slots)
+            quiet = slots != self._slots
             entries: dict[str, Published] = {}
             for name, slot in slots.items():
                 old = self._entries.get(name)
@@ -204,8 +220,11 @@ class DecisionBoard:
             self._entries = entries
             if changed:
                 self._bump()
+            quiet_subscribers = list(self._quiet_subscribers)
         if changed:
             self._notify()
+        elif quiet:
+            self._call(quiet_subscribers)
 
     def apply(self, decisions: Sequence[Decision]) -> None:
         """Actuator entry point: publish each valid decision of a configured model."""
@@ -244,6 +263,35 @@ class DecisionBoard:
                 old = self._entries.get(name)
                 if old is not None:
                     self._entries[name] = replace(old, latency=dist)
+            subscribers = list(self._quiet_subscribers)
+        self._call(subscribers)
+
+    def mirror(
+        self,
+        entries: Mapping[str, Published],
+        slots: Mapping[str, ModelSlot],
+        removed: Iterable[str] = (),
+    ) -> None:
+        """Serve another board's values as they are (a mirror in another process, fed
+        with that board's changes): each of `entries` replaces its model's entry
+        (origin, generation and latency included), `slots` its slot, `removed` models
+        are dropped. Watchers are woken when a served value (knobs, generation,
+        replicas, reason, namespace, the model set) changed; not for latency alone."""
+        changed = False
+        with self._cond:
+            for name in removed:
+                changed |= self._entries.pop(name, None) is not None
+                self._slots.pop(name, None)
+            self._slots.update(slots)
+            for name, p in entries.items():
+                old = self._entries.get(name)
+                if old is None or _differs(p, old) or p.namespace != old.namespace:
+                    changed = True
+                self._entries[name] = p
+            if changed:
+                self._bump()
+        if changed:
+            self._notify()
 
     def restore(self, entries: Mapping[str, Published], origin: str = ORIGIN_RESTORED) -> None:
         """Load persisted (or the leader's) values for configured models.
@@ -252,7 +300,7 @@ class DecisionBoard:
         higher of the stored and the current one wins. With ORIGIN_LEADER the leader's
         entries are mirrored as they are (the leader owns the numbering).
         """
-        changed = False
+        changed = quiet = False
         with self._cond:
             for name, p in entries.items():
                 old = self._entries.get(name)
@@ -262,11 +310,15 @@ class DecisionBoard:
                 new = replace(p, model=name, namespace=old.namespace, generation=gen, origin=origin)
                 if _differs(new, old):
                     changed = True
+                quiet |= new != old
                 self._entries[name] = new
             if changed:
                 self._bump()
+            quiet_subscribers = list(self._quiet_subscribers)
         if changed:
             self._notify()
+        elif quiet:  # e.g. a follower mirrored the leader's latency distributions
+            self._call(quiet_subscribers)
 
     def close(self) -> None:
         """Wake every watcher for good; later `wait` calls raise BoardClosedError."""
@@ -278,14 +330,20 @@ class DecisionBoard:
         self._notify()
 
     # ------------------------------------------------------------------ notification
-    def subscribe(self, fn: Callable[[], None]) -> Callable[[], None]:
-        """Call `fn()` after every change; returns the function that unsubscribes."""
+    def subscribe(self, fn: Callable[[], None], *, quiet: bool = False) -> Callable[[], None]:
+        """Call `fn()` after every change; with `quiet`, also after the changes that do
+        not wake watchers (latency distributions, a model's knob ceiling). Returns the
+        function that unsubscribes."""
         with self._cond:
             self._subscribers.append(fn)
+            if quiet:
+                self._quiet_subscribers.append(fn)
 
         def unsubscribe() -> None:
-            with self._cond, contextlib.suppress(ValueError):
-                self._subscribers.remove(fn)
+            with self._cond:
+                for subscribers in (self._subscribers, self._quiet_subscribers):
+                    with contextlib.suppress(ValueError):
+                        subscribers.remove(fn)
 
         return unsubscribe
 
@@ -335,6 +393,9 @@ class DecisionBoard:
     def _notify(self) -> None:
         with self._cond:
             subscribers = list(self._subscribers)
+        self._call(subscribers)
+
+    def _call(self, subscribers: list[Callable[[], None]]) -> None:
         for fn in subscribers:
             try:
                 fn()

@@ -179,6 +179,12 @@ class ServiceCore:
         self.m_watch_streams = Gauge(
             "governor_watch_streams", "Open watch streams (engines + KEDA)", registry=r
         )
+        self.m_serving_restarts = Counter(
+            "governor_serving_restarts",
+            "Serving processes (the engines', KEDA's and admin listeners) restarted after "
+            "one exited",
+            registry=r,
+        )
         self.m_tick_lateness = Histogram(
             "governor_tick_lateness_seconds",
             "How long after its scheduled time each tick started (the ticker's monotonic "

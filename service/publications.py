@@ -15,12 +15,14 @@ from service.store import LatencyDoc, Quantiles
 
 
 def slots(cfg: GovernorConfig) -> list[ModelSlot]:
-    """The board's slot of each configured model (its default knobs)."""
+    """The board's slot of each configured model (its default knobs, and its knob bounds'
+    maxima as the ceiling served to engines that follow the knobs live)."""
     return [
         ModelSlot(
             m.name,
             m.namespace,
             Knobs(m.knobs.default_max_num_seqs, m.knobs.default_max_num_batched_tokens),
+            Knobs(m.knobs.max_num_seqs_max, m.knobs.max_num_batched_tokens_max),
         )
         for m in cfg.models
     ]

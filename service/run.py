@@ -37,6 +37,7 @@ from service.server import (
     DEFAULT_METRICS_LISTEN,
     MAX_CONCURRENT_RPCS,
     MAX_WATCH_STREAMS,
+    SERVING_MODES,
     SHUTDOWN_GRACE_S,
     GovernorServer,
     parse_listen,
@@ -161,6 +162,14 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-listen", default=DEFAULT_GRPC_LISTEN, metavar="HOST:PORT")
     p.add_argument("--metrics-listen", default=DEFAULT_METRICS_LISTEN, metavar="HOST:PORT")
     p.add_argument("--shutdown-grace-s", type=float, default=SHUTDOWN_GRACE_S)
+    p.add_argument(
+        "--serving",
+        choices=SERVING_MODES,
+        default="process",
+        help="process: serve the engines', KEDA's and admin listeners from a process of "
+        "their own that mirrors the decisions, so calls never wait on a tick (restarted "
+        "if it dies); inline: serve them from the ticking process (debugging)",
+    )
     p.add_argument("--max-concurrent-rpcs", type=int, default=MAX_CONCURRENT_RPCS)
     p.add_argument(
         "--max-watch-streams",
@@ -449,6 +458,8 @@ def _run(args: argparse.Namespace) -> int:
             allow_unauthenticated_admin=args.insecure_admin,
             tls=tls,
             admin_listen=args.admin_listen,
+            serving=args.serving,
+            log_level=args.log_level,
         )
         return serve(server, args.shutdown_grace_s)
     except OSError as exc:

@@ -142,6 +142,27 @@ class AdminToken:
     def __repr__(self) -> str:  # never the token itself
         return f"AdminToken(path={str(self.path)!r})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for the serving process (service.serving), over a private socket
+        pair: the path, the current token and the reload schedule, not the lock."""
+        return {
+            "path": self.path,
+            "reload_interval_s": self.reload_interval_s,
+            "token": self._token,
+            "stamp": self._stamp,
+            "reload_error": self.reload_error,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self.reload_interval_s = state["reload_interval_s"]
+        self._monotonic = time.monotonic
+        self._lock = threading.Lock()
+        self._token = state["token"]
+        self._stamp = state["stamp"]
+        self._checked_at = time.monotonic()
+        self.reload_error = state["reload_error"]
+
     def _file_stamp(self) -> tuple[int, int, int] | None:
         try:
             st = os.stat(self.path)
@@ -330,11 +351,17 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
 class StreamLimiter:
     """At most `limit` concurrent watch streams (thread-safe counter)."""
 
-    def __init__(self, limit: int, on_refused: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        on_refused: Callable[[], None] | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         if limit < 1:
             raise ValueError(f"stream limit must be >= 1 (got {limit})")
         self.limit = limit
         self.on_refused = on_refused
+        self.on_change = on_change  # called after a slot was taken or given back
         self._active = 0
         self.peak = 0
         self.refused = 0
@@ -358,11 +385,19 @@ class StreamLimiter:
         if refused and self.on_refused is not None:
             with contextlib.suppress(Exception):
                 self.on_refused()
+        if not refused:
+            self._changed()
         return not refused
 
     def release(self) -> None:
         with self._lock:
             self._active = max(0, self._active - 1)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            with contextlib.suppress(Exception):
+                self.on_change()
 
     def message(self, what: str) -> str:
         return (

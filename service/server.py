@@ -1,8 +1,14 @@
-"""`GovernorServer`: the gRPC server (asyncio), /metrics and the ticker around a ServiceCore.
+"""`GovernorServer`: the gRPC listeners, /metrics and the ticker around a ServiceCore.
 
 Serves the engines' `BatchingService` and KEDA's `ExternalScaler` (actuators.engines,
 actuators.keda: read-only views of the decision board), the operators' `AdminService`
-(service.admin) and the standard health and reflection services.
+(service.admin) and the standard health and reflection services (service.listeners).
+
+Where the listeners run (`serving`): "process" (the default of `governor run`) puts them
+in a serving process of their own that mirrors the decision board (service.serving), so
+engine and KEDA calls never wait on a tick's interpreter lock; admin calls are passed on
+to this process. "inline" serves them from this process (tests, debugging): simpler,
+but a tick of 1,000 models holds the interpreter for about a second.
 
 Graceful shutdown: health NOT_SERVING -> stop accepting -> end streams (board closed)
 -> let in-flight calls finish within the grace period -> final state flush -> release
@@ -24,49 +30,50 @@ import asyncio
 import signal
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import grpc
 import structlog
 
-from actuators.engines import BatchingServicer
-from actuators.keda import ExternalScalerService
-from controller.types import Knobs
-from governor_api import externalscaler_pb2_grpc, governor_v1_pb2, governor_v1_pb2_grpc
 from service.admin import AdminServicer
 from service.core import ServiceCore
-from service.security import (
-    AdminAuthInterceptor,
-    AdminToken,
-    HardeningInterceptor,
-    StreamLimiter,
-    TlsFiles,
-    server_credentials,
+from service.listeners import (
+    DEFAULT_GRPC_LISTEN,
+    MAX_CONCURRENT_RPCS,
+    MAX_MESSAGE_BYTES,
+    MAX_REQUEST_BYTES,
+    MAX_WATCH_STREAMS,
+    ListenerSpec,
+    PublicListeners,
+    parse_listen,
+    with_port,
 )
+from service.security import AdminToken, StreamLimiter, TlsFiles
+from service.serving import ServingProcess, internal_admin_server, remove_internal_admin
 from service.ticker import TickScheduler
 
-DEFAULT_GRPC_LISTEN = "0.0.0.0:50051"
+__all__ = [
+    "DEFAULT_GRPC_LISTEN",
+    "DEFAULT_METRICS_LISTEN",
+    "MAX_CONCURRENT_RPCS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_REQUEST_BYTES",
+    "MAX_WATCH_STREAMS",
+    "SERVING_MODES",
+    "SHUTDOWN_GRACE_S",
+    "GovernorServer",
+    "parse_listen",
+    "serve",
+]
+
 DEFAULT_METRICS_LISTEN = "0.0.0.0:9464"
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # largest response (GetStatus of many models), bytes
-MAX_REQUEST_BYTES = 1024 * 1024  # largest request a client may send, bytes
-MAX_CONCURRENT_RPCS = 2048
-MAX_WATCH_STREAMS = 1024  # WatchBatchingConfig + StreamIsActive streams open at once
 SHUTDOWN_GRACE_S = 10.0
-
-
-def parse_listen(value: str, what: str = "address") -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::]:PORT`) -> (host, port); ValueError naming the problem."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{what} must be HOST:PORT (got {value!r})")
-    host = host.strip("[]")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what}: port must be 0-65535 (got {port!r} in {value!r})")
-    return host, int(port)
+SERVING_MODES = ("process", "inline")
 
 
 class GovernorServer:
-    """The gRPC server (asyncio), /metrics and the ticker around one ServiceCore.
+    """The gRPC listeners, /metrics and the ticker around one ServiceCore.
 
     `grpc_listen`/`metrics_listen`: HOST:PORT (port 0: pick one; see `port` and
     `metrics_port` after `start`); `metrics_listen` None: no HTTP server.
@@ -80,6 +87,9 @@ class GovernorServer:
     UNIMPLEMENTED). None: everything on `grpc_listen`.
     `max_watch_streams`: open WatchBatchingConfig + StreamIsActive streams at most.
     `max_request_bytes`/`max_message_bytes`: largest request received / response sent.
+    `serving`: "inline" (default here: tests drive ticks and read at once) or
+    "process" (see the module doc; `serving_process` after `start`); `log_level`: the
+    serving process's.
     """
 
     def __init__(
@@ -98,28 +108,37 @@ class GovernorServer:
         allow_unauthenticated_admin: bool = False,
         tls: TlsFiles | None = None,
         admin_listen: str | None = None,
+        serving: str = "inline",
+        log_level: str = "info",
         logger: Any = None,
     ) -> None:
+        if serving not in SERVING_MODES:
+            raise ValueError(f"serving must be one of {SERVING_MODES} (got {serving!r})")
         self.core = core
-        self.admin_listen = admin_listen
-        self.max_request_bytes = max_request_bytes
-        self.admin_token = admin_token
-        self.allow_unauthenticated_admin = allow_unauthenticated_admin
-        self.tls = tls
+        self.spec = ListenerSpec(
+            grpc_listen=grpc_listen,
+            admin_listen=admin_listen,
+            max_concurrent_rpcs=max_concurrent_rpcs,
+            max_message_bytes=max_message_bytes,
+            max_request_bytes=max_request_bytes,
+            max_watch_streams=max_watch_streams,
+            admin_token=admin_token,
+            allow_unauthenticated_admin=allow_unauthenticated_admin,
+            tls=tls,
+        )
+        self.serving = serving
+        self.log_level = log_level
         self.streams = StreamLimiter(max_watch_streams, on_refused=core.m_streams_refused.inc)
-        self.grpc_listen = grpc_listen
         self.metrics_listen = metrics_listen
         self.autotick = autotick
         self.tick_interval_s = tick_interval_s or core.config.policy.tick_interval_s
-        self.max_concurrent_rpcs = max_concurrent_rpcs
-        self.max_message_bytes = max_message_bytes
         self.log = logger or structlog.get_logger("governor.server")
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self._server: grpc.aio.Server | None = None
-        self._admin_server: grpc.aio.Server | None = None
         self.admin_port: int | None = None
-        self._health: Any = None
+        self.serving_process: ServingProcess | None = None
+        self._listeners: PublicListeners | None = None
+        self._internal: grpc.aio.Server | None = None
         self._httpd: Any = None
         self._ticker: TickScheduler | None = None
         parse_listen(grpc_listen, "--grpc-listen")
@@ -128,97 +147,56 @@ class GovernorServer:
         if metrics_listen is not None:
             parse_listen(metrics_listen, "--metrics-listen")
 
-    def _new_servers(self) -> tuple[grpc.aio.Server, grpc.aio.Server]:
-        """The main server and the admin one (the same object without --admin-listen),
-        with the interceptors (admin auth, hardening) and the channel options."""
-        interceptors = [
-            AdminAuthInterceptor(
-                self.admin_token,
-                allow_unauthenticated=self.allow_unauthenticated_admin,
-                on_denied=self.core.m_admin_denied.inc,
-            ),
-            HardeningInterceptor(),
-        ]
-        options = [
-            ("grpc.max_receive_message_length", self.max_request_bytes),
-            ("grpc.max_send_message_length", self.max_message_bytes),
-            ("grpc.keepalive_time_ms", 60_000),
-            ("grpc.keepalive_timeout_ms", 20_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-            ("grpc.so_reuseport", 0),
-        ]
-
-        def new_server() -> grpc.aio.Server:
-            return grpc.aio.server(
-                options=options,
-                maximum_concurrent_rpcs=self.max_concurrent_rpcs,
-                interceptors=interceptors,
-            )
-
-        server = new_server()
-        return server, (server if self.admin_listen is None else new_server())
-
     async def start(self) -> None:
-        from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-        from grpc_reflection.v1alpha import reflection
-
-        streams = self.streams
-        self.core.m_watch_streams.set_function(lambda: streams.active)
-        server, admin_server = self._new_servers()
-        governor_v1_pb2_grpc.add_BatchingServiceServicer_to_server(
-            BatchingServicer(
+        """Start the listeners (inline or in the serving process), /metrics, the
+        elector and the ticker. OSError when a listener cannot bind."""
+        if self.serving == "process":
+            await self._start_serving_process()
+        else:
+            streams = self.streams
+            self.core.m_watch_streams.set_function(lambda: streams.active)
+            self._listeners = PublicListeners(
+                self.spec,
                 self.core.board,
+                AdminServicer(self.core),
                 self.streams,
                 on_engine=self.core.record_engine,
-                ceilings=self._knob_ceiling,
-            ),
-            server,
-        )
-        governor_v1_pb2_grpc.add_AdminServiceServicer_to_server(
-            AdminServicer(self.core), admin_server
-        )
-        externalscaler_pb2_grpc.add_ExternalScalerServicer_to_server(
-            ExternalScalerService(self.core.board, streams=self.streams), server
-        )
-        self._health = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        admin_name = governor_v1_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
-        names = [
-            governor_v1_pb2.DESCRIPTOR.services_by_name["BatchingService"].full_name,
-            "externalscaler.ExternalScaler",
-        ]
-        if admin_server is server:
-            names.insert(1, admin_name)
-        else:
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, admin_server)
-            reflection.enable_server_reflection(
-                [admin_name, health.SERVICE_NAME, reflection.SERVICE_NAME], admin_server
+                on_denied=self.core.m_admin_denied.inc,
             )
-        reflection.enable_server_reflection(
-            [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-        )
-        self.port = self._bind(server, self.grpc_listen, "--grpc-listen")
-        if admin_server is not server:
-            assert self.admin_listen is not None
-            self.admin_port = self._bind(admin_server, self.admin_listen, "--admin-listen")
-            await admin_server.start()
-            self._admin_server = admin_server
-        await server.start()
-        self._server = server
-        for name in ["", *names, admin_name]:
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self._listeners.start()
+            self.port, self.admin_port = self._listeners.port, self._listeners.admin_port
         self._start_metrics_and_ticks()
         self._log_serving()
 
-    def _knob_ceiling(self, model: str) -> Knobs | None:
-        """The largest knobs the governor may choose for `model` (its knob bounds'
-        maxima), served to engines that follow the knobs live; None if not configured."""
+    async def _start_serving_process(self) -> None:
+        """The internal admin server (a private Unix socket) and the serving process."""
+        self._internal, admin = await internal_admin_server(
+            AdminServicer(self.core), self.spec.max_request_bytes, self.spec.max_message_bytes
+        )
+        core = self.core
+        proc = ServingProcess(
+            core.board,
+            self.spec,
+            admin,
+            log_level=self.log_level,
+            on_engine=core.record_engine,
+            on_denied=core.m_admin_denied.inc,
+            on_refused=core.m_streams_refused.inc,
+            on_restart=core.m_serving_restarts.inc,
+        )
+        core.m_watch_streams.set_function(lambda: proc.watch_streams)
         try:
-            kb = self.core.config.model(model).knobs
-        except KeyError:
-            return None
-        return Knobs(kb.max_num_seqs_max, kb.max_num_batched_tokens_max)
+            self.port, self.admin_port = await asyncio.to_thread(proc.start)
+        except OSError:
+            await self._internal.stop(0)
+            remove_internal_admin(admin)
+            raise
+        self.serving_process = proc
+        # A restarted serving process binds the ports the first one got.
+        spec = replace(self.spec, grpc_listen=_port_of(self.spec.grpc_listen, self.port))
+        if spec.admin_listen is not None and self.admin_port is not None:
+            spec = replace(spec, admin_listen=_port_of(spec.admin_listen, self.admin_port))
+        proc.spec = spec
 
     def _start_metrics_and_ticks(self) -> None:
         """The /metrics HTTP server, the elector and (with `autotick`) the ticker."""
@@ -241,12 +219,14 @@ class GovernorServer:
             self._ticker.start()
 
     def _log_serving(self) -> None:
-        if self.admin_token is not None:
-            admin = f"token from {self.admin_token.path}"
-        elif self.allow_unauthenticated_admin:
+        spec = self.spec
+        if spec.admin_token is not None:
+            admin = f"token from {spec.admin_token.path}"
+        elif spec.allow_unauthenticated_admin:
             admin = "UNAUTHENTICATED (development only)"
         else:
             admin = "disabled (no admin token)"
+        tls = spec.tls
         self.log.info(
             "serving",
             grpc_port=self.port,
@@ -254,43 +234,25 @@ class GovernorServer:
             store=self.core.store.description,
             models=[m.name for m in self.core.config.models],
             identity=self.core.elector.identity,
-            tls="mtls" if self.tls and self.tls.client_ca_file else ("tls" if self.tls else "off"),
+            tls="mtls" if tls and tls.client_ca_file else ("tls" if tls else "off"),
             admin_api=admin,
             admin_port=self.admin_port or self.port,
-            max_watch_streams=self.streams.limit,
+            max_watch_streams=spec.max_watch_streams,
+            serving=self.serving,
+            serving_pid=self.serving_process.pid if self.serving_process else None,
         )
-
-    def _bind(self, server: grpc.aio.Server, listen: str, flag: str) -> int:
-        """Add the listener `listen` (TLS when configured); its port. OSError when it
-        cannot listen."""
-        host, port = parse_listen(listen, flag)
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        try:
-            if self.tls is not None:
-                return int(server.add_secure_port(bind, server_credentials(self.tls)))
-            return int(server.add_insecure_port(bind))
-        except RuntimeError as exc:
-            raise OSError(f"cannot listen on {listen} for gRPC ({flag}): {exc}") from None
 
     async def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Graceful shutdown within `grace_s` seconds (see module doc)."""
         started = time.monotonic()
-        if self._health is not None:
-            await self._health.enter_graceful_shutdown()
-        stop_task = (
-            asyncio.create_task(self._server.stop(grace_s)) if self._server is not None else None
-        )
-        admin_stop = (
-            asyncio.create_task(self._admin_server.stop(grace_s))
-            if self._admin_server is not None
-            else None
-        )
-        self.core.board.close()  # ends watch streams: clients reconnect elsewhere
         waits: list[Any] = []
-        if stop_task is not None:
-            waits.append(stop_task)
-        if admin_stop is not None:
-            waits.append(admin_stop)
+        if self._listeners is not None:
+            waits.append(asyncio.ensure_future(self._listeners.stop(grace_s)))
+        if self.serving_process is not None:
+            # The serving process ends its calls and streams first: admin calls in
+            # flight there still reach the internal server meanwhile.
+            waits.append(asyncio.ensure_future(self._stop_serving_process(grace_s)))
+        self.core.board.close()
         if self._ticker is not None:
             self._ticker.stop()
             waits.append(asyncio.to_thread(self._ticker.wait_idle, grace_s))
@@ -305,6 +267,17 @@ class GovernorServer:
             self._httpd.shutdown()
             self._httpd.server_close()
         self.log.info("stopped", seconds=round(time.monotonic() - started, 3))
+
+    async def _stop_serving_process(self, grace_s: float) -> None:
+        assert self.serving_process is not None
+        await asyncio.to_thread(self.serving_process.stop, grace_s)
+        if self._internal is not None:
+            await self._internal.stop(1.0)
+        remove_internal_admin(self.serving_process.admin)
+
+
+def _port_of(listen: str, port: int | None) -> str:
+    return listen if port is None else with_port(listen, port)
 
 
 def serve(server: GovernorServer, grace_s: float = SHUTDOWN_GRACE_S) -> int:

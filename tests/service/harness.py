@@ -76,7 +76,9 @@ class ServiceProcess:
 
     PORT_LINE = re.compile(r"governor: serving gRPC on port (\d+), metrics on port (\w+)")
 
-    def __init__(self, argv: list[str], cwd: str | None = None) -> None:
+    def __init__(
+        self, argv: list[str], cwd: str | None = None, pass_fds: tuple[int, ...] = ()
+    ) -> None:
         import os
         import subprocess
         import sys
@@ -89,6 +91,7 @@ class ServiceProcess:
             text=True,
             cwd=cwd,
             env=env,
+            pass_fds=pass_fds,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._drain, daemon=True)

@@ -1,0 +1,357 @@
+"""The serving process: the public gRPC listeners in a process of their own.
+
+A tick of 1,000 models holds the governor's interpreter for about a second; engine and
+KEDA calls answered by the same interpreter waited for it. `ServingProcess` (in the
+governor, the parent) starts `python -m service.serving_child`, which runs the public
+listeners (service.listeners: the same servers, interceptors, TLS and limits as the
+inline mode) over a mirror of the decision board, and keeps that mirror current:
+
+- Feed (parent -> child, a private socket pair, pickled tuples): the spec first, then a
+  full snapshot of the board (entries, slots), then after every change only the entries
+  that changed and the models removed. The parent's board notifies the feed (also of
+  the changes that wake no watcher: latency distributions, knob ceilings), and a feed
+  thread sends, so neither the tick nor an admin edit ever waits on the pipe. A watch
+  stream in the child sees a new decision milliseconds after the tick published it.
+- Reports (child -> parent): `ready` with the bound ports (or `failed` naming why it
+  cannot listen), then `stats`: admin calls refused for credentials and watch streams
+  refused (running totals, counted into the parent's metrics by difference), open
+  watch streams, and the engines seen since the last report (GetStatus). /metrics stays
+  in the parent and exports them under the same names.
+- Admin calls: the child passes them, after its own authentication, to the parent's
+  AdminService on a private Unix socket (a 0700 directory) with a per-start secret
+  bearer token (`internal_admin_server`).
+
+Failure handling. The child exits when the parent is gone (EOF on the feed), within
+its short grace, so it never serves stale decisions for long; KEDA then sees the
+governor gone (docs/deploy.md). When the child dies, the parent starts another on the
+same ports (back-off `RESTART_BACKOFF_S` doubling to `RESTART_BACKOFF_MAX_S`, reset
+after a child served `RESTART_RESET_S`) and sends the full snapshot again; the child
+binds its listeners only after it holds that snapshot, so it never answers from an
+empty board. Ticks, the store, leader election and the actuators stay in the parent;
+decider state never crosses the boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+
+from actuators.publisher import DecisionBoard, ModelSlot, Published
+from service.listeners import ListenerSpec
+from service.security import AdminToken, HardeningInterceptor
+
+READY_TIMEOUT_S = 60.0
+RESTART_BACKOFF_S = 0.5
+RESTART_BACKOFF_MAX_S = 10.0
+RESTART_RESET_S = 60.0
+STOP_MARGIN_S = 5.0  # beyond the grace period, before the child is killed
+
+
+@dataclass(frozen=True)
+class InternalAdmin:
+    """Where the serving process passes admin calls: a Unix socket address and the
+    bearer token it must send."""
+
+    address: str
+    token: str
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """What the serving process is started with (pickled over the feed)."""
+
+    listeners: ListenerSpec
+    admin: InternalAdmin
+    log_level: str
+    max_message_bytes: int
+
+
+async def internal_admin_server(
+    servicer: Any, max_request_bytes: int, max_message_bytes: int
+) -> tuple[grpc.aio.Server, InternalAdmin]:
+    """The parent's AdminService for the serving process only: a Unix socket in a
+    fresh 0700 directory, calls without the per-start token refused."""
+    from governor_api import governor_v1_pb2_grpc
+    from service.security import AdminAuthInterceptor
+
+    token = secrets.token_urlsafe(32)
+    directory = Path(tempfile.mkdtemp(prefix="governor-admin-"))
+    address = f"unix:{directory / 'admin.sock'}"
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_request_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ],
+        interceptors=[
+            AdminAuthInterceptor(AdminToken.from_value(token)),
+            HardeningInterceptor(),
+        ],
+    )
+    governor_v1_pb2_grpc.add_AdminServiceServicer_to_server(servicer, server)
+    server.add_insecure_port(address)
+    await server.start()
+    return server, InternalAdmin(address, token)
+
+
+def remove_internal_admin(admin: InternalAdmin) -> None:
+    """Remove the internal admin server's socket and its directory."""
+    shutil.rmtree(Path(admin.address.removeprefix("unix:")).parent, ignore_errors=True)
+
+
+class _Link:
+    """One serving child: its process, the feed connection and what it was sent."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection) -> None:
+        self.proc = proc
+        self.conn = conn
+        self.send_lock = threading.Lock()
+        self.dirty = threading.Event()
+        self.ready = threading.Event()
+        self.ports: tuple[int, int | None] | None = None
+        self.failure: str | None = None
+        self.started_mono = time.monotonic()
+        self.sent: dict[str, Published] = {}
+        self.sent_slots: dict[str, ModelSlot] = {}
+        self.totals = (0, 0)  # admin denied, streams refused, as last reported
+        self.watch_streams = 0
+        self.gone = False
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self.send_lock:
+            self.conn.send(message)
+
+
+class ServingProcess:
+    """The serving child of one governor (see the module doc).
+
+    `board`: the parent's decision board (mirrored). `spec`: its listeners (after
+    `start`, with the bound ports). `admin`: the internal admin server. Callbacks, all
+    from a feed thread: `on_engine(model, engine_id)`, `on_denied()`, `on_refused()`
+    (once per refused admin call / watch stream), `on_restart()` (a child was
+    restarted).
+    """
+
+    def __init__(
+        self,
+        board: DecisionBoard,
+        spec: ListenerSpec,
+        admin: InternalAdmin,
+        *,
+        log_level: str = "info",
+        on_engine: Callable[[str, str], None] | None = None,
+        on_denied: Callable[[], None] | None = None,
+        on_refused: Callable[[], None] | None = None,
+        on_restart: Callable[[], None] | None = None,
+        logger: Any = None,
+    ) -> None:
+        self.board = board
+        self.spec = spec
+        self.admin = admin
+        self.log_level = log_level
+        self.on_engine = on_engine or (lambda model, engine: None)
+        self.on_denied = on_denied or (lambda: None)
+        self.on_refused = on_refused or (lambda: None)
+        self.on_restart = on_restart or (lambda: None)
+        self.log = logger or structlog.get_logger("governor.serving")
+        self.restarts = 0
+        self._link: _Link | None = None
+        self._lock = threading.Condition()
+        self._stopping = threading.Event()
+        self._unsubscribe = board.subscribe(self._poke, quiet=True)
+
+    # ------------------------------------------------------------------ public
+    @property
+    def pid(self) -> int | None:
+        link = self._link
+        return link.proc.pid if link is not None else None
+
+    @property
+    def watch_streams(self) -> int:
+        """Open watch streams in the serving process, as last reported."""
+        link = self._link
+        return link.watch_streams if link is not None and not link.gone else 0
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> tuple[int, int | None]:
+        """Start the first child and wait until it listens: (port, admin port or None).
+        OSError naming why when it cannot listen or does not start."""
+        link = self._spawn()
+        if not link.ready.wait(timeout_s) or link.ports is None:
+            self._stopping.set()
+            self._kill(link)
+            raise OSError(link.failure or f"the serving process did not start in {timeout_s} s")
+        return link.ports
+
+    def wait_serving(self, pid_not: int | None, timeout_s: float) -> int | None:
+        """Block until a child other than `pid_not` serves (tests: after a kill); its
+        pid, or None after `timeout_s` seconds."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                link = self._link
+                if link is not None and link.proc.pid != pid_not and link.ready.is_set():
+                    return link.proc.pid
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._lock.wait(left)
+
+    def stop(self, grace_s: float) -> None:
+        """Stop the child gracefully (its calls finish within `grace_s` seconds, its
+        streams end with OK), killed if still running `STOP_MARGIN_S` later; no restart."""
+        self._stopping.set()
+        self._unsubscribe()
+        link = self._link
+        if link is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            link.send(("stop", grace_s))
+        try:
+            link.proc.wait(grace_s + STOP_MARGIN_S)
+        except subprocess.TimeoutExpired:
+            self.log.error("serving_process_stop_timed_out", pid=link.proc.pid)
+            self._kill(link)
+        link.dirty.set()  # the feed thread sees the stop and ends
+
+    # ------------------------------------------------------------------ children
+    def _spawn(self, ports: tuple[int, int | None] | None = None) -> _Link:
+        """Start a child (`ports`: those a restarted child binds again)."""
+        parent_end, child_end = socket.socketpair()
+        root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "service.serving_child", str(child_end.fileno())],
+                pass_fds=(child_end.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        finally:
+            child_end.close()
+        link = _Link(proc, Connection(parent_end.detach()))
+        link.ports = ports
+        spec = ServingSpec(self.spec, self.admin, self.log_level, self.spec.max_message_bytes)
+        with self._lock:
+            self._link = link
+        link.send(("spec", spec))
+        link.dirty.set()  # the first feed message: the full snapshot
+        threading.Thread(target=self._feed, args=(link,), name="serving-feed", daemon=True).start()
+        threading.Thread(
+            target=self._reports, args=(link,), name="serving-reports", daemon=True
+        ).start()
+        self.log.info("serving_process_started", pid=proc.pid)
+        return link
+
+    def _kill(self, link: _Link) -> None:
+        with contextlib.suppress(OSError):
+            link.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            link.proc.wait(10)
+
+    def _poke(self) -> None:
+        link = self._link
+        if link is not None:
+            link.dirty.set()
+
+    def _feed(self, link: _Link) -> None:
+        """Send the board to `link`: the full snapshot first, then each change."""
+        full = True
+        while not link.gone:
+            link.dirty.wait()
+            link.dirty.clear()
+            if link.gone or self._stopping.is_set() or self.board.closed:
+                return
+            message = self._board_message(link, full)
+            if message is None:
+                continue
+            try:
+                link.send(message)
+            except (OSError, ValueError):
+                return  # the child is gone: the reports thread restarts it
+            full = False
+
+    def _board_message(self, link: _Link, full: bool) -> tuple[Any, ...] | None:
+        """("board", full, entries, slots, removed) with what changed since the last
+        message to `link` (everything when `full`); None when nothing did."""
+        entries, slots = self.board.snapshot(), self.board.slots()
+        if full:
+            changed, changed_slots = entries, slots
+        else:
+            changed = {k: v for k, v in entries.items() if link.sent.get(k) != v}
+            changed_slots = {k: v for k, v in slots.items() if link.sent_slots.get(k) != v}
+        removed = [k for k in link.sent if k not in entries]
+        if not (full or changed or changed_slots or removed):
+            return None
+        link.sent, link.sent_slots = entries, slots
+        return ("board", full, changed, changed_slots, removed)
+
+    def _reports(self, link: _Link) -> None:
+        """Read `link`'s reports until it is gone; then restart it unless stopping."""
+        try:
+            while True:
+                self._on_report(link, link.conn.recv())
+        except (EOFError, OSError):
+            pass
+        link.gone = True
+        link.dirty.set()
+        code = link.proc.wait()
+        with contextlib.suppress(OSError):
+            link.conn.close()
+        with self._lock:
+            self._lock.notify_all()
+        if self._stopping.is_set() or link.ports is None:
+            link.ready.set()  # start() reads the failure
+            return
+        self.log.error("serving_process_exited", pid=link.proc.pid, exit_code=code)
+        self._restart(link)
+
+    def _restart(self, dead: _Link) -> None:
+        served_s = time.monotonic() - dead.started_mono
+        delay = RESTART_BACKOFF_S if served_s >= RESTART_RESET_S else self._backoff
+        if self._stopping.wait(delay):
+            return
+        self._backoff = min(RESTART_BACKOFF_MAX_S, delay * 2)
+        self.restarts += 1
+        with contextlib.suppress(Exception):
+            self.on_restart()
+        self._spawn(dead.ports)  # the same ports (if taken: `failed`, and a restart)
+
+    _backoff = RESTART_BACKOFF_S
+
+    def _on_report(self, link: _Link, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "ready":
+            link.ports = (message[1], message[2])
+            link.ready.set()
+            with self._lock:
+                self._lock.notify_all()
+        elif kind == "failed":
+            link.failure = message[1]
+            self.log.error("serving_process_failed", error=message[1])
+        elif kind == "stats":
+            _, denied, refused, active, engines = message
+            old_denied, old_refused = link.totals
+            link.totals = (denied, refused)
+            link.watch_streams = active
+            for _ in range(max(0, denied - old_denied)):
+                self.on_denied()
+            for _ in range(max(0, refused - old_refused)):
+                self.on_refused()
+            for model, engine in engines:
+                self.on_engine(model, engine)
