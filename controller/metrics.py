@@ -5,7 +5,10 @@ Names are prefixed `governor_`. Per-model series carry the `model` label.
 `record` runs once per model per tick, so it keeps each model's labelled children
 (`Gauge.labels(model)` takes a lock, joins and validates the label values, and looks up
 a dict on every call: about 15 such calls per model per tick, ~40 ms per tick at 1,000
-models on the 2-core benchmark machine, against ~5 ms with the children kept). `forget`
+models on the 2-core benchmark machine, against ~5 ms with the children kept), and sets
+a gauge only when its value changed (`Gauge.set` takes a lock and checks the metric
+type on every call: 11 per model per tick, most of them the value it already holds).
+The gauges are written only here, so the value kept is the value exported. `forget`
 drops a model's kept children with its series, so a model that comes back gets new ones.
 """
 
@@ -20,35 +23,14 @@ from controller.types import Decision
 
 
 class _ModelSeries:
-    """One model's gauge children (see the module doc)."""
+    """One model's gauge children, in `MODEL_GAUGES` order, with the value each was last
+    set to (see the module doc), and its reasons counter's children."""
 
-    __slots__ = (
-        "capacity",
-        "correction",
-        "demand",
-        "desired_replicas",
-        "max_num_batched_tokens",
-        "max_num_seqs",
-        "panic",
-        "paused",
-        "plant_speed",
-        "reasons",
-        "stale",
-        "staleness",
-    )
+    __slots__ = ("children", "last", "reasons")
 
     def __init__(self, metrics: GovernorMetrics, model: str) -> None:
-        self.desired_replicas = metrics.desired_replicas.labels(model)
-        self.max_num_seqs = metrics.max_num_seqs.labels(model)
-        self.max_num_batched_tokens = metrics.max_num_batched_tokens.labels(model)
-        self.demand = metrics.demand.labels(model)
-        self.capacity = metrics.capacity.labels(model)
-        self.staleness = metrics.staleness.labels(model)
-        self.stale = metrics.stale.labels(model)
-        self.panic = metrics.panic.labels(model)
-        self.paused = metrics.paused.labels(model)
-        self.plant_speed = metrics.plant_speed.labels(model)
-        self.correction = metrics.capacity_correction.labels(model)
+        self.children: tuple[Any, ...] = tuple(g.labels(model) for g in metrics._model_gauges)
+        self.last: list[float | None] = [None] * len(self.children)
         self.reasons: dict[tuple[str, str], Any] = {}
         """(stage, reason) -> the reasons counter's child for this model."""
 
@@ -170,24 +152,27 @@ class GovernorMetrics:
             if child is None:
                 child = reasons[key] = self.reasons.labels(m, s.name, s.reason.value)
             child.inc()
-        series.stale.set(0 if d.valid and d.demand_rps is not None else 1)
-        series.paused.set(1 if paused else 0)
-        if staleness_s is not None:
-            series.staleness.set(staleness_s)
-        if not d.valid:
-            return
-        series.desired_replicas.set(d.replicas)
-        series.max_num_seqs.set(d.knobs.max_num_seqs)
-        series.max_num_batched_tokens.set(d.knobs.max_num_batched_tokens)
-        series.panic.set(1 if d.panic else 0)
-        if d.demand_rps is not None:
-            series.demand.set(d.demand_rps)
-        if d.capacity_rps_per_replica is not None:
-            series.capacity.set(d.capacity_rps_per_replica)
-        if d.plant_speed is not None:
-            series.plant_speed.set(d.plant_speed)
-        if d.capacity_correction is not None:
-            series.correction.set(d.capacity_correction)
+        valid = d.valid
+        knobs = d.knobs
+        values = (  # MODEL_GAUGES order; None: leave the gauge as it is
+            d.replicas if valid else None,
+            knobs.max_num_seqs if valid else None,
+            knobs.max_num_batched_tokens if valid else None,
+            d.demand_rps if valid else None,
+            d.capacity_rps_per_replica if valid else None,
+            d.plant_speed if valid else None,
+            d.capacity_correction if valid else None,
+            staleness_s,
+            0 if valid and d.demand_rps is not None else 1,
+            (1 if d.panic else 0) if valid else None,
+            1 if paused else 0,
+        )
+        last = series.last
+        children = series.children
+        for i, v in enumerate(values):
+            if v is not None and v != last[i]:
+                children[i].set(v)
+                last[i] = v
 
     def forget(self, model: str) -> None:
         """Drop a removed model's per-model gauge series (and the children kept for it)."""

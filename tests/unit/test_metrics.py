@@ -1,0 +1,79 @@
+"""GovernorMetrics.record: per-model gauges follow the decisions (set only on change,
+which must not show), invalid decisions leave the last valid values, forget drops them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from prometheus_client import CollectorRegistry
+
+from controller.metrics import MODEL_GAUGES, GovernorMetrics
+from controller.types import Decision, Knobs, Reason, Stage
+
+GOOD = Decision(
+    model="m",
+    at_s=0.0,
+    valid=True,
+    replicas=3,
+    knobs=Knobs(64, 4096),
+    stages=(Stage("raw", 2, 3, Reason.CAPACITY),),
+    knob_reason=Reason.KNOBS_UNCHANGED,
+    demand_rps=12.5,
+    capacity_rps_per_replica=5.0,
+    plant_speed=1.1,
+    capacity_correction=0.9,
+)
+
+
+def _values(m: GovernorMetrics, model: str = "m") -> dict[str, float | None]:
+    return {
+        name: m.registry.get_sample_value(name, {"model": model}) for _a, name, _h in MODEL_GAUGES
+    }
+
+
+def test_gauges_follow_each_decision() -> None:
+    m = GovernorMetrics(CollectorRegistry())
+    m.record(GOOD, 1.5)
+    assert _values(m) == {
+        "governor_desired_replicas": 3,
+        "governor_knob_max_num_seqs": 64,
+        "governor_knob_max_num_batched_tokens": 4096,
+        "governor_demand_rps": 12.5,
+        "governor_capacity_per_replica_rps": 5.0,
+        "governor_plant_speed_factor": 1.1,
+        "governor_capacity_correction": 0.9,
+        "governor_observation_staleness_seconds": 1.5,
+        "governor_model_stale": 0,
+        "governor_panic": 0,
+        "governor_model_paused": 0,
+    }
+    m.record(GOOD, 1.5)  # unchanged: still the same values
+    assert _values(m)["governor_desired_replicas"] == 3
+    m.record(replace(GOOD, replicas=5, panic=True, knobs=Knobs(32, 2048)), 2.0, paused=True)
+    v = _values(m)
+    assert v["governor_desired_replicas"] == 5 and v["governor_panic"] == 1
+    assert v["governor_knob_max_num_seqs"] == 32 and v["governor_model_paused"] == 1
+    assert v["governor_observation_staleness_seconds"] == 2.0
+    held = replace(GOOD, valid=False, replicas=99, demand_rps=None, panic=False)
+    m.record(held, None)  # no valid decision: stale, the last valid values stay
+    v = _values(m)
+    assert v["governor_model_stale"] == 1 and v["governor_desired_replicas"] == 5
+    assert v["governor_panic"] == 1 and v["governor_observation_staleness_seconds"] == 2.0
+    m.record(replace(GOOD, replicas=5), 2.0)
+    assert _values(m)["governor_model_stale"] == 0
+    assert (
+        m.registry.get_sample_value(
+            "governor_stage_reasons_total", {"model": "m", "stage": "raw", "reason": "CAPACITY"}
+        )
+        == 5
+    )
+
+
+def test_forget_drops_the_series_and_a_returning_model_is_set_again() -> None:
+    m = GovernorMetrics(CollectorRegistry())
+    m.record(GOOD, 1.0)
+    m.forget("m")
+    assert set(_values(m).values()) == {None}
+    m.record(GOOD, 1.0)  # the same values as before it was forgotten: exported again
+    assert _values(m)["governor_desired_replicas"] == 3
+    assert _values(m)["governor_observation_staleness_seconds"] == 1.0
