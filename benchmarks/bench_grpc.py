@@ -13,10 +13,11 @@ Measured:
   p50/p99 latency (ms), and each server's CPU per call (us, from /proc). The Python client
   saturates before either server on 2 cores, so calls/s is client-bound; the goal is
   judged on capacity, the ceiling's CPU per call over the governor's;
-- open loop at each of `--rates` calls/s for `--open-seconds` (GetBatchingConfig): p50
-  and p99 latency from send to answer (ms) of the governor ticking every 5 s, of the
-  governor with its loop idle (the same server, no ticks: what the ticks add) and of the
-  ceiling; and the ticks meanwhile: how many ran against the 5 s schedule, how late the
+- open loop at each of `--rates` calls/s for `--open-seconds` (GetBatchingConfig, and
+  KEDA's GetMetrics): p50 and p99 latency from send to answer (ms) of the governor
+  ticking every 5 s, of the governor with its loop idle (the same server, no ticks: what
+  the ticks add; their ratio is issue 13's goal) and of the ceiling (GetBatchingConfig);
+  and the ticks meanwhile: how many ran against the 5 s schedule, how late the
   latest started and how long they took (the governor's /metrics; on time: every tick
   started within 1 s of its schedule) and the longest gap between tick starts (from the
   arrival times of its log lines).
@@ -26,7 +27,10 @@ the governor had no data for a model (its /metrics: stale models, source errors;
 `benchmarks.procs.tick_data_problem`) or when calls failed other than by load shedding.
 
 Goals (issue 7): GetBatchingConfig throughput >= 70 % of the ceiling's; p99 <= 5 ms at
-1,000 calls/s while control ticks stay on time.
+1,000 calls/s while control ticks stay on time. Issue 13: GetBatchingConfig and GetMetrics
+p99 while 1,000 models tick <= 2x the p99 with the loop idle, at 250 and 1,000 calls/s.
+`governor run` serves from a process of its own (service/serving.py): CPU and memory
+are the governor's processes together.
 Run: `.venv/bin/python -m benchmarks.bench_grpc [--models 1000] [--json F]`.
 """
 
@@ -319,15 +323,16 @@ def throughput(
         # The same open loops as phase B, against the governor whose loop is idle: what
         # the control ticks add to the latency (phase B) shows against this.
         for rate in args.rates:
-            idle = asyncio.run(
-                open_loop(addrs["governor"][0], batching_call(names), rate, args.open_seconds)
-            )
-            results.setdefault("open_loop_idle", {})[f"{rate:g}"] = [idle]
-            print(
-                f"open loop {rate:.0f}/s, governor loop idle: p50 {idle['p50_ms']:.2f} "
-                f"p99 {idle['p99_ms']:.2f} ms ({idle['errors']} errors)",
-                flush=True,
-            )
+            for method, make in OPEN_LOOP_METHODS.items():
+                idle = asyncio.run(
+                    open_loop(addrs["governor"][0], make(names), rate, args.open_seconds)
+                )
+                results.setdefault("open_loop_idle", {})[_key(method, rate)] = [idle]
+                print(
+                    f"open loop {method} {rate:.0f}/s, governor loop idle: p50 "
+                    f"{idle['p50_ms']:.2f} p99 {idle['p99_ms']:.2f} ms ({idle['errors']} errors)",
+                    flush=True,
+                )
     finally:
         ceiling.stop()
         gov.stop()
@@ -345,9 +350,17 @@ def latency_under_ticks(
     try:
         gov_addr, ceil_addr = f"127.0.0.1:{gov.ports[0]}", f"127.0.0.1:{ceiling.port()}"
         wait_ticks(gov, gov.ports[1], 2)
-        call = batching_call(names)
         for rate in args.rates:
-            ref = asyncio.run(open_loop(ceil_addr, call, rate, args.open_seconds))
+            ref = asyncio.run(open_loop(ceil_addr, batching_call(names), rate, args.open_seconds))
+            keda = asyncio.run(open_loop(gov_addr, keda_call(names), rate, args.open_seconds))
+            out[_key("GetMetrics", rate)] = keda
+            print(
+                f"open loop GetMetrics {rate:.0f}/s: governor p50 {keda['p50_ms']:.2f} p99 "
+                f"{keda['p99_ms']:.2f} max {keda['max_ms']:.1f} ms ({keda['errors']} errors "
+                f"{keda['error_codes']})",
+                flush=True,
+            )
+            call = batching_call(names)
             before = scrape(gov.ports[1])
             t0 = time.monotonic()
             ol = asyncio.run(open_loop(gov_addr, call, rate, args.open_seconds))
@@ -388,6 +401,43 @@ def latency_under_ticks(
         ceiling.stop()
         gov.stop()
     return out
+
+
+OPEN_LOOP_METHODS: dict[str, Callable[[list[str]], Call]] = {
+    "GetBatchingConfig": batching_call,
+    "GetMetrics": keda_call,
+}
+GOAL_TICK_RATIO = 2.0
+"""Issue 13: p99 while 1,000 models tick <= 2x the p99 with the loop idle."""
+
+
+def _key(method: str, rate: float) -> str:
+    """The results key of an open loop: the rate alone for GetBatchingConfig (as before)."""
+    return f"{rate:g}" if method == "GetBatchingConfig" else f"{method} {rate:g}"
+
+
+def tick_ratio_rows(
+    args: argparse.Namespace, lat: dict[str, Any], idle_runs: dict[str, Any]
+) -> list[Row]:
+    """Per method and rate: p99 with the loop ticking over p99 with it idle."""
+    rows = []
+    for rate in args.rates:
+        for method in OPEN_LOOP_METHODS:
+            ticking, idle = lat[_key(method, rate)], idle_runs[_key(method, rate)][0]
+            ratio = ticking["p99_ms"] / idle["p99_ms"]
+            rows.append(
+                Row(
+                    "3 gRPC",
+                    f"{method} p99 ticking / idle, open loop {rate:,.0f}/s, {args.models:,} models",
+                    f"{ticking['p99_ms']:.1f} / {idle['p99_ms']:.1f} ms = {ratio:.2f}x "
+                    f"(p50 {ticking['p50_ms']:.1f} / {idle['p50_ms']:.1f} ms; errors "
+                    f"{ticking['errors']} / {idle['errors']})",
+                    f"<= {GOAL_TICK_RATIO:g}x",
+                    ratio <= GOAL_TICK_RATIO,
+                    {"ticking": ticking, "idle": idle, "ratio": ratio, "rate_per_s": rate},
+                )
+            )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> list[Row]:
@@ -466,6 +516,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 ol,
             )
         )
+    rows += tick_ratio_rows(args, lat, idle_runs)
     write_rows(args.json, "grpc", rows, {"medians": med, "open_loop": lat})
     failed = failed_calls(rows)
     if failed:
@@ -494,8 +545,10 @@ def failed_calls(rows: list[Row]) -> dict[str, int]:
     for r in rows:
         for per_server in r.data.get("runs", {}).values():  # closed loops
             runs.extend(per_server)
-        if "rate_per_s" in r.data:  # open loops
+        if "ceiling" in r.data and "rate_per_s" in r.data:  # open loops
             runs += [r.data, r.data["ceiling"], r.data["governor_loop_idle"]]
+        elif "ratio" in r.data and "GetMetrics" in r.name:  # the others: counted above
+            runs += [r.data["ticking"], r.data["idle"]]
     out: dict[str, int] = {}
     for run in runs:
         for code, n in run.get("error_codes", {}).items():

@@ -6,7 +6,9 @@ WatchBatchingConfig streams (one per model, round-robin when fewer models) over 
 channels, as engines would hold them. Measured from /proc of the governor: resident
 set (VmRSS, MB) after its first ticks without streams, then with every stream open and
 answered and `--ticks` more ticks run (each tick wakes every watcher), and the peak
-(VmHWM). Medians of `--samples` readings taken 1 s apart.
+(VmHWM). Medians of `--samples` readings taken 1 s apart. `governor run` serves from a
+process of its own (service/serving.py): the figures are the sums over its processes
+(pages they share counted in each: an upper bound), with each process's share listed.
 
 Goal (issue 7): <= 200 MB at 1,000 models with 1,000 open watch streams.
 Run: `.venv/bin/python -m benchmarks.bench_memory [--models 1000 --streams 1000]`.
@@ -92,6 +94,7 @@ async def _with_streams(
             "messages_received": received,
             "rss_mb": rss,
             "peak_mb": peak,
+            "rss_by_process_mb": {str(k): v for k, v in gov.rss_by_process().items()},
         }
     finally:
         for t in tasks:
@@ -121,9 +124,13 @@ def main(argv: list[str] | None = None) -> list[Row]:
         base_rss, _ = _rss(gov, args.samples)
         print(f"{args.models} models, no streams: RSS {base_rss:.1f} MB", flush=True)
         res = asyncio.run(_with_streams(gov, names, args.streams, args.ticks, args.samples))
+        split = ", ".join(
+            f"pid {pid}: {cur:.1f} MB (peak {peak:.1f})"
+            for pid, (cur, peak) in res["rss_by_process_mb"].items()
+        )
         print(
             f"{args.models} models, {res['streams_open']} streams: RSS {res['rss_mb']:.1f} MB "
-            f"(peak {res['peak_mb']:.1f} MB), {res['messages_received']} messages",
+            f"(peak {res['peak_mb']:.1f} MB; {split}), {res['messages_received']} messages",
             flush=True,
         )
     finally:

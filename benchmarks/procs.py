@@ -94,22 +94,57 @@ class Child:
     def pid(self) -> int:
         return self.proc.pid
 
+    def pids(self) -> list[int]:
+        """The child and its running descendants (`governor run` serves from a child
+        process of its own: service/serving.py)."""
+        out, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            for task in Path(f"/proc/{pid}/task").glob("*/children"):
+                try:
+                    todo += [int(c) for c in task.read_text().split()]
+                except OSError:
+                    continue
+        return out
+
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the child so far (all its threads)."""
-        with open(f"/proc/{self.pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        """User + system CPU seconds so far of the child and its running descendants
+        (all their threads)."""
+        total = 0.0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return total
 
     def rss_mb(self) -> tuple[float, float]:
-        """(current, peak) resident set of the child, MB."""
+        """(current, peak) resident set, MB, summed over the child and its running
+        descendants (pages they share count once per process: an upper bound)."""
         cur = peak = 0.0
-        with open(f"/proc/{self.pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    cur = int(line.split()[1]) * 1024 / 1e6
-                elif line.startswith("VmHWM:"):
-                    peak = int(line.split()[1]) * 1024 / 1e6
+        for c, p in self.rss_by_process().values():
+            cur, peak = cur + c, peak + p
         return cur, peak
+
+    def rss_by_process(self) -> dict[int, tuple[float, float]]:
+        """pid -> (current, peak) resident set, MB, of the child and its descendants."""
+        out: dict[int, tuple[float, float]] = {}
+        for pid in self.pids():
+            cur = peak = 0.0
+            try:
+                with open(f"/proc/{pid}/status") as fh:
+                    for line in fh:
+                        if line.startswith("VmRSS:"):
+                            cur = int(line.split()[1]) * 1024 / 1e6
+                        elif line.startswith("VmHWM:"):
+                            peak = int(line.split()[1]) * 1024 / 1e6
+            except OSError:
+                continue
+            out[pid] = (cur, peak)
+        return out
 
     def stop(self, timeout_s: float = 20.0) -> int | None:
         """SIGTERM, then SIGKILL after `timeout_s`; returns the exit status."""
