@@ -95,6 +95,8 @@ async def _with_streams(
             "rss_mb": rss,
             "peak_mb": peak,
             "rss_by_process_mb": {str(k): v for k, v in gov.rss_by_process().items()},
+            "pss_mb": gov.pss_mb(),
+            "unique_mb": gov.unique_mb(),
         }
     finally:
         for t in tasks:
@@ -130,7 +132,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
         )
         print(
             f"{args.models} models, {res['streams_open']} streams: RSS {res['rss_mb']:.1f} MB "
-            f"(peak {res['peak_mb']:.1f} MB; {split}), {res['messages_received']} messages",
+            f"(peak {res['peak_mb']:.1f} MB; {split}; PSS {res['pss_mb']:.1f} MB; "
+            f"shared files once "
+            f"{res['unique_mb']:.1f} MB), "
+            f"{res['messages_received']} messages",
             flush=True,
         )
     finally:

@@ -129,6 +129,49 @@ class Child:
             cur, peak = cur + c, peak + p
         return cur, peak
 
+    def pss_mb(self) -> float:
+        """Proportional set size, MB, summed over the child and its descendants: each
+        shared page counted once in total (Pss of /proc/PID/smaps_rollup)."""
+        total = 0.0
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as fh:
+                    for line in fh:
+                        if line.startswith("Pss:"):
+                            total += int(line.split()[1]) * 1024 / 1e6
+            except OSError:
+                continue
+        return total
+
+    def unique_mb(self) -> float:
+        """Resident memory of the child and its descendants with shared file pages
+        counted once, MB: their anonymous pages summed, plus for each mapped file the
+        most any of them holds resident (the processes are separate executables; what
+        they share is the interpreter's and the libraries' file pages). A lower bound
+        of what a container holding them all is charged, close to it."""
+        anon = 0.0
+        files: dict[str, float] = {}
+        for pid in self.pids():
+            per_file: dict[str, float] = {}
+            try:
+                with open(f"/proc/{pid}/smaps") as fh:
+                    path = ""
+                    for line in fh:
+                        head = line.split()
+                        if not head:
+                            continue
+                        if "-" in head[0] and not head[0].endswith(":"):
+                            path = head[5] if len(head) > 5 and head[5].startswith("/") else ""
+                        elif head[0] == "Rss:" and path:
+                            per_file[path] = per_file.get(path, 0.0) + int(head[1]) * 1024 / 1e6
+                        elif head[0] == "Anonymous:":
+                            anon += int(head[1]) * 1024 / 1e6
+            except OSError:
+                continue
+            for path, mb in per_file.items():
+                files[path] = max(files.get(path, 0.0), mb)
+        return anon + sum(files.values())
+
     def rss_by_process(self) -> dict[int, tuple[float, float]]:
         """pid -> (current, peak) resident set, MB, of the child and its descendants."""
         out: dict[int, tuple[float, float]] = {}
