@@ -70,6 +70,7 @@ __all__ = [
 DEFAULT_METRICS_LISTEN = "0.0.0.0:9464"
 SHUTDOWN_GRACE_S = 10.0
 SERVING_MODES = ("process", "inline")
+TICK_NICE = 10  # the tick thread's nice with a serving process (service.ticker)
 
 
 class GovernorServer:
@@ -89,7 +90,8 @@ class GovernorServer:
     `max_request_bytes`/`max_message_bytes`: largest request received / response sent.
     `serving`: "inline" (default here: tests drive ticks and read at once) or
     "process" (see the module doc; `serving_process` after `start`); `log_level`: the
-    serving process's.
+    serving process's. `tick_nice`: the tick thread's nice (service.ticker); default
+    `TICK_NICE` with a serving process, 0 inline.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class GovernorServer:
         admin_listen: str | None = None,
         serving: str = "inline",
         log_level: str = "info",
+        tick_nice: int | None = None,
         logger: Any = None,
     ) -> None:
         if serving not in SERVING_MODES:
@@ -127,6 +130,10 @@ class GovernorServer:
             tls=tls,
         )
         self.serving = serving
+        # The tick yields the CPU to the serving process; inline it would be descheduled
+        # holding the interpreter lock the listeners need, so there it keeps priority.
+        default_nice = TICK_NICE if serving == "process" else 0
+        self.tick_nice = default_nice if tick_nice is None else tick_nice
         self.log_level = log_level
         self.streams = StreamLimiter(max_watch_streams, on_refused=core.m_streams_refused.inc)
         self.metrics_listen = metrics_listen
@@ -215,6 +222,7 @@ class GovernorServer:
                 self.tick_interval_s,
                 self.log,
                 on_late=self.core.m_tick_lateness.observe,
+                nice=self.tick_nice,
             )
             self._ticker.start()
 

@@ -26,7 +26,7 @@ from actuators.publisher import DecisionBoard
 from governor_api import governor_v1_pb2
 from service.listeners import PublicListeners
 from service.security import StreamLimiter
-from service.serving import InternalAdmin, ServingSpec
+from service.serving import InternalAdmin, ServingSpec, decode_entry
 
 MAX_ENGINES_REPORTED = 10_000  # per model (service.core tracks as many)
 PARENT_GONE_GRACE_S = 2.0
@@ -130,6 +130,14 @@ class _Reporter:
                 return
 
 
+def _mirror(board: DecisionBoard, message: tuple[Any, ...]) -> bool:
+    """Apply one board message (service.serving.board_messages); whether it was the
+    last of its change."""
+    _, encoded, slots, removed, last = message
+    board.mirror({t[0]: decode_entry(t) for t in encoded}, slots, removed)
+    return bool(last)
+
+
 def _read_feed(
     conn: Connection, board: DecisionBoard, loop: asyncio.AbstractEventLoop, stop: Any
 ) -> None:
@@ -139,8 +147,7 @@ def _read_feed(
         while True:
             message = conn.recv()
             if message[0] == "board":
-                _, _full, entries, slots, removed = message
-                board.mirror(entries, slots, removed)
+                _mirror(board, message)
             elif message[0] == "stop":
                 loop.call_soon_threadsafe(stop, float(message[1]))
                 return
@@ -205,12 +212,14 @@ def main(argv: list[str]) -> int:
         kind, spec = conn.recv()
         assert kind == "spec", kind
         configure_logging(spec.log_level)
-        message = conn.recv()  # the full snapshot: never serve an empty board
+        board = DecisionBoard()
+        while not _mirror(board, conn.recv()):  # the full snapshot: never serve an empty board
+            pass
     except (EOFError, OSError):
         return 1
-    _, _full, entries, slots, removed = message
-    board = DecisionBoard()
-    board.mirror(entries, slots, removed)
+    # The feed thread gives the GIL back every millisecond (default 5 ms) while it
+    # decodes: calls wait at most that long for it.
+    sys.setswitchinterval(0.001)
     return asyncio.run(_serve(conn, spec, board))
 
 

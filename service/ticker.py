@@ -4,9 +4,11 @@
 `interval_s` seconds, the first run at once. The job has `max_instances=1` (a tick never
 overlaps the previous one), `coalesce=True` (runs missed while a tick overran, or while
 the process was starved, collapse into one) and a misfire grace of one interval (a run
-later than that is dropped, and counted, instead of being run late). APScheduler's
-asyncio executor runs the plain function in the event loop's default thread pool, so
-the gRPC handlers on the loop keep serving while a tick runs.
+later than that is dropped, and counted, instead of being run late). The job awaits
+the tick on a thread of its own, so the event loop keeps serving while a tick runs.
+`nice` > 0 lowers that thread's CPU priority (Linux nice, per thread): with the
+listeners in a serving process (service.serving), a busy machine then gives engine and
+KEDA calls the CPU before the tick, which has seconds of slack in its interval.
 
 Lateness (`on_late(seconds)`, the histogram `governor_tick_lateness_seconds`): how long
 after its scheduled time each run started, taken from APScheduler's own schedule (the
@@ -30,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -77,6 +81,7 @@ class TickScheduler:
         logger: Any,
         on_late: Callable[[float], None] | None = None,
         on_stall: Callable[[], None] | None = None,
+        nice: int = 0,
     ) -> None:
         if not interval_s > 0:
             raise ValueError(f"tick interval must be > 0 s (got {interval_s})")
@@ -85,6 +90,8 @@ class TickScheduler:
         self.log = logger
         self.on_late = on_late
         self.on_stall = on_stall
+        self.nice = nice
+        self._pool: ThreadPoolExecutor | None = None
         self._scheduler: Any = None
         self._watchdog: Any = None
         self._lock = threading.Lock()
@@ -112,8 +119,11 @@ class TickScheduler:
             event_loop=loop, timezone=UTC, executors={"default": _Executor()}
         )
         self._scheduler.add_listener(self._on_skipped, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+        self._pool = ThreadPoolExecutor(
+            1, thread_name_prefix="governor-tick", initializer=self._lower_priority
+        )
         self._scheduler.add_job(
-            self._run,
+            self._run_on_thread,
             EveryInterval(self.interval_s),
             id=JOB_ID,
             next_run_time=datetime.now(UTC),
@@ -130,6 +140,8 @@ class TickScheduler:
             self._watchdog.cancel()
         if self._scheduler is not None and self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)  # a running tick goes on (`wait_idle`)
 
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until no tick runs (at most `timeout_s` seconds); whether none does."""
@@ -141,6 +153,22 @@ class TickScheduler:
         if self.on_late is not None:
             with contextlib.suppress(Exception):
                 self.on_late(self.interval_s)
+
+    def _lower_priority(self) -> None:
+        """The tick thread's initializer: nice it by `nice` (Linux: per thread)."""
+        if self.nice <= 0:
+            return
+        tid = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + self.nice)
+        except OSError as exc:
+            self.log.warning("tick_priority_unchanged", nice=self.nice, error=str(exc))
+
+    async def _run_on_thread(self) -> None:
+        """The job: one tick on the tick thread (the job runs until the tick ends, so
+        `max_instances=1` holds)."""
+        assert self._pool is not None
+        await asyncio.get_running_loop().run_in_executor(self._pool, self._run)
 
     def _run(self) -> None:
         """The job: one tick (in the loop's thread pool), its lateness reported first."""

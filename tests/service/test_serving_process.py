@@ -249,3 +249,35 @@ def test_governor_run_defaults_to_the_serving_process() -> None:
 
     assert build_parser().parse_args(["run"]).serving == "process"
     assert build_parser().parse_args(["run", "--serving", "inline"]).serving == "inline"
+
+
+def test_the_tick_thread_runs_niced_and_the_rest_of_the_process_does_not() -> None:
+    """TickScheduler(nice=N): the tick runs on a thread whose nice is N above the
+    process's; the event loop's thread keeps its priority."""
+    import asyncio
+    import threading
+
+    from service.ticker import TickScheduler
+
+    seen: list[tuple[int, int]] = []
+    ran = threading.Event()
+
+    def tick() -> None:
+        tid = threading.get_native_id()
+        seen.append((tid, os.getpriority(os.PRIO_PROCESS, tid)))
+        ran.set()
+
+    async def run() -> int:
+        ticker = TickScheduler(tick, 60.0, quiet_logger(), nice=5)
+        ticker.start()
+        try:
+            assert await asyncio.to_thread(ran.wait, 10)
+        finally:
+            ticker.stop()
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    loop_nice = asyncio.run(run())
+    assert loop_nice == base
+    assert seen and seen[0][1] == min(19, base + 5)
+    assert seen[0][0] != threading.get_native_id()
