@@ -51,8 +51,12 @@ HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met wi
 # the target.
 ITL_SLOW_GAPS_FRAC = 0.10
 
-SPEED_MIN = 0.25
-SPEED_MAX = 4.0
+SPEED_MIN = 1.0 / 16.0
+SPEED_MAX = 64.0
+"""Bounds of the learned speed: the default profile (an H100) on engines up to 64x
+slower (vLLM's CPU build serving a tiny model reads 12-25x) or 16x faster."""
+SPEED_JUMP_RATIO = 4.0
+"""A sample this many times slower than the belief replaces it (see learn_speed)."""
 SPEED_HALF_LIFE_S = 60.0
 """Half-life of the learned speed's average, seconds of evidence."""
 MIN_REQUESTS_PER_WINDOW = 30.0
@@ -117,11 +121,20 @@ def learn_speed(
 ) -> float:
     """The learned speed after `dt_s` seconds of evidence `sample` (None: unchanged):
     a half-life average in log space, within [SPEED_MIN, SPEED_MAX]. Example: 1.0 and
-    a sample of 1.3 over 5 s with a 60 s half-life -> 1.0 x 1.3 ** 0.056 = 1.015."""
+    a sample of 1.3 over 5 s with a 60 s half-life -> 1.0 x 1.3 ** 0.056 = 1.015.
+
+    A sample more than SPEED_JUMP_RATIO x slower than `previous` is taken as it is
+    (1.0 and a sample of 15 -> 15): engines that far off the profile run on other
+    hardware, and averaging towards them at the half-life would take minutes during
+    which every replica is believed to serve several times what it does. Only towards
+    slower: a faster reading is learned at the half-life (believing engines slower
+    than they are costs replicas, believing them faster costs the SLA)."""
     if sample is None or dt_s <= 0:
         return previous
-    keep = 0.5 ** (dt_s / half_life_s)
     s = min(SPEED_MAX, max(SPEED_MIN, sample))
+    if s > SPEED_JUMP_RATIO * previous:
+        return s
+    keep = 0.5 ** (dt_s / half_life_s)
     return math.exp(keep * math.log(previous) + (1.0 - keep) * math.log(s))
 
 

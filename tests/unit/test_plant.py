@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics
-from controller.plant import SPEED_MAX, learn_speed, speed_sample
+from controller.plant import SPEED_JUMP_RATIO, SPEED_MAX, SPEED_MIN, learn_speed, speed_sample
 from controller.types import Lengths
 from estimators.stepmodel import load_profile
 from tests.conftest import ORIGIN_S, make_model, make_policy
@@ -70,6 +70,20 @@ def test_learning_is_smoothed_and_bounded() -> None:
     for _ in range(500):
         s = learn_speed(s, 100.0, 5.0)
     assert s == pytest.approx(SPEED_MAX)
+    s = 1.0
+    for _ in range(500):
+        s = learn_speed(s, 0.001, 5.0)
+    assert s == pytest.approx(SPEED_MIN)
+
+
+def test_an_engine_far_slower_than_the_profile_is_taken_at_once() -> None:
+    """A window 15x slower than believed (vLLM's CPU build on the H100 profile) replaces
+    the belief; within SPEED_JUMP_RATIO it is averaged (a transient window of a plant
+    the profile matches reads up to ~2.4x); faster is never jumped to."""
+    assert learn_speed(1.0, 15.0, 1.0) == 15.0
+    assert learn_speed(15.0, 18.0, 1.0) == pytest.approx(15.0 * 1.2 ** (1 - 0.5 ** (1 / 60)))
+    assert learn_speed(1.0, SPEED_JUMP_RATIO * 0.99, 1.0) < 1.03
+    assert learn_speed(15.0, 1.0, 1.0) > 14.0
 
 
 def test_a_slower_engine_is_learned_before_the_sla_is_violated() -> None:
