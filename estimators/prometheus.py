@@ -21,7 +21,9 @@ answers into typed per-model outcomes:
 
 Quantiles are PromQL's own `histogram_quantile`; the exact attainment is
 `bucket(le=SLA) / bucket(+Inf)` from the buckets at the SLA thresholds in use (the
-source rebuilds that one query when the set of thresholds changes).
+source rebuilds that one query when the set of thresholds changes). Both read the bucket
+rates the chart's recording rules record, on the ticks whose demand answer carries the
+rules' marker (`recording_rules`), and aggregate the raw buckets otherwise.
 
 Units: `now_s`, `window_s`, `timeout_s`, `staleness_s` in seconds (unix seconds for
 times); latency quantiles and means are reported in milliseconds; rates per second.
@@ -47,6 +49,7 @@ from estimators.promql import (
     DEFAULT_SEED_WINDOW_S,
     DEFAULT_WINDOW_S,
     DIST_QUANTILES,
+    RULES_SIGNAL,
     SIGNAL_LABEL,
     QueryBuilder,
     Signal,
@@ -183,6 +186,11 @@ class PrometheusSource:
     is, and the age is left to the caller). `targets_lookback_s`: how long an engine
     target that went down or left discovery still belongs to its model, so that every
     target gone reads as no data (default: the longest window, 5 minutes).
+    `recording_rules`: when Prometheus has the chart's recording rules for this window,
+    model label and name policy loaded (their marker rides in the demand answer, checked
+    on every tick at no extra query), the quantile and SLA-edge queries read the recorded
+    bucket rates instead of aggregating the raw buckets afresh for each of 17 quantiles;
+    without them, the raw queries (estimators.promql module doc). False: never.
     """
 
     def __init__(
@@ -199,6 +207,7 @@ class PrometheusSource:
         seed_window_s: float | None = DEFAULT_SEED_WINDOW_S,
         max_staleness_s: float | None = None,
         targets_lookback_s: float | None = None,
+        recording_rules: bool = True,
     ) -> None:
         if isinstance(settings_or_url, str):
             url, disable_ssl = settings_or_url, False
@@ -220,24 +229,36 @@ class PrometheusSource:
         self.timeout_s: float = float(timeout)
         self.model_label: str = label
         self.max_staleness_s: float | None = max_staleness_s
-        self._builder = QueryBuilder(
-            label,
-            self.window_s,
-            accept_escaped,
-            short_window_s,
-            seed_window_s,
-            targets_lookback_s,
-        )
+        self.recording_rules: bool = recording_rules
+        """Read the recorded bucket rates when fitting rules are loaded (see the class doc)."""
+        self.rules_in_use: bool = False
+        """Whether the latest tick read the recording rules' series."""
+        self._builders: dict[bool, QueryBuilder] = {}
+        self._by_mode: dict[bool, TickQueries] = {}
+        for recorded in (False, True):
+            self._builders[recorded] = QueryBuilder(
+                label,
+                self.window_s,
+                accept_escaped,
+                short_window_s,
+                seed_window_s,
+                targets_lookback_s,
+                recorded,
+            )
+            self._by_mode[recorded] = build_queries(
+                label,
+                self.window_s,
+                accept_escaped=accept_escaped,
+                short_window_s=short_window_s,
+                seed_window_s=seed_window_s,
+                targets_lookback_s=targets_lookback_s,
+                recorded=recorded,
+                rules_marker=recording_rules,
+            )
         self._edges: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
-        self.queries: TickQueries = build_queries(
-            label,
-            self.window_s,
-            accept_escaped=accept_escaped,
-            short_window_s=short_window_s,
-            seed_window_s=seed_window_s,
-            targets_lookback_s=targets_lookback_s,
-        )
-        """The queries of the latest tick (`sla_buckets` follows the models' SLAs)."""
+        self.queries: TickQueries = self._by_mode[False]
+        """The queries of the latest tick (`sla_buckets` follows the models' SLAs; the
+        quantile and SLA-edge queries follow `rules_in_use`)."""
         self._client: QueryClient = client or http_query_client(
             self.url, self.timeout_s, disable_ssl, retries
         )
@@ -272,7 +293,20 @@ class PrometheusSource:
         if (ttft, itl) != self._edges:
             self._edges = (ttft, itl)
             edges = {"ttft": ttft, "itl": itl, "tpot": itl}
-            self.queries = replace(self.queries, sla_buckets=self._builder.edge_buckets(edges))
+            for recorded, builder in self._builders.items():
+                self._by_mode[recorded] = replace(
+                    self._by_mode[recorded], sla_buckets=builder.edge_buckets(edges)
+                )
+            self.queries = self._by_mode[self.rules_in_use]
+
+    def _follow_rules(self, demand: SignalTable) -> None:
+        """Read the recorded series from the next query on when the demand answer carries
+        the rules' marker, the raw buckets when it does not (rules removed, or never
+        loaded): decided on every tick, so a tick never reads series that are gone."""
+        present = self.recording_rules and RULES_SIGNAL in demand
+        if present != self.rules_in_use:
+            self.rules_in_use = present
+            self.queries = self._by_mode[present]
 
     # --- MetricSource -------------------------------------------------------------------
 
@@ -297,7 +331,8 @@ class PrometheusSource:
         edges: dict[str, dict[str, Buckets]] = {}
         # Each answer is parsed as soon as it arrives (and dropped): a malformed one stops
         # the tick before the next query, and only one decoded answer is alive at a time.
-        for name, query in self.queries.items():
+        for name in [name for name, _query in self.queries.items()]:  # demand first
+            query = getattr(self.queries, name)  # after demand: as `_follow_rules` says
             raw = self._query(query, now_s)
             if name == "sla_buckets":
                 edges = _parse_edge_buckets(raw, query, label)
@@ -305,6 +340,8 @@ class PrometheusSource:
                 tagged.setdefault("quantiles", {}).update(_parse_tagged(raw, query, label))
             else:
                 tagged[name] = _parse_tagged(raw, query, label)
+                if name == "demand":
+                    self._follow_rules(tagged[name])
             del raw
         t = _Tables(tagged, edges)
         out: dict[str, ObservationResult] = {}

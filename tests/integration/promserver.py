@@ -64,10 +64,19 @@ def wait_for(check: Callable[[], bool], deadline_s: float, what: str, poll_s: fl
 class PrometheusServer:
     """A Prometheus process scraping `targets` (job -> host:port list) every second."""
 
-    def __init__(self, binary: str, workdir: Path, targets: Mapping[str, Sequence[str]]) -> None:
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        targets: Mapping[str, Sequence[str]],
+        rule_files: Sequence[Path] = (),
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.targets = targets
+        self.rule_files = tuple(rule_files)
+        """Rule files (Prometheus rule-group YAML) the server loads, evaluated every
+        scrape interval unless a group sets its own."""
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "prometheus.log"
@@ -82,8 +91,12 @@ class PrometheusServer:
             "global:",
             f"  scrape_interval: {SCRAPE_INTERVAL_S:g}s",
             f"  scrape_timeout: {SCRAPE_INTERVAL_S:g}s",
-            "scrape_configs:",
+            f"  evaluation_interval: {SCRAPE_INTERVAL_S:g}s",
         ]
+        if self.rule_files:
+            lines.append("rule_files:")
+            lines += [f"  - '{p}'" for p in self.rule_files]
+        lines.append("scrape_configs:")
         for job, targets in self.targets.items():
             quoted = ", ".join(f"'{t}'" for t in targets)
             lines += [

@@ -1,0 +1,188 @@
+"""The chart's recording rules in a real Prometheus: `PrometheusSource` finds their marker
+in the demand answer and reads the recorded bucket rates, with the same quantiles and
+attainment as from the raw buckets; with rules for another window, or once the rules are
+removed, it reads the raw buckets again (and still observes every model).
+
+The rule file is the chart's own rendering (tests/helm: the `llm-governor.recording`
+group for the suite's window and a 1 s interval), loaded by the server at start."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from estimators.prometheus import PrometheusSource
+from estimators.promql import RULES_MARKER
+from estimators.types import ModelQuery, Observation, ObservationResult
+from tests.integration.conftest import BATCHES_PER_S, MODEL_A, MODEL_B, MODELS, WINDOW_S
+from tests.integration.fake_vllm import FakeVllmCollector, serve_registry
+from tests.integration.promserver import SCRAPE_INTERVAL_S, PrometheusServer, wait_for
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+QUERIES = [
+    ModelQuery(MODEL_A.name, ttft_sla_s=0.25, itl_sla_s=0.05),  # both bucket edges
+    ModelQuery(MODEL_B.name, ttft_sla_s=0.3, itl_sla_s=0.1),
+]
+COMPARED = (
+    "ttft_p95_ms",
+    "itl_p95_ms",
+    "e2e_p99_ms",
+    "queue_time_p95_ms",
+    "decode_time_p95_ms",
+    "tpot_p95_ms",
+    "prompt_tokens_p95",
+    "output_tokens_p95",
+    "ttft_attainment_frac",
+    "itl_attainment_frac",
+    "tpot_attainment_frac",
+    "ttft_dist",
+    "itl_dist",
+    "e2e_dist",
+)
+
+
+def chart_rules(window_s: float) -> dict[str, object]:
+    """The chart's recording group for `window_s`, evaluated every scrape interval."""
+    from tests.helm.test_recording_rules import chart_recording_group
+
+    interval = f"{SCRAPE_INTERVAL_S:g}s"
+    group = chart_recording_group(
+        policy={"window_s": window_s}, monitoring={"serviceMonitor": {"interval": interval}}
+    )
+    assert group is not None and group["interval"] == interval
+    return {"groups": [group]}
+
+
+@pytest.fixture(scope="module")
+def prom(
+    prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrometheusServer]:
+    """A Prometheus scraping the `MODELS` exporter with the chart's rules loaded, once
+    the rules have recorded a full window of data for every model."""
+    workdir: Path = tmp_path_factory.mktemp("prometheus-rules")
+    rules = workdir / "rules.yaml"
+    rules.write_text(yaml.safe_dump(chart_rules(WINDOW_S), sort_keys=False))
+    registry = CollectorRegistry()
+    registry.register(FakeVllmCollector(MODELS, batches_per_s=BATCHES_PER_S))
+    served = serve_registry(registry)
+    server = PrometheusServer(prometheus_bin, workdir, {"vllm": [served.target]}, [rules])
+    try:
+        server.start()
+        names = {m.name for m in MODELS}
+
+        def recorded() -> bool:  # a full window of data behind the recorded rates
+            at = time.time() - 2.5 * SCRAPE_INTERVAL_S
+            rows = server.query(f"governor:ttft_bucket:rate{WINDOW_S:g}s", at_s=at - WINDOW_S)
+            return names <= {r["metric"].get("model_name") for r in rows}
+
+        try:
+            wait_for(recorded, 40.0, "recorded bucket rates for every model")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nPrometheus log:\n{server.log_tail()}") from None
+        yield server
+    finally:
+        server.stop()
+        served.stop()
+
+
+def observe_all(
+    src: PrometheusSource, models: Sequence[ModelQuery]
+) -> tuple[dict[str, Observation], float]:
+    """Every model observed at one settled instant (polled: on a loaded machine a missed
+    scrape of the in-process exporter reads, correctly, as a target down)."""
+    taken: list[tuple[dict[str, ObservationResult], float]] = []
+
+    def every_model_observed() -> bool:
+        at = time.time() - 2.5 * SCRAPE_INTERVAL_S
+        taken.append((src.observe(models, at), at))
+        return all(isinstance(r, Observation) for r in taken[-1][0].values())
+
+    wait_for(every_model_observed, 20.0, "every model observed")
+    results, at = taken[-1]
+    return {k: v for k, v in results.items() if isinstance(v, Observation)}, at
+
+
+def test_source_reads_the_recorded_bucket_rates(prom: PrometheusServer) -> None:
+    ruled = PrometheusSource(prom.url, window_s=WINDOW_S, timeout_s=5.0)
+    raw = PrometheusSource(prom.url, window_s=WINDOW_S, timeout_s=5.0, recording_rules=False)
+    obs, at = observe_all(ruled, QUERIES)
+    assert ruled.rules_in_use and ruled.queries_last_tick == 8
+    recorded = f"governor:ttft_bucket:rate{WINDOW_S:g}s"
+    assert recorded in ruled.queries.ttft_quantiles and recorded in ruled.queries.sla_buckets
+    assert "rate(vllm:" not in ruled.queries.quantiles + ruled.queries.sla_buckets
+    a, b = obs[MODEL_A.name], obs[MODEL_B.name]
+    assert a.itl_p95_ms == pytest.approx(65.625)  # as from the raw buckets (see
+    assert a.ttft_p95_ms == pytest.approx(625.0)  # test_prometheus_source.py)
+    assert a.e2e_p99_ms == pytest.approx(12_500.0)
+    assert b.itl_p95_ms == pytest.approx(125.0)
+    assert a.ttft_attainment_frac is not None and a.itl_attainment_frac is not None
+    # The same instant through the raw buckets: every quantile and attainment equal (the
+    # fake engines' distributions are the same in every window).
+    plain = raw.observe(QUERIES, at)
+    assert not raw.rules_in_use and "rate(vllm:" in raw.queries.ttft_quantiles
+    for q in QUERIES:
+        p = plain[q.name]
+        assert isinstance(p, Observation)
+        got, want = numbers(obs[q.name]), numbers(p)
+        for key in ON_AN_EDGE.get(q.name, ()):
+            del got[key], want[key]
+        missing = {k for k, v in want.items() if v is None}
+        assert {k for k, v in got.items() if v is None} == missing, q.name
+        got = {k: v for k, v in got.items() if k not in missing}
+        want = {k: v for k, v in want.items() if k not in missing}
+        assert got == pytest.approx(want, rel=1e-9), q.name
+
+
+# Quantiles whose rank falls exactly on a bucket's cumulative count with an empty bucket
+# after it (llama-a's TTFT p90: 18 of 20 requests at or under 0.25 s, none in (0.25,
+# 0.5]): histogram_quantile answers 250 or 500 ms depending on float noise in the rates,
+# which differs between two evaluation instants whichever series it reads.
+ON_AN_EDGE = {MODEL_A.name: ("ttft_dist.p90_ms",)}
+
+
+def numbers(o: Observation) -> dict[str, float | None]:
+    """`COMPARED` of `o`, the distributions spread into their quantiles."""
+    # (llama-b has no phase histograms: its decode time and TPOT p95 are None both ways)
+    out: dict[str, float | None] = {}
+    for name in COMPARED:
+        v = getattr(o, name)
+        if name.endswith("_dist"):
+            out |= {f"{name}.{k}": x for k, x in (vars_of(v) if v else {}).items()}
+        else:
+            out[name] = v
+    assert sum(v is not None for v in out.values()) >= 15, out  # compared numbers, not Nones
+    return out
+
+
+def vars_of(dist: object) -> dict[str, float | None]:
+    from dataclasses import asdict
+
+    return asdict(dist)  # type: ignore[call-overload, no-any-return]
+
+
+def test_rules_for_another_window_are_not_read(prom: PrometheusServer) -> None:
+    src = PrometheusSource(prom.url, window_s=2 * WINDOW_S, timeout_s=5.0)
+    obs, _at = observe_all(src, QUERIES)
+    assert not src.rules_in_use and "rate(vllm:" in src.queries.ttft_quantiles
+    assert obs[MODEL_A.name].itl_p95_ms == pytest.approx(65.625)
+
+
+def test_rules_removed_the_source_reads_raw_buckets_again(prom: PrometheusServer) -> None:
+    """Last in this module: it unloads the rules."""
+    src = PrometheusSource(prom.url, window_s=WINDOW_S, timeout_s=5.0)
+    observe_all(src, QUERIES)
+    assert src.rules_in_use
+    prom.rule_files = ()
+    prom.reload(prom.targets)  # the rule group is gone: its series are marked stale
+    settled = 2.5 * SCRAPE_INTERVAL_S  # observe_all's evaluation time, before now
+    gone = lambda: not prom.query(RULES_MARKER, at_s=time.time() - settled)  # noqa: E731
+    wait_for(gone, 20.0, "the marker gone")
+    obs, _at = observe_all(src, QUERIES)
+    assert not src.rules_in_use and "rate(vllm:" in src.queries.ttft_quantiles
+    assert obs[MODEL_A.name].itl_p95_ms == pytest.approx(65.625)
