@@ -28,11 +28,11 @@ RESOURCE_EXHAUSTED, and KEDA retries with its own backoff.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actuators.publisher import DecisionBoard, Published, StreamSlots
 from governor_api import externalscaler_pb2 as pb
@@ -50,15 +50,55 @@ def _echo(value: Any) -> str:
     return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 3] + "..."
 
 
-class ScalerMetadata(BaseModel):
-    """The trigger metadata KEDA sends. Unknown keys (scalerAddress, ...) are ignored."""
+class MetadataError(ValueError):
+    """Bad trigger metadata; the message names each problem."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, str_strip_whitespace=True)
 
-    model: str = Field(min_length=1, max_length=253, description="model name, as configured")
-    namespace: str | None = Field(
-        default=None, min_length=1, max_length=63, description="the model's namespace"
-    )
+@dataclass(frozen=True, slots=True)
+class ScalerMetadata:
+    """The trigger metadata KEDA sends: `model` (the model's name, as configured) and
+    optional `namespace` (the model's namespace). Surrounding whitespace is removed;
+    other keys (scalerAddress, ...) are ignored. Checked by hand, not by pydantic: the
+    serving process (service/serving.py) imports this module and nothing else of it
+    needs pydantic (about 11 MB of memory)."""
+
+    model: str
+    namespace: str | None = None
+
+    @classmethod
+    def parse(cls, metadata: Mapping[str, str]) -> ScalerMetadata:
+        """The metadata of a trigger; MetadataError naming every problem."""
+        problems: list[str] = []
+        model = _field(metadata, "model", MAX_MODEL_CHARS, problems, required=True)
+        namespace = _field(metadata, "namespace", MAX_NAMESPACE_CHARS, problems)
+        if problems:
+            raise MetadataError("; ".join(problems))
+        assert model is not None
+        return cls(model=model, namespace=namespace)
+
+
+MAX_MODEL_CHARS = 253
+MAX_NAMESPACE_CHARS = 63
+
+
+def _field(
+    metadata: Mapping[str, str], key: str, limit: int, problems: list[str], required: bool = False
+) -> str | None:
+    """`metadata[key]` stripped, or None when absent (a problem if `required`); a value
+    that is empty or longer than `limit` characters adds a problem."""
+    if key not in metadata:
+        if required:
+            problems.append(f"scalerMetadata.{key}: required (set it in the trigger's metadata)")
+        return None
+    raw = metadata[key]
+    value = raw.strip()
+    if not value:
+        problems.append(f"scalerMetadata.{key}: must not be empty (got {_echo(raw)})")
+    elif len(value) > limit:
+        problems.append(
+            f"scalerMetadata.{key}: at most {limit} characters (got {len(value)} characters)"
+        )
+    return value
 
 
 def metric_name(model: str) -> str:
@@ -68,18 +108,6 @@ def metric_name(model: str) -> str:
     """
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
     return f"{METRIC_PREFIX}{slug or 'model'}"[:200]
-
-
-def _metadata_problem(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False):
-        key = ".".join(str(p) for p in err["loc"]) or "scalerMetadata"
-        msg = err["msg"]
-        if err["type"] == "missing":
-            parts.append(f"scalerMetadata.{key}: required (set it in the trigger's metadata)")
-        else:
-            parts.append(f"scalerMetadata.{key}: {msg} (got {_echo(err.get('input'))})")
-    return "; ".join(parts)
 
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
@@ -99,9 +127,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 f"(got {len(ref.scalerMetadata)})",
             )
         try:
-            meta = ScalerMetadata.model_validate(dict(ref.scalerMetadata))
-        except ValidationError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _metadata_problem(exc))
+            meta = ScalerMetadata.parse(ref.scalerMetadata)
+        except MetadataError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             entry = self.board.get(meta.model)
         except KeyError:

@@ -216,6 +216,9 @@ def test_stream_is_active_sends_the_current_value_at_open_then_changes(svc: Serv
     [
         ({}, grpc.StatusCode.INVALID_ARGUMENT, "scalerMetadata.model"),
         ({"model": ""}, grpc.StatusCode.INVALID_ARGUMENT, "scalerMetadata.model"),
+        ({"model": "m" * 254}, grpc.StatusCode.INVALID_ARGUMENT, "at most 253 characters"),
+        ({"model": "demo", "namespace": " "}, grpc.StatusCode.INVALID_ARGUMENT, "namespace"),
+        ({"model": "  demo "}, grpc.StatusCode.OK, ""),
         ({"model": "nope"}, grpc.StatusCode.NOT_FOUND, "'nope' is not a configured model"),
         ({"model": "demo", "namespace": "prod"}, grpc.StatusCode.NOT_FOUND, "namespace"),
     ],
@@ -230,6 +233,9 @@ def test_keda_bad_metadata_is_refused_with_a_message(
         lambda: svc.keda.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=5),
         lambda: svc.keda.IsActive(ref, timeout=5),
     ):
+        if code == grpc.StatusCode.OK:  # whitespace around the name is removed
+            call()
+            continue
         with pytest.raises(grpc.RpcError) as ei:
             call()
         assert _code(ei) == code
