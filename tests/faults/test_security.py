@@ -214,7 +214,10 @@ def test_token_file_rotation_and_bad_files(tmp_path: Path) -> None:
     "listener answers admin calls UNIMPLEMENTED and serves engines, KEDA and health; the "
     "admin listener serves no engine API",
 )
-def test_admin_on_its_own_listener() -> None:
+@pytest.mark.parametrize("serving", ["inline", "process"])
+def test_admin_on_its_own_listener(serving: str) -> None:
+    """Inline and with the listeners in the serving process (service.serving): the
+    same listeners, interceptors and answers."""
     core, clock = _core()
     core.tick(clock.advance(5))
     good = (("authorization", f"Bearer {TOKEN}"),)
@@ -224,6 +227,8 @@ def test_admin_on_its_own_listener() -> None:
         allow_unauthenticated_admin=False,
         admin_listen="127.0.0.1:0",
         logger=quiet_logger(),
+        serving=serving,
+        log_level="warning",
     ) as s:
         admin_addr = f"127.0.0.1:{s.server.admin_port}"
         assert s.server.admin_port not in (None, s.server.port)
