@@ -293,23 +293,13 @@ def measure_service(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
     return {"models": n, "cpu_ms_median": median(cpus) * 1000.0}
 
 
-def main(argv: list[str] | None = None) -> list[Row]:
-    ap = bench_args(__doc__)
-    ap.add_argument("--sizes", default="1,100,1000,5000")
-    ap.add_argument("--ticks", type=int, default=0, help="measured ticks per size and round")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds over all sizes")
-    args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    if args.quick:
-        sizes = [s for s in sizes if s <= 100] or [1]
-        args.rounds = 1
-    _devnull_logging()
-    # Rounds over all sizes, their ticks pooled: a burst of load from other users of
-    # the machine then spreads over the sizes instead of landing on one of them.
+def _rounds(sizes: list[int], rounds: int, ticks_arg: int) -> dict[int, list[dict[str, Any]]]:
+    """`rounds` rounds over all sizes (a burst of load from other users of the machine
+    then spreads over the sizes instead of landing on one of them)."""
     by_round: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
-    for rnd in range(args.rounds):
+    for rnd in range(rounds):
         for n in sizes:
-            ticks = args.ticks or (8 if n <= 100 else 5 if n <= 1000 else 3)
+            ticks = ticks_arg or (8 if n <= 100 else 5 if n <= 1000 else 3)
             r = measure(n, ticks, breakdown=False)
             by_round[n].append(r)
             print(
@@ -318,6 +308,11 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 f"{r['queries_per_tick']} queries, {r['answer_mb_per_tick']:.2f} MB answers",
                 flush=True,
             )
+    return by_round
+
+
+def _pooled(sizes: list[int], by_round: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per size: the rounds' ticks pooled; the breakdown at 1,000 models (or the largest)."""
     results = []
     for n in sizes:
         runs = by_round[n]
@@ -339,11 +334,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
             r["breakdown_ms"] = b
             print(f"{n} models, breakdown (ms CPU): {b}", flush=True)
         results.append(r)
-    service = None
-    if not args.quick and 1000 in sizes:
-        service = measure_service(1000, 5)
-        print(f"service tick, 1000 models: {service['cpu_ms_median']:.1f} ms cpu", flush=True)
+    return results
 
+
+def _tick_rows(results: list[dict[str, Any]], service: dict[str, Any] | None) -> list[Row]:
     rows: list[Row] = []
     by_n = {r["models"]: r for r in results}
     for r in results:
@@ -392,20 +386,41 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 data=service,
             )
         )
+    return rows
+
+
+def _query_row(results: list[dict[str, Any]]) -> Row:
     qs = {r["models"]: r["queries_per_tick"] for r in results}
     constant = len(set(qs.values())) == 1 and all(
         r["queries_per_tick"] == r["queries_per_tick_min"] for r in results
     )
-    rows.append(
-        Row(
-            "2 Prometheus queries",
-            "queries per tick for " + ", ".join(f"{n:,}" for n in qs) + " models",
-            ", ".join(str(q) for q in qs.values()),
-            f"constant, <= {GOAL_QUERIES}",
-            constant and max(qs.values()) <= GOAL_QUERIES,
-            {"queries_per_tick": qs},
-        )
+    return Row(
+        "2 Prometheus queries",
+        "queries per tick for " + ", ".join(f"{n:,}" for n in qs) + " models",
+        ", ".join(str(q) for q in qs.values()),
+        f"constant, <= {GOAL_QUERIES}",
+        constant and max(qs.values()) <= GOAL_QUERIES,
+        {"queries_per_tick": qs},
     )
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = bench_args(__doc__)
+    ap.add_argument("--sizes", default="1,100,1000,5000")
+    ap.add_argument("--ticks", type=int, default=0, help="measured ticks per size and round")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds over all sizes")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.quick:
+        sizes = [s for s in sizes if s <= 100] or [1]
+        args.rounds = 1
+    _devnull_logging()
+    results = _pooled(sizes, _rounds(sizes, args.rounds, args.ticks))
+    service = None
+    if not args.quick and 1000 in sizes:
+        service = measure_service(1000, 5)
+        print(f"service tick, 1000 models: {service['cpu_ms_median']:.1f} ms cpu", flush=True)
+    rows = [*_tick_rows(results, service), _query_row(results)]
     write_rows(args.json, "tick", rows, results)
     return rows
 
