@@ -20,6 +20,7 @@ from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from service.core import ServiceCore
+from service.leader import AlwaysLeader
 from service.security import AdminToken
 from service.store import MemoryStore
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
@@ -281,3 +282,44 @@ def test_the_tick_thread_runs_niced_and_the_rest_of_the_process_does_not() -> No
     assert loop_nice == base
     assert seen and seen[0][1] == min(19, base + 5)
     assert seen[0][0] != threading.get_native_id()
+
+
+class _Follower(AlwaysLeader):
+    """Never the leader: the core mirrors the leader's saved publications."""
+
+    def is_leader(self) -> bool:
+        return False
+
+    def leader_identity(self) -> str:
+        return "leader"
+
+
+def test_a_followers_serving_process_serves_the_leaders_publications() -> None:
+    clock = FakeClock()
+    source = FakeSource({"demo": 60.0})
+    store = MemoryStore()
+    cfg = make_config(model_entry("demo"), **POLICY)
+    leader = ServiceCore(cfg, source, store, clock=clock, logger=quiet_logger())
+    follower = ServiceCore(
+        cfg, source, store, clock=clock, elector=_Follower("b"), logger=quiet_logger()
+    )
+    with (
+        ServerThread(follower, serving="process", log_level="warning") as t,
+        grpc.insecure_channel(t.address) as channel,
+    ):
+
+        def served() -> tuple[int, int, int]:
+            got = _batching(channel, timeout=10)
+            replicas = _keda(channel, timeout=10).metricValues[0].metricValue
+            return (got.generation, got.max_num_seqs, replicas)
+
+        for rate in (60.0, 150.0):
+            source.set("demo", rate)
+            leader.tick(clock.advance(5.0))
+            follower.tick(clock.monotonic())
+            lp = leader.board.get("demo")
+            assert lp.replicas is not None
+            want = (lp.generation, lp.knobs.max_num_seqs, lp.replicas)
+            wait_until(lambda w=want: served() == w, 10, f"the leader's decision at {rate}")
+        assert follower.board.get("demo").origin == "leader"
+        assert follower.loop.snapshot().at_s is None  # the follower decided nothing
