@@ -323,3 +323,22 @@ def test_a_followers_serving_process_serves_the_leaders_publications() -> None:
             wait_until(lambda w=want: served() == w, 10, f"the leader's decision at {rate}")
         assert follower.board.get("demo").origin == "leader"
         assert follower.loop.snapshot().at_s is None  # the follower decided nothing
+
+
+def test_a_serving_process_that_cannot_listen_fails_the_start_naming_the_flag() -> None:
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    core = ServiceCore(
+        make_config(model_entry("demo")), FakeSource(), MemoryStore(), logger=quiet_logger()
+    )
+    server = ServerThread(core, serving="process", grpc_listen=f"127.0.0.1:{port}")
+    try:
+        with pytest.raises(OSError, match="--grpc-listen"), server:
+            pass
+    finally:
+        taken.close()
+        server.loop.call_soon_threadsafe(server.loop.stop)
