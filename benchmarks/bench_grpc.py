@@ -283,11 +283,15 @@ def check_tick_data(metrics_port: int) -> None:
         raise NoTickDataError(problem)
 
 
+SERVING: list[str] = []
+"""Extra `governor run` arguments (`--serving inline` to compare with the old layout)."""
+
+
 def _start_governor(names: list[str], url: str, workdir: Path, tick_s: float) -> Child:
     cfg = write_governor_config(
         workdir / f"governor-{tick_s:g}.yaml", names, url, tick_interval_s=tick_s
     )
-    gov = governor_run(cfg)
+    gov = governor_run(cfg, SERVING)
     gov.port()
     wait_ticks(gov, gov.ports[1], 1)  # every model has a decision on the board
     return gov
@@ -448,8 +452,15 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rates", default="1000,250", help="open-loop rates, calls/s")
     ap.add_argument("--open-seconds", type=float, default=10.0)
+    ap.add_argument(
+        "--serving",
+        choices=("process", "inline"),
+        default="process",
+        help="where governor run serves (inline: the listeners share the ticking process)",
+    )
     args = ap.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
+    SERVING[:] = ["--serving", args.serving]
     if args.quick:
         args.models, args.seconds, args.reps, args.open_seconds = 10, 1.0, 1, 2.0
     names = model_names(args.models)
