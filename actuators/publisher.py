@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -146,6 +146,8 @@ class DecisionBoard:
         self._closed = False
         self._subscribers: list[Callable[[], None]] = []
         self._quiet_subscribers: list[Callable[[], None]] = []
+        self._held = 0  # open `batch` blocks
+        self._pending_loud = self._pending_quiet = False
         self.configure(models)
 
     # ------------------------------------------------------------------ readers
@@ -220,11 +222,10 @@ class DecisionBoard:
             self._entries = entries
             if changed:
                 self._bump()
-            quiet_subscribers = list(self._quiet_subscribers)
         if changed:
             self._notify()
         elif quiet:
-            self._call(quiet_subscribers)
+            self._notify_quiet()
 
     def apply(self, decisions: Sequence[Decision]) -> None:
         """Actuator entry point: publish each valid decision of a configured model."""
@@ -263,8 +264,7 @@ class DecisionBoard:
                 old = self._entries.get(name)
                 if old is not None:
                     self._entries[name] = replace(old, latency=dist)
-            subscribers = list(self._quiet_subscribers)
-        self._call(subscribers)
+        self._notify_quiet()
 
     def mirror(
         self,
@@ -314,11 +314,10 @@ class DecisionBoard:
                 self._entries[name] = new
             if changed:
                 self._bump()
-            quiet_subscribers = list(self._quiet_subscribers)
         if changed:
             self._notify()
         elif quiet:  # e.g. a follower mirrored the leader's latency distributions
-            self._call(quiet_subscribers)
+            self._notify_quiet()
 
     def close(self) -> None:
         """Wake every watcher for good; later `wait` calls raise BoardClosedError."""
@@ -330,6 +329,27 @@ class DecisionBoard:
         self._notify()
 
     # ------------------------------------------------------------------ notification
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Changes made inside notify the subscribers once, when the outermost batch
+        ends (a tick's decisions and its latency distributions reach the serving
+        process's feed as one change). Thread waiters (`wait`) still wake at once."""
+        with self._cond:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                done = self._held == 0
+                loud, quiet = done and self._pending_loud, done and self._pending_quiet
+                if done:
+                    self._pending_loud = self._pending_quiet = False
+            if loud:
+                self._notify()
+            elif quiet:
+                self._notify_quiet()
+
     def subscribe(self, fn: Callable[[], None], *, quiet: bool = False) -> Callable[[], None]:
         """Call `fn()` after every change; with `quiet`, also after the changes that do
         not wake watchers (latency distributions, a model's knob ceiling). Returns the
@@ -392,7 +412,18 @@ class DecisionBoard:
 
     def _notify(self) -> None:
         with self._cond:
+            if self._held:
+                self._pending_loud = True
+                return
             subscribers = list(self._subscribers)
+        self._call(subscribers)
+
+    def _notify_quiet(self) -> None:
+        with self._cond:
+            if self._held:
+                self._pending_quiet = True
+                return
+            subscribers = list(self._quiet_subscribers)
         self._call(subscribers)
 
     def _call(self, subscribers: list[Callable[[], None]]) -> None:

@@ -291,8 +291,9 @@ class ServiceCore:
             if not leader:
                 self._follow()
                 return []
-            decisions = self.loop.tick(now_s)
-            self._publish_latency()
+            with self.board.batch():  # one change for the serving process's feed
+                decisions = self.loop.tick(now_s)
+                self._publish_latency()
             self._save_state()
             return decisions
 

@@ -69,3 +69,22 @@ def test_quiet_subscribers_hear_latency_and_ceiling_changes() -> None:
     assert (len(loud), len(quiet)) == (0, 3)
     board.configure([SLOT, ModelSlot("n", "ns", Knobs(8, 512))])
     assert (len(loud), len(quiet)) == (1, 4)
+
+
+def test_a_batch_notifies_once_at_its_end() -> None:
+    """A tick's decisions and latency distributions: one notification, after both."""
+    board = DecisionBoard([SLOT])
+    calls: list[tuple[int, int]] = []  # (version, knobs) seen by each notification
+    board.subscribe(
+        lambda: calls.append((board.version, board.get("m").knobs.max_num_seqs)), quiet=True
+    )
+    with board.batch():
+        board.mirror({"m": _entry()}, {})
+        board.set_latency({"m": _dist(3.0)})
+        assert calls == []  # held until the batch ends
+        with board.batch():
+            board.set_latency({"m": _dist(4.0)})
+        assert calls == []  # the outermost batch decides
+    assert calls == [(board.version, 128)]
+    board.set_latency({"m": _dist(5.0)})
+    assert len(calls) == 2  # outside a batch: at once
