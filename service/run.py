@@ -340,7 +340,7 @@ def _persistence(args: argparse.Namespace) -> tuple[Store, Elector, Any]:
     if kind == "configmap":
         from kubernetes import client as k8s
 
-        from service.store import ConfigMapStore
+        from service.cmstore import ConfigMapStore
 
         store = ConfigMapStore(k8s.CoreV1Api(kube), namespace, args.configmap)
         store.start_watch()  # the targets are watched, not read every tick

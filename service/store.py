@@ -11,7 +11,7 @@ Two documents:
   the file) used for optimistic concurrency: a write names the revision it read and
   fails with `ConflictError` when the document changed since.
 - state (`StateDoc`): written by the leader after every tick. In-cluster the ConfigMap
-  `<name>-state`, key `state.json`; otherwise the same local file.
+  `<name>-state`, gzip-compressed (service.cmstore); otherwise the same local file.
 
 Times in `ModelState` are on the loop's monotonic clock, which restarts with the
 process. The state document stores them as wall time (Unix seconds): `to_wall(state,
@@ -33,12 +33,11 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-import structlog
 import yaml
 from pydantic import (
     BaseModel,
@@ -482,196 +481,6 @@ class FileStore:
             data = self._read()
             data["state"] = doc.model_dump(mode="json")
             self._write(data)
-
-
-class ConfigMapStore:
-    """Targets in ConfigMap `name` (key `targets.yaml`) and state in `name-state` (key
-    `state.json`), in `namespace`, through the official kubernetes client.
-
-    Writes carry the resourceVersion they read (optimistic concurrency; the API server
-    answers 409 when it moved); transient failures (5xx, timeouts) are retried with
-    backoff by `actuators.kubeapi.call_with_retries`. Other keys, labels and
-    annotations of the ConfigMaps (e.g. Helm's) are kept as they are.
-    """
-
-    def __init__(
-        self,
-        core_api: Any,
-        namespace: str,
-        name: str = "governor-targets",
-        *,
-        request_timeout_s: float = 5.0,
-        retries: int = 3,
-        backoff_s: float = 0.2,
-        sleep: Callable[[float], None] | None = None,
-        logger: Any = None,
-    ) -> None:
-        self.api = core_api
-        self.namespace = namespace
-        self.name = name
-        self.state_name = f"{name}-state"
-        self.description = f"configmap {namespace}/{name}"
-        self.timeout_s = request_timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self._sleep = sleep
-        self._log = logger or structlog.get_logger("governor.store")
-        self._lock = threading.Lock()
-        self._watch: Any = None
-        self._parsed: tuple[str, StoredTargets | TargetsInvalidError] | None = None
-
-    # ------------------------------------------------------------------ watch
-    def start_watch(self, **watch_kw: Any) -> None:
-        """Follow the targets ConfigMap with a Kubernetes watch (service.cmwatch), so
-        `watched_targets` reads memory instead of the API server."""
-        from service.cmwatch import ConfigMapWatch
-
-        if self._watch is None:
-            self._watch = ConfigMapWatch(
-                self.api, self.namespace, self.name, logger=self._log, **watch_kw
-            )
-            self._watch.start()
-
-    def close(self) -> None:
-        if self._watch is not None:
-            self._watch.stop()
-
-    def watched_targets(self) -> StoredTargets | None:
-        """The targets as the watch last saw them (no API call); read from the API
-        server instead while the watch is not running or not synced."""
-        synced, cm = self._watch.current() if self._watch is not None else (False, None)
-        if not synced:
-            return self.load_targets()
-        return self._targets_of(cm)
-
-    def _call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        from actuators.kubeapi import call_with_retries
-
-        return call_with_retries(
-            lambda: fn(*args, _request_timeout=self.timeout_s, **kw),
-            retries=self.retries,
-            backoff_s=self.backoff_s,
-            sleep=self._sleep,
-            what=f"{fn.__name__} {self.namespace}",
-        )
-
-    def _get(self, name: str) -> Any | None:
-        from actuators.kubeapi import KubeCallError
-
-        try:
-            return self._call(self.api.read_namespaced_config_map, name, self.namespace)
-        except KubeCallError as exc:
-            if exc.status == 404:
-                return None
-            raise StoreError(f"configmap {self.namespace}/{name}: {exc}") from None
-
-    def _put(self, name: str, key: str, text: str, current: Any | None, rv: str | None) -> str:
-        """Create or replace `name` with data[key] = text; returns the new resourceVersion.
-        ConflictError on 409 (someone else wrote it first)."""
-        from actuators.kubeapi import KubeCallError
-
-        where = f"configmap {self.namespace}/{name}"
-        try:
-            if current is None:
-                body = {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {
-                        "name": name,
-                        "namespace": self.namespace,
-                        "labels": {"app.kubernetes.io/managed-by": "llm-governor"},
-                    },
-                    "data": {key: text},
-                }
-                out = self._call(self.api.create_namespaced_config_map, self.namespace, body)
-            else:
-                meta = current.metadata
-                body = {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "metadata": {
-                        "name": name,
-                        "namespace": self.namespace,
-                        "resourceVersion": rv,
-                        "labels": dict(meta.labels or {}),
-                        "annotations": dict(meta.annotations or {}),
-                    },
-                    "data": dict(current.data or {}) | {key: text},
-                }
-                out = self._call(self.api.replace_namespaced_config_map, name, self.namespace, body)
-        except KubeCallError as exc:
-            if exc.status == 409:
-                raise ConflictError(f"{where}: changed concurrently ({exc.reason})") from None
-            raise StoreError(f"{where}: {exc}") from None
-        return str(out.metadata.resource_version)
-
-    # ------------------------------------------------------------------ targets
-    def load_targets(self) -> StoredTargets | None:
-        return self._targets_of(self._get(self.name))
-
-    def _targets_of(self, cm: Any) -> StoredTargets | None:
-        """The targets of ConfigMap `cm` (parsed once per resourceVersion)."""
-        if cm is None or TARGETS_KEY not in (cm.data or {}):
-            return None
-        rev = str(cm.metadata.resource_version)
-        parsed = self._parsed
-        if parsed is None or parsed[0] != rev:
-            where = f"configmap {self.namespace}/{self.name} key {TARGETS_KEY}"
-            try:
-                result: StoredTargets | TargetsInvalidError = StoredTargets(
-                    rev, parse_targets_yaml(cm.data[TARGETS_KEY], where, rev)
-                )
-            except TargetsInvalidError as exc:
-                result = exc
-            parsed = self._parsed = (rev, result)
-        if isinstance(parsed[1], TargetsInvalidError):
-            raise parsed[1]
-        return parsed[1]
-
-    def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
-        """Write `doc` to the key `targets.yaml` (see `Store.save_targets`).
-
-        A ConfigMap that exists without that key (created by hand or by a chart with
-        other keys only) holds no targets: its targets revision is "" (as
-        `load_targets` reports None), so the seeding write (`expected_revision` "")
-        adds the key, keeping the other keys, under the ConfigMap's resourceVersion.
-        """
-        with self._lock:
-            cm = self._get(self.name)
-            rv = str(cm.metadata.resource_version) if cm is not None else ""
-            has_key = cm is not None and TARGETS_KEY in (cm.data or {})
-            current = rv if has_key else ""
-            if expected_revision is not None and expected_revision != current:
-                raise ConflictError(
-                    f"targets changed: at revision {current or 'none'}, not {expected_revision}"
-                )
-            text = yaml.safe_dump(doc.model_dump(mode="json"), sort_keys=False)
-            return self._put(self.name, TARGETS_KEY, text, cm, rv or None)
-
-    # ------------------------------------------------------------------ state
-    def load_state(self) -> StateDoc | None:
-        cm = self._get(self.state_name)
-        if cm is None or STATE_KEY not in (cm.data or {}):
-            return None
-        where = f"configmap {self.namespace}/{self.state_name} key {STATE_KEY}"
-        try:
-            raw = json.loads(cm.data[STATE_KEY])
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{where}: not JSON: {exc}") from None
-        return parse_state(raw, where)
-
-    def save_state(self, doc: StateDoc) -> None:
-        text = json.dumps(doc.model_dump(mode="json"), sort_keys=True)
-        with self._lock:
-            for attempt in range(2):
-                cm = self._get(self.state_name)
-                rv = str(cm.metadata.resource_version) if cm is not None else None
-                try:
-                    self._put(self.state_name, STATE_KEY, text, cm, rv)
-                    return
-                except ConflictError:
-                    if attempt == 1:
-                        raise
 
 
 def model_state_fields() -> set[str]:

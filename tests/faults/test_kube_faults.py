@@ -24,8 +24,8 @@ from actuators.kubeapi import api_client
 from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
 from controller.targets import config_to_targets
 from controller.types import Decision, Knobs, Reason
+from service.cmstore import ConfigMapStore
 from service.core import ServiceCore
-from service.store import ConfigMapStore
 from tests.faults.helpers import FaultyKubeAPI, sample
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 

@@ -13,16 +13,21 @@ Implemented (JSON only):
   `controller.kubernetes.io/pod-deletion-cost` first, then the newest), a scale-up
   adds pods;
 - autoscaling/v2 horizontalpodautoscalers: list in a namespace;
-- core/v1 configmaps: GET, PUT (resourceVersion precondition when given), POST
-  (409 AlreadyExists); LIST in a namespace (`fieldSelector=metadata.name=NAME`, the
-  list's resourceVersion) and WATCH as the API server does it (`watch=true`): from a
-  given `resourceVersion`, every later ADDED / MODIFIED / DELETED event in order, then
-  new ones as they happen, until `timeoutSeconds`, when the server ends the stream;
-  without a resourceVersion, ADDED for each existing object first; a resourceVersion
-  older than the retained event history answers an ERROR event carrying a 410 Gone
-  Status ("too old resource version"); `allowWatchBookmarks=true` gets a BOOKMARK with
-  the current resourceVersion at the end of each stream. `compact_configmap_history()`
-  drops the history (what etcd compaction does), `delete_configmap` deletes;
+- core/v1 configmaps: GET, PUT (resourceVersion precondition when given), POST (409
+  AlreadyExists), validated as the API server's `ValidateConfigMap` does: the values of
+  `data` (bytes of the UTF-8 string) and of `binaryData` (decoded bytes; base64 on the
+  wire) may total at most 1 MiB (`MaxSecretSize`, 1,048,576 bytes; keys do not count), a
+  key may not be in both, a binaryData value must be valid base64 -> 422 Invalid with
+  the API server's message otherwise; LIST in a namespace
+  (`fieldSelector=metadata.name=NAME`, the list's resourceVersion) and WATCH as the API
+  server does it (`watch=true`): from a given `resourceVersion`, every later ADDED /
+  MODIFIED / DELETED event in order, then new ones as they happen, until
+  `timeoutSeconds`, when the server ends the stream; without a resourceVersion, ADDED
+  for each existing object first; a resourceVersion older than the retained event
+  history answers an ERROR event carrying a 410 Gone Status ("too old resource
+  version"); `allowWatchBookmarks=true` gets a BOOKMARK with the current resourceVersion
+  at the end of each stream. `compact_configmap_history()` drops the history (what etcd
+  compaction does), `delete_configmap` deletes;
 - coordination.k8s.io/v1 leases: GET, PUT (resourceVersion precondition), POST.
 
 Every write bumps a cluster-wide resourceVersion counter, like etcd's revision. Missing
@@ -34,6 +39,8 @@ applying anything (the client has given up by then).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import json
 import re
@@ -45,6 +52,9 @@ from typing import Any
 from urllib.parse import parse_qs
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+CONFIGMAP_MAX_BYTES = 1024 * 1024
+"""`MaxSecretSize` of the API server's core validation: the most `data` + `binaryData`
+of one ConfigMap (or Secret) may hold, bytes of the values."""
 
 
 @dataclass
@@ -65,6 +75,34 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
         "reason": reason,
         "code": code,
     }
+
+
+def configmap_problem(obj: dict[str, Any]) -> str | None:
+    """Why the API server's `ValidateConfigMap` refuses `obj`, or None: the values of
+    `data` and (decoded) `binaryData` total over `CONFIGMAP_MAX_BYTES`, a key in both, or
+    a binaryData value that is not base64."""
+    name = (obj.get("metadata") or {}).get("name", "")
+    data = obj.get("data") or {}
+    binary = obj.get("binaryData") or {}
+    total = 0
+    for key, value in data.items():
+        if key in binary:
+            return (
+                f'ConfigMap "{name}" is invalid: data[{key}]: duplicate of key present in '
+                "binaryData"
+            )
+        total += len(str(value).encode())
+    for key, value in binary.items():
+        try:
+            total += len(base64.b64decode(str(value), validate=True))
+        except binascii.Error:
+            return f'ConfigMap "{name}" is invalid: binaryData[{key}]: illegal base64 data'
+    if total > CONFIGMAP_MAX_BYTES:
+        return (
+            f'ConfigMap "{name}" is invalid: []: Too long: may not be more than '
+            f"{CONFIGMAP_MAX_BYTES} bytes"
+        )
+    return None
 
 
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -462,6 +500,9 @@ class FakeKubeAPI:
                 ns, name = m.group(1), m.group(2)
                 if method == "GET" and name is None:
                     return 200, self._list_configmaps(ns, parse_qs(query))
+                problem = configmap_problem(body or {}) if method in ("PUT", "POST") else None
+                if problem is not None:
+                    return 422, _status(422, "Invalid", problem)
                 code, obj = self._object(self.configmaps, "ConfigMap", method, ns, name, body)
                 if code in (200, 201) and method in ("PUT", "POST"):
                     self._cm_event("ADDED" if method == "POST" else "MODIFIED", obj)

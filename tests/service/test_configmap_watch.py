@@ -13,8 +13,8 @@ import yaml
 from kubernetes import client as k8s
 
 from actuators.kubeapi import api_client
+from service.cmstore import ConfigMapStore
 from service.core import ServiceCore
-from service.store import ConfigMapStore
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import wait_until

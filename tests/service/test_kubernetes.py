@@ -16,11 +16,11 @@ from actuators.kubeapi import KubeCallError, api_client, call_with_retries
 from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
 from controller.targets import config_to_targets
 from controller.types import Decision, Knobs, Reason
+from service.cmstore import ConfigMapStore
 from service.core import ServiceCore
 from service.errors import AdminError
 from service.leader import LeaseElector
 from service.store import (
-    ConfigMapStore,
     ConflictError,
     StoreError,
     TargetsInvalidError,

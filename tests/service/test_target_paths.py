@@ -23,8 +23,9 @@ from controller.targets import TargetError, validate_target
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from service.cli import main as cli_main
+from service.cmstore import ConfigMapStore
 from service.core import ServiceCore
-from service.store import ConfigMapStore, MemoryStore
+from service.store import MemoryStore
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread
