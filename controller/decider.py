@@ -9,11 +9,13 @@ can be replayed from its trace. Steps, in order:
    (NO_DATA_FALLBACK). Missing data never lowers replicas.
 2. knobs by the model's batching policy (`seed`, `slo`, `static`), adopted only when
    the change is material (>= knob_min_gain_frac) and sustained (knob_sustain_s).
-3. per-replica capacity at the SLA with the knobs the replicas run (controller.batching)
-   on the profile x the engines' learned speed (controller.plant: learned online from
-   their mean ITL against the batch they ran, before the SLA is violated), times a
-   feedback correction in [0.4, 1] that shrinks while the observed SLA is violated on a
-   full-sized fleet and recovers while it is met with margin on a loaded fleet.
+3. per-replica capacity at the SLA with the knobs the replicas run (controller.capacity:
+   a queueing model of the engine at the attainment goal's quantile, for the smallest
+   fleet whose pooled capacity serves the demand) on the profile x the engines' learned
+   speed (controller.plant: learned online from their mean ITL against the batch they
+   ran, before the SLA is violated), times a feedback correction in [0.4, 1] that
+   shrinks while the observed SLA is violated on a full-sized fleet and recovers while
+   it is met with margin on a loaded fleet.
 4. demand = smoothed level (+ the Holt trend over one cold start, when it predicts more
    growth than the deadband) + backlog / backlog_drain_s. The smoothed level, not the
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
@@ -39,8 +41,10 @@ from dataclasses import dataclass, replace
 from controller.batching import (
     replica_capacity_rps,
 )
+from controller.capacity import fleet_capacity_rps
 from controller.config import ModelConfig, ScalingPolicy
 from controller.knobstep import KnobSteps
+from controller.nodata import NoDataSteps
 from controller.plant import (
     LOADED_FRAC,
     learn_speed,
@@ -97,12 +101,15 @@ class _Demand:
 @dataclass(frozen=True, slots=True)
 class _Raw:
     """The raw recommendation (replicas, fractional), its reason, the corrected
-    per-replica capacity (req/s; None when idle) and the idle clock."""
+    per-replica capacity it was sized with (req/s; None when idle), the idle clock and
+    the corrected per-replica capacity of the current fleet (req/s; what panic and a
+    rise are measured against)."""
 
     raw: float
     reason: Reason
     capacity: float | None
     idle_since: float | None
+    current: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +124,7 @@ def _stage(name: str, before: int, out: StageOut) -> Stage:
     return Stage(name=name, before=before, after=out.value, reason=out.reason, detail=out.detail)
 
 
-class Decider(KnobSteps):
+class Decider(KnobSteps, NoDataSteps):
     """Decides replicas and knobs for one model. Immutable; `decide` is pure."""
 
     def __init__(
@@ -170,12 +177,13 @@ class Decider(KnobSteps):
             knobs, state.knobs, self.policy.knob_rollout_gain_frac
         )
         knob_memory = self._knob_memory(state, knobs, knob_reason, pending, rollout, now_s)
-        base_capacity, plant = self._plant(obs, state, knob_memory, knobs, lengths, now_s)
         demand = self._demand(obs, state, now_s)  # step 4
+        sizing = self._sizing_demand(state, now_s, demand)
+        caps, plant = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
         if lengths is None and not demand.idle:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
             return self._hold(obs.model, state, now_s, "demand without length statistics")
-        raw = self._raw(state, now_s, demand, base_capacity, plant)  # steps 4 and 5
+        raw = self._raw(state, now_s, demand, caps, plant)  # steps 4 and 5
         panic_state = self._panic(state, now_s, demand, raw)
         burst = self._burst(state, now_s, demand, panic_state[2])
         partial = f"{obs.targets_down} engine target(s) down" if obs.targets_down else None
@@ -226,10 +234,18 @@ class Decider(KnobSteps):
         return decision, new_state
 
     # ------------------------------------------------------------------ steps
-    def _capacity(self, knobs: Knobs, lengths: Lengths, profile: Profile) -> float:
-        """Per-replica capacity at the SLA with `knobs` on `profile`, req/s."""
+    def _capacity(
+        self, knobs: Knobs, lengths: Lengths, profile: Profile, replicas: int = 1
+    ) -> float:
+        """Per-replica capacity at the SLA with `knobs` on `profile` in a fleet of
+        `replicas`, req/s."""
         return replica_capacity_rps(
-            knobs, lengths, self.model.sla, profile, self.policy.target_utilization_frac
+            knobs,
+            lengths,
+            self.model.sla,
+            profile,
+            self.policy.target_utilization_frac,
+            replicas,
         )
 
     def _plant(
@@ -240,7 +256,8 @@ class Decider(KnobSteps):
         knobs: Knobs,
         lengths: Lengths | None,
         now_s: float,
-    ) -> tuple[float | None, PlantBelief]:
+        demand_rps: float = 0.0,
+    ) -> tuple[tuple[float, float] | None, PlantBelief]:
         """Step 3: the updated belief about the plant (controller.plant: the learned
         speed, the feedback correction) and the per-replica capacity at the SLA with
         the knobs the replicas run on the profile x that speed (req/s; None without
@@ -257,15 +274,26 @@ class Decider(KnobSteps):
         )
         speed = learn_speed(state.plant.speed, sample, dt)
         profile = scaled_profile(self.profile, model_speed(speed))
-        base_capacity = None if lengths is None else self._capacity(knobs, lengths, profile)
-        if base_capacity is not None and memory.running is not None and state.replicas > 0:
+        caps = (
+            None
+            if lengths is None
+            else fleet_capacity_rps(
+                lambda n: self._capacity(knobs, lengths, profile, n),  # type: ignore[arg-type]
+                demand_rps / state.plant.capacity_correction,
+                state.replicas,
+                self.model.replicas.max_replicas,
+                self.policy.tolerance_frac,
+            )
+        )
+        if caps is not None and memory.running is not None and state.replicas > 0:
             # Never more than the published knobs' capacity: knobs that batch more than
             # the SLA allows serve worse, not better (the fluid model cannot see that).
-            old = min(base_capacity, self._capacity(memory.running, lengths, profile))  # type: ignore[arg-type]
+            n = max(1, state.replicas)
+            old = min(caps[1], self._capacity(memory.running, lengths, profile, n))  # type: ignore[arg-type]
             n_old = min(memory.running_replicas, state.replicas)
-            base_capacity = (n_old * old + (state.replicas - n_old) * base_capacity) / (
-                state.replicas
-            )
+            mixed = (n_old * old + (state.replicas - n_old) * caps[1]) / state.replicas
+            caps = (caps[0] * mixed / caps[1], mixed)
+        base_capacity = None if caps is None else caps[1]  # the fleet we have
         c = state.plant.capacity_correction
         # The model is only wrong if the fleet we have was believed big enough (demand
         # within the deadband of its estimated capacity: we did not mean to scale up).
@@ -287,7 +315,7 @@ class Decider(KnobSteps):
         correction = next_correction(c, dt, violated, healthy, judge, loaded)
         samples = state.plant.speed_samples + (1 if sample is not None else 0)
         plant = PlantBelief(capacity_correction=correction, speed=speed, speed_samples=samples)
-        return base_capacity, plant
+        return caps, plant
 
     def _demand(self, obs: Observation, state: ModelState, now_s: float) -> _Demand:
         """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""
@@ -355,10 +383,11 @@ class Decider(KnobSteps):
         state: ModelState,
         now_s: float,
         demand: _Demand,
-        base_capacity: float | None,
+        caps: tuple[float, float] | None,
         plant: PlantBelief,
     ) -> _Raw:
-        """Steps 4 and 5: the raw replica count (idle, capacity or burst memory)."""
+        """Steps 4 and 5: the raw replica count (idle, capacity or burst memory);
+        `caps` the per-replica capacity of the fleet to size and of the current one."""
         w = state.windows
         if demand.idle:
             idle_since = w.idle_since_s if w.idle_since_s is not None else now_s
@@ -369,33 +398,33 @@ class Decider(KnobSteps):
             # sees it from the start of the idle stretch; the clamp holds one replica
             # until the idle period has passed.
             return _Raw(float(mn), Reason.IDLE, None, idle_since)
-        assert base_capacity is not None  # the caller holds without lengths
+        assert caps is not None  # the caller holds without lengths
         correction = plant.capacity_correction
-        capacity = base_capacity * correction
+        capacity, current = caps[0] * correction, caps[1] * correction
         level = demand.demand
         rise = demand.rise
-        if rise is not None and rise / capacity > state.replicas:
+        if rise is not None and rise / current > state.replicas:
             level = rise  # a confirmed rise on the short window: scale up for it now
         if (remembered := self._burst_memory(state, now_s)) > level:
             # Bursts that needed panic recur faster than a cold start can follow:
             # keep capacity for them (decaying) instead of chasing each one.
-            return _Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None)
+            return _Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None, current)
         if level is rise:
-            return _Raw(level / capacity, Reason.SHORT_WINDOW, capacity, None)
+            return _Raw(level / capacity, Reason.SHORT_WINDOW, capacity, None, current)
         reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
-        return _Raw(max(level / capacity, 1e-9), reason, capacity, None)
+        return _Raw(max(level / capacity, 1e-9), reason, capacity, None, current)
 
     def _panic(
         self, state: ModelState, now_s: float, demand: _Demand, raw: _Raw
     ) -> tuple[bool, float | None, Reason]:
         """Panic mode on the short window: (in panic, panic until, reason)."""
-        if raw.capacity is None:
+        if raw.current is None:
             return False, None, Reason.NO_PANIC
         p = self.policy
         return panic(
             demand.short,
             state.replicas,
-            raw.capacity,
+            raw.current,
             p.panic_threshold_frac,
             state.windows.panic_until_s,
             now_s,
@@ -553,6 +582,14 @@ class Decider(KnobSteps):
         return _Outcome(final, memory)
 
     # ------------------------------------------------------------------ parts
+    def _sizing_demand(self, state: ModelState, now_s: float, demand: _Demand) -> float:
+        """The largest demand this tick may size the fleet for (req/s): the level, what
+        was observed (panic), a confirmed rise, the burst memory. Capacity per replica is
+        taken for the fleet that serves it (controller.capacity.fleet_capacity_rps)."""
+        return max(
+            demand.demand, demand.observed, demand.rise or 0.0, self._burst_memory(state, now_s)
+        )
+
     def _burst_memory(self, state: ModelState, now_s: float) -> float:
         """The largest panic-level demand seen, halved every burst_memory_half_life_s
         (req/s); 0 when none or disabled. Example: a 120 req/s burst 20 minutes ago with
@@ -585,90 +622,3 @@ class Decider(KnobSteps):
             last_up is None or now_s - last_up >= dead_time
         )
         return full_fleet and settled and state.replicas > 0
-
-    # ------------------------------------------------------------------ no data
-    def _unusable(self, obs: Observation, state: ModelState) -> str | None:
-        """Why an observation is no data although it parsed, or None.
-
-        A dead fleet reads like a quiet one: when every engine target goes down, the
-        gauges vanish at once while the rate window still holds the old samples and
-        decays over one window (8.4 -> 6.4 -> 4.4 -> 2.8 -> 1.9 req/s). Stale samples,
-        no target up, or no engine gauge at all are therefore no data, never a reason
-        to scale down. A fleet we scaled to zero has no engines to report: that is
-        not a dead one.
-        """
-        max_age = self.policy.max_staleness_s
-        if not math.isfinite(obs.staleness_s) or obs.staleness_s > max_age:
-            return f"newest sample {obs.staleness_s:.0f} s old (max_staleness_s {max_age:g})"
-        if state.replicas == 0:
-            return None
-        if obs.targets_up == 0:
-            return "every engine target is down"
-        if obs.running is None and obs.waiting is None:
-            return "engine gauges (running, waiting) absent: engines gone or not scraped"
-        return None
-
-    def _hold(
-        self, model: str, state: ModelState, now_s: float, why: str
-    ) -> tuple[Decision, ModelState]:
-        stage = Stage("raw", state.replicas, state.replicas, Reason.NO_DATA_HOLD, why)
-        d = Decision(
-            model=model,
-            at_s=now_s,
-            valid=False,
-            replicas=state.replicas,
-            knobs=state.knobs,
-            stages=(stage,),
-            knob_reason=Reason.KNOBS_NO_DATA,
-            detail=why,
-        )
-        return d, state
-
-    def _no_data(
-        self, err: NoDataError | SourceError, state: ModelState, now_s: float
-    ) -> tuple[Decision, ModelState]:
-        """Step 1: hold; after N failed ticks re-assert the last good replicas or the
-        fallback if higher (NO_DATA_FALLBACK)."""
-        ticks = state.health.no_data_ticks + 1
-        why = str(err)
-        new_state = replace(state, health=replace(state.health, no_data_ticks=ticks))
-        # Never had good data: the fleet's size is unknown to us, so only hold.
-        if ticks < self.policy.no_data_ticks_before_fallback or state.health.last_good_s is None:
-            d, _ = self._hold(self.model.name, state, now_s, why)
-            return d, new_state
-        target = state.replicas
-        fb = self.model.fallback_replicas
-        detail = f"{ticks} ticks without data; keeping last good replicas {target}"
-        if fb is not None and fb > target:
-            target = fb
-            detail = f"{ticks} ticks without data; fallback {fb} > last good {state.replicas}"
-        stage = Stage("raw", state.replicas, target, Reason.NO_DATA_FALLBACK, detail)
-        w = state.windows
-        actions = (
-            w.actions
-            if target == state.replicas
-            else (*w.actions, (now_s, target - state.replicas))
-        )
-        windows = Hysteresis(
-            actions=actions,
-            last_scale_up_s=now_s if target > state.replicas else w.last_scale_up_s,
-            # The fallback is a recommendation like any other: the down-stabilization
-            # window must see it, or the next good tick could drop below it at once.
-            recommendations=(*w.recommendations, (now_s, target)),
-            panic_until_s=w.panic_until_s,
-            # A fallback raise restarts the idle clock, so scale-to-zero cannot follow it
-            # within the stabilization window.
-            idle_since_s=None if target > state.replicas else w.idle_since_s,
-        )
-        new_state = replace(new_state, replicas=target, windows=windows)
-        d = Decision(
-            model=self.model.name,
-            at_s=now_s,
-            valid=True,
-            replicas=target,
-            knobs=state.knobs,
-            stages=(stage,),
-            knob_reason=Reason.KNOBS_NO_DATA,
-            detail=why,
-        )
-        return d, new_state

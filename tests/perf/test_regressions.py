@@ -24,7 +24,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from benchmarks.promreplay import ReplayClient, load_recording, model_names
-from controller.batching import _largest_within, replica_capacity_rps, slo_knobs
+from controller.batching import _largest_within, slo_knobs
 from controller.config import SLA, KnobBounds
 from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics
@@ -195,51 +195,6 @@ def test_replayed_recording_gives_the_recorded_fleets_values() -> None:
 
 
 # --- batching --------------------------------------------------------------------------
-def _ref_capacity(knobs: Knobs, lengths: Lengths, sla: SLA, util_frac: float) -> float:
-    """replica_capacity_rps as first written: bisection on a `feasible(lam)` helper."""
-    profile = load_profile()
-    m = profile.step_model()
-    overhead_ms = m.base + m.fixed
-    ctx = lengths.prompt_mean + lengths.output_mean / 2.0
-    lin = lengths.prompt_mean
-    work = (
-        lengths.output_mean * (m.per_token + m.per_seq + m.per_kv * ctx)
-        + lin * m.per_token
-        + m.attn * lin * lin / 2.0
-    )
-    work_ms = max(1e-6, work)
-    ctx_full = lengths.prompt_mean + lengths.output_mean
-    kv_cap = profile.kv_capacity_tokens * 0.9
-    budget = knobs.max_num_batched_tokens
-
-    def feasible(lam: float) -> bool:
-        util = lam * work_ms / 1000.0
-        if util >= 1.0:
-            return False
-        step_ms = max(m.floor + m.fixed, overhead_ms / (1.0 - util))
-        if step_ms > sla.itl_p95_ms:
-            return False
-        decodes = lam * lengths.output_mean * step_ms / 1000.0
-        if decodes > knobs.max_num_seqs or decodes * ctx_full > kv_cap:
-            return False
-        load = lam * (lengths.prompt_mean + lengths.output_mean) * step_ms / 1000.0 / budget
-        if load >= 1.0:
-            return False
-        room = max(1.0, budget - decodes)
-        prefill_ms = math.ceil(lengths.prompt_p95 / room) * step_ms
-        wait_ms = 3.0 * load / (2.0 * (1.0 - load)) * step_ms
-        return prefill_ms + wait_ms <= sla.ttft_p95_ms
-
-    lo, hi = 0.0, 1000.0 / work_ms
-    for _ in range(24):
-        mid = (lo + hi) / 2.0
-        if feasible(mid):
-            lo = mid
-        else:
-            hi = mid
-    return max(lo * util_frac, 1e-3)
-
-
 def _random_case(rng: random.Random) -> tuple[Lengths, SLA]:
     pm = rng.choice([rng.uniform(1, 200), rng.uniform(100, 3000), rng.uniform(1000, 100_000)])
     om = rng.choice([rng.uniform(1, 50), rng.uniform(50, 1000), rng.uniform(500, 8000)])
@@ -249,18 +204,6 @@ def _random_case(rng: random.Random) -> tuple[Lengths, SLA]:
         itl_p95_ms=rng.choice([1, 5, 6.5, 8, 10, 20, 50, 100, 1000]),
     )
     return lengths, sla
-
-
-def test_inlined_capacity_bisection_returns_the_same_float() -> None:
-    rng = random.Random(3)
-    p = load_profile()
-    for _ in range(3000):
-        lengths, sla = _random_case(rng)
-        knobs = Knobs(rng.choice([8, 64, 256, 1024]), rng.choice([256, 2048, 8192, 65_536]))
-        u = rng.uniform(0.5, 1.0)
-        assert replica_capacity_rps(knobs, lengths, sla, p, u) == _ref_capacity(
-            knobs, lengths, sla, u
-        )
 
 
 def _bisect(pred: Any, hi: int) -> int:

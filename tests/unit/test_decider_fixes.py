@@ -68,7 +68,7 @@ def test_gap_in_data_does_not_extrapolate_the_trend_over_the_gap() -> None:
 def test_scale_to_zero_waits_for_the_down_stabilization_window() -> None:
     policy = make_policy(scale_to_zero_idle_s=10.0, scale_down_stabilization_s=300.0)
     d = Decider(make_model(min_replicas=0), policy)
-    decs, s = run(d, d.initial_state(9, now_s=ORIGIN_S), [150.0] * 4)
+    decs, s = run(d, d.initial_state(9, now_s=ORIGIN_S), [130.0] * 4)
     assert s.replicas == 9
     busy_until = ORIGIN_S + 15.0
     idle = [0.0] * 80

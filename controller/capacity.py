@@ -1,0 +1,405 @@
+"""Per-replica capacity at the SLA: a queueing model of one continuous-batching engine.
+
+`capacity_rps` answers: how many requests per second can one replica with these knobs
+serve while `sla.attainment_goal_frac` of its requests (default 99 %) meet both the TTFT
+target and the mean inter-token-latency target? It bisects on the per-replica arrival
+rate `lam` (req/s) over the model below.
+
+Why not a fluid model: spreading every prompt's prefill evenly over all steps predicts a
+mean step of 12 ms at 16 req/s on the conversation trace, where the engine runs 30 ms
+(measured in the simulated plant): decode-only steps sit at the step-time floor, and the
+prefill comes in chunks that make ~40 % of the steps 50+ ms long. And a mean within
+the target is a median request at the target, not 99 % of requests.
+
+The model (lengths lognormal, fitted to each mean and p95, moments truncated at the
+profile's max_model_len; `w(L) = per_token L + attn L^2 / 2` the prefill work of an
+L-token prompt, ms):
+
+1. Mean step T (ms), a fixed point: B = lam Lout T decoding sequences; a decode-only
+   step takes Td = max(floor, base + per_token B) + fixed + B (per_seq + per_kv ctx);
+   prompts add their prefill work, minus the floor slack of the steps that carry a
+   chunk (fraction f = 1 - exp(-lam T), or more where chunks are budget-bound):
+   T = Td + lam T E[w] - f (slack - per_seq).
+2. ITL at the goal quantile: a request decoding Lout tokens (the output median) over
+   D = Lout T shares its steps with N ~ Poisson(lam D) prompts' prefills; its mean ITL
+   is Td + sum(w(L_i)) / Lout. The quantile of that sum: the larger of a normal
+   approximation and the single-big-prompt bound (heavy-tailed prompts: one prompt at
+   the 1 - (1 - goal) / (lam D) quantile dominates).
+3. TTFT at the goal quantile: overhead + the step in flight (T) + the wait of an M/G/c
+   queue of prefills, c = the fleet's replicas (service S(L) = chunks x Td + w(L);
+   Allen-Cunneen: Erlang C, then an exponential tail to the goal quantile; prompts over
+   the p99.75 left out of the moments, see TAIL_SHARE) + the p95 prompt's own prefill.
+4. Decodes within max_num_seqs and KV capacity.
+
+Measured against the simulated plant (Poisson arrivals, 5-10 minutes, the slo knobs):
+conversation lengths, 99 % attainment at 11.5 req/s on one replica and 13.8 per replica
+on four (model: 13.1 and 16.8; x 0.85, the decider's default target utilization,
+11.2 and 14.3); long-context lengths (prompts mean 12k, p95 40k), 99 % at ~0.55
+per replica on four (model: 0.57). The fluid model this replaces said 17.8 and 1.77.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
+from statistics import NormalDist
+from typing import Any
+
+from controller.config import SLA
+from controller.types import Knobs, Lengths
+from estimators.stepmodel import Profile
+
+_Z95 = 1.6448536269514722
+_NORMAL = NormalDist()
+KV_RESERVE_FRAC = 0.9
+"""Decodes may fill this fraction of the KV cache at their mean full context."""
+TAIL_SHARE = 0.25
+"""The prompts above the 1 - TAIL_SHARE x (1 - goal) quantile (p99.75 for a 99 % goal)
+are left out of the queueing moments: a quarter of the misses the goal allows. Their
+prefill would set the tail moments the model uses (a lognormal's 4th moment at sigma
+1.2 comes mostly from prompts over 20k tokens), although they are a few requests."""
+_FIXED_POINT_ITERS = 60
+_BISECTION_STEPS = 24
+
+
+SIGMA_MAX = 1.2
+"""The largest length sigma the model uses. A p95 read from a histogram is interpolated
+within wide buckets (vLLM's 2k-5k-10k-20k-50k edges) and reads 5-15 % high; near the
+largest p95 / mean a lognormal can have (3.87, at sigma 1.645) that turns the
+long-context trace's true sigma 1.10 (p95 / mean 3.33) into 1.6, and the tail moments
+the model uses (up to the 4th) by a factor of ~100."""
+
+
+def lognormal_sigma(mean: float, p95: float) -> float:
+    """Sigma of the lognormal with this mean and p95, at most SIGMA_MAX (0 when p95 <=
+    mean; SIGMA_MAX when no lognormal fits). Example: 1,455 / 4,083 -> 0.844."""
+    if not (mean > 0 and p95 > mean * (1.0 + 1e-9)):
+        return 0.0
+    disc = _Z95 * _Z95 - 2.0 * math.log(p95 / mean)
+    return SIGMA_MAX if disc < 0 else min(SIGMA_MAX, _Z95 - math.sqrt(disc))
+
+
+@dataclass(frozen=True, slots=True)
+class _Prompts:
+    """Prompt-length statistics the model needs (tokens; moments truncated at cap)."""
+
+    mu: float
+    sigma: float
+    m1: float
+    m2: float
+    m3: float
+    m4: float
+    cap: float
+
+    @staticmethod
+    def of(mean: float, p95: float, cap: float, top_q: float) -> _Prompts:
+        """Statistics of prompts up to the `top_q` quantile (and `cap` tokens)."""
+        s = lognormal_sigma(mean, p95)
+        mu = math.log(max(mean, 1e-9)) - s * s / 2.0
+        log_cap = math.log(cap)
+        if s > 0:
+            log_cap = min(log_cap, mu + s * _NORMAL.inv_cdf(top_q))
+
+        def moment(k: int) -> float:
+            raw = math.exp(k * mu + k * k * s * s / 2.0)
+            return raw if s == 0 else raw * _NORMAL.cdf((log_cap - mu - k * s * s) / s)
+
+        return _Prompts(mu, s, mean, moment(2), moment(3), moment(4), cap)
+
+    def quantile(self, q: float) -> float:
+        if self.sigma == 0:
+            return self.m1
+        return min(math.exp(self.mu + self.sigma * _NORMAL.inv_cdf(q)), self.cap)
+
+
+@dataclass(frozen=True, slots=True)
+class Operating:
+    """The model at one per-replica rate: mean step, decodes, chunk-step fraction (ms,
+    sequences, fraction) and the goal-quantile ITL and TTFT (ms)."""
+
+    step_ms: float
+    decodes: float
+    chunk_frac: float
+    itl_q_ms: float
+    ttft_q_ms: float
+
+
+def operating_point(
+    lam: float, knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int = 1
+) -> Operating | None:
+    """The model's operating point at `lam` req/s per replica of `replicas` (module doc),
+    or None where a replica cannot keep up (saturated, decodes over max_num_seqs or the
+    KV cache)."""
+    return _Model.of(knobs, lengths, sla, profile, replicas).at(lam)
+
+
+def capacity_rps(
+    knobs: Knobs,
+    lengths: Lengths,
+    sla: SLA,
+    profile: Profile,
+    target_utilization_frac: float,
+    replicas: int = 1,
+) -> float:
+    """Requests/s per replica that a fleet of `replicas` with `knobs` serves with
+    `sla.attainment_goal_frac` of requests within the SLA (module doc), times the target
+    utilization. Always > 0. Example (conversation lengths, SLA 500 / 50 ms, 152 / 2,560
+    knobs, goal 99 %): 13.1 req/s on one replica.
+
+    Lengths are read to LENGTH_DIGITS significant digits, and answers are kept per
+    (profile, knobs, lengths so read, SLA, fleet size): the smoothed lengths move little
+    from tick to tick, and the model costs ~0.5 ms of CPU per answer.
+    """
+    rounded = Lengths(*(_significant(v) for v in astuple(lengths)))
+    key = (
+        id(profile),
+        knobs,
+        rounded,
+        sla.ttft_p95_ms,
+        sla.itl_p95_ms,
+        sla.attainment_goal_frac,
+        max(1, replicas),
+    )
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not profile:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.clear()
+        hit = _CACHE[key] = (profile, _capacity(knobs, rounded, sla, profile, replicas))
+    return max(hit[1] * target_utilization_frac, 1e-3)
+
+
+LENGTH_DIGITS = 3
+_CACHE_SIZE = 4096
+_CACHE: dict[tuple[Any, ...], tuple[Profile, float]] = {}
+
+
+def _significant(v: float) -> float:
+    """`v` to LENGTH_DIGITS significant digits. Example: 1,155.4 -> 1,160."""
+    if not (math.isfinite(v) and v > 0):
+        return v
+    return round(v, LENGTH_DIGITS - 1 - math.floor(math.log10(v)))
+
+
+def _capacity(knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int) -> float:
+    """The bisection of `capacity_rps` (req/s per replica, no utilization factor)."""
+    model = _Model.of(knobs, lengths, sla, profile, replicas)
+    lo, hi = 0.0, model.ceiling_rps
+    t_lo = None  # the mean step at `lo`: T rises with the rate, so it starts mid's iteration
+    for _ in range(_BISECTION_STEPS):
+        mid = (lo + hi) / 2.0
+        op = model.at(mid, t_lo)
+        if op is not None and op.itl_q_ms <= sla.itl_p95_ms and op.ttft_q_ms <= sla.ttft_p95_ms:
+            lo, t_lo = mid, op.step_ms
+        else:
+            hi = mid
+    return lo
+
+
+class _Model:
+    """The loop invariants of one (knobs, lengths, sla, profile)."""
+
+    __slots__ = (
+        "budget",
+        "ceiling_rps",
+        "ctx_full",
+        "e_lw",
+        "e_w",
+        "e_w2",
+        "goal",
+        "kv_cap",
+        "m",
+        "max_seqs",
+        "out_mean",
+        "out_med",
+        "overhead_ms",
+        "own_l",
+        "own_w",
+        "per_seq",
+        "prompts",
+        "servers",
+        "z",
+    )
+
+    @staticmethod
+    def of(knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int = 1) -> _Model:
+        return _Model(knobs, lengths, sla, profile, replicas)
+
+    def __init__(
+        self, knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int = 1
+    ) -> None:
+        self.servers = pooled_servers(replicas)
+        m = self.m = profile.step_model()
+        pt, attn = m.per_token, m.attn
+        self.goal = sla.attainment_goal_frac
+        pr = self.prompts = _Prompts.of(
+            lengths.prompt_mean,
+            lengths.prompt_p95,
+            float(profile.max_model_len),
+            1.0 - (1.0 - self.goal) * TAIL_SHARE,
+        )
+        self.e_w = pt * pr.m1 + attn / 2.0 * pr.m2
+        self.e_w2 = pt * pt * pr.m2 + pt * attn * pr.m3 + attn * attn / 4.0 * pr.m4
+        self.e_lw = pt * pr.m2 + attn / 2.0 * pr.m3
+        so = lognormal_sigma(lengths.output_mean, lengths.output_p95)
+        self.out_mean = max(lengths.output_mean, 1.0)
+        self.out_med = max(1.0, lengths.output_mean * math.exp(-so * so / 2.0))
+        self.per_seq = m.per_seq + m.per_kv * (lengths.prompt_mean + lengths.output_mean / 2.0)
+        self.ctx_full = lengths.prompt_mean + lengths.output_mean
+        self.kv_cap = profile.kv_capacity_tokens * KV_RESERVE_FRAC
+        self.budget = float(knobs.max_num_batched_tokens)
+        self.max_seqs = knobs.max_num_seqs
+        self.z = _NORMAL.inv_cdf(min(self.goal, 1.0 - 1e-9))
+        self.overhead_ms = profile.request_overhead_ms
+        self.own_l = lengths.prompt_p95
+        self.own_w = pt * self.own_l + attn / 2.0 * self.own_l * self.own_l
+        # The rate that keeps the GPU busy with prefill and decode work alone.
+        self.ceiling_rps = 1000.0 / max(1e-6, self.e_w + self.out_mean * (pt + self.per_seq))
+
+    def _chunk_frac(self, a: float, room: float) -> float:
+        """Fraction of steps that carry a prefill chunk: a step with an arrival pending
+        (`a` arrivals per step, Poisson), or as many as the token budget needs."""
+        need = a * self.prompts.m1 / room
+        return min(1.0, max(1.0 - math.exp(-a * max(1.0, self.prompts.m1 / room)), need))
+
+    def _next_step_ms(self, lam: float, t: float) -> float:
+        """One application of the fixed-point map of step 1 (ms); inf where the decodes
+        exceed the token budget, max_num_seqs or the KV cache."""
+        m = self.m
+        pt = m.per_token
+        b = lam * self.out_mean * t / 1000.0
+        room = self.budget - b
+        if room < 1.0 or b > self.max_seqs or b * self.ctx_full > self.kv_cap:
+            return math.inf
+        td = max(m.floor, m.base + pt * b) + m.fixed + b * self.per_seq
+        slack = max(0.0, m.floor - m.base - pt * b)
+        a = lam * t / 1000.0  # arrivals per step
+        f = self._chunk_frac(a, room)
+        return td + a * self.e_w - f * slack + f * self.per_seq
+
+    def at(self, lam: float, start_ms: float | None = None) -> Operating | None:
+        """The operating point at `lam`; `start_ms` a mean step known to be at most the
+        answer (the one at a lower rate), where the search starts. None: no fixed point
+        (the replica cannot keep up) or a bound of step 4 broken."""
+        m = self.m
+        t = m.floor + m.fixed if start_ms is None else start_ms
+        # Newton on g(t) = F(t) - t from below: g > 0 left of the smallest fixed point
+        # and falls towards it; a slope that stops falling before g reaches 0 means none.
+        for _ in range(_FIXED_POINT_ITERS):
+            g = self._next_step_ms(lam, t) - t
+            if not math.isfinite(g):
+                return None
+            if g <= 1e-6 * t:
+                break
+            h = 1e-3 * t
+            slope = (self._next_step_ms(lam, t + h) - (t + h) - g) / h
+            if not slope < -1e-9:
+                return None
+            t += -g / slope
+        else:
+            return None
+        pt = m.per_token
+        b = lam * self.out_mean * t / 1000.0
+        room = max(1.0, self.budget - b)
+        td = max(m.floor, m.base + pt * b) + m.fixed + b * self.per_seq
+        a = lam * t / 1000.0
+        f = self._chunk_frac(a, room)
+        return Operating(t, b, f, self._itl_q(lam, t, td, a), self._ttft_q(lam, t, td, room))
+
+    def _itl_q(self, lam: float, t: float, td: float, a: float) -> float:
+        """Goal-quantile mean ITL of a median-length output (module doc, step 2), ms."""
+        n = lam * self.out_med * t / 1000.0  # prompts arriving while it decodes
+        tail = self.z * math.sqrt(max(0.0, lam * t * self.e_w2 / (1000.0 * self.out_med)))
+        miss = 1.0 - self.goal
+        if n > miss:
+            ell = self.prompts.quantile(1.0 - miss / n)
+            pt, attn = self.m.per_token, self.m.attn
+            tail = max(tail, (pt * ell + attn / 2.0 * ell * ell) / self.out_med)
+        return td + a * self.e_w + tail
+
+    def _ttft_q(self, lam: float, t: float, td: float, room: float) -> float:
+        """Goal-quantile TTFT (module doc, step 3), ms; inf when prefill saturates."""
+        pr = self.prompts
+        es = pr.m1 / room * td + self.e_w
+        es2 = pr.m2 / (room * room) * td * td + 2.0 * td / room * self.e_lw + self.e_w2
+        rho = lam * es / 1000.0
+        if rho >= 1.0:
+            return math.inf
+        miss = 1.0 - self.goal
+        c = self.servers
+        # M/G/c (Allen-Cunneen): P(wait) = Erlang C, then an exponential tail whose mean
+        # is the residual work E[S^2] / 2E[S] over the spare capacity c (1 - rho).
+        waits = erlang_c(c, c * rho)
+        wait = 0.0
+        if waits > miss:
+            wait = es2 / (2.0 * es) / (c * (1.0 - rho)) * math.log(waits / miss)
+        # Chunks counted continuously: a ceil would make capacity jump by half where a
+        # p95 estimate crosses a multiple of the budget (4,580 -> 4,610 tokens at 2,304).
+        own = max(1.0, self.own_l / room) * td + self.own_w
+        return self.overhead_ms + t + wait + own
+
+
+def pooled_servers(replicas: int) -> int:
+    """Servers of the M/G/c prefill queue for a fleet of `replicas`: one per replica.
+
+    Least-outstanding routing pools the fleet only partly (a request waits in the queue
+    of the engine it was sent to, not in one shared queue), so this is optimistic for
+    big fleets: measured on the simulated plant (conversation lengths, TTFT 500 ms,
+    99 %), 11.5 req/s per replica on one replica and 13.8 on four, where c = 4 predicts
+    16.7 (the target utilization's headroom, 0.85 by default, covers the difference).
+    """
+    return max(1, replicas)
+
+
+def fleet_capacity_rps(
+    capacity: Callable[[int], float],
+    demand_rps: float,
+    current: int,
+    max_replicas: int,
+    tolerance_frac: float,
+) -> tuple[float, float]:
+    """(Per-replica capacity of the fleet the demand needs, that of the current fleet),
+    req/s, given `capacity(n)`, the per-replica capacity in a fleet of n (it rises with
+    n: pooling).
+
+    The fleet is the smallest n with n x capacity(n) >= demand, searched from the size
+    the current fleet's capacity asks for. The answer puts demand / capacity (the raw
+    replica count) in ((n - 1)(1 + tolerance), n] (for n - 1 below 1 / tolerance), so
+    the deadband moves a smaller fleet up to exactly n and never moves n down to n - 1,
+    which would need n again (a direction reversal). Sizing at the current size alone
+    would overshoot on the way up and give back the pooling gain minutes later.
+    Example: capacity(1) = 5.5, capacity(2) = 12.5, demand 10, tolerance 0.1, current 1
+    -> n = 2; 10 / 12.5 = 0.8 raised to 1.1 -> (9.09, 5.5) req/s per replica.
+    """
+    n = max(1, current)
+    caps = {n: capacity(n)}
+
+    def at(k: int) -> float:
+        if k not in caps:
+            caps[k] = capacity(k)
+        return caps[k]
+
+    need = min(max(1, math.ceil(demand_rps / caps[n] - 1e-9)), max_replicas)
+    while need < max_replicas and need * at(need) < demand_rps:
+        need += 1
+    while need > 1 and (need - 1) * at(need - 1) >= demand_rps:
+        need -= 1
+    cap = at(need)
+    least = min(float(need), (need - 1) * (1.0 + tolerance_frac) + 1e-6)
+    if need > 1 and demand_rps / cap < least:
+        cap = demand_rps / least
+    return cap, caps[n]
+
+
+def erlang_c(servers: int, offered: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue with `servers` servers and
+    `offered` = arrival rate x mean service time (< servers). Example: 1 server at 0.5
+    -> 0.5; 4 servers at 2.0 -> 0.174."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    b = 1.0  # Erlang B by its recursion, stable for any server count
+    for k in range(1, servers + 1):
+        b = offered * b / (k + offered * b)
+    return servers * b / (servers - offered * (1.0 - b))

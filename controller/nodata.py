@@ -1,0 +1,109 @@
+"""Step 1 of the decider (controller.decider): missing data and a dead fleet. Hold;
+after N failed ticks re-assert the last good replicas or the configured fallback if
+higher. Missing data never lowers replicas.
+
+A mixin of `Decider`: the methods read the decider's `model` and `policy`, and are pure
+like `decide`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from controller.config import ModelConfig, ScalingPolicy
+from controller.types import Decision, Hysteresis, ModelState, Reason, Stage
+from estimators.types import NoDataError, Observation, SourceError
+
+
+class NoDataSteps:
+    """No-data steps of `Decider` (see the module doc)."""
+
+    model: ModelConfig
+    policy: ScalingPolicy
+
+    def _unusable(self, obs: Observation, state: ModelState) -> str | None:
+        """Why an observation is no data although it parsed, or None.
+
+        A dead fleet reads like a quiet one: when every engine target goes down, the
+        gauges vanish at once while the rate window still holds the old samples and
+        decays over one window (8.4 -> 6.4 -> 4.4 -> 2.8 -> 1.9 req/s). Stale samples,
+        no target up, or no engine gauge at all are therefore no data, never a reason
+        to scale down. A fleet we scaled to zero has no engines to report: that is
+        not a dead one.
+        """
+        max_age = self.policy.max_staleness_s
+        if not math.isfinite(obs.staleness_s) or obs.staleness_s > max_age:
+            return f"newest sample {obs.staleness_s:.0f} s old (max_staleness_s {max_age:g})"
+        if state.replicas == 0:
+            return None
+        if obs.targets_up == 0:
+            return "every engine target is down"
+        if obs.running is None and obs.waiting is None:
+            return "engine gauges (running, waiting) absent: engines gone or not scraped"
+        return None
+
+    def _hold(
+        self, model: str, state: ModelState, now_s: float, why: str
+    ) -> tuple[Decision, ModelState]:
+        stage = Stage("raw", state.replicas, state.replicas, Reason.NO_DATA_HOLD, why)
+        d = Decision(
+            model=model,
+            at_s=now_s,
+            valid=False,
+            replicas=state.replicas,
+            knobs=state.knobs,
+            stages=(stage,),
+            knob_reason=Reason.KNOBS_NO_DATA,
+            detail=why,
+        )
+        return d, state
+
+    def _no_data(
+        self, err: NoDataError | SourceError, state: ModelState, now_s: float
+    ) -> tuple[Decision, ModelState]:
+        """Step 1: hold; after N failed ticks re-assert the last good replicas or the
+        fallback if higher (NO_DATA_FALLBACK)."""
+        ticks = state.health.no_data_ticks + 1
+        why = str(err)
+        new_state = replace(state, health=replace(state.health, no_data_ticks=ticks))
+        # Never had good data: the fleet's size is unknown to us, so only hold.
+        if ticks < self.policy.no_data_ticks_before_fallback or state.health.last_good_s is None:
+            d, _ = self._hold(self.model.name, state, now_s, why)
+            return d, new_state
+        target = state.replicas
+        fb = self.model.fallback_replicas
+        detail = f"{ticks} ticks without data; keeping last good replicas {target}"
+        if fb is not None and fb > target:
+            target = fb
+            detail = f"{ticks} ticks without data; fallback {fb} > last good {state.replicas}"
+        stage = Stage("raw", state.replicas, target, Reason.NO_DATA_FALLBACK, detail)
+        w = state.windows
+        actions = (
+            w.actions
+            if target == state.replicas
+            else (*w.actions, (now_s, target - state.replicas))
+        )
+        windows = Hysteresis(
+            actions=actions,
+            last_scale_up_s=now_s if target > state.replicas else w.last_scale_up_s,
+            # The fallback is a recommendation like any other: the down-stabilization
+            # window must see it, or the next good tick could drop below it at once.
+            recommendations=(*w.recommendations, (now_s, target)),
+            panic_until_s=w.panic_until_s,
+            # A fallback raise restarts the idle clock, so scale-to-zero cannot follow it
+            # within the stabilization window.
+            idle_since_s=None if target > state.replicas else w.idle_since_s,
+        )
+        new_state = replace(new_state, replicas=target, windows=windows)
+        d = Decision(
+            model=self.model.name,
+            at_s=now_s,
+            valid=True,
+            replicas=target,
+            knobs=state.knobs,
+            stages=(stage,),
+            knob_reason=Reason.KNOBS_NO_DATA,
+            detail=why,
+        )
+        return d, new_state

@@ -1,0 +1,94 @@
+"""The queueing model of one replica's capacity (controller.capacity)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller.capacity import (
+    SIGMA_MAX,
+    capacity_rps,
+    erlang_c,
+    fleet_capacity_rps,
+    lognormal_sigma,
+    operating_point,
+)
+from controller.config import SLA
+from controller.types import Knobs, Lengths
+from estimators.stepmodel import load_profile
+
+CONV = Lengths(prompt_mean=1455, prompt_p95=4083, output_mean=172, output_p95=451)
+LONG = Lengths(prompt_mean=12_000, prompt_p95=40_000, output_mean=250, output_p95=600)
+SLA_STD = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
+SLA_LONG = SLA(ttft_p95_ms=15_000.0, itl_p95_ms=50.0)
+KNOBS = Knobs(max_num_seqs=152, max_num_batched_tokens=2560)
+
+
+def test_worked_examples_match_the_module_doc() -> None:
+    p = load_profile()
+    assert capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0) == pytest.approx(13.1, abs=0.1)
+    long_knobs = Knobs(max_num_seqs=16, max_num_batched_tokens=1280)
+    assert capacity_rps(long_knobs, LONG, SLA_LONG, p, 1.0, 4) == pytest.approx(0.57, abs=0.02)
+
+
+def test_mean_step_matches_the_plant_measurement() -> None:
+    """The simulated plant ran 20.6 ms mean steps at 14 req/s and 30.5 ms at 16 req/s on
+    one replica (conversation lengths; the fluid model said 8.7 and 12.2 ms)."""
+    p = load_profile()
+    at14 = operating_point(14.0, KNOBS, CONV, SLA_STD, p)
+    at16 = operating_point(16.0, KNOBS, CONV, SLA_STD, p)
+    assert at14 is not None and at16 is not None
+    assert at14.step_ms == pytest.approx(20.6, rel=0.15)
+    assert at16.step_ms == pytest.approx(30.5, rel=0.15)
+    assert operating_point(40.0, KNOBS, CONV, SLA_STD, p) is None  # cannot keep up
+
+
+def test_the_attainment_goal_is_read() -> None:
+    p = load_profile()
+    strict = capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0)
+    lax = capacity_rps(
+        KNOBS, CONV, SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0, attainment_goal_frac=0.95), p, 1.0
+    )
+    assert lax > 1.1 * strict
+
+
+def test_capacity_scales_with_utilization_and_grows_with_the_fleet() -> None:
+    p = load_profile()
+    one = capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0)
+    assert capacity_rps(KNOBS, CONV, SLA_STD, p, 0.5) == pytest.approx(one * 0.5)
+    caps = [capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0, n) for n in (1, 2, 4, 16)]
+    assert caps == sorted(caps) and caps[-1] > caps[0]
+
+
+def test_erlang_c_examples() -> None:
+    assert erlang_c(1, 0.5) == pytest.approx(0.5)
+    assert erlang_c(4, 2.0) == pytest.approx(0.1739, abs=1e-4)
+    assert erlang_c(3, 0.0) == 0.0 and erlang_c(3, 3.0) == 1.0
+
+
+def test_sigma_fit_and_its_cap() -> None:
+    assert lognormal_sigma(1455.0, 4083.0) == pytest.approx(0.844, abs=1e-3)
+    assert lognormal_sigma(100.0, 90.0) == 0.0
+    assert lognormal_sigma(12_000.0, 40_000.0) == pytest.approx(1.099, abs=1e-3)
+    assert lognormal_sigma(11_000.0, 43_000.0) == SIGMA_MAX  # no lognormal fits
+
+
+@pytest.mark.parametrize("current", [1, 2, 3, 8])
+def test_fleet_capacity_puts_raw_replicas_at_the_fleet_that_serves(current: int) -> None:
+    """Capacity rising with the fleet (5.5, 12.5, 14, 15 ...): the demand / capacity the
+    caller divides lands on the smallest n that serves, outside the deadband of n - 1
+    and never inside the scale-down band of n."""
+    table = {1: 5.5, 2: 12.5, 3: 14.0}
+
+    def cap(n: int) -> float:
+        return table.get(n, 15.0)
+
+    for demand, n in ((4.0, 1), (6.0, 2), (10.0, 2), (26.0, 3), (42.0, 3), (43.0, 4), (70.0, 5)):
+        c, now = fleet_capacity_rps(cap, demand, current, 64, 0.1)
+        assert now == cap(current)
+        raw = demand / c
+        assert math.ceil(raw - 1e-9) == n, (demand, current, raw)
+        if n > 1:
+            assert raw > min(n, (n - 1) * 1.1), (demand, current, raw)
+            assert math.ceil(raw * 1.1 - 1e-9) >= n  # the deadband keeps n
