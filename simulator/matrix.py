@@ -97,6 +97,8 @@ class MatrixSpec:
     max_replicas: int = 64
     overhead_ms: float | None = None
     workers: int = 2
+    plots_dir: str | None = None
+    """Where to write a PNG per row with a goal missed (None: no plots)."""
 
     @staticmethod
     def quick(**kw: Any) -> MatrixSpec:
@@ -132,14 +134,22 @@ def _oracle_job(args: tuple[MatrixSpec, MatrixTrace, Condition]) -> OracleResult
     return scenario_oracle(scenario_for(spec, tr, cond), workers=1)
 
 
+_PLOTTED = ("governor", "hpa-queue")
+"""The policies a missed row's plot shows (with the oracle)."""
+
+
 def _cell_job(args: tuple[MatrixSpec, MatrixTrace, Condition, str, int | None]) -> dict[str, Any]:
     spec, tr, cond, policy, static = args
     sc = scenario_for(spec, tr, cond)
     if static is not None:
         sc = dataclasses.replace(sc, static_replicas=static)
     t0 = time.process_time()
-    summary: dict[str, Any] = run_policy(policy, sc).summary()
+    result = run_policy(policy, sc)
+    summary: dict[str, Any] = result.summary()
     summary["cpu_s"] = time.process_time() - t0
+    if spec.plots_dir is not None and policy in _PLOTTED:
+        keep = ("t", "total", "ttft_p95_by_minute")
+        summary["_series"] = {k: result.series[k] for k in keep if k in result.series}
     return summary
 
 
@@ -172,7 +182,62 @@ def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> di
         for key, f in cfut.items():
             results[key] = f.result()
             say(f"{key[0]:>12} | {key[1]:<13} | {key[2]:<9} done")
-    return _document(spec, results, oracles, time.perf_counter() - t_start)
+    series = {k: r.pop("_series") for k, r in results.items() if "_series" in r}
+    doc = _document(spec, results, oracles, time.perf_counter() - t_start)
+    if spec.plots_dir is not None:
+        doc["plots"] = _plot_missed(spec, doc, series, oracles)
+    return doc
+
+
+def _plot_missed(
+    spec: MatrixSpec,
+    doc: Mapping[str, Any],
+    series: Mapping[tuple[str, str, str], dict[str, list[float]]],
+    oracles: Mapping[tuple[str, float], OracleResult],
+) -> list[str]:
+    """A PNG per row with a goal missed (load, replicas of the governor, hpa-queue and
+    the oracle, p95 TTFT per minute), named `<trace>_<condition>.png`; their paths."""
+    from simulator.report import plot
+    from simulator.scenario import PolicyResult
+
+    out = []
+    by_key = {t.key: t for t in spec.traces}
+    by_cond = {c.name: c for c in spec.conditions}
+    assert spec.plots_dir is not None
+    for row in doc["rows"]:
+        if all(row["goals"].values()):
+            continue
+        tr, cond = by_key[row["trace"]], by_cond[row["condition"]]
+        results = {}
+        for p in _PLOTTED:
+            s = series.get((tr.key, cond.name, p))
+            if s is not None:
+                r = row["policies"][p]
+                results[p] = PolicyResult(
+                    name=p,
+                    slo_attainment=r["slo_attainment"],
+                    gpu_hours=r["gpu_hours"],
+                    scaling_actions=r["scaling_actions"],
+                    flaps=r["flaps"],
+                    knob_changes=r["knob_changes"],
+                    ttft_p95_ms=r["ttft_p95_ms"],
+                    itl_p95_ms=r["itl_p95_ms"],
+                    peak_queue=r["peak_queue"],
+                    requests=r["requests"],
+                    refused=r["refused"],
+                    unfinished=r["unfinished"],
+                    max_replicas=r["max_replicas"],
+                    series=s,
+                )
+        name = f"{tr.key}_{cond.name}".replace(" ", "-") + ".png"
+        path = plot(
+            scenario_for(spec, tr, cond),
+            results,
+            oracles[(tr.key, cond.plant_speed)],
+            f"{spec.plots_dir}/{name}",
+        )
+        out.append(str(path))
+    return out
 
 
 class _Serial:
@@ -208,7 +273,11 @@ def _document(
             pol = {}
             for p in spec.policies:
                 r = dict(results[(t.key, c.name, p)])
-                r["oracle_ratio"] = r["gpu_hours"] / orc.gpu_hours if orc.gpu_hours > 0 else None
+                ok = orc.gpu_hours > 0
+                trace_h = r.get("gpu_hours_trace")
+                # Over the oracle's window (the trace) and over the whole run (+ tail).
+                r["oracle_ratio"] = trace_h / orc.gpu_hours if ok and trace_h is not None else None
+                r["oracle_ratio_run"] = r["gpu_hours"] / orc.gpu_hours if ok else None
                 pol[p] = r
             row = {
                 "trace": t.key,
@@ -267,10 +336,11 @@ def row_goals(row: Mapping[str, Any]) -> dict[str, bool]:
 
 
 def matrix_table(doc: Mapping[str, Any]) -> str:
-    """Markdown table: one row per (trace, condition), a cell per policy
-    (attainment, GPU-h / oracle, flaps), then the goals missed."""
+    """Markdown table: one row per (trace, condition), a cell per policy (attainment,
+    GPU-h / oracle over the trace, flaps), the oracle's GPU-h, the governor's GPU-h /
+    oracle with the drain tail after the trace, then the goals missed."""
     policies: Sequence[str] = doc["spec"]["policies"]
-    head = ["trace", "condition", *policies, "oracle GPU-h", "goals missed"]
+    head = ["trace", "condition", *policies, "oracle GPU-h", "governor + tail", "goals missed"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in doc["rows"]:
         cells = []
@@ -281,10 +351,12 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
             cell = f"{100 * r['slo_attainment']:.2f} % / {rs} / {r['flaps']}"
             cells.append(f"**{cell}**" if p == "governor" else cell)
         missed = [g for g, ok in row["goals"].items() if not ok]
+        run = row["policies"].get("governor", {}).get("oracle_ratio_run")
+        tail = "-" if run is None else f"{run:.2f}x"
         lines.append(
             f"| {row['trace']} | {row['condition']} | "
             + " | ".join(cells)
-            + f" | {row['oracle_gpu_hours']:.2f} | {'; '.join(missed) or 'none'} |"
+            + f" | {row['oracle_gpu_hours']:.2f} | {tail} | {'; '.join(missed) or 'none'} |"
         )
     return "\n".join(lines)
 

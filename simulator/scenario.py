@@ -9,8 +9,9 @@ applies its 10 % tolerance. Knobs reach replicas when they start.
 Scoring (per request): a request attains its SLO when its TTFT and its mean ITL are both
 within the SLA; refused and unfinished requests are misses. GPU-hours count each replica
 from the moment it was requested (cold start included) until it was gone or the run
-ended. A flap is a scaling action in the opposite direction of the previous one within
-10 minutes.
+ended (`gpu_hours`), and over the trace's whole minutes only (`gpu_hours_trace`: the
+window the oracle pays for). A flap is a scaling action in the opposite direction of the
+previous one within 10 minutes.
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ class PolicyResult:
     refused: int
     unfinished: int
     max_replicas: int
+    gpu_hours_trace: float | None = None
+    """GPU-hours over the trace's whole minutes only (the oracle's window), without the
+    drain tail after the trace."""
     series: dict[str, list[float]] = field(default_factory=dict, repr=False)
     settled_s: float | None = None
     """When the fleet had settled after the scored window (runs with a settling tail)."""
@@ -159,6 +163,7 @@ class PolicyResult:
         return {
             "slo_attainment": self.slo_attainment,
             "gpu_hours": self.gpu_hours,
+            "gpu_hours_trace": self.gpu_hours_trace,
             "scaling_actions": self.scaling_actions,
             "flaps": self.flaps,
             "knob_changes": self.knob_changes,
@@ -367,6 +372,7 @@ def _result(name: str, sc: Scenario, fleet: Fleet, run: _Run) -> PolicyResult:
         name=name,
         slo_attainment=att,
         gpu_hours=fleet.gpu_seconds(end) / 3600.0,
+        gpu_hours_trace=fleet.gpu_seconds(min(end, trace_window_s(sc.trace))) / 3600.0,
         scaling_actions=len(actions),
         flaps=count_flaps(actions),
         knob_changes=run.knob_changes,
@@ -379,6 +385,12 @@ def _result(name: str, sc: Scenario, fleet: Fleet, run: _Run) -> PolicyResult:
         max_replicas=int(max(run.series["total"], default=0)),
         series=run.series,
     )
+
+
+def trace_window_s(trace: Trace, window_s: float = 60.0) -> float:
+    """The trace's span rounded up to whole windows, seconds: what the oracle pays for
+    (it sizes each 60 s window of requests; simulator.oracle)."""
+    return max(1, math.ceil(trace.span_s / window_s)) * window_s if len(trace) else 0.0
 
 
 def governor_knobs_for(trace: Trace, sc: Scenario) -> Knobs:

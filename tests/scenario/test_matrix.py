@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from simulator.matrix import CONDITIONS, TRACES, row_goals
 
 
@@ -68,3 +70,41 @@ def test_matrix_traces_filter_refuses_unknown_keys(capsys) -> None:  # type: ign
     assert main(["simulate", "--matrix", "--matrix-traces", "conv x16,nope"]) == 2
     err = capsys.readouterr().err
     assert "--matrix-traces: unknown nope" in err and "long-context" in err
+
+
+@pytest.mark.slow
+def test_oracle_ratio_is_over_the_trace_and_missed_rows_are_plotted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A tiny matrix (a 2-minute step from 4 to 24 req/s that one replica cannot absorb
+    behind a 90 s cold start): the ratio to the oracle is taken over the trace's minutes
+    (the oracle's window), the whole run's (with the drain tail) beside it, and every row
+    with a goal missed gets a PNG."""
+    from simulator.matrix import Condition, MatrixSpec, MatrixTrace, run_matrix
+
+    spec = MatrixSpec(
+        traces=(
+            MatrixTrace(
+                "step",
+                "synthetic:step:low=4,high=24,at=0.25,duration=120",
+                1.0,
+                500.0,
+                50.0,
+                smooth=True,
+            ),
+        ),
+        conditions=(Condition("default"), Condition("cold start 2x", cold_start_factor=2.0)),
+        policies=("governor", "hpa-queue"),
+        workers=1,
+        plots_dir=str(tmp_path),
+    )
+    doc = run_matrix(spec)
+    missed_rows = 0
+    for row in doc["rows"]:
+        for cell in row["policies"].values():
+            assert cell["gpu_hours_trace"] < cell["gpu_hours"]  # the tail is not in it
+            assert cell["oracle_ratio"] == cell["gpu_hours_trace"] / row["oracle_gpu_hours"]
+            assert cell["oracle_ratio_run"] == cell["gpu_hours"] / row["oracle_gpu_hours"]
+        name = f"step_{row['condition']}".replace(" ", "-") + ".png"
+        missed = not all(row["goals"].values())
+        missed_rows += missed
+        assert (tmp_path / name).exists() == missed
+    assert missed_rows >= 1 and len(doc["plots"]) == missed_rows
