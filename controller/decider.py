@@ -269,10 +269,16 @@ class Decider(KnobSteps, NoDataSteps):
         """
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
-        sample = speed_sample(
-            obs, lengths, self.profile, self.policy.window_s, knobs.max_num_batched_tokens
-        )
-        speed = learn_speed(state.plant.speed, sample, dt)
+        # The token budget the engines ran: replicas still on knobs from before a change
+        # run theirs (a bigger budget makes bigger chunk steps; the new knobs' budget
+        # read them as a 4.8x slower plant when 256/8192 -> 16/1536 on long prompts).
+        budget = knobs.max_num_batched_tokens
+        if memory.running is not None:
+            budget = max(budget, memory.running.max_num_batched_tokens)
+        sample = speed_sample(obs, lengths, self.profile, self.policy.window_s, budget)
+        # A jump to a much slower belief needs engines visibly too slow for the SLA.
+        slow = obs.itl_mean_ms is not None and obs.itl_mean_ms > self.model.sla.itl_p95_ms
+        speed = learn_speed(state.plant.speed, sample, dt, jump=slow)
         profile = scaled_profile(self.profile, model_speed(speed))
         caps = (
             None

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from controller.capacity import lognormal_sigma
 from controller.config import SLA
 from controller.types import Lengths
 from estimators.stepmodel import Profile
@@ -100,13 +101,18 @@ def speed_sample(
     per_seq = c.per_sampled_seq_ms + c.per_decode_kv_token_ms * ctx
     # A prompt is prefilled in chunks of at most the token budget left by the decodes.
     chunks = max(1, math.ceil(lin / max(1.0, budget_tokens - b)))
+    # Attention grows with the square of a prompt: E[L^2] = mean^2 exp(sigma^2) for
+    # lognormal prompts (x4.2 at the long-context trace's sigma; the mean's square alone
+    # read that trace's windows as a 4.7x slower plant).
+    sigma = lognormal_sigma(lengths.prompt_mean, lengths.prompt_p95)
+    spread = math.exp(sigma * sigma)
     chunk = lin / chunks
     decode = max(c.base_ms + c.per_token_ms * b, c.floor_ms) + c.fixed_ms + b * per_seq
     mixed = (
         max(c.base_ms + c.per_token_ms * (b + chunk), c.floor_ms)
         + c.fixed_ms
         + (b + 1) * per_seq
-        + c.prefill_attention_ms_per_token2 * lin * lin / 2.0 / chunks
+        + c.prefill_attention_ms_per_token2 * lin * lin * spread / 2.0 / chunks
     )
     # Fraction of steps that carry a chunk: chunks arriving per step (the observed
     # step time x the per-replica arrival rate x chunks per prompt), at most all.
@@ -117,7 +123,11 @@ def speed_sample(
 
 
 def learn_speed(
-    previous: float, sample: float | None, dt_s: float, half_life_s: float = SPEED_HALF_LIFE_S
+    previous: float,
+    sample: float | None,
+    dt_s: float,
+    half_life_s: float = SPEED_HALF_LIFE_S,
+    jump: bool = True,
 ) -> float:
     """The learned speed after `dt_s` seconds of evidence `sample` (None: unchanged):
     a half-life average in log space, within [SPEED_MIN, SPEED_MAX]. Example: 1.0 and
@@ -132,7 +142,7 @@ def learn_speed(
     if sample is None or dt_s <= 0:
         return previous
     s = min(SPEED_MAX, max(SPEED_MIN, sample))
-    if s > SPEED_JUMP_RATIO * previous:
+    if jump and s > SPEED_JUMP_RATIO * previous:
         return s
     keep = 0.5 ** (dt_s / half_life_s)
     return math.exp(keep * math.log(previous) + (1.0 - keep) * math.log(s))

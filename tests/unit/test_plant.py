@@ -84,6 +84,22 @@ def test_an_engine_far_slower_than_the_profile_is_taken_at_once() -> None:
     assert learn_speed(15.0, 18.0, 1.0) == pytest.approx(15.0 * 1.2 ** (1 - 0.5 ** (1 / 60)))
     assert learn_speed(1.0, SPEED_JUMP_RATIO * 0.99, 1.0) < 1.03
     assert learn_speed(15.0, 1.0, 1.0) > 14.0
+    # ...unless the caller sees engines within the ITL target: then it is averaged
+    assert learn_speed(1.0, 15.0, 1.0, jump=False) < 1.1
+
+
+def test_a_far_slower_window_with_the_itl_met_is_not_jumped_to() -> None:
+    """One window reading 5x with the mean ITL within the target (a long prompt's
+    prefill chunks in one window) moves the belief at the half-life only; the same
+    reading with the mean ITL past the target replaces it."""
+    itl = _itl_for(5.0, **LOADED)
+    for target, jumps in ((1.2 * itl, False), (itl / 1.2, True)):
+        d = Decider(make_model(max_replicas=64, itl_p95_ms=target), make_policy())
+        s = d.initial_state(4, now_s=ORIGIN_S - 1000)
+        _, s = d.decide(obs(t=ORIGIN_S, **LOADED), s, ORIGIN_S)
+        o = obs(t=ORIGIN_S + 5, itl_mean_ms=itl, **LOADED)
+        _, after = d.decide(o, s, ORIGIN_S + 5)
+        assert (after.plant.speed > 4.0) is jumps, (target, after.plant.speed)
 
 
 def test_a_slower_engine_is_learned_before_the_sla_is_violated() -> None:
