@@ -11,8 +11,9 @@ answers into typed per-model outcomes:
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
   that is not an instant vector of numbers) -> `SourceError` carrying the query;
 - a model without a finite arrival rate -> `NoDataError(model, "arrival_rate")`; a model
-  whose engine scrape targets (seen within the lookback) are all down or gone from
-  service discovery -> `NoDataError(model, "targets_up")`;
+  whose engine scrape targets (seen within the lookback) are all down (no successful
+  scrape within two scrape intervals: one missed scrape is not a dead target) or gone
+  from service discovery -> `NoDataError(model, "targets_up")`;
   a model without a current sample, or whose newest sample is older than
   `max_staleness_s` (when set) -> `NoDataError(model, "staleness")`: a dead fleet is
   never read as an idle one (its rates decay to zero over a window while nothing is
@@ -68,6 +69,8 @@ from estimators.types import (
 )
 
 DEFAULT_TIMEOUT_S: Final = 3.0
+DEFAULT_SCRAPE_INTERVAL_S: Final = 15.0
+"""How often Prometheus scrapes the engines when nothing says (its common setting), s."""
 DEMAND_SIGNAL: Final = "arrival_rate"
 """The signal named in the `NoDataError` of a model without demand data."""
 TARGETS_SIGNAL: Final = "targets_up"
@@ -93,6 +96,8 @@ class PrometheusSettingsLike(Protocol):
     def disable_ssl(self) -> bool: ...
     @property
     def model_label(self) -> str: ...
+    @property
+    def scrape_interval_s(self) -> float: ...
 
 
 class QueryClient(Protocol):
@@ -191,6 +196,9 @@ class PrometheusSource:
     on every tick at no extra query), the quantile and SLA-edge queries read the recorded
     bucket rates instead of aggregating the raw buckets afresh for each of 17 quantiles;
     without them, the raw queries (estimators.promql module doc). False: never.
+    `scrape_interval_s`: how often Prometheus scrapes the engines (default: the
+    settings' `scrape_interval_s`, else 15 s); gauges and targets' `up` are read over two
+    of these, so one missed scrape is not a dead target (two in a row are).
     """
 
     def __init__(
@@ -208,16 +216,19 @@ class PrometheusSource:
         max_staleness_s: float | None = None,
         targets_lookback_s: float | None = None,
         recording_rules: bool = True,
+        scrape_interval_s: float | None = None,
     ) -> None:
         if isinstance(settings_or_url, str):
             url, disable_ssl = settings_or_url, False
             label = model_label or DEFAULT_MODEL_LABEL
             timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+            scrape = scrape_interval_s or DEFAULT_SCRAPE_INTERVAL_S
         else:
             s = settings_or_url
             url, disable_ssl = s.url, s.disable_ssl
             label = model_label or s.model_label
             timeout = s.timeout_s if timeout_s is None else timeout_s
+            scrape = scrape_interval_s or s.scrape_interval_s
         if not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout}")
         if retries < 0:
@@ -244,6 +255,7 @@ class PrometheusSource:
                 seed_window_s,
                 targets_lookback_s,
                 recorded,
+                2.0 * scrape,
             )
             self._by_mode[recorded] = build_queries(
                 label,
@@ -254,6 +266,7 @@ class PrometheusSource:
                 targets_lookback_s=targets_lookback_s,
                 recorded=recorded,
                 rules_marker=recording_rules,
+                gauge_lookback_s=2.0 * scrape,
             )
         self._edges: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
         self.queries: TickQueries = self._by_mode[False]

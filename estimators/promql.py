@@ -251,11 +251,20 @@ class QueryBuilder:
     recorded: bool = False
     """Read the bucket rates from the recording rules' series (`recording_rules`)
     instead of computing them from the raw buckets."""
+    gauge_lookback_s: float | None = None
+    """How long a gauge sample and a target's `up == 1` still count, seconds (two scrape
+    intervals): a single missed scrape (`up` 0 for one sample, the target's series
+    marked stale) is then not a dead target; two in a row are. None: instant values."""
 
     def __post_init__(self) -> None:
         check_label_name(self.model_label)
         promql_duration(self.window_s)
-        for w in (self.short_window_s, self.seed_window_s, self.targets_lookback_s):
+        for w in (
+            self.short_window_s,
+            self.seed_window_s,
+            self.targets_lookback_s,
+            self.gauge_lookback_s,
+        ):
             if w is not None:
                 promql_duration(w)
 
@@ -416,30 +425,54 @@ class QueryBuilder:
         engines = self.either(RUNNING_METRICS, "last_over_time({name}[{lb}])")
         return f"group by ({m}, job, instance) ({engines})"
 
+    def _gauge(self, metrics: Sequence[str]) -> str:
+        """A gauge's latest value per series: instant, or with `gauge_lookback_s` the
+        last sample within it (`last_over_time` skips the staleness markers a failed
+        scrape writes)."""
+        if self.gauge_lookback_s is None:
+            return self.either(metrics)
+        gl = promql_duration(self.gauge_lookback_s)
+        return self.either(metrics, "last_over_time({name}[" + gl + "])")
+
+    def _sample_ts(self, metrics: Sequence[str]) -> str:
+        """The time of each series' newest sample (unix seconds): `timestamp()` of the
+        instant value, or with `gauge_lookback_s`, where a missed scrape marked it
+        stale, the newest step of a subquery over the lookback (4 steps)."""
+        if self.gauge_lookback_s is None:
+            return self.either(metrics, "timestamp({name})")
+        gl = promql_duration(self.gauge_lookback_s)
+        step = promql_duration(self.gauge_lookback_s / 4)
+        lookback = "max_over_time(timestamp({name})[" + gl + ":" + step + "])"
+        return f"{self.either(metrics, 'timestamp({name})')} or {self.either(metrics, lookback)}"
+
+    def _up(self) -> str:
+        """Each scrape target's health, 1 or 0: `up`, or with `gauge_lookback_s`
+        whether any scrape within it succeeded."""
+        if self.gauge_lookback_s is None:
+            return "up"
+        return f"max_over_time(up[{promql_duration(self.gauge_lookback_s)}])"
+
     def state(self) -> str:
-        """Instant gauges per model: running and waiting (sums over engines, requests),
-        KV usage (mean over engines, fraction, 1 = full), ready replicas (engines
-        reporting), the newest gauge and counter sample times (unix seconds), and the
-        engine scrape targets: up (`up == 1`), known (in service discovery now: an `up`
-        series exists) and seen (within the lookback, see `engine_targets`). Seen but
-        not known is gone (a deleted pod); known but not up is down.
+        """Gauges per model: running and waiting (sums over engines, requests), KV usage
+        (mean over engines, fraction, 1 = full), ready replicas (engines reporting), the
+        newest gauge and counter sample times (unix seconds), and the engine scrape
+        targets: up (`up == 1`), known (in service discovery now: an `up` series exists)
+        and seen (within the lookback, see `engine_targets`). Seen but not known is gone
+        (a deleted pod); known but not up is down. With `gauge_lookback_s` (two scrape
+        intervals) gauges and `up` are read over it: one missed scrape keeps the
+        target's last values and its health; a target down for two scrapes is down.
         """
         m = self.model_label
         engines = self.engine_targets()
-        health = f"({engines} * on (job, instance) group_left () up)"
+        health = f"({engines} * on (job, instance) group_left () {self._up()})"
+        running = self._gauge(RUNNING_METRICS)
         parts = [
-            _tag(f"sum by ({m}) ({self.either(RUNNING_METRICS)})", Signal.RUNNING),
-            _tag(f"sum by ({m}) ({self.either(WAITING_METRICS)})", Signal.WAITING),
-            _tag(f"avg by ({m}) ({self.either(KV_USAGE_METRICS)})", Signal.KV_USAGE_FRAC),
-            _tag(f"count by ({m}) ({self.either(RUNNING_METRICS)})", Signal.READY_REPLICAS),
-            _tag(
-                f"max by ({m}) ({self.either(RUNNING_METRICS, 'timestamp({name})')})",
-                Signal.GAUGE_SAMPLE_TS,
-            ),
-            _tag(
-                f"max by ({m}) ({self.either(SUCCESS_METRICS, 'timestamp({name})')})",
-                Signal.COUNTER_SAMPLE_TS,
-            ),
+            _tag(f"sum by ({m}) ({running})", Signal.RUNNING),
+            _tag(f"sum by ({m}) ({self._gauge(WAITING_METRICS)})", Signal.WAITING),
+            _tag(f"avg by ({m}) ({self._gauge(KV_USAGE_METRICS)})", Signal.KV_USAGE_FRAC),
+            _tag(f"count by ({m}) ({running})", Signal.READY_REPLICAS),
+            _tag(f"max by ({m}) ({self._sample_ts(RUNNING_METRICS)})", Signal.GAUGE_SAMPLE_TS),
+            _tag(f"max by ({m}) ({self._sample_ts(SUCCESS_METRICS)})", Signal.COUNTER_SAMPLE_TS),
             _tag(f"sum by ({m}) {health}", Signal.TARGETS_UP),
             _tag(f"count by ({m}) {health}", Signal.TARGETS_KNOWN),
             _tag(f"count by ({m}) ({engines})", Signal.TARGETS_SEEN),
@@ -493,12 +526,14 @@ def build_queries(
     edges: dict[str, Iterable[float]] | None = None,
     recorded: bool = False,
     rules_marker: bool = False,
+    gauge_lookback_s: float | None = None,
 ) -> TickQueries:
     """All queries for one tick, grouped by `model_label`, rates over `window_s` seconds
     (the arrival rate also over `short_window_s` and `seed_window_s`, when given); the
     SLA-edge buckets at `edges` (histogram tag of `EDGE_HISTOGRAMS` -> thresholds, s).
     `recorded`: quantiles and SLA-edge buckets from the recording rules' series;
-    `rules_marker`: the demand query also carries `QueryBuilder.rules_marker`."""
+    `rules_marker`: the demand query also carries `QueryBuilder.rules_marker`;
+    `gauge_lookback_s`: see `QueryBuilder.gauge_lookback_s`."""
     b = QueryBuilder(
         model_label,
         window_s,
@@ -507,6 +542,7 @@ def build_queries(
         seed_window_s,
         targets_lookback_s,
         recorded,
+        gauge_lookback_s,
     )
     return TickQueries(
         demand=b.demand() + (f" or {b.rules_marker()}" if rules_marker else ""),

@@ -67,7 +67,12 @@ class World:
     alive: ServedRegistry
 
     def observe(self) -> dict[str, ObservationResult]:
-        src = PrometheusSource(self.prometheus.url, window_s=WINDOW_S, timeout_s=5.0)
+        src = PrometheusSource(
+            self.prometheus.url,
+            window_s=WINDOW_S,
+            timeout_s=5.0,
+            scrape_interval_s=SCRAPE_INTERVAL_S,  # down = no successful scrape in 2 of these
+        )
         return src.observe([ModelQuery(DEAD), ModelQuery(ALIVE)], settled())
 
     def up(self, target: str) -> float | None:
