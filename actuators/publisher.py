@@ -81,7 +81,8 @@ class Published:
 
     `replicas` is None until a decision (or restored state) provides one: KEDA then gets
     UNAVAILABLE, so the HPA keeps the current size rather than reading a zero.
-    `generation` counts knob changes (0 = configured defaults). `decided_at_unix_s` is
+    `generation` counts knob changes, a change of the configured defaults included (0 =
+    the defaults the model was configured with, nothing changed). `decided_at_unix_s` is
     the wall time (Unix seconds) of the last decision applied, None if never.
     """
 
@@ -215,8 +216,13 @@ class DecisionBoard:
                 else:
                     entries[name] = old
                 if old is not None and old.generation == 0 and old.knobs != slot.default_knobs:
-                    # Defaults changed before anything was decided: serve the new defaults.
-                    entries[name] = replace(entries[name], knobs=slot.default_knobs)
+                    # Defaults changed before anything was decided (or under the static
+                    # policy, whose decisions are the defaults): serve the new ones as a
+                    # knob change, in a new generation, or engines that follow
+                    # generations never learn them.
+                    entries[name] = replace(
+                        entries[name], knobs=slot.default_knobs, generation=old.generation + 1
+                    )
                     changed = True
             self._slots = slots
             self._entries = entries
@@ -297,8 +303,11 @@ class DecisionBoard:
         """Load persisted (or the leader's) values for configured models.
 
         With `origin` ORIGIN_RESTORED (start-up) a generation never goes backwards: the
-        higher of the stored and the current one wins. With ORIGIN_LEADER the leader's
-        entries are mirrored as they are (the leader owns the numbering).
+        higher of the stored and the current one wins; a stored generation-0 value whose
+        knobs are no longer the configured defaults (they changed while the service was
+        down) is not restored: the new defaults are served in a new generation. With
+        ORIGIN_LEADER the leader's entries are mirrored as they are (the leader owns the
+        numbering).
         """
         changed = quiet = False
         with self._cond:
@@ -306,6 +315,14 @@ class DecisionBoard:
                 old = self._entries.get(name)
                 if old is None:
                     continue
+                slot = self._slots.get(name)
+                if (
+                    origin != ORIGIN_LEADER
+                    and p.generation == 0
+                    and slot is not None
+                    and p.knobs != slot.default_knobs
+                ):
+                    p = replace(p, knobs=slot.default_knobs, generation=1)
                 gen = p.generation if origin == ORIGIN_LEADER else max(p.generation, old.generation)
                 new = replace(p, model=name, namespace=old.namespace, generation=gen, origin=origin)
                 if _differs(new, old):
