@@ -75,7 +75,12 @@ llm-governor.io/instance: {{ include "llm-governor.fullname" . }}
 {{/* The address KEDA and engines in other namespaces use: fully qualified, because
 ScaledObjects and engines live in the models' namespaces. */}}
 {{- define "llm-governor.grpcAddress" -}}
-{{- printf "%s.%s.svc.%s:%d" (include "llm-governor.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.ports.grpc) -}}
+{{- printf "%s:%d" (include "llm-governor.grpcHost" .) (int .Values.ports.grpc) -}}
+{{- end -}}
+
+{{/* The governor Service's DNS name (the name a TLS certificate must carry). */}}
+{{- define "llm-governor.grpcHost" -}}
+{{- printf "%s.%s.svc.%s" (include "llm-governor.fullname" .) .Release.Namespace .Values.clusterDomain -}}
 {{- end -}}
 
 {{/* The values' models, each with its namespace filled in: a model without one runs in

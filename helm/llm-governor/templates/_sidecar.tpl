@@ -93,6 +93,19 @@ engine never fails to start because of the governor. */}}
 - name: governor-tmp
   emptyDir:
     sizeLimit: 64Mi
+{{- if and .Values.tls.existingSecret (ne .Values.mode "sidecar") }}
+# engine-args' --tls-ca-file: the CA only (never the governor's key); optional, so that an
+# engine in a namespace without the Secret still starts (engine-args then falls back to
+# the default knobs)
+- name: governor-tls-ca
+  secret:
+    secretName: {{ .Values.tls.existingSecret | quote }}
+    optional: true
+    defaultMode: 0444
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end }}
 - name: governor-engine-args
   emptyDir:
     medium: Memory
@@ -155,6 +168,8 @@ governor's ConfigMap. */}}
       {{- $cmd := `governor engine-args --model "$GOVERNOR_MODEL" --server "$GOVERNOR_SERVER"` }}
       {{- with $knobs.default_max_num_seqs }}{{ $cmd = printf "%s --default-max-num-seqs %d" $cmd (int .) }}{{ end }}
       {{- with $knobs.default_max_num_batched_tokens }}{{ $cmd = printf "%s --default-max-num-batched-tokens %d" $cmd (int .) }}{{ end }}
+      {{- if $v.tls.existingSecret }}{{ $cmd = printf "%s --tls-ca-file /etc/governor-tls/ca.crt" $cmd }}{{ end }}
+      {{- if and $v.tls.existingSecret $local }}{{ $cmd = printf "%s --tls-server-name %s" $cmd (include "llm-governor.grpcHost" .gov) }}{{ end }}
       {{- if eq (include "llm-governor.liveKnobs" .gov) "true" }}
       # engine.liveKnobs: the ceilings (without a governor: the model's knob bounds),
       # scheduler plugin, middleware and governor address;
@@ -195,4 +210,10 @@ governor's ConfigMap. */}}
       mountPath: /run/governor
     - name: governor-tmp
       mountPath: /tmp
+    {{- if $v.tls.existingSecret }}
+    # the CA that signed the governor's certificate (tls.existingSecret's ca.crt)
+    - name: {{ ternary "governor-tls" "governor-tls-ca" (eq $v.mode "sidecar") }}
+      mountPath: /etc/governor-tls
+      readOnly: true
+    {{- end }}
 {{- end -}}
