@@ -162,3 +162,21 @@ def test_a_controller_that_starts_before_the_first_scrape_keeps_the_fleet_it_fin
         clock.now += 5.0
     valid = [d for d in decisions if d.valid]
     assert valid and all(d.replicas == 4 for d in valid), [d.replicas for d in valid]
+
+
+def test_early_length_windows_are_not_held_for_a_half_life() -> None:
+    """The first window of a long-context start read prompts of 5.6k tokens (a handful of
+    requests) where they are 12k: while the history is younger than the half-life, the
+    half-life is its age, so 30 s later the estimate is most of the way there (at the
+    300 s half-life it would still be within 5 % of 5.6k)."""
+    d = Decider(make_model(), make_policy(lengths_half_life_s=300.0))
+    s = d.initial_state(1, now_s=ORIGIN_S)
+    t = ORIGIN_S + 5
+    _, s = d.decide(obs(t=t, rate=1.0, prompt_tokens_mean=5600.0, prompt_tokens_p95=9500.0), s, t)
+    for _ in range(6):
+        t += 5
+        o = obs(t=t, rate=1.0, prompt_tokens_mean=12_000.0, prompt_tokens_p95=40_000.0)
+        _, s = d.decide(o, s, t)
+    assert s.forecast.lengths is not None
+    assert s.forecast.lengths.prompt_mean > 10_000.0
+    assert s.forecast.lengths.prompt_p95 > 30_000.0
