@@ -240,6 +240,7 @@ class PrometheusSource:
         self.timeout_s: float = float(timeout)
         self.model_label: str = label
         self.max_staleness_s: float | None = max_staleness_s
+        self.scrape_interval_s: float = float(scrape)  # engines' scrape, s; lookback: two
         self.recording_rules: bool = recording_rules
         """Read the recorded bucket rates when fitting rules are loaded (see the class doc)."""
         self.rules_in_use: bool = False

@@ -274,45 +274,55 @@ def prometheus_source(
     client: Any = None,
 ) -> PrometheusSource:
     """The Prometheus source `governor run` reads for `config`: its rate window and
-    staleness limit, the short window of `checked_short_window_s` (`reported_s`: how
-    the engines' scrape interval is asked, default Prometheus's targets API). `client`:
-    an injected query client (the benchmarks' fake Prometheus lists the queries this
-    source sends through one)."""
+    staleness limit, and the engines' scrape interval of `checked_scrape_interval_s`
+    (`reported_s`: how the engines' scrape interval is asked, default Prometheus's
+    targets API), which sets the short window (`short_window_for`) and the gauges'
+    two-scrape lookback. `client`: an injected query client (the benchmarks' fake
+    Prometheus lists the queries this source sends through one)."""
     from estimators.prometheus import PrometheusSource
 
+    scrape_s = checked_scrape_interval_s(config, reported_s)
     return PrometheusSource(
         config.prometheus,
         window_s=config.policy.window_s,
-        short_window_s=checked_short_window_s(config, reported_s),
+        short_window_s=short_window_for(config, scrape_s),
         max_staleness_s=config.policy.max_staleness_s,
+        scrape_interval_s=scrape_s,
         client=client,
     )
 
 
-def checked_short_window_s(
+def checked_scrape_interval_s(
     config: GovernorConfig, reported_s: Callable[[str, float], float | None] | None = None
 ) -> float:
-    """The short (panic) window for the Prometheus source, seconds: the config's, raised
-    to two of the scrape intervals Prometheus reports for the engine targets when those
-    are longer than `prometheus.scrape_interval_s` says (logged; at most the rate window).
-    Example: configured 15 s, Prometheus scrapes the engines every 30 s -> 60 s."""
+    """The engines' scrape interval, seconds: `prometheus.scrape_interval_s`, or the
+    interval Prometheus reports for the engine targets when that is longer (logged: a
+    lookback of two configured scrapes would read one missed scrape as a dead target,
+    and the short window would hold fewer than two samples)."""
     from estimators.scrape import engine_scrape_interval_s
 
     ask = reported_s or engine_scrape_interval_s
-    short = config.short_window_s
     reported = ask(config.prometheus.url, config.prometheus.timeout_s)
     configured = config.prometheus.scrape_interval_s
-    if reported is not None and reported > configured:
-        raised = min(config.policy.window_s, max(short, 2.0 * reported))
-        structlog.get_logger("governor.run").warning(
-            "scrape_interval_mismatch",
-            configured_s=configured,
-            reported_s=reported,
-            short_window_s=raised,
-            note="prometheus.scrape_interval_s is shorter than Prometheus scrapes the engines",
-        )
-        return raised
-    return short
+    if reported is None or reported <= configured:
+        return configured
+    structlog.get_logger("governor.run").warning(
+        "scrape_interval_mismatch",
+        configured_s=configured,
+        reported_s=reported,
+        short_window_s=short_window_for(config, reported),
+        note="prometheus.scrape_interval_s is shorter than Prometheus scrapes the engines",
+    )
+    return reported
+
+
+def short_window_for(config: GovernorConfig, scrape_s: float) -> float:
+    """The short (panic) window, seconds: the config's, raised to two scrapes of
+    `scrape_s` when the engines are scraped slower than configured (at most the rate
+    window). Example: configured 15 s, engines scraped every 30 s -> 60 s."""
+    if scrape_s <= config.prometheus.scrape_interval_s:
+        return config.short_window_s
+    return min(config.policy.window_s, max(config.short_window_s, 2.0 * scrape_s))
 
 
 def _persistence(args: argparse.Namespace) -> tuple[Store, Elector, Any]:

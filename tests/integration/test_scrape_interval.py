@@ -8,7 +8,7 @@ import pytest
 
 from controller.config import GovernorConfig, PrometheusSettings
 from estimators.scrape import engine_scrape_interval_s, parse_duration_s
-from service.run import checked_short_window_s
+from service.run import checked_scrape_interval_s, short_window_for
 from tests.conftest import make_model, make_policy
 from tests.integration.conftest import VllmWorld
 from tests.integration.promserver import free_port
@@ -46,11 +46,28 @@ def _config() -> GovernorConfig:
     )
 
 
+def _short_window_s(reported: float | None) -> float:
+    config = _config()
+    return short_window_for(config, checked_scrape_interval_s(config, lambda url, t: reported))
+
+
 def test_a_longer_reported_interval_raises_the_short_window() -> None:
-    assert checked_short_window_s(_config(), lambda url, t: 45.0) == 90.0
-    assert checked_short_window_s(_config(), lambda url, t: 90.0) == 120.0  # <= window_s
+    assert _short_window_s(45.0) == 90.0
+    assert _short_window_s(90.0) == 120.0  # <= window_s
 
 
 @pytest.mark.parametrize("reported", [None, 5.0, 15.0])
 def test_the_configured_window_stands_otherwise(reported: float | None) -> None:
-    assert checked_short_window_s(_config(), lambda url, t: reported) == 30.0
+    assert _short_window_s(reported) == 30.0
+
+
+@pytest.mark.parametrize(("reported", "lookback_s"), [(None, 15.0), (5.0, 15.0), (45.0, 45.0)])
+def test_the_gauges_lookback_follows_the_slower_reported_scrape(
+    reported: float | None, lookback_s: float
+) -> None:
+    """A lookback of two configured scrapes (30 s) would read one missed scrape of an
+    engine scraped every 45 s as a dead target."""
+    from service.run import prometheus_source
+
+    source = prometheus_source(_config(), lambda url, t: reported)
+    assert source.scrape_interval_s == lookback_s
