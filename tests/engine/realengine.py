@@ -281,11 +281,13 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
 def governor_config(prometheus_url: str, **overrides: Any) -> dict[str, Any]:
     """A `governor run` config for the tiny model: static knobs with ceilings 32 / 2048
     (so the test chooses the knobs through the admin API), 1 s ticks, 10 s windows, quick
-    scale-down (so a test sees the idle decision soon after load)."""
+    scale-down (so a test sees the idle decision soon after load). The SLA (TTFT p95
+    2.5 s, ITL p95 300 ms) is on edges of vLLM's histogram buckets, so attainment is
+    exact; the CPU engine meets it at a few req/s (tests/engine/capacity.py)."""
     model: dict[str, Any] = {
         "name": MODEL_NAME,
         "deployment": "tiny-llama",
-        "sla": {"ttft_p95_ms": 2000, "itl_p95_ms": 200},
+        "sla": {"ttft_p95_ms": 2500, "itl_p95_ms": 300},
         "replicas": {"min_replicas": 1, "max_replicas": 20},
         "knobs": {
             "max_num_seqs_min": 1,
@@ -355,10 +357,13 @@ def start_world(
     *,
     live: bool = True,
     config_overrides: dict[str, Any] | None = None,
+    policy_overrides: dict[str, Any] | None = None,
     extra_engine_args: Sequence[str] = (),
 ) -> Iterator[EngineWorld]:
     """Engine + Prometheus + `governor run`; the engine started with
-    `governor engine-args [--live]`. Raises EngineUnavailable (callers skip with it)."""
+    `governor engine-args [--live]`. `config_overrides` replace fields of the model's
+    config, `policy_overrides` of the global policy. Raises EngineUnavailable (callers
+    skip with it)."""
     python = engine_python()
     model_dir = tiny_model(python)
     prom_bin = find_prometheus()
@@ -372,7 +377,9 @@ def start_world(
     try:
         prom.start()
         config = workdir / "governor.yaml"
-        config.write_text(yaml.safe_dump(governor_config(prom.url, **(config_overrides or {}))))
+        cfg = governor_config(prom.url, **(config_overrides or {}))
+        cfg["policy"].update(policy_overrides or {})
+        config.write_text(yaml.safe_dump(cfg))
         governor = ServiceProcess(
             [
                 "-m",
