@@ -400,10 +400,12 @@ class Decider(KnobSteps, NoDataSteps):
             mn = self.model.replicas.min_replicas
             if mn == 0 and now_s - idle_since >= self.policy.scale_to_zero_idle_s:
                 return _Raw(0.0, Reason.SCALE_TO_ZERO, None, idle_since)
-            # With min 0 the idle recommendation is zero, so the stabilization window
-            # sees it from the start of the idle stretch; the clamp holds one replica
-            # until the idle period has passed.
-            return _Raw(float(mn), Reason.IDLE, None, idle_since)
+            # Idle means no demand: the raw count is zero and the clamp holds the
+            # minimum (one replica while a min of 0 waits for scale_to_zero_idle_s), so
+            # the stabilization window sees zero from the start of the idle stretch.
+            # (A raw of `mn` would keep mn + 1: the deadband's scale-down headroom
+            # turns 1 into ceil(1.1) = 2.)
+            return _Raw(0.0, Reason.IDLE, None, idle_since)
         assert caps is not None  # the caller holds without lengths
         correction = plant.capacity_correction
         capacity, current = caps[0] * correction, caps[1] * correction

@@ -167,6 +167,20 @@ def test_scale_to_zero_only_after_idle_period() -> None:
     assert dec.replicas >= 1
 
 
+@pytest.mark.parametrize("min_replicas", [1, 2, 5])
+def test_an_idle_fleet_returns_to_its_minimum(min_replicas: int) -> None:
+    """After the scale-down window, an idle fleet of 8 is at min_replicas, not one more
+    (an idle raw count of `min` through the deadband's scale-down headroom kept min + 1:
+    ceil(1 x 1.1) = 2)."""
+    policy = make_policy(scale_down_stabilization_s=60.0)
+    d = Decider(make_model(min_replicas=min_replicas), policy)
+    s = d.initial_state(8)
+    for i in range(1, 40):  # 195 s idle
+        dec, s = d.decide(obs(rate=0.0, running=0.0, waiting=0.0), s, ORIGIN_S + 5 * i)
+    assert dec.replicas == min_replicas
+    assert Reason.IDLE in dec.reasons
+
+
 def test_min_replicas_one_never_scales_to_zero() -> None:
     d = Decider(make_model(min_replicas=1), make_policy(scale_to_zero_idle_s=10.0))
     s = d.initial_state(1)
