@@ -55,7 +55,6 @@ RUNG_STEP = 1.2
 START_RPS = 3.0
 """The first rung: 30 requests per 10 s window, the least the governor learns from."""
 MAX_RUNGS = 12
-TRICKLE_RPS = 0.5
 
 
 class PoissonLoad:
@@ -333,20 +332,9 @@ def profile_capacity_rps(knobs: tuple[int, int] = (32, 2048)) -> float:
 
 def _idle_at_one_replica(watch: DecisionWatch, load: PoissonLoad, deadline_s: float) -> Tick | None:
     """Load stopped, the governor deciding one replica at zero demand (None when it
-    does not within `deadline_s`). A fleet decided above one replica that holds there
-    while idle (the deadband's scale-down headroom keeps ceil(1 x 1.1) = 2 on an IDLE
-    raw of 1) is brought down by a trickle of TRICKLE_RPS, at which the deadband lets
-    it go."""
+    does not within `deadline_s`)."""
     load.set_rate(0.0)
-    idle = watch.wait(lambda t: t.replicas == 1 and t.demand_rps == 0.0, 20.0)
-    if idle is None:
-        load.set_rate(TRICKLE_RPS)
-        one = watch.wait(lambda t: t.replicas == 1, deadline_s)
-        load.set_rate(0.0)
-        if one is None:
-            return None
-        idle = watch.wait(lambda t: t.replicas == 1 and t.demand_rps == 0.0, deadline_s)
-    return idle
+    return watch.wait(lambda t: t.replicas == 1 and t.demand_rps == 0.0, deadline_s)
 
 
 def measure(
