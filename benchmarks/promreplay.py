@@ -33,12 +33,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-try:
-    import orjson
-
-    _loads = orjson.loads
-except ImportError:  # as estimators.prometheus: decodes with json where orjson is missing
-    _loads = json.loads
+import orjson
 
 from estimators.promql import SIGNAL_LABEL, TickQueries
 
@@ -196,6 +191,6 @@ class ReplayClient:
         if name == "state":
             body = fill_now(body, float((params or {}).get("time", time.time())))
         c0 = time.process_time()
-        result = _loads(body)
+        result = orjson.loads(body)
         self.decode_cpu_s += time.process_time() - c0
         return result

@@ -39,10 +39,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-try:
-    import orjson
-except ImportError:  # a dependency (pyproject); an environment made before it was added
-    orjson = None  # still works, decoding with the standard json module
+import orjson
 
 from estimators.histogram import fraction_le
 from estimators.promql import (
@@ -129,7 +126,7 @@ def http_query_client(url: str, timeout_s: float, disable_ssl: bool, retries: in
     params = inspect.signature(PrometheusConnect.__init__).parameters
     if "timeout" in params:
         kwargs["timeout"] = timeout_s  # prometheus-api-client >= 0.6
-    if "session" in params and orjson is not None:
+    if "session" in params:
         kwargs["session"] = _orjson_session(verify=not disable_ssl)
     client: QueryClient = PrometheusConnect(**kwargs)
     return client
