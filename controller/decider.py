@@ -276,8 +276,14 @@ class Decider(KnobSteps, NoDataSteps):
         if memory.running is not None:
             budget = max(budget, memory.running.max_num_batched_tokens)
         sample = speed_sample(obs, lengths, self.profile, self.policy.window_s, budget)
-        # A jump to a much slower belief needs engines visibly too slow for the SLA.
-        slow = obs.itl_mean_ms is not None and obs.itl_mean_ms > self.model.sla.itl_p95_ms
+        # A jump to a much slower belief needs engines visibly too slow for the SLA, and
+        # a window past the last scale-up's dead time (one holding the burst that asked
+        # for it read code x4 at a 30 s scrape 5.1x slow and locked 64 replicas).
+        slow = (
+            obs.itl_mean_ms is not None
+            and obs.itl_mean_ms > self.model.sla.itl_p95_ms
+            and self._past_scale_up(state, now_s)
+        )
         speed = learn_speed(state.plant.speed, sample, dt, jump=slow)
         profile = scaled_profile(self.profile, model_speed(speed))
         caps = (
@@ -624,9 +630,14 @@ class Decider(KnobSteps, NoDataSteps):
         before we were in charge.
         """
         full_fleet = obs.ready_replicas is None or obs.ready_replicas >= state.replicas
-        dead_time = self.model.cold_start_s + self.policy.window_s
-        first, last_up = state.health.first_good_s, state.windows.last_scale_up_s
+        first = state.health.first_good_s
         settled = (first is not None and now_s - first >= self.policy.window_s) and (
-            last_up is None or now_s - last_up >= dead_time
+            self._past_scale_up(state, now_s)
         )
         return full_fleet and settled and state.replicas > 0
+
+    def _past_scale_up(self, state: ModelState, now_s: float) -> bool:
+        """Whether the last scale-up (if any) is a cold start plus a window ago, s: the
+        window no longer holds the overloaded stretch that asked for it."""
+        last_up = state.windows.last_scale_up_s
+        return last_up is None or now_s - last_up >= self.model.cold_start_s + self.policy.window_s

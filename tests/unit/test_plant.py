@@ -102,6 +102,26 @@ def test_a_far_slower_window_with_the_itl_met_is_not_jumped_to() -> None:
         assert (after.plant.speed > 4.0) is jumps, (target, after.plant.speed)
 
 
+def test_no_jump_from_a_window_that_holds_the_last_scale_up() -> None:
+    """A window 5x slow with the mean ITL past the target, within a cold start plus a
+    window of a scale-up (it still holds the burst that asked for it: tokens made while
+    overloaded priced against the gauges after it drained), is averaged at the half-life;
+    the same window later replaces the belief. (Code x4 at a 30 s scrape read 5.1x right
+    after its first burst, jumped, found the SLA infeasible and held 64 replicas for the
+    hour.)"""
+    itl = _itl_for(5.0, **LOADED)
+    model = make_model(max_replicas=64, itl_p95_ms=itl / 1.2)
+    d = Decider(model, make_policy())
+    dead_time_s = model.cold_start_s + make_policy().window_s
+    for since_up_s, jumps in ((dead_time_s - 10.0, False), (dead_time_s + 10.0, True)):
+        s = d.initial_state(4, now_s=ORIGIN_S - 1000)
+        _, s = d.decide(obs(t=ORIGIN_S, **LOADED), s, ORIGIN_S)
+        now = ORIGIN_S + 5
+        s = replace(s, windows=replace(s.windows, last_scale_up_s=now - since_up_s))
+        _, after = d.decide(obs(t=now, itl_mean_ms=itl, **LOADED), s, now)
+        assert (after.plant.speed > 4.0) is jumps, (since_up_s, after.plant.speed)
+
+
 def test_a_slower_engine_is_learned_before_the_sla_is_violated() -> None:
     """Engines 2.5x slower than the profile: the decider learns it from ITL means while
     the SLA still reads healthy, and sizes the fleet for it; the violation feedback
