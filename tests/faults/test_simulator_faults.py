@@ -160,7 +160,10 @@ def test_flash_crowd(fault_note: Any) -> None:
     assert during == sorted(during), "scaled down during the crowd"
     assert r.flaps == 0
     assert r.refused == 0 and r.unfinished == 0
-    assert r.max_replicas <= sc.max_replicas
+    # the governor never asks beyond the maximum; a knob roll-out's one surge replica
+    # (a Deployment's maxSurge) may stand beside the 32 for its duration
+    assert max(r.series["desired"]) <= sc.max_replicas
+    assert r.max_replicas <= sc.max_replicas + 1
     fault_note(
         f"up {first_up - at:.0f} s after the crowd ({base} -> {max(during)} during it, peak "
         f"{r.max_replicas}); attainment {r.slo_attainment:.3f}, peak queue {r.peak_queue}"

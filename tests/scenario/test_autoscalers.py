@@ -115,8 +115,10 @@ def test_every_policy_runs_and_scores(policy: str, small_trace: Trace) -> None:
 def test_governor_reacts_to_a_step_within_two_ticks_and_is_not_dominated() -> None:
     """A 4x step at t=150 s on one replica: the panic window sees it at the next tick;
     the cold start (45 s) still costs attainment, for every policy. No baseline reaches
-    the governor's attainment with fewer GPU-hours."""
-    trace = load_trace("synthetic:step:low=10,high=40,duration=300,at=0.5", seed=3)
+    the governor's attainment with fewer GPU-hours. (8 req/s before the step: one
+    replica serves about 11 at the 99 % goal with the 0.85 headroom; 10 already asked
+    for a second replica before the step.)"""
+    trace = load_trace("synthetic:step:low=8,high=32,duration=300,at=0.5", seed=3)
     # 5 s scrapes: the 10 s panic window needs two samples (issue 10 item 4 lifts this).
     sc = Scenario(
         trace=trace, sla=SLA_STD, start_replicas=1, drain_tail_s=120, scrape_interval_s=5.0
