@@ -1,4 +1,4 @@
-"""Batching knobs and per-replica capacity at the SLA.
+"""Batching knobs for the SLA.
 
 Two knob policies:
 - `seed`: the source design's rule, kept exactly for comparison (`seed_policy_knobs`).
@@ -8,9 +8,9 @@ Two knob policies:
   where the p95 prompt could not be prefilled within the TTFT target; both bounded by
   KV capacity and quantized (seqs to multiples of 8, tokens to multiples of 256).
 
-`replica_capacity_rps` answers: how many requests per second can one replica with these
-knobs serve while meeting the SLA? controller.capacity's queueing model, by bisection on
-the arrival rate. (A fluid model - every step carrying its even share of every prompt's
+How many requests per second one replica with these knobs serves while meeting the SLA
+is controller.capacity's `capacity_rps` (a queueing model, by bisection on the arrival
+rate). (A fluid model - every step carrying its even share of every prompt's
 prefill, T = A / (1 - lam w / 1000) - was used until it was measured 1.6x optimistic on
 the conversation trace and 3x on long-context prompts.)
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from controller.capacity import capacity_rps
 from controller.config import SLA, KnobBounds
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, StepTimeModel
@@ -227,19 +226,3 @@ def per_request_work_ms(lengths: Lengths, profile: Profile) -> float:
         + lin * m.per_token
         + m.attn * lin * lin / 2.0
     )
-
-
-def replica_capacity_rps(
-    knobs: Knobs,
-    lengths: Lengths,
-    sla: SLA,
-    profile: Profile,
-    target_utilization_frac: float,
-    replicas: int = 1,
-) -> float:
-    """Requests/s per replica that a fleet of `replicas` with `knobs` serves with
-    `sla.attainment_goal_frac` of its requests within the SLA, times the target
-    utilization (headroom for forecast error and burstiness). Always > 0. The queueing
-    model is controller.capacity's (it replaced the fluid model of this module's doc,
-    which overestimated a replica 1.6-3x)."""
-    return capacity_rps(knobs, lengths, sla, profile, target_utilization_frac, replicas)

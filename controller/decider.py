@@ -38,10 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from controller.batching import (
-    replica_capacity_rps,
-)
-from controller.capacity import fleet_capacity_rps
+from controller.capacity import capacity_rps, fleet_capacity_rps
 from controller.config import ModelConfig, ScalingPolicy
 from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
@@ -239,7 +236,7 @@ class Decider(KnobSteps, NoDataSteps):
     ) -> float:
         """Per-replica capacity at the SLA with `knobs` on `profile` in a fleet of
         `replicas`, req/s."""
-        return replica_capacity_rps(
+        return capacity_rps(
             knobs,
             lengths,
             self.model.sla,

@@ -316,12 +316,12 @@ def profile_capacity_rps(knobs: tuple[int, int] = (32, 2048)) -> float:
     """What the governor believes one replica serves of this load before it has learned
     anything: its capacity model on the default profile (req/s, with the default target
     utilization), the world's SLA, this load's lengths and `knobs`."""
-    from controller.batching import replica_capacity_rps
+    from controller.capacity import capacity_rps
     from controller.config import SLA, ScalingPolicy
     from controller.types import Knobs, Lengths
     from estimators.stepmodel import load_profile
 
-    return replica_capacity_rps(
+    return capacity_rps(
         Knobs(*knobs),
         Lengths(PROMPT_TOKENS, PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS),
         SLA(ttft_p95_ms=SLA_TTFT_S * 1000, itl_p95_ms=SLA_TPOT_S * 1000),

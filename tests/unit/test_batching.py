@@ -10,11 +10,11 @@ from pydantic import ValidationError
 from controller.batching import (
     clamp_knobs,
     per_request_work_ms,
-    replica_capacity_rps,
     seed_knobs,
     seed_policy_knobs,
     slo_knobs,
 )
+from controller.capacity import capacity_rps
 from controller.config import SLA, KnobBounds, ModelConfig
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import load_profile
@@ -93,21 +93,19 @@ def test_per_request_work_worked_example() -> None:
 def test_capacity_grows_with_looser_sla_and_shrinks_with_longer_requests() -> None:
     p = load_profile()
     k = Knobs(max_num_seqs=256, max_num_batched_tokens=2048)
-    tight = replica_capacity_rps(k, CONV, SLA(ttft_p95_ms=300, itl_p95_ms=30), p, 1.0)
-    loose = replica_capacity_rps(k, CONV, SLA(ttft_p95_ms=2000, itl_p95_ms=100), p, 1.0)
+    tight = capacity_rps(k, CONV, SLA(ttft_p95_ms=300, itl_p95_ms=30), p, 1.0)
+    loose = capacity_rps(k, CONV, SLA(ttft_p95_ms=2000, itl_p95_ms=100), p, 1.0)
     assert loose > tight > 0
     longer = Lengths(prompt_mean=2310, prompt_p95=8166, output_mean=422, output_p95=902)
-    assert replica_capacity_rps(k, longer, SLA_STD, p, 1.0) < replica_capacity_rps(
-        k, CONV, SLA_STD, p, 1.0
-    )
+    assert capacity_rps(k, longer, SLA_STD, p, 1.0) < capacity_rps(k, CONV, SLA_STD, p, 1.0)
 
 
 def test_capacity_below_gpu_saturation_and_scaled_by_utilization() -> None:
     p = load_profile()
     k = Knobs(max_num_seqs=160, max_num_batched_tokens=2560)
-    full = replica_capacity_rps(k, CONV, SLA_STD, p, 1.0)
+    full = capacity_rps(k, CONV, SLA_STD, p, 1.0)
     assert full < 1000.0 / per_request_work_ms(CONV, p)
-    assert replica_capacity_rps(k, CONV, SLA_STD, p, 0.5) == pytest.approx(full * 0.5)
+    assert capacity_rps(k, CONV, SLA_STD, p, 0.5) == pytest.approx(full * 0.5)
 
 
 def test_seed_policy_reads_the_per_request_decode_time_and_5_minute_rate() -> None:
