@@ -92,3 +92,34 @@ def test_fleet_capacity_puts_raw_replicas_at_the_fleet_that_serves(current: int)
         if n > 1:
             assert raw > min(n, (n - 1) * 1.1), (demand, current, raw)
             assert math.ceil(raw * 1.1 - 1e-9) >= n  # the deadband keeps n
+
+
+@pytest.mark.parametrize("lengths", [CONV, LONG])
+def test_inlined_step_map_is_the_fixed_point_map_bit_for_bit(lengths: Lengths) -> None:
+    """`_Model._step_map` (the hot loop's closure) computes `_next_step_ms` exactly:
+    same bits at every rate and step, also where decodes overflow (inf)."""
+    from controller.capacity import _Model
+
+    p = load_profile()
+    big = Knobs(max_num_seqs=512, max_num_batched_tokens=8192)  # decodes past the floor
+    for knobs in (KNOBS, Knobs(max_num_seqs=16, max_num_batched_tokens=1280), big):
+        model = _Model(knobs, lengths, SLA_STD, p, 2)
+        for lam in (0.01, 0.5, 3.0, 13.1, 40.0, 400.0):
+            step = model._step_map(lam)
+            for t in (0.5, 7.0, 20.6, 55.5, 100.0, 300.0, 5000.0):
+                assert step(t) == model._next_step_ms(lam, t)
+        assert math.isinf(model._step_map(400.0)(5000.0))
+
+
+def test_capacity_cache_keys_on_rounded_lengths_and_checks_the_profile() -> None:
+    """Lengths within the rounding share an answer; another profile object never reads
+    a cached answer of an earlier one that had the same id."""
+    p = load_profile()
+    near = Lengths(prompt_mean=1455.2, prompt_p95=4083.4, output_mean=172.01, output_p95=451.0)
+    assert capacity_rps(KNOBS, near, SLA_STD, p, 1.0) == capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0)
+    slower = p.model_copy(
+        update={"step_time": p.step_time.model_copy(update={"floor_ms": p.step_time.floor_ms * 2})}
+    )
+    assert capacity_rps(KNOBS, CONV, SLA_STD, slower, 1.0) < capacity_rps(
+        KNOBS, CONV, SLA_STD, p, 1.0
+    )
