@@ -29,7 +29,8 @@ from controller.config import SLA, KnobBounds
 from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics
 from controller.types import Knobs, Lengths
-from estimators.prometheus import PrometheusSource, _parse_edge_buckets, _parse_tagged
+from estimators.answers import parse_edge_buckets, parse_tagged
+from estimators.prometheus import PrometheusSource
 from estimators.promql import SIGNAL_LABEL
 from estimators.stepmodel import load_profile
 from estimators.types import ModelQuery, Observation, SourceError
@@ -58,12 +59,13 @@ def _ref_vector(raw: Any) -> list[tuple[dict[str, str], float]]:
 
 
 def _ref_tagged(raw: Any) -> dict[str, dict[str, float]]:
-    table: defaultdict[str, dict[str, float]] = defaultdict(dict)
+    """model -> signal -> value (the last series of a pair wins)."""
+    rows: defaultdict[str, dict[str, float]] = defaultdict(dict)
     for labels, value in _ref_vector(raw):
         model, signal = labels.get(LABEL), labels.get(SIGNAL_LABEL)
         if model is not None and signal is not None:
-            table[signal][model] = value
-    return dict(table)
+            rows[model][signal] = value
+    return dict(rows)
 
 
 def _ref_buckets(raw: Any) -> dict[str, dict[str, list[tuple[float, float]]]]:
@@ -138,9 +140,9 @@ def test_one_pass_parsers_equal_the_reference_on_randomized_answers() -> None:
         for name, result in rec["answers"].items():
             raw = _mutated(rng, result)
             if name == "sla_buckets":
-                assert _same(_parse_edge_buckets(raw, name, LABEL), _ref_buckets(raw)), name
+                assert _same(parse_edge_buckets(raw, name, LABEL), _ref_buckets(raw)), name
             else:
-                assert _same(_parse_tagged(raw, name, LABEL), _ref_tagged(raw)), name
+                assert _same(parse_tagged(raw, name, LABEL), _ref_tagged(raw)), name
 
 
 @pytest.mark.parametrize(
@@ -159,9 +161,9 @@ def test_malformed_answers_are_refused_like_the_reference(raw: Any) -> None:
     with pytest.raises(SourceError):
         _ref_vector(raw)
     with pytest.raises(SourceError):
-        _parse_tagged(raw, "q", LABEL)
+        parse_tagged(raw, "q", LABEL)
     with pytest.raises(SourceError):
-        _parse_edge_buckets(raw, "q", LABEL)
+        parse_edge_buckets(raw, "q", LABEL)
 
 
 def test_replayed_recording_gives_the_recorded_fleets_values() -> None:

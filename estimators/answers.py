@@ -1,0 +1,326 @@
+"""Prometheus answers -> per-model Observations, in one pass per answer.
+
+`PrometheusSource` (estimators.prometheus) runs the queries; this module turns their
+`data.result` lists into what it returns:
+
+- a tagged (multi-signal) answer is indexed once into rows, model -> signal -> value
+  (`parse_tagged`); the four quantile answers share one row per model;
+- the SLA-edge bucket answer into histogram tag -> model -> cumulative buckets
+  (`parse_edge_buckets`);
+- then each model's Observation is read from its rows (`observation`): one dict get per
+  signal, the values cleaned there (NaN and infinities are no data, never 0: a required
+  count or time that is not finite is None, and the Observation's own construction turns
+  every optional number that is not finite, or negative, into None).
+
+A sample is malformed (SourceError naming the query) unless it is {"metric": {labels},
+"value": [timestamp, number or string]} and the value parses as a float; "NaN", "+Inf"
+and "-Inf" come back as such. Series without the model label or the tag are skipped.
+
+Cost (benchmarks/bench_tick.py, 1,000 models, ~43 series each): the rows replace the
+per-signal columns the source used to build and then clean, one dict comprehension per
+signal per tick, before reading them per model.
+
+Units: latency signals are answered in seconds and reported in milliseconds; rates per
+second; times in Unix seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from estimators.histogram import fraction_le
+from estimators.promql import DIST_QUANTILES, SIGNAL_LABEL, Signal, quantile_signal
+from estimators.types import LatencyQuantiles, ModelQuery, Observation, SourceError, finite_or_none
+
+Buckets = list[tuple[float, float]]
+"""Cumulative (upper bound, per-second rate) pairs sorted by bound."""
+Rows = dict[str, dict[str, float]]
+"""model -> signal -> value as answered (NaN and infinities included), one query group."""
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+_NUMBER = (str, int, float)
+_LE_CACHE: dict[str, float | None] = {}
+_LE_CACHE_MAX = 4096  # distinct `le` strings are few (tens); bound it anyway
+
+# Signal names as plain strings: a dict lookup by a `StrEnum` member hashes through
+# `Enum.__hash__` (a Python call), three times slower than by its value.
+ARRIVAL = Signal.ARRIVAL_RPS.value
+_SHORT = Signal.ARRIVAL_SHORT_RPS.value
+_SEED = Signal.ARRIVAL_SEED_RPS.value
+_COMPLETIONS = Signal.COMPLETIONS_RPS.value
+_RUNNING = Signal.RUNNING.value
+_WAITING = Signal.WAITING.value
+_KV = Signal.KV_USAGE_FRAC.value
+_READY = Signal.READY_REPLICAS.value
+GAUGE_TS = Signal.GAUGE_SAMPLE_TS.value
+COUNTER_TS = Signal.COUNTER_SAMPLE_TS.value
+TARGETS_UP = Signal.TARGETS_UP.value
+TARGETS_KNOWN = Signal.TARGETS_KNOWN.value
+TARGETS_SEEN = Signal.TARGETS_SEEN.value
+_PREFIX = Signal.PREFIX_CACHE_HIT_FRAC.value
+_PREEMPT = Signal.PREEMPTION_RATE_PER_S.value
+_PROMPT_MEAN = Signal.PROMPT_TOKENS_MEAN.value
+_OUTPUT_MEAN = Signal.OUTPUT_TOKENS_MEAN.value
+_TTFT_MEAN = Signal.TTFT_MEAN_S.value
+_ITL_MEAN = Signal.ITL_MEAN_S.value
+_DECODE_MEAN = Signal.DECODE_TIME_MEAN_S.value
+_PREFILL_MEAN = Signal.PREFILL_TIME_MEAN_S.value
+_STEP_TOKENS = Signal.STEP_TOKENS_MEAN.value
+_DISTS = {h: tuple(quantile_signal(h, p) for p in DIST_QUANTILES) for h in ("ttft", "itl", "e2e")}
+_QUEUE_P95 = quantile_signal("queue", 0.95)
+_DECODE_P95 = quantile_signal("decode", 0.95)
+_TPOT_P95 = quantile_signal("tpot", 0.95)
+_PROMPT_P95 = quantile_signal("prompt_tokens", 0.95)
+_OUTPUT_P95 = quantile_signal("output_tokens", 0.95)
+
+
+def finite(v: float | None) -> float | None:
+    """`v` when it is a finite number, else None (`v - v` is NaN for NaN and +-Inf)."""
+    return v if v is not None and v - v == 0.0 else None
+
+
+def count(v: float | None) -> int | None:
+    """`v` rounded to an int when finite, else None."""
+    return round(v) if v is not None and v - v == 0.0 else None
+
+
+def _ms(v: float | None) -> float | None:
+    """Seconds -> milliseconds (None stays None; NaN and infinities stay such)."""
+    return None if v is None else v * 1000.0
+
+
+def _dist(q: Mapping[str, float], tags: tuple[str, ...]) -> LatencyQuantiles | None:
+    """p50/p90/p95/p99 in ms from a quantile row (finite values only); None when none."""
+    p50, p90, p95, p99 = (q.get(tag) for tag in tags)
+    p50 = p50 * 1000.0 if p50 is not None and p50 - p50 == 0.0 else None
+    p90 = p90 * 1000.0 if p90 is not None and p90 - p90 == 0.0 else None
+    p95 = p95 * 1000.0 if p95 is not None and p95 - p95 == 0.0 else None
+    p99 = p99 * 1000.0 if p99 is not None and p99 - p99 == 0.0 else None
+    if p50 is None and p90 is None and p95 is None and p99 is None:
+        return None
+    return LatencyQuantiles(p50, p90, p95, p99)
+
+
+def _attainment(by_model: Mapping[str, Buckets], name: str, sla_s: float | None) -> float | None:
+    buckets = by_model.get(name)
+    if sla_s is None or not buckets:
+        return None
+    return finite_or_none(fraction_le(sla_s, buckets))
+
+
+class Answers:
+    """One tick's answers, indexed: the rows of each query group (`demand`, `state`,
+    `rates`, `quantiles`) and the SLA-edge buckets per histogram tag."""
+
+    __slots__ = ("demand", "itl_edges", "quantiles", "rates", "state", "tpot_edges", "ttft_edges")
+
+    def __init__(self, rows: Mapping[str, Rows], edges: Mapping[str, dict[str, Buckets]]) -> None:
+        self.demand: Mapping[str, Mapping[str, float]] = rows.get("demand", EMPTY)
+        self.state: Mapping[str, Mapping[str, float]] = rows.get("state", EMPTY)
+        self.rates: Mapping[str, Mapping[str, float]] = rows.get("rates", EMPTY)
+        self.quantiles: Mapping[str, Mapping[str, float]] = rows.get("quantiles", EMPTY)
+        self.ttft_edges: Mapping[str, Buckets] = edges.get("ttft", EMPTY)
+        self.itl_edges: Mapping[str, Buckets] = edges.get("itl", EMPTY)
+        self.tpot_edges: Mapping[str, Buckets] = edges.get("tpot", EMPTY)
+
+
+def observation(
+    mq: ModelQuery,
+    now_s: float,
+    arrival_rps: float,
+    staleness_s: float,
+    t: Answers,
+    up: int | None,
+    known: int | None,
+) -> Observation:
+    """One model's Observation from its rows (the demand, targets and staleness already
+    checked by the caller): every lookup a plain dict get (this runs once per model per
+    tick). Optional numbers are passed as answered (ms scaled): `Observation` turns NaN,
+    infinite and negative ones into None."""
+    name = mq.name
+    d = t.demand.get(name, EMPTY)
+    s = t.state.get(name, EMPTY)
+    r = t.rates.get(name, EMPTY)
+    q = t.quantiles.get(name, EMPTY)
+    ttft, itl, e2e = _dist(q, _DISTS["ttft"]), _dist(q, _DISTS["itl"]), _dist(q, _DISTS["e2e"])
+    completions = finite(d.get(_COMPLETIONS))
+    short = finite(d.get(_SHORT))
+    seed = finite(d.get(_SEED))
+    return Observation(
+        model=name,
+        observed_at_s=now_s,
+        arrival_rate_rps=arrival_rps,
+        arrival_rate_short_rps=None if short is None else (short if short > 0.0 else 0.0),
+        staleness_s=staleness_s,
+        prompt_tokens_mean=r.get(_PROMPT_MEAN),
+        prompt_tokens_p95=q.get(_PROMPT_P95),
+        output_tokens_mean=r.get(_OUTPUT_MEAN),
+        output_tokens_p95=q.get(_OUTPUT_P95),
+        itl_p95_ms=None if itl is None else itl.p95_ms,
+        ttft_p95_ms=None if ttft is None else ttft.p95_ms,
+        e2e_p99_ms=None if e2e is None else e2e.p99_ms,
+        queue_time_p95_ms=_ms(q.get(_QUEUE_P95)),
+        ttft_attainment_frac=_attainment(t.ttft_edges, name, mq.ttft_sla_s),
+        itl_attainment_frac=_attainment(t.itl_edges, name, mq.itl_sla_s),
+        running=s.get(_RUNNING),
+        waiting=s.get(_WAITING),
+        kv_usage_frac=s.get(_KV),
+        prefix_cache_hit_frac=r.get(_PREFIX),
+        preemption_rate_per_s=r.get(_PREEMPT),
+        ready_replicas=count(s.get(_READY)),
+        arrival_rate_5m_rps=None if seed is None else (seed if seed > 0.0 else 0.0),
+        decode_time_p95_ms=_ms(q.get(_DECODE_P95)),
+        decode_time_mean_ms=_ms(r.get(_DECODE_MEAN)),
+        prefill_time_mean_ms=_ms(r.get(_PREFILL_MEAN)),
+        tpot_p95_ms=_ms(q.get(_TPOT_P95)),
+        tpot_attainment_frac=_attainment(t.tpot_edges, name, mq.itl_sla_s),
+        itl_mean_ms=_ms(r.get(_ITL_MEAN)),
+        ttft_mean_ms=_ms(r.get(_TTFT_MEAN)),
+        step_tokens_mean=r.get(_STEP_TOKENS),
+        ttft_dist=ttft,
+        itl_dist=itl,
+        e2e_dist=e2e,
+        targets_up=up,
+        targets_down=None if known is None or up is None else max(0, known - up),
+        extra={} if completions is None else {"completions_rps": completions},
+    )
+
+
+# --- answer parsing ---------------------------------------------------------------------
+
+
+def _not_a_vector(raw: Any, query: str) -> SourceError:
+    return SourceError(
+        f"malformed answer: expected an instant vector (list), got {type(raw).__name__}",
+        query=query,
+    )
+
+
+def _malformed(item: Any, exc: Exception, query: str) -> SourceError:
+    return SourceError(
+        f"malformed sample {str(item)[:200]!r}: {type(exc).__name__}: {exc}", query=query
+    )
+
+
+def parse_tagged(raw: Any, query: str, model_label: str, into: Rows | None = None) -> Rows:
+    """Validate a query API `data.result` as an instant vector (module doc) and index a
+    tagged (multi-signal) answer into rows, model -> signal -> value, added to `into`
+    when given (a later answer's value wins). The validation is inlined: this runs once
+    per series (about 40 per model per tick)."""
+    if not isinstance(raw, list):
+        raise _not_a_vector(raw, query)
+    rows: Rows = {} if into is None else into
+    tag = SIGNAL_LABEL
+    for item in raw:
+        try:
+            metric = item["metric"]
+            _ts, value = item["value"]
+            if (metric.__class__ is not dict or value.__class__ is not str) and (
+                not isinstance(metric, dict) or not isinstance(value, _NUMBER)
+            ):
+                raise TypeError("metric must be an object and value a number")
+            value = float(value)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(item, exc, query) from exc
+        model = metric.get(model_label)
+        signal = metric.get(tag)
+        if model is None or signal is None:
+            continue
+        if model.__class__ is not str:
+            model = str(model)
+        if signal.__class__ is not str:
+            signal = str(signal)
+        row = rows.get(model)
+        if row is None:
+            row = rows[model] = {}
+        row[signal] = value
+    return rows
+
+
+def _le_bound(le: str) -> float | None:
+    """The `le` label as a float bound; None when it does not parse or is NaN (memoized:
+    the distinct `le` strings of a fleet are few)."""
+    bound = _LE_CACHE.get(le, _LE_CACHE)
+    if bound is not _LE_CACHE:
+        return bound  # type: ignore[return-value]
+    try:
+        parsed: float | None = float(le)
+    except ValueError:
+        parsed = None
+    if parsed is not None and math.isnan(parsed):
+        parsed = None
+    if len(_LE_CACHE) < _LE_CACHE_MAX:
+        _LE_CACHE[le] = parsed
+    return parsed
+
+
+def _index_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str, Any]]:
+    """The pass over a bucket answer: tag -> model -> {bucket bound: summed value} (series
+    without a numeric `le` skipped; validated as `parse_tagged`)."""
+    if not isinstance(raw, list):
+        raise _not_a_vector(raw, query)
+    table: dict[str, dict[str, Any]] = {}
+    for item in raw:
+        try:
+            metric = item["metric"]
+            _ts, value = item["value"]
+            if (metric.__class__ is not dict or value.__class__ is not str) and (
+                not isinstance(metric, dict) or not isinstance(value, _NUMBER)
+            ):
+                raise TypeError("metric must be an object and value a number")
+            value = float(value)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _malformed(item, exc, query) from exc
+        model = metric.get(model_label)
+        signal = metric.get(SIGNAL_LABEL)
+        le = metric.get("le")
+        if model is None or signal is None or le is None:
+            continue
+        if model.__class__ is not str:
+            model = str(model)
+        if signal.__class__ is not str:
+            signal = str(signal)
+        bound = _LE_CACHE.get(le, _LE_CACHE) if le.__class__ is str else _LE_CACHE
+        if bound is _LE_CACHE:
+            bound = _le_bound(str(le))
+        if bound is None:
+            continue
+        column = table.get(signal)
+        if column is None:
+            column = table[signal] = {}
+        by_bound = column.get(model)
+        if by_bound is None:
+            by_bound = column[model] = {}
+        by_bound[bound] = by_bound.get(bound, 0.0) + value
+    return table
+
+
+def parse_edge_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str, Buckets]]:
+    """Validate a tagged bucket-rate answer (as `parse_tagged`) and index it: histogram
+    tag -> model -> cumulative buckets (bound, rate) sorted by bound, PromQL-style cleaned.
+
+    Buckets with the same bound are summed; counts are made monotonic (running maximum,
+    as PromQL does against float noise in rates). A model with any non-finite bucket of
+    a histogram gets no buckets of it at all (no data, not a wrong attainment). Series
+    without the model label, the tag or a numeric `le` are skipped.
+    """
+    acc = _index_buckets(raw, query, model_label)
+    out: dict[str, dict[str, Buckets]] = {}
+    for hist, by_model in acc.items():
+        column = out[hist] = {}
+        for model, by_bound in by_model.items():
+            buckets: Buckets = []
+            running_max = 0.0
+            for bound in sorted(by_bound):
+                c = by_bound[bound]
+                if c - c != 0.0:  # NaN or +-Inf
+                    break
+                if c > running_max:
+                    running_max = c
+                buckets.append((bound, running_max))
+            else:
+                column[model] = buckets
+    return out
