@@ -194,11 +194,14 @@ def _capacity(knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replic
     model = _Model.of(knobs, lengths, sla, profile, replicas)
     lo, hi = 0.0, model.ceiling_rps
     t_lo = None  # the mean step at `lo`: T rises with the rate, so it starts mid's iteration
+    itl_max, ttft_max = sla.itl_p95_ms, sla.ttft_p95_ms
     for _ in range(_BISECTION_STEPS):
         mid = (lo + hi) / 2.0
-        op = model.at(mid, t_lo)
-        if op is not None and op.itl_q_ms <= sla.itl_p95_ms and op.ttft_q_ms <= sla.ttft_p95_ms:
-            lo, t_lo = mid, op.step_ms
+        # `model.at(mid, t_lo)` within both targets, without building the Operating
+        # record, and the TTFT left out where the ITL already fails: the same answer.
+        t = model.step_fixed_point(mid, t_lo)
+        if t is not None and model.within(mid, t, itl_max, ttft_max):
+            lo, t_lo = mid, t
         else:
             hi = mid
     return lo
@@ -322,6 +325,21 @@ class _Model:
         """The operating point at `lam`; `start_ms` a mean step known to be at most the
         answer (the one at a lower rate), where the search starts. None: no fixed point
         (the replica cannot keep up) or a bound of step 4 broken."""
+        t = self.step_fixed_point(lam, start_ms)
+        if t is None:
+            return None
+        m = self.m
+        pt = m.per_token
+        b = lam * self.out_mean * t / 1000.0
+        room = max(1.0, self.budget - b)
+        td = max(m.floor, m.base + pt * b) + m.fixed + b * self.per_seq
+        a = lam * t / 1000.0
+        f = self._chunk_frac(a, room)
+        return Operating(t, b, f, self._itl_q(lam, t, td, a), self._ttft_q(lam, t, td, room))
+
+    def step_fixed_point(self, lam: float, start_ms: float | None = None) -> float | None:
+        """The mean step at `lam` (ms; module doc, step 1), searched from `start_ms` (see
+        `at`); None where there is none (the replica cannot keep up) or decodes overflow."""
         m = self.m
         t = m.floor + m.fixed if start_ms is None else start_ms
         step = self._step_map(lam)
@@ -332,21 +350,24 @@ class _Model:
             if not math.isfinite(g):
                 return None
             if g <= 1e-6 * t:
-                break
+                return t
             h = 1e-3 * t
             slope = (step(t + h) - (t + h) - g) / h
             if not slope < -1e-9:
                 return None
             t += -g / slope
-        else:
-            return None
-        pt = m.per_token
+        return None
+
+    def within(self, lam: float, t: float, itl_max_ms: float, ttft_max_ms: float) -> bool:
+        """Whether the operating point at `lam` with mean step `t` (from
+        `step_fixed_point`) has its goal-quantile ITL and TTFT within these (ms): what
+        `at` computes, the TTFT only when the ITL is within."""
+        m = self.m
         b = lam * self.out_mean * t / 1000.0
-        room = max(1.0, self.budget - b)
-        td = max(m.floor, m.base + pt * b) + m.fixed + b * self.per_seq
-        a = lam * t / 1000.0
-        f = self._chunk_frac(a, room)
-        return Operating(t, b, f, self._itl_q(lam, t, td, a), self._ttft_q(lam, t, td, room))
+        td = max(m.floor, m.base + m.per_token * b) + m.fixed + b * self.per_seq
+        if not self._itl_q(lam, t, td, lam * t / 1000.0) <= itl_max_ms:
+            return False
+        return self._ttft_q(lam, t, td, max(1.0, self.budget - b)) <= ttft_max_ms
 
     def _itl_q(self, lam: float, t: float, td: float, a: float) -> float:
         """Goal-quantile mean ITL of a median-length output (module doc, step 2), ms."""
