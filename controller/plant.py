@@ -30,7 +30,6 @@ speed = 8.3 / (5.95 + 8.3 x 0.065) = 1.28.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 from controller.capacity import lognormal_sigma
 from controller.config import SLA
@@ -155,11 +154,28 @@ def model_speed(speed: float) -> float:
     return 1.0 if abs(q - 1.0) < SPEED_QUANTUM - 1e-9 else round(q, 6)
 
 
-@lru_cache(maxsize=256)
 def scaled_profile(profile: Profile, speed: float) -> Profile:
-    """`profile` with every step-time coefficient x `speed` (the same object at 1)."""
+    """`profile` with every step-time coefficient x `speed` (the same object at 1; the
+    same object for the same profile object and speed, kept by identity: hashing a
+    profile walks all its fields, ~4 us, and this runs twice per model per tick)."""
     if speed == 1.0:
         return profile
+    key = (id(profile), speed)
+    hit = _SCALED.get(key)
+    if hit is not None and hit[0] is profile:
+        return hit[1]
+    if len(_SCALED) >= _SCALED_MAX:
+        _SCALED.clear()
+    scaled = _scaled(profile, speed)
+    _SCALED[key] = (profile, scaled)
+    return scaled
+
+
+_SCALED_MAX = 256
+_SCALED: dict[tuple[int, float], tuple[Profile, Profile]] = {}
+
+
+def _scaled(profile: Profile, speed: float) -> Profile:
     c = profile.step_time
     scaled = c.model_copy(
         update={

@@ -94,7 +94,8 @@ def _ms(v: float | None) -> float | None:
 
 def _dist(q: Mapping[str, float], tags: tuple[str, ...]) -> LatencyQuantiles | None:
     """p50/p90/p95/p99 in ms from a quantile row (finite values only); None when none."""
-    p50, p90, p95, p99 = (q.get(tag) for tag in tags)
+    t50, t90, t95, t99 = tags
+    p50, p90, p95, p99 = q.get(t50), q.get(t90), q.get(t95), q.get(t99)
     p50 = p50 * 1000.0 if p50 is not None and p50 - p50 == 0.0 else None
     p90 = p90 * 1000.0 if p90 is not None and p90 - p90 == 0.0 else None
     p95 = p95 * 1000.0 if p95 is not None and p95 - p95 == 0.0 else None

@@ -152,3 +152,16 @@ def test_a_slower_engine_is_learned_before_the_sla_is_violated() -> None:
     m.record(dec, 0.0)
     got = m.registry.get_sample_value("governor_plant_speed_factor", {"model": dec.model})
     assert got is not None and math.isclose(got, s.plant.speed)
+
+
+def test_scaled_profile_scales_every_coefficient_and_is_kept_per_profile_object() -> None:
+    from controller.plant import scaled_profile
+
+    assert scaled_profile(PROFILE, 1.0) is PROFILE
+    slow = scaled_profile(PROFILE, 1.3)
+    assert slow is scaled_profile(PROFILE, 1.3)  # kept: capacity answers are kept per object
+    for name, value in PROFILE.step_time.model_dump().items():
+        assert getattr(slow.step_time, name) == value * 1.3, name
+    assert slow.kv_capacity_tokens == PROFILE.kv_capacity_tokens
+    other = PROFILE.model_copy(update={"max_model_len": PROFILE.max_model_len // 2})
+    assert scaled_profile(other, 1.3).max_model_len == other.max_model_len  # not PROFILE's
