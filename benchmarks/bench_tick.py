@@ -12,10 +12,11 @@ Prometheus is not included (it is Prometheus's CPU, not ours).
 Reported per size: median CPU ms per tick over the measured ticks (after warm-up
 ticks) of `--rounds` rounds over all sizes, pooled; CPU per model (us); queries per
 tick; and at 1,000 models a phase breakdown from an instrumented pass: JSON decode,
-answer parsing (observe minus decode), decide, metrics, logging, publish, and the rest
-of the loop (snapshots, bookkeeping). Every tick gets its own answers (no input repeats). Also
-the service tick (`ServiceCore.tick`: + targets poll + state document, MemoryStore)
-at 1,000 models.
+answer parsing (observe minus decode; it includes freeing the decoded answers), decide,
+metrics, logging, publish, the cyclic GC's run as the tick ends (`gc`), and the rest of
+the loop (queries, snapshots, history, timers). Every tick gets its own answers (no
+input repeats). Also the service tick (`ServiceCore.tick`: + targets poll + state
+document, MemoryStore) at 1,000 models.
 
 Goals (issue 7): 1,000 models <= 50 ms CPU per tick; cost per model not growing with
 N (5,000 vs 1,000 within +25 %); queries per tick constant in N and <= 15.
@@ -76,6 +77,21 @@ class _Phases:
 
     def add(self, name: str, seconds: float) -> None:
         self.s[name] = self.s.get(name, 0.0) + seconds
+
+
+class _GcTimer:
+    """A `gc.callbacks` entry summing the CPU of the cyclic collector's runs as phase
+    `gc`: the loop pauses it during a tick, so it runs once as the tick ends, over the
+    containers the tick left alive (decisions, states, observations, snapshots)."""
+
+    def __init__(self, phases: _Phases) -> None:
+        self.phases, self.c0 = phases, 0.0
+
+    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.c0 = time.process_time()
+        else:
+            self.phases.add("gc", time.process_time() - self.c0)
 
 
 class _TimedSource:
@@ -249,8 +265,13 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
     rig.phases.s.clear()
     rig.client.decode_cpu_s = 0.0
     inst_cpu = 0.0
-    for _ in range(ticks):
-        inst_cpu += rig.tick()
+    collector = _GcTimer(rig.phases)
+    gc.callbacks.append(collector)
+    try:
+        for _ in range(ticks):
+            inst_cpu += rig.tick()
+    finally:
+        gc.callbacks.remove(collector)
     ph = {k: v / ticks * 1000.0 for k, v in rig.phases.s.items()}
     decode_ms = rig.client.decode_cpu_s / ticks * 1000.0
     phases = {
@@ -260,6 +281,7 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
         "metrics_ms": ph.get("metrics", 0.0),
         "log_ms": ph.get("log", 0.0),
         "publish_ms": ph.get("publish", 0.0),
+        "gc_ms": ph.get("gc", 0.0),
     }
     phases["loop_other_ms"] = inst_cpu / ticks * 1000.0 - sum(phases.values())
     del rig

@@ -180,6 +180,7 @@ class ControlLoop:
         self._states: dict[str, ModelState] = dict(states or {})
         self._paused: set[str] = set()
         self._deciders: dict[str, Decider] = {}
+        self._queries: dict[str, ModelQuery] = {}
         self._config = config
         self._snapshot = LoopSnapshot(at_s=None, wall_s=None)
         self._history: dict[str, tuple[Decision, ...]] = {}
@@ -205,6 +206,9 @@ class ControlLoop:
             self._paused.discard(gone)
             self.metrics.forget(gone)
         self._deciders = deciders
+        # Built once per config, not per tick: a ModelQuery per model per tick was ~1 ms
+        # at 1,000 models.
+        self._queries = {name: model_query(d.model) for name, d in deciders.items()}
         self._config = config
 
     def set_config(self, config: GovernorConfig) -> None:
@@ -255,8 +259,9 @@ class ControlLoop:
         now = self.clock.monotonic() if now_s is None else now_s
         with self._lock:
             deciders = dict(self._deciders)
+            queries = self._queries
             paused = set(self._paused)
-        observations = self._observe([model_query(d.model) for d in deciders.values()], now)
+        observations = self._observe([queries[name] for name in deciders], now)
 
         decisions: list[Decision] = []
         new_states: dict[str, ModelState] = {}
