@@ -6,7 +6,10 @@ raises `ConfigError` carrying one message per problem, each naming the field and
 
 Environment overrides: `GOVERNOR_<PATH>` where PATH is the key path joined by `__`,
 list items by index, case-insensitive; e.g. `GOVERNOR_POLICY__TICK_INTERVAL_S=10`,
-`GOVERNOR_MODELS__0__REPLICAS__MAX_REPLICAS=8`. Values are parsed as YAML scalars.
+`GOVERNOR_MODELS__0__REPLICAS__MAX_REPLICAS=8`. Values are parsed as YAML scalars. A
+name without `__` is never an override (every top-level key is a section, never a
+scalar): `GOVERNOR_ADMIN_TOKEN_FILE`, `GOVERNOR_SERVER` and the like are the command
+line's own variables and must not fail the config as unknown keys.
 """
 
 from __future__ import annotations
@@ -333,11 +336,12 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> lis
     """Apply `GOVERNOR_A__B__0__C=value` overrides to `data` in place.
 
     Returns the problems found (an index past the end of a list, a path through a
-    scalar); unknown keys are left for validation to report.
+    scalar); unknown keys are left for validation to report. Names without `__` are
+    not overrides (module doc).
     """
     problems: list[str] = []
     for key in sorted(environ):
-        if not key.upper().startswith(ENV_PREFIX):
+        if not key.upper().startswith(ENV_PREFIX) or "__" not in key[len(ENV_PREFIX) :]:
             continue
         path = [p.lower() for p in key[len(ENV_PREFIX) :].split("__") if p]
         if not path:

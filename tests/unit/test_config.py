@@ -110,6 +110,10 @@ def test_env_overrides_apply_and_validate() -> None:
         "GOVERNOR_POLICY__TICK_INTERVAL_S": "10",
         "GOVERNOR_MODELS__0__REPLICAS__MAX_REPLICAS": "8",
         "OTHER": "x",
+        # the CLI's own variables (no `__`): not config keys, never "unknown key"
+        "GOVERNOR_ADMIN_TOKEN_FILE": "/etc/governor-admin/token",
+        "GOVERNOR_SERVER": "localhost:50051",
+        "GOVERNOR_FAULTS_OUT": "/tmp/out",
     }
     cfg = parse_config(yaml.safe_load(yaml.safe_dump(MIN)), environ=env)
     assert cfg.policy.tick_interval_s == 10.0 and cfg.models[0].replicas.max_replicas == 8
