@@ -181,8 +181,17 @@ class ServiceCore:
         )
         self.m_serving_restarts = Counter(
             "governor_serving_restarts",
-            "Serving processes (the engines', KEDA's and admin listeners) restarted after "
-            "one exited",
+            "Serving processes (the engines', KEDA's and admin listeners) restarted, by "
+            "reason: exited, or unresponsive (heartbeats unanswered: killed)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("exited", "unresponsive"):
+            self.m_serving_restarts.labels(reason)
+        self.m_serving_up = Gauge(
+            "governor_serving_up",
+            "1 while the engines' and KEDA's listeners serve (the serving process listens "
+            "and answers its heartbeats; inline: always), else 0",
             registry=r,
         )
         self.m_tick_lateness = Histogram(

@@ -50,7 +50,13 @@ from service.listeners import (
     with_port,
 )
 from service.security import AdminToken, StreamLimiter, TlsFiles
-from service.serving import ServingProcess, internal_admin_server, remove_internal_admin
+from service.serving import (
+    HEARTBEAT_MISSES,
+    HEARTBEAT_S,
+    ServingProcess,
+    internal_admin_server,
+    remove_internal_admin,
+)
 from service.ticker import TickScheduler
 
 __all__ = [
@@ -91,7 +97,9 @@ class GovernorServer:
     `serving`: "inline" (default here: tests drive ticks and read at once) or
     "process" (see the module doc; `serving_process` after `start`); `log_level`: the
     serving process's. `tick_nice`: the tick thread's nice (service.ticker); default
-    `TICK_NICE` with a serving process, 0 inline.
+    `TICK_NICE` with a serving process, 0 inline. `serving_heartbeat_s`,
+    `serving_heartbeat_misses`: the serving process's liveness check (service.serving;
+    heartbeat None: driven by the caller, tests).
     """
 
     def __init__(
@@ -113,6 +121,8 @@ class GovernorServer:
         serving: str = "inline",
         log_level: str = "info",
         tick_nice: int | None = None,
+        serving_heartbeat_s: float | None = HEARTBEAT_S,
+        serving_heartbeat_misses: int = HEARTBEAT_MISSES,
         logger: Any = None,
     ) -> None:
         if serving not in SERVING_MODES:
@@ -135,6 +145,7 @@ class GovernorServer:
         default_nice = TICK_NICE if serving == "process" else 0
         self.tick_nice = default_nice if tick_nice is None else tick_nice
         self.log_level = log_level
+        self.serving_heartbeat = (serving_heartbeat_s, serving_heartbeat_misses)
         self.streams = StreamLimiter(max_watch_streams, on_refused=core.m_streams_refused.inc)
         self.metrics_listen = metrics_listen
         self.autotick = autotick
@@ -171,6 +182,7 @@ class GovernorServer:
                 on_denied=self.core.m_admin_denied.inc,
             )
             await self._listeners.start()
+            self.core.m_serving_up.set(1)
             self.port, self.admin_port = self._listeners.port, self._listeners.admin_port
         self._start_metrics_and_ticks()
         self._log_serving()
@@ -189,9 +201,12 @@ class GovernorServer:
             on_engine=core.record_engine,
             on_denied=core.m_admin_denied.inc,
             on_refused=core.m_streams_refused.inc,
-            on_restart=core.m_serving_restarts.inc,
+            on_restart=lambda reason: core.m_serving_restarts.labels(reason).inc(),
+            heartbeat_s=self.serving_heartbeat[0],
+            heartbeat_misses=self.serving_heartbeat[1],
         )
         core.m_watch_streams.set_function(lambda: proc.watch_streams)
+        core.m_serving_up.set_function(lambda: int(proc.up))
         try:
             self.port, self.admin_port = await asyncio.to_thread(proc.start)
         except OSError:

@@ -30,6 +30,17 @@ after a child served `RESTART_RESET_S`) and sends the full snapshot again; the c
 binds its listeners only after it holds that snapshot, so it never answers from an
 empty board. Ticks, the store, leader election and the actuators stay in the parent;
 decider state never crosses the boundary.
+
+Liveness. A child that hangs without dying (stopped, deadlocked, its event loop
+blocked) is killed and restarted the same way: every `HEARTBEAT_S` the parent sends a
+("ping", n) on the feed; the child's feed thread hands it to its event loop, which has
+its report thread answer ("pong", n), so an answer proves the feed, the event loop that
+serves the gRPC calls and the reports all run. After `HEARTBEAT_MISSES` beats in a row
+without an answer the parent kills the child (reason "unresponsive" in the log and in
+governor_serving_restarts_total). Beats are counted in the parent's own time: a tick
+that holds the parent's interpreter or a starved parent sends no beats, so it can
+never count as misses; a child that answers late but answers resets the count. A
+restarted child that is not ready within `READY_TIMEOUT_S` is killed the same way.
 """
 
 from __future__ import annotations
@@ -64,6 +75,12 @@ RESTART_BACKOFF_S = 0.5
 RESTART_BACKOFF_MAX_S = 10.0
 RESTART_RESET_S = 60.0
 STOP_MARGIN_S = 5.0  # beyond the grace period, before the child is killed
+HEARTBEAT_S = 2.0
+HEARTBEAT_MISSES = 5
+"""Seconds between heartbeats, and unanswered beats in a row before the child is killed
+(10 s): a child busy with 1,000 streams answers within milliseconds, and the count stops
+while the parent itself is stalled (module doc). Below the kubelet's liveness probe
+(3 failures 10 s apart): a hung child is replaced before the whole pod is restarted."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +191,9 @@ def decode_entry(t: tuple[Any, ...]) -> Published:
 class _Link:
     """One serving child: its process, the feed connection and what it was sent."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], conn: Connection) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], conn: Connection, started_mono: float
+    ) -> None:
         self.proc = proc
         self.conn = conn
         self.send_lock = threading.Lock()
@@ -182,12 +201,16 @@ class _Link:
         self.ready = threading.Event()
         self.ports: tuple[int, int | None] | None = None
         self.failure: str | None = None
-        self.started_mono = time.monotonic()
+        self.started_mono = started_mono
         self.sent: dict[str, Published] = {}
         self.sent_slots: dict[str, ModelSlot] = {}
         self.totals = (0, 0)  # admin denied, streams refused, as last reported
         self.watch_streams = 0
         self.gone = False
+        self.beats = 0  # heartbeats due (the feed sends the latest), answered up to `acked`
+        self.acked = 0
+        self.ping_due = False
+        self.killed_for: str | None = None  # why the parent killed it (the log, the metric)
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self.send_lock:
@@ -200,8 +223,11 @@ class ServingProcess:
     `board`: the parent's decision board (mirrored). `spec`: its listeners (after
     `start`, with the bound ports). `admin`: the internal admin server. Callbacks, all
     from a feed thread: `on_engine(model, engine_id)`, `on_denied()`, `on_refused()`
-    (once per refused admin call / watch stream), `on_restart()` (a child was
-    restarted).
+    (once per refused admin call / watch stream), `on_restart(reason)` (a child was
+    restarted: "exited" or "unresponsive"). `heartbeat_s`: seconds between heartbeats
+    (None: no heartbeat thread, the caller calls `beat()`: tests);
+    `heartbeat_misses`: unanswered beats in a row before the child is killed;
+    `ready_timeout_s`: how long a child may take to listen; `clock`: monotonic seconds.
     """
 
     def __init__(
@@ -214,9 +240,15 @@ class ServingProcess:
         on_engine: Callable[[str, str], None] | None = None,
         on_denied: Callable[[], None] | None = None,
         on_refused: Callable[[], None] | None = None,
-        on_restart: Callable[[], None] | None = None,
+        on_restart: Callable[[str], None] | None = None,
+        heartbeat_s: float | None = HEARTBEAT_S,
+        heartbeat_misses: int = HEARTBEAT_MISSES,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
         logger: Any = None,
     ) -> None:
+        if heartbeat_misses < 1 or (heartbeat_s is not None and heartbeat_s <= 0):
+            raise ValueError("heartbeat_s must be > 0 and heartbeat_misses >= 1")
         self.board = board
         self.spec = spec
         self.admin = admin
@@ -224,7 +256,11 @@ class ServingProcess:
         self.on_engine = on_engine or (lambda model, engine: None)
         self.on_denied = on_denied or (lambda: None)
         self.on_refused = on_refused or (lambda: None)
-        self.on_restart = on_restart or (lambda: None)
+        self.on_restart = on_restart or (lambda reason: None)
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_misses = heartbeat_misses
+        self.ready_timeout_s = ready_timeout_s
+        self.clock = clock
         self.log = logger or structlog.get_logger("governor.serving")
         self.restarts = 0
         self._link: _Link | None = None
@@ -244,15 +280,86 @@ class ServingProcess:
         link = self._link
         return link.watch_streams if link is not None and not link.gone else 0
 
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> tuple[int, int | None]:
-        """Start the first child and wait until it listens: (port, admin port or None).
-        OSError naming why when it cannot listen or does not start."""
+    @property
+    def up(self) -> bool:
+        """Whether a child listens and answers its heartbeats (at most the beat just
+        sent unanswered): governor_serving_up."""
+        link = self._link
+        return (
+            link is not None
+            and link.ready.is_set()
+            and link.ports is not None
+            and not link.gone
+            and link.killed_for is None
+            and link.beats - link.acked <= 1
+        )
+
+    @property
+    def beats_answered(self) -> int:
+        """Heartbeats the current child answered (tests wait on it)."""
+        link = self._link
+        return link.acked if link is not None else 0
+
+    @property
+    def beats_asked(self) -> int:
+        """Heartbeats asked of the current child."""
+        link = self._link
+        return link.beats if link is not None else 0
+
+    def start(self) -> tuple[int, int | None]:
+        """Start the first child and wait until it listens: (port, admin port or None),
+        then the heartbeats. OSError naming why when it cannot listen or does not start
+        within `ready_timeout_s`."""
         link = self._spawn()
-        if not link.ready.wait(timeout_s) or link.ports is None:
+        if not link.ready.wait(self.ready_timeout_s) or link.ports is None:
             self._stopping.set()
             self._kill(link)
-            raise OSError(link.failure or f"the serving process did not start in {timeout_s} s")
+            raise OSError(
+                link.failure or f"the serving process did not start in {self.ready_timeout_s} s"
+            )
+        if self.heartbeat_s is not None:
+            threading.Thread(target=self._heartbeats, name="serving-heartbeat", daemon=True).start()
         return link.ports
+
+    def beat(self) -> bool:
+        """One heartbeat: kill the child when `heartbeat_misses` beats in a row went
+        unanswered (or a restarted one is not ready after `ready_timeout_s`), else ask
+        for one more answer. Whether it killed the child (it is then restarted by the
+        reports thread, as a child that died)."""
+        link = self._link
+        if link is None or link.gone or link.killed_for is not None or self._stopping.is_set():
+            return False
+        if not link.ready.is_set():
+            waited_s = self.clock() - link.started_mono
+            if waited_s <= self.ready_timeout_s:
+                return False
+            return self._kill_unresponsive(link, f"not listening after {waited_s:.1f} s")
+        missed = link.beats - link.acked
+        if missed >= self.heartbeat_misses:
+            return self._kill_unresponsive(link, f"{missed} heartbeats in a row unanswered")
+        link.beats += 1
+        link.ping_due = True
+        link.dirty.set()
+        return False
+
+    def _heartbeats(self) -> None:
+        assert self.heartbeat_s is not None
+        while not self._stopping.wait(self.heartbeat_s):
+            self.beat()
+
+    def _kill_unresponsive(self, link: _Link, why: str) -> bool:
+        link.killed_for = why
+        self.log.error(
+            "serving_process_unresponsive",
+            pid=link.proc.pid,
+            why=why,
+            heartbeat_s=self.heartbeat_s,
+            action="killed; restarted on the same ports",
+        )
+        with contextlib.suppress(OSError):
+            link.proc.kill()  # the reports thread sees the end and restarts it
+        link.dirty.set()
+        return True
 
     def wait_serving(self, pid_not: int | None, timeout_s: float) -> int | None:
         """Block until a child other than `pid_not` serves (tests: after a kill); its
@@ -276,8 +383,10 @@ class ServingProcess:
         link = self._link
         if link is None:
             return
-        with contextlib.suppress(OSError, ValueError):
-            link.send(("stop", grace_s))
+        # From a thread: a hung child that reads nothing must not block the stop.
+        threading.Thread(
+            target=self._send_quietly, args=(link, ("stop", grace_s)), daemon=True
+        ).start()
         try:
             link.proc.wait(grace_s + STOP_MARGIN_S)
         except subprocess.TimeoutExpired:
@@ -286,6 +395,11 @@ class ServingProcess:
         link.dirty.set()  # the feed thread sees the stop and ends
 
     # ------------------------------------------------------------------ children
+    @staticmethod
+    def _send_quietly(link: _Link, message: tuple[Any, ...]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            link.send(message)
+
     def _spawn(self, ports: tuple[int, int | None] | None = None) -> _Link:
         """Start a child (`ports`: those a restarted child binds again)."""
         parent_end, child_end = socket.socketpair()
@@ -301,7 +415,7 @@ class ServingProcess:
             )
         finally:
             child_end.close()
-        link = _Link(proc, Connection(parent_end.detach()))
+        link = _Link(proc, Connection(parent_end.detach()), self.clock())
         link.ports = ports
         spec = ServingSpec(self.spec, self.admin, self.log_level, self.spec.max_message_bytes)
         with self._lock:
@@ -335,6 +449,9 @@ class ServingProcess:
             if link.gone or self._stopping.is_set() or self.board.closed:
                 return
             try:
+                if link.ping_due:
+                    link.ping_due = False
+                    link.send(("ping", link.beats))
                 for message in self._board_messages(link, full):
                     link.send(message)
             except (OSError, ValueError):
@@ -373,18 +490,19 @@ class ServingProcess:
         if self._stopping.is_set() or link.ports is None:
             link.ready.set()  # start() reads the failure
             return
-        self.log.error("serving_process_exited", pid=link.proc.pid, exit_code=code)
-        self._restart(link)
+        reason = "unresponsive" if link.killed_for is not None else "exited"
+        self.log.error("serving_process_exited", pid=link.proc.pid, exit_code=code, reason=reason)
+        self._restart(link, reason)
 
-    def _restart(self, dead: _Link) -> None:
-        served_s = time.monotonic() - dead.started_mono
+    def _restart(self, dead: _Link, reason: str) -> None:
+        served_s = self.clock() - dead.started_mono
         delay = RESTART_BACKOFF_S if served_s >= RESTART_RESET_S else self._backoff
         if self._stopping.wait(delay):
             return
         self._backoff = min(RESTART_BACKOFF_MAX_S, delay * 2)
         self.restarts += 1
         with contextlib.suppress(Exception):
-            self.on_restart()
+            self.on_restart(reason)
         self._spawn(dead.ports)  # the same ports (if taken: `failed`, and a restart)
 
     _backoff = RESTART_BACKOFF_S
@@ -399,6 +517,8 @@ class ServingProcess:
         elif kind == "failed":
             link.failure = message[1]
             self.log.error("serving_process_failed", error=message[1])
+        elif kind == "pong":
+            link.acked = max(link.acked, int(message[1]))
         elif kind == "stats":
             _, denied, refused, active, engines = message
             old_denied, old_refused = link.totals

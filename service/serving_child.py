@@ -4,7 +4,8 @@ service.serving.ServingProcess, never by hand).
 Reads the spec and the first board snapshot from the feed (the socket FD), then binds
 the public listeners (service.listeners) over a mirror of the board, reports `ready`,
 applies every later board message to the mirror, reports its counters and the engines
-it saw, and passes admin calls to the parent (`AdminProxy`). Stops gracefully when the
+it saw, answers the parent's heartbeats from its event loop (service.serving, Liveness)
+and passes admin calls to the parent (`AdminProxy`). Stops gracefully when the
 parent says so, on SIGTERM, or when the feed ends (the parent is gone: never serve
 stale decisions for long). SIGINT is left to the parent (a terminal's Ctrl-C reaches
 both; the parent stops the child in order).
@@ -77,8 +78,8 @@ class AdminProxy(grpc.GenericRpcHandler):
 
 
 class _Reporter:
-    """Sends the child's counters and newly seen engines to the parent from a thread of
-    its own (the event loop never waits on the feed)."""
+    """Sends the child's counters, newly seen engines and heartbeat answers to the
+    parent from a thread of its own (the event loop never waits on the feed)."""
 
     def __init__(self, conn: Connection, lock: threading.Lock) -> None:
         self.conn = conn
@@ -90,6 +91,9 @@ class _Reporter:
         self._new: list[tuple[str, str]] = []
         self._mutex = threading.Lock()
         self._poked = threading.Event()
+        self._stats_due = False
+        self._pong = 0  # the last heartbeat the event loop answered; `_ponged` sent
+        self._ponged = 0
         self.closed = False
 
     def engine(self, model: str, engine_id: str) -> None:
@@ -101,17 +105,23 @@ class _Reporter:
                 return
             seen.add(engine_id)
             self._new.append((model, engine_id))
-        self._poked.set()
+        self.poke()
 
     def on_denied(self) -> None:
         self.denied += 1
-        self._poked.set()
+        self.poke()
 
     def on_refused(self) -> None:
         self.refused += 1
-        self._poked.set()
+        self.poke()
 
     def poke(self) -> None:
+        self._stats_due = True
+        self._poked.set()
+
+    def pong(self, beat: int) -> None:
+        """Answer heartbeat `beat` (called on the event loop: the answer proves it runs)."""
+        self._pong = max(self._pong, beat)
         self._poked.set()
 
     def run(self) -> None:
@@ -120,12 +130,20 @@ class _Reporter:
             self._poked.clear()
             if self.closed:
                 return
-            with self._mutex:
-                new, self._new = self._new, []
-            active = self.streams.active if self.streams is not None else 0
+            messages: list[tuple[Any, ...]] = []
+            if self._pong != self._ponged:
+                self._ponged = self._pong
+                messages.append(("pong", self._ponged))
+            if self._stats_due:
+                self._stats_due = False
+                with self._mutex:
+                    new, self._new = self._new, []
+                active = self.streams.active if self.streams is not None else 0
+                messages.append(("stats", self.denied, self.refused, active, new))
             try:
                 with self.lock:
-                    self.conn.send(("stats", self.denied, self.refused, active, new))
+                    for message in messages:
+                        self.conn.send(message)
             except (OSError, ValueError):
                 return
 
@@ -139,15 +157,22 @@ def _mirror(board: DecisionBoard, message: tuple[Any, ...]) -> bool:
 
 
 def _read_feed(
-    conn: Connection, board: DecisionBoard, loop: asyncio.AbstractEventLoop, stop: Any
+    conn: Connection,
+    board: DecisionBoard,
+    loop: asyncio.AbstractEventLoop,
+    stop: Any,
+    reporter: _Reporter,
 ) -> None:
-    """Apply the parent's board messages until `stop` or the end of the feed."""
+    """Apply the parent's board messages, pass its heartbeats to the event loop (which
+    has `reporter` answer them), until `stop` or the end of the feed."""
     log = structlog.get_logger("governor.serving")
     try:
         while True:
             message = conn.recv()
             if message[0] == "board":
                 _mirror(board, message)
+            elif message[0] == "ping":
+                loop.call_soon_threadsafe(reporter.pong, int(message[1]))
             elif message[0] == "stop":
                 loop.call_soon_threadsafe(stop, float(message[1]))
                 return
@@ -191,7 +216,10 @@ async def _serve(conn: Connection, spec: ServingSpec, board: DecisionBoard) -> i
 
     loop.add_signal_handler(signal.SIGTERM, stop, PARENT_GONE_GRACE_S)
     reader = threading.Thread(
-        target=_read_feed, args=(conn, board, loop, stop), name="serving-feed", daemon=True
+        target=_read_feed,
+        args=(conn, board, loop, stop, reporter),
+        name="serving-feed",
+        daemon=True,
     )
     reader.start()
     await done.wait()

@@ -207,7 +207,8 @@ def test_killed_serving_process_is_restarted_and_serves_the_current_board() -> N
         assert second is not None and second != first
         # a new process: it can only know the board from the snapshot it was sent
         assert s.served() == s.board()
-        assert s.core.m_serving_restarts._value.get() == 1
+        assert s.core.m_serving_restarts.labels("exited")._value.get() == 1
+        assert s.core.m_serving_restarts.labels("unresponsive")._value.get() == 0
         # the channel still points at the first port: the new process listens there
         assert proc.spec.grpc_listen == f"127.0.0.1:{s.thread.server.port}"
 
