@@ -215,3 +215,21 @@ def test_panic(
 ) -> None:
     got = panic(short, current, 10.0, 2.0, until, now, 60.0)
     assert got == (want_panic, want_until, reason)
+
+
+def test_decider_shares_equal_stage_records_and_only_equal_ones() -> None:
+    from controller.decider import _stage
+    from controller.stages import StageOut
+    from controller.types import Reason, Stage
+
+    a = _stage("cooldown", 3, StageOut(3, Reason.NO_COOLDOWN))
+    assert a is _stage("cooldown", 3, StageOut(3, Reason.NO_COOLDOWN))
+    assert a == Stage("cooldown", 3, 3, Reason.NO_COOLDOWN, "")
+    for other in (
+        _stage("clamp", 3, StageOut(3, Reason.NO_COOLDOWN)),
+        _stage("cooldown", 2, StageOut(3, Reason.NO_COOLDOWN)),
+        _stage("cooldown", 3, StageOut(4, Reason.NO_COOLDOWN)),
+        _stage("cooldown", 3, StageOut(3, Reason.SCALE_DOWN_COOLDOWN)),
+        _stage("cooldown", 3, StageOut(3, Reason.NO_COOLDOWN, "x")),
+    ):
+        assert other != a
