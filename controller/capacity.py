@@ -151,13 +151,20 @@ def capacity_rps(
     (profile, knobs, lengths so read, SLA, fleet size): the smoothed lengths move little
     from tick to tick, and the model costs ~0.5 ms of CPU per answer.
     """
-    # The key from plain fields (a dataclass's `astuple` deep-copies: ~10 us a call).
-    rounded = (
-        _significant(lengths.prompt_mean),
-        _significant(lengths.prompt_p95),
-        _significant(lengths.output_mean),
-        _significant(lengths.output_p95),
-    )
+    # The key from plain fields (a dataclass's `astuple` deep-copies: ~10 us a call),
+    # the rounding kept for the last Lengths object (held, so its id cannot be reused):
+    # a decider asks for 2-3 fleet sizes with the same lengths in a row.
+    last = _LAST_ROUNDED[0]  # one read: another thread may swap the pair meanwhile
+    if last[0] is lengths:
+        rounded = last[1]
+    else:
+        rounded = (
+            _significant(lengths.prompt_mean),
+            _significant(lengths.prompt_p95),
+            _significant(lengths.output_mean),
+            _significant(lengths.output_p95),
+        )
+        _LAST_ROUNDED[0] = (lengths, rounded)
     key = (
         id(profile),
         knobs.max_num_seqs,
@@ -178,7 +185,8 @@ def capacity_rps(
 
 
 LENGTH_DIGITS = 3
-_CACHE_SIZE = 4096
+_LAST_ROUNDED: list[tuple[Any, tuple[float, ...]]] = [(None, ())]
+_CACHE_SIZE = 16_384  # > 3 fleet sizes x 5,000 models: a full table is cleared
 _CACHE: dict[tuple[Any, ...], tuple[Profile, float]] = {}
 
 
