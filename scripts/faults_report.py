@@ -80,16 +80,19 @@ def render(records: list[dict[str, Any]]) -> str:
         "| area | case | what was checked | result |",
         "| --- | --- | --- | --- |",
     ]
-    for row in _rows(records):
+    rows = _rows(records)
+    for row in rows:
         lines.append(
             f"| {_cell(row['area'])} | {_cell(row['case'])} | {_cell(row['checked'])} | "
             f"{_cell(_result(row['runs']))} |"
         )
-    passed = sum(1 for r in records if r["outcome"] == "passed")
+    # Counted per case (row), as the table lists them: a case run with two parameters is
+    # one case passed only when both runs passed, never two.
+    passed = sum(1 for row in rows if all(r["outcome"] == "passed" for _, r in row["runs"]))
     total_s = sum(r["duration_s"] for r in records)
     lines.append("")
     lines.append(
-        f"{passed} of {len(records)} test cases passed in {total_s:.0f} s "
+        f"{passed} of {len(rows)} cases passed ({len(records)} test runs) in {total_s:.0f} s "
         f"(tests/faults, {records[0]['when'] if records else 'no run'})."
     )
     return "\n".join(lines) + "\n"
