@@ -181,7 +181,41 @@ def capacity_rps(
             _CACHE.clear()
         answer = _capacity(knobs, Lengths(*rounded), sla, profile, replicas)
         hit = _CACHE[key] = (profile, answer)
-    return max(hit[1] * target_utilization_frac, 1e-3)
+    return max(hit[1] * target_utilization_frac, CAPACITY_FLOOR_RPS)
+
+
+CAPACITY_FLOOR_RPS = 1e-3
+"""What `capacity_rps` answers where no rate meets the SLA (req/s per replica)."""
+RELAX_FACTOR = 2.0
+"""An SLA target no replica meets is sized for at this multiple of what one unloaded
+replica gives (see relaxed_sla)."""
+
+
+def relaxed_sla(knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile) -> SLA | None:
+    """The SLA to size a fleet for when no replica meets `sla` at any rate, or None
+    when it does (or no fixed point exists even at a trickle).
+
+    More replicas cannot make a step faster than an unloaded replica's: a TTFT or ITL
+    target below what a replica gives at a trickle of load (e.g. engines learned 5x
+    slower than the profile) is out of every fleet's reach, and sizing for it asks for
+    replicas without end (capacity ~0). Each such target is relaxed to RELAX_FACTOR x
+    the trickle's value (batches that still serve, queues that stay short); the
+    decider reports SLA_INFEASIBLE. Example: ITL target 50 ms, a replica's unloaded
+    step 80 ms -> sized for 160 ms.
+    """
+    model = _Model.of(knobs, lengths, sla, profile, 1)
+    op = model.at(1e-6 * model.ceiling_rps)
+    if op is None:
+        return None
+    itl, ttft = sla.itl_p95_ms, sla.ttft_p95_ms
+    if op.itl_q_ms < itl and op.ttft_q_ms < ttft:
+        return None
+    return sla.model_copy(
+        update={
+            "itl_p95_ms": max(itl, RELAX_FACTOR * op.itl_q_ms),
+            "ttft_p95_ms": max(ttft, RELAX_FACTOR * op.ttft_q_ms),
+        }
+    )
 
 
 LENGTH_DIGITS = 3

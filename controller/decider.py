@@ -22,8 +22,8 @@ can be replayed from its trace. Steps, in order:
    shows on two ticks in a row is scaled up for at once (SHORT_WINDOW), and sudden
    surges past the panic threshold are panic mode's job;
    raw = demand / capacity; idle -> min replicas, zero only after the idle period.
-5. burst memory: a demand that triggered panic on a surge (the short window well over
-   the long one; a fleet that starts small is not a burst) is remembered, halving every
+5. burst memory: a surge (the short window well over the long one; a fleet that starts
+   small is not a burst) that triggered panic or a SHORT_WINDOW rise is remembered, halving every
    burst_memory_half_life_s, and from then on follows the envelope of the observed
    demand; the fleet is sized for it while it exceeds the demand (BURST_MEMORY): on/off
    bursts shorter than a cold start cannot be chased, only held;
@@ -38,15 +38,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from controller.capacity import capacity_rps, fleet_capacity_rps
-from controller.config import ModelConfig, ScalingPolicy
+from controller.capacity import CAPACITY_FLOOR_RPS, capacity_rps, fleet_capacity_rps, relaxed_sla
+from controller.config import SLA, ModelConfig, ScalingPolicy
 from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
 from controller.plant import (
     LOADED_FRAC,
-    learn_speed,
     model_speed,
     next_correction,
+    next_speed,
     scaled_profile,
     sla_evidence,
     speed_sample,
@@ -175,9 +175,7 @@ class Decider(KnobSteps, NoDataSteps):
         if not isinstance(observation, Observation):
             d, s = self._no_data(observation, state, now_s)  # step 1
             return d, replace(s, rules=RuleMemory())  # rule timers need unbroken data
-        # No cleaning here: an Observation is clean by construction (NaN, infinite and
-        # negative optional numbers are None, estimators.types.Observation.__post_init__).
-        obs = observation
+        obs = observation  # clean by construction (estimators.types.Observation)
         if (why := self._unusable(obs, state)) is not None:  # step 1: a dead fleet
             d, s = self._no_data(NoDataError(obs.model, "engines", why), state, now_s)
             return d, replace(s, rules=RuleMemory())
@@ -189,13 +187,13 @@ class Decider(KnobSteps, NoDataSteps):
         knob_memory = self._knob_memory(state, knobs, knob_reason, pending, rollout, now_s)
         demand = self._demand(obs, state, now_s)  # step 4
         sizing = self._sizing_demand(state, now_s, demand)
-        caps, plant = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
+        caps, plant, hard = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
         if lengths is None and not demand.idle:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
             return self._hold(obs.model, state, now_s, "demand without length statistics")
-        raw = self._raw(state, now_s, demand, caps, plant)  # steps 4 and 5
+        raw = self._raw(state, now_s, demand, caps, plant, hard)  # steps 4 and 5
         panic_state = self._panic(state, now_s, demand, raw)
-        burst = self._burst(state, now_s, demand, panic_state[2])
+        burst = self._burst(state, now_s, demand, (panic_state[2], raw.reason))
         partial = f"{obs.targets_down} engine target(s) down" if obs.targets_down else None
         stages, windows = self._stages(state, now_s, raw, demand, panic_state, partial)  # step 6
         rules = state.rules
@@ -245,14 +243,14 @@ class Decider(KnobSteps, NoDataSteps):
 
     # ------------------------------------------------------------------ steps
     def _capacity(
-        self, knobs: Knobs, lengths: Lengths, profile: Profile, replicas: int = 1
+        self, knobs: Knobs, lengths: Lengths, profile: Profile, replicas: int, sla: SLA
     ) -> float:
-        """Per-replica capacity at the SLA with `knobs` on `profile` in a fleet of
+        """Per-replica capacity at `sla` with `knobs` on `profile` in a fleet of
         `replicas`, req/s."""
         return capacity_rps(
             knobs,
             lengths,
-            self.model.sla,
+            sla,
             profile,
             self.policy.target_utilization_frac,
             replicas,
@@ -267,11 +265,12 @@ class Decider(KnobSteps, NoDataSteps):
         lengths: Lengths | None,
         now_s: float,
         demand_rps: float = 0.0,
-    ) -> tuple[tuple[float, float] | None, PlantBelief]:
+    ) -> tuple[tuple[float, float] | None, PlantBelief, bool]:
         """Step 3: the updated belief about the plant (controller.plant: the learned
-        speed, the feedback correction) and the per-replica capacity at the SLA with
+        speed, the feedback correction), the per-replica capacity at the SLA with
         the knobs the replicas run on the profile x that speed (req/s; None without
-        length statistics; the correction is applied by the caller).
+        length statistics; the correction is applied by the caller), and whether the
+        SLA is out of reach (then capacity is at a relaxed one: SLA_INFEASIBLE).
 
         Replicas still on knobs from before a change count with those: capacity is the
         fleet's mean. Example: 2 of 4 replicas on knobs worth 10 req/s, the published
@@ -279,28 +278,15 @@ class Decider(KnobSteps, NoDataSteps):
         """
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
-        # The token budget the engines ran: replicas still on knobs from before a change
-        # run theirs (a bigger budget makes bigger chunk steps; the new knobs' budget
-        # read them as a 4.8x slower plant when 256/8192 -> 16/1536 on long prompts).
-        budget = knobs.max_num_batched_tokens
-        if memory.running is not None:
-            budget = max(budget, memory.running.max_num_batched_tokens)
-        sample = speed_sample(obs, lengths, self.profile, self.policy.window_s, budget)
-        # A jump to a much slower belief needs engines visibly too slow for the SLA, and
-        # a window past the last scale-up's dead time (one holding the burst that asked
-        # for it read code x4 at a 30 s scrape 5.1x slow and locked 64 replicas).
-        slow = (
-            obs.itl_mean_ms is not None
-            and obs.itl_mean_ms > self.model.sla.itl_p95_ms
-            and self._past_scale_up(state, now_s)
-        )
-        speed = learn_speed(state.plant.speed, sample, dt, jump=slow)
-        profile = scaled_profile(self.profile, model_speed(speed))
+        belief = self._speed(obs, state, memory, knobs, lengths, now_s, dt)
+        profile = scaled_profile(self.profile, model_speed(belief.speed))
+        relaxed = self._relaxed_sla(knobs, lengths, profile, state.replicas)
+        sla = relaxed or self.model.sla
         caps = (
             None
             if lengths is None
             else fleet_capacity_rps(
-                lambda n: self._capacity(knobs, lengths, profile, n),  # type: ignore[arg-type]
+                lambda n: self._capacity(knobs, lengths, profile, n, sla),  # type: ignore[arg-type]
                 demand_rps / state.plant.capacity_correction,
                 state.replicas,
                 self.model.replicas.max_replicas,
@@ -311,7 +297,7 @@ class Decider(KnobSteps, NoDataSteps):
             # Never more than the published knobs' capacity: knobs that batch more than
             # the SLA allows serve worse, not better (the fluid model cannot see that).
             n = max(1, state.replicas)
-            old = min(caps[1], self._capacity(memory.running, lengths, profile, n))  # type: ignore[arg-type]
+            old = min(caps[1], self._capacity(memory.running, lengths, profile, n, sla))  # type: ignore[arg-type]
             n_old = min(memory.running_replicas, state.replicas)
             mixed = (n_old * old + (state.replicas - n_old) * caps[1]) / state.replicas
             caps = (caps[0] * mixed / caps[1], mixed)
@@ -333,11 +319,55 @@ class Decider(KnobSteps, NoDataSteps):
             and obs.arrival_rate_rps >= LOADED_FRAC * obs.ready_replicas * base_capacity * c
         )
         violated, healthy = sla_evidence(obs, self.model.sla)
-        judge = believed_enough and self._judge(obs, state, now_s)
+        # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
+        judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
         correction = next_correction(c, dt, violated, healthy, judge, loaded)
+        plant = replace(belief, capacity_correction=correction)
+        return caps, plant, relaxed is not None
+
+    def _relaxed_sla(
+        self, knobs: Knobs, lengths: Lengths | None, profile: Profile, replicas: int
+    ) -> SLA | None:
+        """The SLA to size for when no replica on `profile` meets the model's at any rate
+        (controller.capacity.relaxed_sla), else None."""
+        sla = self.model.sla
+        if lengths is None or self._capacity(knobs, lengths, profile, max(1, replicas), sla) > (
+            CAPACITY_FLOOR_RPS
+        ):
+            return None
+        return relaxed_sla(knobs, lengths, sla, profile)
+
+    def _speed(
+        self,
+        obs: Observation,
+        state: ModelState,
+        memory: KnobMemory,
+        knobs: Knobs,
+        lengths: Lengths | None,
+        now_s: float,
+        dt: float,
+    ) -> PlantBelief:
+        """Step 3's learned speed after this window (controller.plant.next_speed)."""
+        # The token budget the engines ran: replicas still on knobs from before a change
+        # run theirs (a bigger budget makes bigger chunk steps; the new knobs' budget
+        # read them as a 4.8x slower plant when 256/8192 -> 16/1536 on long prompts).
+        budget = knobs.max_num_batched_tokens
+        if memory.running is not None:
+            budget = max(budget, memory.running.max_num_batched_tokens)
+        sample = speed_sample(obs, lengths, self.profile, self.policy.window_s, budget)
+        # A jump to a much slower belief needs a window past the last scale-up's dead
+        # time (one holding the burst that asked for it read code x4 at a 30 s scrape
+        # 5.1x slow), confirmed by windows half a window apart (new scrapes).
+        belief = next_speed(
+            state.plant,
+            sample,
+            dt,
+            now_s,
+            self.policy.window_s / 2.0,
+            allowed=self._past_scale_up(state, now_s),
+        )
         samples = state.plant.speed_samples + (1 if sample is not None else 0)
-        plant = PlantBelief(capacity_correction=correction, speed=speed, speed_samples=samples)
-        return caps, plant
+        return replace(belief, speed_samples=samples)
 
     def _demand(self, obs: Observation, state: ModelState, now_s: float) -> _Demand:
         """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""
@@ -407,6 +437,7 @@ class Decider(KnobSteps, NoDataSteps):
         demand: _Demand,
         caps: tuple[float, float] | None,
         plant: PlantBelief,
+        infeasible: bool = False,
     ) -> _Raw:
         """Steps 4 and 5: the raw replica count (idle, capacity or burst memory);
         `caps` the per-replica capacity of the fleet to size and of the current one."""
@@ -436,6 +467,8 @@ class Decider(KnobSteps, NoDataSteps):
         if level is rise:
             return _Raw(level / capacity, Reason.SHORT_WINDOW, capacity, None, current)
         reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
+        if infeasible:
+            reason = Reason.SLA_INFEASIBLE
         return _Raw(max(level / capacity, 1e-9), reason, capacity, None, current)
 
     def _panic(
@@ -456,13 +489,17 @@ class Decider(KnobSteps, NoDataSteps):
         )
 
     def _burst(
-        self, state: ModelState, now_s: float, demand: _Demand, panic_reason: Reason
+        self, state: ModelState, now_s: float, demand: _Demand, why: tuple[Reason, Reason]
     ) -> tuple[float | None, float | None]:
-        """Step 5: the burst memory's (demand req/s, time) after this tick.
+        """Step 5: the burst memory's (demand req/s, time) after this tick; `why` the
+        panic stage's and the raw count's reasons.
 
-        A panic on a surge starts the burst memory; once started it follows the envelope of the
-        observed demand (a decaying max), so bursts that the grown fleet now absorbs
-        without panicking keep it from shrinking back into the next panic.
+        A surge that panicked or that the short window confirmed (SHORT_WINDOW: the
+        fleet grows for it without panicking, as code x4's minute-3 burst did from 3 to
+        7 replicas, and the next burst found 4) starts the burst memory; once started
+        it follows the envelope of the observed demand (a decaying max), so bursts that
+        the grown fleet now absorbs without panicking keep it from shrinking back into
+        the next panic.
         """
         remembered = self._burst_memory(state, now_s)
         # Only a surge arms it: the short window well above the long one, once the long
@@ -475,7 +512,7 @@ class Decider(KnobSteps, NoDataSteps):
         # long one (30 s scrape: both 60 s), and only the level still lags a burst.
         base = min(demand.long, demand.demand)
         surge = history and demand.short >= BURST_SURGE_FRAC * base
-        armed = panic_reason == Reason.PANIC and surge
+        armed = surge and (why[0] == Reason.PANIC or why[1] == Reason.SHORT_WINDOW)
         if armed or (remembered > 0 and demand.observed > remembered):
             return max(remembered, demand.observed), now_s
         return state.forecast.burst_rps, state.forecast.burst_at_s

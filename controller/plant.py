@@ -30,10 +30,11 @@ speed = 8.3 / (5.95 + 8.3 x 0.065) = 1.28.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from controller.capacity import lognormal_sigma
 from controller.config import SLA
-from controller.types import Lengths
+from controller.types import Lengths, PlantBelief
 from estimators.stepmodel import Profile
 from estimators.types import Observation
 
@@ -56,7 +57,8 @@ SPEED_MAX = 64.0
 """Bounds of the learned speed: the default profile (an H100) on engines up to 64x
 slower (vLLM's CPU build serving a tiny model reads 12-25x) or 16x faster."""
 SPEED_JUMP_RATIO = 4.0
-"""A sample this many times slower than the belief replaces it (see learn_speed)."""
+"""A sample this many times slower than the belief replaces it once confirmed (see
+next_speed)."""
 SPEED_HALF_LIFE_S = 60.0
 """Half-life of the learned speed's average, seconds of evidence."""
 MIN_REQUESTS_PER_WINDOW = 30.0
@@ -132,12 +134,13 @@ def learn_speed(
     a half-life average in log space, within [SPEED_MIN, SPEED_MAX]. Example: 1.0 and
     a sample of 1.3 over 5 s with a 60 s half-life -> 1.0 x 1.3 ** 0.056 = 1.015.
 
-    A sample more than SPEED_JUMP_RATIO x slower than `previous` is taken as it is
-    (1.0 and a sample of 15 -> 15): engines that far off the profile run on other
-    hardware, and averaging towards them at the half-life would take minutes during
-    which every replica is believed to serve several times what it does. Only towards
-    slower: a faster reading is learned at the half-life (believing engines slower
-    than they are costs replicas, believing them faster costs the SLA)."""
+    With `jump`, a sample more than SPEED_JUMP_RATIO x slower than `previous` is taken
+    as it is (1.0 and a sample of 15 -> 15): engines that far off the profile run on
+    other hardware, and averaging towards them at the half-life would take minutes
+    during which every replica is believed to serve several times what it does. Only
+    towards slower: a faster reading is learned at the half-life (believing engines
+    slower than they are costs replicas, believing them faster costs the SLA). The
+    caller decides when a jump is confirmed (`next_speed`)."""
     if sample is None or dt_s <= 0:
         return previous
     s = min(SPEED_MAX, max(SPEED_MIN, sample))
@@ -145,6 +148,46 @@ def learn_speed(
         return s
     keep = 0.5 ** (dt_s / half_life_s)
     return math.exp(keep * math.log(previous) + (1.0 - keep) * math.log(s))
+
+
+def next_speed(
+    belief: PlantBelief,
+    sample: float | None,
+    dt_s: float,
+    now_s: float,
+    confirm_s: float,
+    allowed: bool = True,
+) -> PlantBelief:
+    """`belief` with its speed after this tick's `sample` (the caller sets the rest).
+
+    A sample more than SPEED_JUMP_RATIO x slower than the belief is one window's word
+    against everything learned so far: one contended window (a noisy neighbour, the
+    tokens of a burst that has just drained read against the gauges after it) read
+    55x on the real engine and 5.1x on the code trace at a 30 s scrape, and taking it
+    priced every replica near zero and panicked to the maximum. Such a sample is
+    held as pending and not learned from; the belief jumps (to the smallest pending
+    sample) only when windows at least `confirm_s` seconds apart (new scrapes, not
+    the same data re-read) all read that slow. A sample within the ratio clears the
+    pending jump and is learned at the half-life; so is a jump-worthy sample when a
+    jump is not `allowed` (a window still holding the overload before a scale-up).
+    A pending jump not confirmed within 2 x `confirm_s` expires. Example: belief 1,
+    samples 16 at t = 0 and 20 at t = 5 with confirm_s 5 -> speed 16 at t = 5.
+    """
+    pending, since = belief.speed_jump, belief.speed_jump_since_s
+    if pending is not None and since is not None and now_s - since > 2.0 * confirm_s:
+        pending = since = None
+    if sample is None or dt_s <= 0:
+        return replace(belief, speed_jump=pending, speed_jump_since_s=since)
+    s = min(SPEED_MAX, max(SPEED_MIN, sample))
+    if allowed and s > SPEED_JUMP_RATIO * belief.speed:
+        if pending is None or since is None:
+            return replace(belief, speed_jump=s, speed_jump_since_s=now_s)
+        low = min(pending, s)
+        if now_s - since >= confirm_s:
+            return replace(belief, speed=low, speed_jump=None, speed_jump_since_s=None)
+        return replace(belief, speed_jump=low, speed_jump_since_s=since)
+    speed = learn_speed(belief.speed, s, dt_s, jump=False)
+    return replace(belief, speed=speed, speed_jump=None, speed_jump_since_s=None)
 
 
 def model_speed(speed: float) -> float:

@@ -25,6 +25,7 @@ class Reason(StrEnum):
     SCALE_TO_ZERO = "SCALE_TO_ZERO"
     BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
     SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed over two ticks
+    SLA_INFEASIBLE = "SLA_INFEASIBLE"  # no replica meets the SLA: sized for a relaxed one
     # deadband
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
     OUTSIDE_TOLERANCE = "OUTSIDE_TOLERANCE"
@@ -273,6 +274,10 @@ class PlantBelief:
     """Learned step-time factor of the engines against the profile (> 1: slower)."""
     speed_samples: int = 0
     """Windows the speed was learned from."""
+    speed_jump: float | None = None
+    """A jump to a much slower speed seen but not yet confirmed (controller.plant)."""
+    speed_jump_since_s: float | None = None
+    """When that jump was first seen (loop's monotonic seconds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +348,8 @@ class SavedState:
     short_at_s: float | None = None
     plant_speed: float = 1.0
     plant_speed_samples: int = 0
+    plant_speed_jump: float | None = None
+    plant_speed_jump_since_s: float | None = None
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -375,6 +382,8 @@ class SavedState:
             short_at_s=f.short_at_s,
             plant_speed=s.plant.speed,
             plant_speed_samples=s.plant.speed_samples,
+            plant_speed_jump=s.plant.speed_jump,
+            plant_speed_jump_since_s=s.plant.speed_jump_since_s,
         )
 
     def state(self) -> ModelState:
@@ -414,6 +423,8 @@ class SavedState:
                 capacity_correction=self.capacity_correction,
                 speed=self.plant_speed,
                 speed_samples=self.plant_speed_samples,
+                speed_jump=self.plant_speed_jump,
+                speed_jump_since_s=self.plant_speed_jump_since_s,
             ),
             rules=RuleMemory(states=self.rules),
         )

@@ -72,6 +72,7 @@ TIME_FIELDS = (
     "burst_at_s",
     "knob_running_until_s",
     "short_at_s",
+    "plant_speed_jump_since_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
@@ -91,6 +92,7 @@ PLAIN_FIELDS = (
     "short_rps",
     "plant_speed",
     "plant_speed_samples",
+    "plant_speed_jump",
 )
 
 

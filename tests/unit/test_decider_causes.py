@@ -39,6 +39,26 @@ def test_a_surge_over_the_long_window_arms_the_burst_memory() -> None:
     assert dec.panic and s.forecast.burst_rps == pytest.approx(150.0)
 
 
+def test_a_surge_the_fleet_grows_for_without_panic_arms_the_burst_memory() -> None:
+    """90 -> 150 req/s on 6 replicas settled at 90: the short window shows it on two
+    ticks (SHORT_WINDOW, below the panic threshold) while the long window still reads
+    ~100: a surge, remembered like a panic's (code x4's minute-3 burst grew the fleet
+    3 -> 7 without panicking, nothing was remembered, and the next burst found 4).
+    A level load the short window confirms is not (no surge over the long window)."""
+    d = Decider(make_model(max_replicas=40), make_policy())
+    s = d.initial_state(6, now_s=ORIGIN_S - 1000)
+    for k in range(12):  # settled at 90 req/s
+        t = ORIGIN_S - 60 + 5 * k
+        _, s = d.decide(obs(t=t, rate=90.0, arrival_rate_short_rps=90.0, ready_replicas=6), s, t)
+    assert s.forecast.burst_rps is None
+    for k, (long_rps, short_rps) in enumerate(((95.0, 150.0), (100.0, 150.0))):
+        t = ORIGIN_S + 5 * k
+        o = obs(t=t, rate=long_rps, arrival_rate_short_rps=short_rps, ready_replicas=6)
+        dec, s = d.decide(o, s, t)
+    assert not dec.panic and Reason.SHORT_WINDOW in dec.reasons, dec.explain()
+    assert s.forecast.burst_rps == pytest.approx(150.0)
+
+
 def test_short_window_is_at_least_two_scrape_intervals() -> None:
     cfg = GovernorConfig(models=(make_model(),), policy=make_policy(panic_window_s=10.0))
     assert cfg.prometheus.scrape_interval_s == 15.0

@@ -12,8 +12,15 @@ from prometheus_client import CollectorRegistry
 
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics
-from controller.plant import SPEED_JUMP_RATIO, SPEED_MAX, SPEED_MIN, learn_speed, speed_sample
-from controller.types import Lengths
+from controller.plant import (
+    SPEED_JUMP_RATIO,
+    SPEED_MAX,
+    SPEED_MIN,
+    learn_speed,
+    next_speed,
+    speed_sample,
+)
+from controller.types import Lengths, PlantBelief, Reason
 from estimators.stepmodel import load_profile
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import obs
@@ -84,42 +91,78 @@ def test_an_engine_far_slower_than_the_profile_is_taken_at_once() -> None:
     assert learn_speed(15.0, 18.0, 1.0) == pytest.approx(15.0 * 1.2 ** (1 - 0.5 ** (1 / 60)))
     assert learn_speed(1.0, SPEED_JUMP_RATIO * 0.99, 1.0) < 1.03
     assert learn_speed(15.0, 1.0, 1.0) > 14.0
-    # ...unless the caller sees engines within the ITL target: then it is averaged
+    # ...unless the caller does not allow a jump: then it is averaged
     assert learn_speed(1.0, 15.0, 1.0, jump=False) < 1.1
 
 
-def test_a_far_slower_window_with_the_itl_met_is_not_jumped_to() -> None:
-    """One window reading 5x with the mean ITL within the target (a long prompt's
-    prefill chunks in one window) moves the belief at the half-life only; the same
-    reading with the mean ITL past the target replaces it."""
+def test_a_jump_waits_for_windows_half_a_window_apart() -> None:
+    """One window far slower than the belief is held as pending, not learned from (one
+    contended window read 55x on the real engine); windows `confirm_s` apart that all
+    read that slow jump the belief to the smallest of them; a window within the ratio
+    in between clears it; a pending jump expires after 2 x confirm_s without evidence."""
+    b0 = PlantBelief()
+    one = next_speed(b0, 16.0, 5.0, 100.0, 30.0)
+    assert one.speed == 1.0 and one.speed_jump == 16.0 and one.speed_jump_since_s == 100.0
+    early = next_speed(one, 20.0, 5.0, 125.0, 30.0)  # same scrape re-read, too soon
+    assert early.speed == 1.0 and early.speed_jump == 16.0
+    confirmed = next_speed(early, 14.0, 5.0, 130.0, 30.0)
+    assert confirmed.speed == 14.0 and confirmed.speed_jump is None
+    # a normal window in between: the pending jump is gone, the sample averaged
+    cleared = next_speed(one, 1.5, 5.0, 105.0, 30.0)
+    assert cleared.speed_jump is None and 1.0 < cleared.speed < 1.1
+    again = next_speed(cleared, 16.0, 5.0, 130.0, 30.0)
+    assert again.speed == cleared.speed and again.speed_jump_since_s == 130.0
+    # windows without a sample neither confirm nor clear, until the pending one expires
+    quiet = next_speed(one, None, 5.0, 150.0, 30.0)
+    assert quiet.speed_jump == 16.0
+    assert next_speed(one, None, 5.0, 161.0, 30.0).speed_jump is None
+    # not allowed (a window holding the last scale-up's burst): averaged, nothing pending
+    held = next_speed(b0, 16.0, 5.0, 100.0, 30.0, allowed=False)
+    assert held.speed_jump is None and 1.0 < held.speed < 1.3
+    # faster is never pending
+    assert next_speed(PlantBelief(speed=8.0), 1.0, 5.0, 100.0, 30.0).speed_jump is None
+
+
+def _decide_twice(d: Decider, itl: float, since_up_s: float | None = None) -> PlantBelief:
+    """The plant belief after two windows reading `itl`, half a window apart (the
+    last scale-up `since_up_s` before the second, if given)."""
+    s = d.initial_state(4, now_s=ORIGIN_S - 1000)
+    _, s = d.decide(obs(t=ORIGIN_S, **LOADED), s, ORIGIN_S)
+    half = make_policy().window_s / 2.0
+    for now in (ORIGIN_S + 5, ORIGIN_S + 5 + half):
+        if since_up_s is not None:
+            s = replace(s, windows=replace(s.windows, last_scale_up_s=now - since_up_s))
+        _, s = d.decide(obs(t=now, itl_mean_ms=itl, **LOADED), s, now)
+    return s.plant
+
+
+def test_a_far_slower_engine_is_jumped_to_once_confirmed() -> None:
+    """Two windows half a window apart reading 5x replace the belief, whether or not
+    the mean ITL is past the target (the real engine's step ladder stays within it
+    while its speed is 10x the profile's); one window alone does not."""
     itl = _itl_for(5.0, **LOADED)
-    for target, jumps in ((1.2 * itl, False), (itl / 1.2, True)):
+    for target in (1.2 * itl, itl / 1.2):
         d = Decider(make_model(max_replicas=64, itl_p95_ms=target), make_policy())
+        assert _decide_twice(d, itl).speed == pytest.approx(5.0, rel=1e-6)
         s = d.initial_state(4, now_s=ORIGIN_S - 1000)
         _, s = d.decide(obs(t=ORIGIN_S, **LOADED), s, ORIGIN_S)
-        o = obs(t=ORIGIN_S + 5, itl_mean_ms=itl, **LOADED)
-        _, after = d.decide(o, s, ORIGIN_S + 5)
-        assert (after.plant.speed > 4.0) is jumps, (target, after.plant.speed)
+        _, s = d.decide(obs(t=ORIGIN_S + 5, itl_mean_ms=itl, **LOADED), s, ORIGIN_S + 5)
+        assert s.plant.speed == 1.0
 
 
 def test_no_jump_from_a_window_that_holds_the_last_scale_up() -> None:
-    """A window 5x slow with the mean ITL past the target, within a cold start plus a
-    window of a scale-up (it still holds the burst that asked for it: tokens made while
-    overloaded priced against the gauges after it drained), is averaged at the half-life;
-    the same window later replaces the belief. (Code x4 at a 30 s scrape read 5.1x right
-    after its first burst, jumped, found the SLA infeasible and held 64 replicas for the
-    hour.)"""
+    """Windows 5x slow within a cold start plus a window of a scale-up (they still hold
+    the burst that asked for it: tokens made while overloaded priced against the
+    gauges after it drained) are averaged at the half-life; the same windows later
+    replace the belief. (Code x4 at a 30 s scrape read 5.1x right after its first
+    burst, jumped, found the SLA infeasible and held 64 replicas for the hour.)"""
     itl = _itl_for(5.0, **LOADED)
     model = make_model(max_replicas=64, itl_p95_ms=itl / 1.2)
     d = Decider(model, make_policy())
     dead_time_s = model.cold_start_s + make_policy().window_s
     for since_up_s, jumps in ((dead_time_s - 10.0, False), (dead_time_s + 10.0, True)):
-        s = d.initial_state(4, now_s=ORIGIN_S - 1000)
-        _, s = d.decide(obs(t=ORIGIN_S, **LOADED), s, ORIGIN_S)
-        now = ORIGIN_S + 5
-        s = replace(s, windows=replace(s.windows, last_scale_up_s=now - since_up_s))
-        _, after = d.decide(obs(t=now, itl_mean_ms=itl, **LOADED), s, now)
-        assert (after.plant.speed > 4.0) is jumps, (since_up_s, after.plant.speed)
+        speed = _decide_twice(d, itl, since_up_s).speed
+        assert (speed > 4.0) is jumps, (since_up_s, speed)
 
 
 def test_a_slower_engine_is_learned_before_the_sla_is_violated() -> None:
@@ -165,3 +208,29 @@ def test_scaled_profile_scales_every_coefficient_and_is_kept_per_profile_object(
     assert slow.kv_capacity_tokens == PROFILE.kv_capacity_tokens
     other = PROFILE.model_copy(update={"max_model_len": PROFILE.max_model_len // 2})
     assert scaled_profile(other, 1.3).max_model_len == other.max_model_len  # not PROFILE's
+
+
+def test_an_sla_out_of_every_fleets_reach_is_sized_relaxed_not_to_the_maximum() -> None:
+    """Engines learned 20x slower than the profile against an ITL target of 50 ms (an
+    unloaded step reads ~135 ms): no fleet meets it. The decider sizes for the target
+    relaxed to RELAX_FACTOR x the unloaded step (SLA_INFEASIBLE) instead of pricing a
+    replica at ~0 req/s and asking for the maximum, and the violation does not shrink
+    the capacity correction (more replicas would not help)."""
+    d = Decider(make_model(max_replicas=64), make_policy())
+    s = d.initial_state(4, now_s=ORIGIN_S - 1000)
+    s = replace(s, plant=PlantBelief(speed=20.0))
+    t = ORIGIN_S
+    for _ in range(12):
+        o = obs(t=t, rate=2.0, itl_p95_ms=600.0, ttft_p95_ms=900.0, ready_replicas=4)
+        dec, s = d.decide(o, s, t)
+        t += 5.0
+    assert Reason.SLA_INFEASIBLE in dec.reasons, dec.explain()
+    assert s.plant.speed == 20.0
+    # 2 req/s on engines 20x slower than an H100: ~0.3 req/s each, not ~0.001
+    assert dec.raw_replicas is not None and dec.raw_replicas < 12, dec.explain()
+    assert dec.replicas < 12, dec.explain()
+    assert s.plant.capacity_correction == 1.0
+    # the same engines at the profile's speed meet it: sized as usual
+    d2, s2 = Decider(make_model(max_replicas=64), make_policy()), d.initial_state(4)
+    dec2, _ = d2.decide(obs(t=ORIGIN_S, **LOADED), s2, ORIGIN_S)
+    assert Reason.CAPACITY in dec2.reasons and Reason.SLA_INFEASIBLE not in dec2.reasons
