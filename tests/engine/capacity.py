@@ -41,7 +41,13 @@ import requests
 
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
-from tests.engine.realengine import MODEL_NAME, EngineWorld, complete, metric_value
+from tests.engine.realengine import (
+    MODEL_NAME,
+    SLA_GOAL_FRAC,
+    EngineWorld,
+    complete,
+    metric_value,
+)
 
 PROMPT_TOKENS = 32
 OUTPUT_TOKENS = 16
@@ -49,7 +55,7 @@ SLA_TTFT_S = 2.5
 SLA_TPOT_S = 0.3
 """The SLA of the engine world (realengine.governor_config): TTFT p95 2.5 s, ITL p95
 300 ms; both are edges of vLLM's histogram buckets."""
-GOAL_FRAC = 0.95
+GOAL_FRAC = SLA_GOAL_FRAC
 RUNG_STEP = 1.2
 """Each rung's rate is the last one's x this: the capacity is measured to within 20 %."""
 START_RPS = 3.0
@@ -324,7 +330,11 @@ def profile_capacity_rps(knobs: tuple[int, int] = (32, 2048)) -> float:
     return capacity_rps(
         Knobs(*knobs),
         Lengths(PROMPT_TOKENS, PROMPT_TOKENS, OUTPUT_TOKENS, OUTPUT_TOKENS),
-        SLA(ttft_p95_ms=SLA_TTFT_S * 1000, itl_p95_ms=SLA_TPOT_S * 1000),
+        SLA(
+            ttft_p95_ms=SLA_TTFT_S * 1000,
+            itl_p95_ms=SLA_TPOT_S * 1000,
+            attainment_goal_frac=SLA_GOAL_FRAC,
+        ),
         load_profile(),
         ScalingPolicy().target_utilization_frac,
     )
