@@ -515,14 +515,10 @@ class Decider(KnobSteps, NoDataSteps):
         # long one (30 s scrape: both 60 s), and only the level still lags a burst.
         base = min(demand.long, demand.demand)
         surge = history and demand.short >= BURST_SURGE_FRAC * base
-        # A rise without panic only when Poisson noise cannot explain it: the short
-        # window's count over the panic window at least BURST_Z standard deviations
-        # over the base (chance gives 5 sigma once in ~3.5 million windows). A smooth
-        # trace's short window reads 1.25x its long one by chance every few minutes
-        # (long-context at 2.8 req/s: z ~1.2; diurnal's ramp at a 5 s scrape ~3-4),
-        # and a burst remembered for that holds replicas for half an hour; code x4's
-        # minute-3 burst reads z 5.2 even at a 30 s scrape (counted over 10 s where
-        # the window is 60 s: the panic window undercounts, never overcounts).
+        # A rise without panic only when Poisson noise cannot explain it (BURST_Z sigma
+        # over the panic window, which undercounts a longer short window, never over):
+        # smooth traces read 1.25x by chance (long-context z ~1.2, diurnal's ramp at a
+        # 5 s scrape 3-4), code x4's minute-3 burst z 5.2 even at a 30 s scrape.
         w = self.policy.panic_window_s
         z = (demand.short - base) * w / math.sqrt(max(base * w, 1.0))
         rise = why[1] == Reason.SHORT_WINDOW and z >= BURST_Z
