@@ -29,11 +29,20 @@ from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 
 NS = "llm"
+REQUEST_TIMEOUT_S = 30.0
+"""The clients' request timeout where no test injects a timeout: the fake API answers in
+milliseconds, but on a loaded machine a request through its in-process server has taken
+more than a short timeout, and a lost renew or save under a fake clock broke tests that
+believed it had happened (a Lease "renewed" at t that the follower saw last at t - 2 s)."""
+INJECTED_TIMEOUT_S = 1.0
+"""The clients' timeout in the tests that inject one; the fake holds those requests
+`HELD_S`, and answers every other request well within it."""
+HELD_S = 1.5
 
 
 @pytest.fixture
 def api() -> Iterator[FakeKubeAPI]:
-    with FakeKubeAPI(timeout_delay_s=0.6) as fake:
+    with FakeKubeAPI(timeout_delay_s=HELD_S) as fake:
         yield fake
 
 
@@ -56,7 +65,7 @@ def _actuator(api: FakeKubeAPI, sleeps: Sleeps, **kw: Any) -> KubernetesScaleAct
         lambda: targets,
         background=kw.pop("background", False),
         sleep=sleeps,
-        request_timeout_s=0.3,
+        request_timeout_s=kw.pop("request_timeout_s", REQUEST_TIMEOUT_S),
         backoff_s=0.1,
         logger=quiet_logger(),
         **kw,
@@ -122,7 +131,7 @@ def test_5xx_and_timeouts_are_retried_with_backoff(api: FakeKubeAPI) -> None:
     api.inject("PATCH", "/deployments/demo/scale", "timeout")
     api.inject("PATCH", "/deployments/demo/scale", 503)
     sleeps = Sleeps()
-    act = _actuator(api, sleeps)
+    act = _actuator(api, sleeps, request_timeout_s=INJECTED_TIMEOUT_S)
     act.apply([_decision("demo", 3)])
     assert api.replicas(NS, "demo") == 3
     assert act.status()["demo"].reason == ScaleReason.SCALED
@@ -181,12 +190,14 @@ def test_background_worker_applies_without_blocking(api: FakeKubeAPI) -> None:
 
 
 # ---------------------------------------------------------------------- ConfigMap store
-def _store(api: FakeKubeAPI, sleeps: Sleeps | None = None) -> ConfigMapStore:
+def _store(
+    api: FakeKubeAPI, sleeps: Sleeps | None = None, timeout_s: float = REQUEST_TIMEOUT_S
+) -> ConfigMapStore:
     return ConfigMapStore(
         k8s.CoreV1Api(api_client(api.url)),
         NS,
         "governor-targets",
-        request_timeout_s=0.3,
+        request_timeout_s=timeout_s,
         backoff_s=0.05,
         sleep=sleeps or Sleeps(),
     )
@@ -227,7 +238,7 @@ def test_configmap_write_race_gets_409(api: FakeKubeAPI) -> None:
 def test_configmap_transient_errors_are_retried(api: FakeKubeAPI) -> None:
     """Against FakeKubeAPI, a fake of the published API contract."""
     sleeps = Sleeps()
-    store = _store(api, sleeps)
+    store = _store(api, sleeps, INJECTED_TIMEOUT_S)
     store.save_targets(config_to_targets(make_config()), "")
     api.inject("GET", "/configmaps/governor-targets", 500)
     api.inject("GET", "/configmaps/governor-targets", "timeout")
@@ -361,7 +372,7 @@ def _elector(api: FakeKubeAPI, identity: str, clock: FakeClock) -> LeaseElector:
         identity,
         monotonic=clock.monotonic,
         wall=clock.wall,
-        request_timeout_s=0.3,
+        request_timeout_s=REQUEST_TIMEOUT_S,
         logger=quiet_logger(),
     )
 
