@@ -209,6 +209,19 @@ def latency_quantiles(obs: Observation, signal: str) -> LatencyQuantiles:
     the Observation's point field (`<signal>_p95_ms`, `e2e_p99_ms`), then to
     `extra["<signal>_<q>_ms"]`. Non-finite values are dropped (None = no data)."""
     dist = getattr(obs, f"{signal}_dist", None)
+    if dist is not None and dist.__class__ is LatencyQuantiles:
+        a, b, c, d = dist.p50_ms, dist.p90_ms, dist.p95_ms, dist.p99_ms
+        if (
+            a.__class__ is float
+            and b.__class__ is float
+            and c.__class__ is float
+            and d.__class__ is float
+            and a - a == 0.0  # finite (NaN and +-Inf give NaN)
+            and b - b == 0.0
+            and c - c == 0.0
+            and d - d == 0.0
+        ):
+            return dist  # every quantile known and finite: nothing to fall back to or clean
     extra = obs.extra or {}
     values: dict[str, float | None] = {}
     for q in ("p50", "p90", "p95", "p99"):

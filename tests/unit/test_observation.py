@@ -43,3 +43,17 @@ def test_replace_cleans_too() -> None:
 def test_required_arrival_is_still_refused() -> None:
     with pytest.raises(ValueError, match="arrival_rate_rps"):
         Observation("m", 0.0, math.nan)
+
+
+def test_latency_quantiles_read_the_distribution_and_fall_back_per_quantile() -> None:
+    from estimators.types import latency_quantiles
+
+    full = LatencyQuantiles(10.0, 20.0, 30.0, 40.0)
+    o = Observation("m", 0.0, 1.0, ttft_dist=full, ttft_p95_ms=99.0)
+    assert latency_quantiles(o, "ttft") == full  # the distribution wins where complete
+    gap = LatencyQuantiles(10.0, 20.0, None, math.nan)
+    o = Observation("m", 0.0, 1.0, ttft_dist=gap, ttft_p95_ms=99.0, extra={"ttft_p99_ms": 7.0})
+    assert latency_quantiles(o, "ttft") == LatencyQuantiles(10.0, 20.0, 99.0, None)
+    inf = LatencyQuantiles(10.0, 20.0, 30.0, math.inf)
+    o = Observation("m", 0.0, 1.0, e2e_dist=inf, e2e_p99_ms=50.0)
+    assert latency_quantiles(o, "e2e") == LatencyQuantiles(10.0, 20.0, 30.0, None)  # no data
