@@ -44,12 +44,12 @@ from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
 from controller.plant import (
     LOADED_FRAC,
+    learn_plant,
     model_speed,
     next_correction,
-    next_speed,
     scaled_profile,
     sla_evidence,
-    speed_sample,
+    window_parts,
 )
 from controller.rules import rules_stage
 from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
@@ -238,6 +238,7 @@ class Decider(KnobSteps, NoDataSteps):
             demand_rps=demand.demand,
             capacity_rps_per_replica=raw.capacity,
             plant_speed=plant.speed,
+            plant_seq_ratio=plant.seq_ratio,
             capacity_correction=plant.capacity_correction,
             panic=panic_state[0],
             rollout=rollout,
@@ -282,7 +283,9 @@ class Decider(KnobSteps, NoDataSteps):
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
         belief = self._speed(obs, state, memory, knobs, lengths, now_s, dt)
-        profile = scaled_profile(self.profile, model_speed(belief.speed))
+        profile = scaled_profile(
+            self.profile, model_speed(belief.speed), model_speed(belief.seq_ratio)
+        )
         relaxed = self._relaxed_sla(knobs, lengths, profile, state.replicas)
         sla = relaxed or self.model.sla
         caps = (
@@ -350,27 +353,20 @@ class Decider(KnobSteps, NoDataSteps):
         now_s: float,
         dt: float,
     ) -> PlantBelief:
-        """Step 3's learned speed after this window (controller.plant.next_speed)."""
+        """Step 3's learned speed and per-sequence ratio after this window
+        (controller.plant.next_speed, next_seq_ratio)."""
         # The token budget the engines ran: replicas still on knobs from before a change
         # run theirs (a bigger budget makes bigger chunk steps; the new knobs' budget
         # read them as a 4.8x slower plant when 256/8192 -> 16/1536 on long prompts).
         budget = knobs.max_num_batched_tokens
         if memory.running is not None:
             budget = max(budget, memory.running.max_num_batched_tokens)
-        sample = speed_sample(obs, lengths, self.profile, self.policy.window_s, budget)
         # A jump to a much slower belief needs a window past the last scale-up's dead
         # time (one holding the burst that asked for it read code x4 at a 30 s scrape
         # 5.1x slow), confirmed by windows half a window apart (new scrapes).
-        belief = next_speed(
-            state.plant,
-            sample,
-            dt,
-            now_s,
-            self.policy.window_s / 2.0,
-            allowed=self._past_scale_up(state, now_s),
-        )
-        samples = state.plant.speed_samples + (1 if sample is not None else 0)
-        return replace(belief, speed_samples=samples)
+        parts = window_parts(obs, lengths, self.profile, self.policy.window_s, budget)
+        allowed = self._past_scale_up(state, now_s)
+        return learn_plant(state.plant, parts, dt, now_s, self.policy.window_s / 2.0, allowed)
 
     def _demand(self, obs: Observation, state: ModelState, now_s: float) -> _Demand:
         """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""

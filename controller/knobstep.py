@@ -126,7 +126,10 @@ class KnobSteps:
         else:
             # On the profile x the learned speed: slower engines fit fewer sequences
             # into the ITL target.
-            profile = scaled_profile(self.profile, model_speed(state.plant.speed))
+            plant = state.plant
+            profile = scaled_profile(
+                self.profile, model_speed(plant.speed), model_speed(plant.seq_ratio)
+            )
             candidate = slo_knobs(
                 lengths, self.model.sla, profile, bounds, self.policy.itl_margin_frac
             )

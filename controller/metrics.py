@@ -56,6 +56,11 @@ MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
         "Learned step time of the engines x the profile's (> 1: slower than profiled)",
     ),
     (
+        "plant_seq_ratio",
+        "governor_plant_seq_ratio",
+        "Learned per-sequence step cost of the engines x the profile's, on top of the speed",
+    ),
+    (
         "capacity_correction",
         "governor_capacity_correction",
         "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
@@ -89,6 +94,7 @@ class GovernorMetrics:
     demand: Gauge
     capacity: Gauge
     plant_speed: Gauge
+    plant_seq_ratio: Gauge
     capacity_correction: Gauge
     staleness: Gauge
     stale: Gauge
@@ -161,6 +167,7 @@ class GovernorMetrics:
             d.demand_rps if valid else None,
             d.capacity_rps_per_replica if valid else None,
             d.plant_speed if valid else None,
+            d.plant_seq_ratio if valid else None,
             d.capacity_correction if valid else None,
             staleness_s,
             0 if valid and d.demand_rps is not None else 1,

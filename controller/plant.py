@@ -69,17 +69,24 @@ STEADY_FRAC = 0.25
 """A window whose short-window rate is off its mean by more than this is not steady."""
 SPEED_QUANTUM = 0.02
 """The speed the models use is rounded to this (a cached scaled profile per value)."""
+SEQ_RATIO_MIN = 0.25
+SEQ_RATIO_MAX = 64.0
+"""Bounds of the learned per-sequence ratio (next_seq_ratio)."""
+SEQ_FIT_MIN_SPREAD = 0.05
+"""1 - cos^2 of the angle between the windows' rest and per-sequence parts that the
+per-sequence fit needs (0: every window at one batch shape)."""
 
 
-def speed_sample(
+def window_parts(
     obs: Observation,
     lengths: Lengths | None,
     profile: Profile,
     window_s: float,
     budget_tokens: int,
-) -> float | None:
-    """One window's step-time factor (engines' / profile's), or None when the window
-    has not enough data to say (see the module doc for the model)."""
+) -> tuple[float, float, float] | None:
+    """(observed mean ITL, the profile's predicted step split into its per-sequence
+    part and the rest, ms) of one window, or None when the window has not enough data
+    to say (see the module doc for the model)."""
     itl = obs.itl_mean_ms
     n = obs.ready_replicas if obs.ready_replicas is not None else obs.targets_up
     if itl is None or itl <= 0 or lengths is None or n is None or n <= 0:
@@ -108,19 +115,71 @@ def speed_sample(
     sigma = lognormal_sigma(lengths.prompt_mean, lengths.prompt_p95)
     spread = math.exp(sigma * sigma)
     chunk = lin / chunks
-    decode = max(c.base_ms + c.per_token_ms * b, c.floor_ms) + c.fixed_ms + b * per_seq
+    decode = max(c.base_ms + c.per_token_ms * b, c.floor_ms) + c.fixed_ms
     mixed = (
         max(c.base_ms + c.per_token_ms * (b + chunk), c.floor_ms)
         + c.fixed_ms
-        + (b + 1) * per_seq
         + c.prefill_attention_ms_per_token2 * lin * lin * spread / 2.0 / chunks
     )
     # Fraction of steps that carry a chunk: chunks arriving per step (the observed
     # step time x the per-replica arrival rate x chunks per prompt), at most all.
     f = min(1.0, obs.arrival_rate_rps / n * chunks * itl / 1000.0)
-    predicted = (1.0 - f) * decode + f * mixed
-    speed = itl / predicted
+    rest = (1.0 - f) * decode + f * mixed
+    seqs = (b + f) * per_seq  # b sequences per step, one more in a chunk step
+    return itl, seqs, rest
+
+
+def speed_sample(
+    obs: Observation,
+    lengths: Lengths | None,
+    profile: Profile,
+    window_s: float,
+    budget_tokens: int,
+    seq_ratio: float = 1.0,
+) -> float | None:
+    """One window's step-time factor (engines' / profile's with its per-sequence part
+    x `seq_ratio`), or None when the window has not enough data to say."""
+    parts = window_parts(obs, lengths, profile, window_s, budget_tokens)
+    if parts is None:
+        return None
+    itl, seqs, rest = parts
+    speed = itl / (rest + seq_ratio * seqs)
     return speed if math.isfinite(speed) and speed > 0 else None
+
+
+def next_seq_ratio(
+    belief: PlantBelief, parts: tuple[float, float, float] | None, dt_s: float
+) -> PlantBelief:
+    """`belief` with its per-sequence ratio after this window (`parts` from
+    window_parts; None: unchanged).
+
+    The speed scales every step-time coefficient alike, but engines differ from the
+    profile in shape too: vLLM's CPU build serving a tiny model reads ~18x the
+    profile's step at 3 running sequences and its steps grow ~10 ms per sequence where
+    the profile x 18 grows ~1 ms, so one factor learned at small batches believed it
+    serves 3x what it does at the SLA. Each window says ITL = x rest + y seqs (the
+    profile's step split as window_parts does); a least-squares fit of x and y over
+    half-life sums gives the ratio r = y / x, which multiplies the profile's
+    per-sequence costs on top of the speed. Only where the windows seen span enough
+    different batch shapes to tell x from y (their rest/seqs vectors at least
+    SEQ_FIT_MIN_SPREAD from collinear): windows at one batch size say nothing about
+    the split and leave r where it is. Within [SEQ_RATIO_MIN, SEQ_RATIO_MAX].
+    """
+    if parts is None or dt_s <= 0 or belief.speed_jump is not None:
+        return belief
+    itl, seqs, rest = parts
+    keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)
+    new = (rest * rest, rest * seqs, seqs * seqs, itl * rest, itl * seqs)
+    fit = tuple(keep * old + (1.0 - keep) * v for old, v in zip(belief.seq_fit, new, strict=True))
+    rr, rs, ss, ir, is_ = fit
+    det = rr * ss - rs * rs
+    ratio = belief.seq_ratio
+    if rr > 0 and ss > 0 and det > 0 and det >= SEQ_FIT_MIN_SPREAD * rr * ss:
+        x = (ir * ss - is_ * rs) / det
+        y = (is_ * rr - ir * rs) / det
+        if x > 0 and y > 0:
+            ratio = min(SEQ_RATIO_MAX, max(SEQ_RATIO_MIN, y / x))
+    return replace(belief, seq_ratio=ratio, seq_fit=fit)  # type: ignore[arg-type]
 
 
 def learn_speed(
@@ -190,6 +249,26 @@ def next_speed(
     return replace(belief, speed=speed, speed_jump=None, speed_jump_since_s=None)
 
 
+def learn_plant(
+    belief: PlantBelief,
+    parts: tuple[float, float, float] | None,
+    dt_s: float,
+    now_s: float,
+    confirm_s: float,
+    allowed: bool,
+) -> PlantBelief:
+    """`belief` after one window (`parts` from window_parts, None: nothing learned):
+    the speed (next_speed, the sample priced with the learned per-sequence ratio), the
+    windows counted, then the per-sequence ratio (next_seq_ratio)."""
+    r = belief.seq_ratio
+    sample = None if parts is None else parts[0] / (parts[2] + r * parts[1])
+    if sample is not None and not (math.isfinite(sample) and sample > 0):
+        sample = None
+    learned = next_speed(belief, sample, dt_s, now_s, confirm_s, allowed)
+    samples = belief.speed_samples + (1 if sample is not None else 0)
+    return next_seq_ratio(replace(learned, speed_samples=samples), parts, dt_s)
+
+
 def model_speed(speed: float) -> float:
     """The learned speed as the models use it: rounded to SPEED_QUANTUM, and 1 within
     one quantum of 1 (a profile that is right stays exactly itself)."""
@@ -197,28 +276,29 @@ def model_speed(speed: float) -> float:
     return 1.0 if abs(q - 1.0) < SPEED_QUANTUM - 1e-9 else round(q, 6)
 
 
-def scaled_profile(profile: Profile, speed: float) -> Profile:
-    """`profile` with every step-time coefficient x `speed` (the same object at 1; the
-    same object for the same profile object and speed, kept by identity: hashing a
-    profile walks all its fields, ~4 us, and this runs twice per model per tick)."""
-    if speed == 1.0:
+def scaled_profile(profile: Profile, speed: float, seq_ratio: float = 1.0) -> Profile:
+    """`profile` with every step-time coefficient x `speed` and the per-sequence ones
+    x `seq_ratio` more (the same object at 1, 1; the same object for the same profile
+    object and factors, kept by identity: hashing a profile walks all its fields, ~4 us,
+    and this runs twice per model per tick)."""
+    if speed == 1.0 and seq_ratio == 1.0:
         return profile
-    key = (id(profile), speed)
+    key = (id(profile), speed, seq_ratio)
     hit = _SCALED.get(key)
     if hit is not None and hit[0] is profile:
         return hit[1]
     if len(_SCALED) >= _SCALED_MAX:
         _SCALED.clear()
-    scaled = _scaled(profile, speed)
+    scaled = _scaled(profile, speed, seq_ratio)
     _SCALED[key] = (profile, scaled)
     return scaled
 
 
 _SCALED_MAX = 256
-_SCALED: dict[tuple[int, float], tuple[Profile, Profile]] = {}
+_SCALED: dict[tuple[int, float, float], tuple[Profile, Profile]] = {}
 
 
-def _scaled(profile: Profile, speed: float) -> Profile:
+def _scaled(profile: Profile, speed: float, seq_ratio: float = 1.0) -> Profile:
     c = profile.step_time
     scaled = c.model_copy(
         update={
@@ -226,8 +306,8 @@ def _scaled(profile: Profile, speed: float) -> Profile:
             "base_ms": c.base_ms * speed,
             "per_token_ms": c.per_token_ms * speed,
             "fixed_ms": c.fixed_ms * speed,
-            "per_sampled_seq_ms": c.per_sampled_seq_ms * speed,
-            "per_decode_kv_token_ms": c.per_decode_kv_token_ms * speed,
+            "per_sampled_seq_ms": c.per_sampled_seq_ms * speed * seq_ratio,
+            "per_decode_kv_token_ms": c.per_decode_kv_token_ms * speed * seq_ratio,
             "prefill_attention_ms_per_token2": c.prefill_attention_ms_per_token2 * speed,
         }
     )

@@ -154,6 +154,8 @@ class Decision:
     panic: bool = False
     plant_speed: float | None = None
     """The engines' learned step-time factor against the profile (> 1: slower)."""
+    plant_seq_ratio: float | None = None
+    """Learned factor on the profile's per-sequence step costs on top of the speed."""
     capacity_correction: float | None = None
     """The feedback correction on capacity from observed SLA violations, in [0.4, 1]."""
     rollout: bool = False
@@ -184,6 +186,11 @@ class Decision:
         if self.plant_speed is not None:
             lines.append(
                 f"  plant: step time x{self.plant_speed:.2f} of the profile (learned)"
+                + (
+                    f", per-sequence cost x{self.plant_seq_ratio:.2f} more"
+                    if self.plant_seq_ratio is not None and self.plant_seq_ratio != 1.0
+                    else ""
+                )
                 + (
                     f"  capacity correction x{self.capacity_correction:.2f}"
                     if self.capacity_correction is not None
@@ -278,6 +285,10 @@ class PlantBelief:
     """A jump to a much slower speed seen but not yet confirmed (controller.plant)."""
     speed_jump_since_s: float | None = None
     """When that jump was first seen (loop's monotonic seconds)."""
+    seq_ratio: float = 1.0
+    """Learned extra factor on the profile's per-sequence step costs (controller.plant)."""
+    seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    """Half-life sums of the per-sequence ratio's least-squares fit (ms^2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +361,8 @@ class SavedState:
     plant_speed_samples: int = 0
     plant_speed_jump: float | None = None
     plant_speed_jump_since_s: float | None = None
+    plant_seq_ratio: float = 1.0
+    plant_seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -384,6 +397,8 @@ class SavedState:
             plant_speed_samples=s.plant.speed_samples,
             plant_speed_jump=s.plant.speed_jump,
             plant_speed_jump_since_s=s.plant.speed_jump_since_s,
+            plant_seq_ratio=s.plant.seq_ratio,
+            plant_seq_fit=s.plant.seq_fit,
         )
 
     def state(self) -> ModelState:
@@ -425,6 +440,8 @@ class SavedState:
                 speed_samples=self.plant_speed_samples,
                 speed_jump=self.plant_speed_jump,
                 speed_jump_since_s=self.plant_speed_jump_since_s,
+                seq_ratio=self.plant_seq_ratio,
+                seq_fit=self.plant_seq_fit,
             ),
             rules=RuleMemory(states=self.rules),
         )

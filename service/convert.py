@@ -107,6 +107,7 @@ def decision_to_pb(d: Decision) -> governor_v1_pb2.DecisionSummary:
         "raw_replicas",
         "plant_speed",
         "capacity_correction",
+        "plant_seq_ratio",
     ):
         v = getattr(d, name)
         if v is not None and math.isfinite(v):

@@ -93,6 +93,8 @@ PLAIN_FIELDS = (
     "plant_speed",
     "plant_speed_samples",
     "plant_speed_jump",
+    "plant_seq_ratio",
+    "plant_seq_fit",
 )
 
 

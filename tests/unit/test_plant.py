@@ -234,3 +234,44 @@ def test_an_sla_out_of_every_fleets_reach_is_sized_relaxed_not_to_the_maximum() 
     d2, s2 = Decider(make_model(max_replicas=64), make_policy()), d.initial_state(4)
     dec2, _ = d2.decide(obs(t=ORIGIN_S, **LOADED), s2, ORIGIN_S)
     assert Reason.CAPACITY in dec2.reasons and Reason.SLA_INFEASIBLE not in dec2.reasons
+
+
+def _seq_parts(b: float, fixed_ms: float, per_seq_ms: float) -> tuple[float, float, float]:
+    """A window at `b` sequences per replica of engines whose step is `fixed_ms` +
+    `per_seq_ms` x b, priced against a profile whose step is 6.8 + 0.05 b ms."""
+    return fixed_ms + per_seq_ms * b, 0.05 * b, 6.8
+
+
+def test_the_per_sequence_ratio_is_learned_from_windows_across_batch_sizes() -> None:
+    """Engines 18x the profile's fixed step with 10 ms per sequence (the CPU engine's
+    shape; the profile x 18 says 0.9): windows at 3, 8 and 20 sequences teach a ratio
+    of ~11 (10 / 0.9) besides the speed of ~18, and the step the profile then predicts
+    at 20 sequences is the engines' (within 10 %)."""
+    from controller.plant import learn_plant
+
+    belief = PlantBelief()
+    t = 0.0
+    for _ in range(8):
+        for b in (3.0, 8.0, 20.0):
+            for _ in range(6):
+                t += 5.0
+                belief = learn_plant(belief, _seq_parts(b, 122.4, 10.0), 5.0, t, 30.0, True)
+    assert belief.seq_ratio == pytest.approx(10.0 / (0.05 * 18.0), rel=0.15), belief
+    itl, seqs, rest = _seq_parts(20.0, 122.4, 10.0)
+    predicted = belief.speed * (rest + belief.seq_ratio * seqs)
+    assert predicted == pytest.approx(itl, rel=0.10), belief
+
+
+def test_windows_at_one_batch_size_leave_the_ratio_alone() -> None:
+    """The same engines seen at 3 sequences only: the split between fixed and
+    per-sequence costs cannot be told, so the ratio stays 1 and the speed alone
+    follows (a 2.5x slower engine at one load is learned as speed 2.5, as before)."""
+    from controller.plant import learn_plant
+
+    belief = PlantBelief()
+    for k in range(120):
+        belief = learn_plant(
+            belief, _seq_parts(3.0, 2.5 * 6.8, 2.5 * 0.05), 5.0, 5.0 * k, 30.0, True
+        )
+    assert belief.seq_ratio == 1.0
+    assert belief.speed == pytest.approx(2.5, rel=0.02)
