@@ -163,9 +163,16 @@ def next_seq_ratio(
     per-sequence costs on top of the speed. Only where the windows seen span enough
     different batch shapes to tell x from y (their rest/seqs vectors at least
     SEQ_FIT_MIN_SPREAD from collinear): windows at one batch size say nothing about
-    the split and leave r where it is. Within [SEQ_RATIO_MIN, SEQ_RATIO_MAX].
+    the split and leave r where it is. Within [SEQ_RATIO_MIN, SEQ_RATIO_MAX], and only
+    on engines learned more than SPEED_JUMP_RATIO off the profile (other hardware).
     """
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
+        return belief
+    if 1.0 / SPEED_JUMP_RATIO < belief.speed < SPEED_JUMP_RATIO:
+        # Engines within the jump ratio of the profile run the hardware it was measured
+        # on, shape included: there the fit only learns the step model's own
+        # approximations (the simulated plant, whose shape is the profile's, read r
+        # from 0.25 to 19 over one conversation hour and cost 1.6x the GPU-hours).
         return belief
     itl, seqs, rest = parts
     keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)

@@ -263,15 +263,20 @@ def test_the_per_sequence_ratio_is_learned_from_windows_across_batch_sizes() -> 
 
 
 def test_windows_at_one_batch_size_leave_the_ratio_alone() -> None:
-    """The same engines seen at 3 sequences only: the split between fixed and
+    """Engines 18x the profile seen at 3 sequences only: the split between fixed and
     per-sequence costs cannot be told, so the ratio stays 1 and the speed alone
-    follows (a 2.5x slower engine at one load is learned as speed 2.5, as before)."""
+    follows. Engines near the profile (1.3x) keep its shape whatever the windows."""
     from controller.plant import learn_plant
 
     belief = PlantBelief()
+    window = _seq_parts(3.0, 18.0 * 6.8, 18.0 * 0.05)
     for k in range(120):
-        belief = learn_plant(
-            belief, _seq_parts(3.0, 2.5 * 6.8, 2.5 * 0.05), 5.0, 5.0 * k, 30.0, True
-        )
+        belief = learn_plant(belief, window, 5.0, 5.0 * k, 30.0, True)
     assert belief.seq_ratio == 1.0
-    assert belief.speed == pytest.approx(2.5, rel=0.02)
+    assert belief.speed == pytest.approx(18.0, rel=0.02)
+    near = PlantBelief()
+    t = 0.0
+    for b in (3.0, 8.0, 20.0) * 20:
+        t += 5.0
+        near = learn_plant(near, _seq_parts(b, 1.3 * 6.8, 1.3 * 0.5), 5.0, t, 30.0, True)
+    assert near.seq_ratio == 1.0 and 1.0 < near.speed < 4.0
