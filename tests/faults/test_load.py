@@ -85,8 +85,12 @@ async def _scenario(address: str, pid: int, metrics_port: int) -> dict[str, Any]
 
     async def watch(i: int) -> None:
         stub = pb_grpc.BatchingServiceStub(channels[i % STREAM_CHANNELS])
+        # No deadline: the streams stay open until the scenario cancels them at its end
+        # (every wait in it has its own deadline). A fixed one (300 s) ended all 1,000
+        # streams with DEADLINE_EXCEEDED when a loaded machine stretched the scenario
+        # past it (burners at nice 10: 403 s).
         call = stub.WatchBatchingConfig(
-            pb.GetBatchingConfigRequest(model="demo", engine_id=f"w{i}"), timeout=300
+            pb.GetBatchingConfigRequest(model="demo", engine_id=f"w{i}")
         )
         try:
             async for msg in call:
