@@ -1,6 +1,7 @@
 """JSON schemas for the custom resources the chart renders, which kubernetes-validate does
-not ship: KEDA's ScaledObject (keda.sh/v1alpha1) and the Prometheus Operator's
-ServiceMonitor, PodMonitor and PrometheusRule (monitoring.coreos.com/v1).
+not ship: KEDA's ScaledObject and TriggerAuthentication (keda.sh/v1alpha1) and the
+Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule
+(monitoring.coreos.com/v1).
 
 Written for this project from the field names and types of those CRDs (KEDA 2.16+,
 prometheus-operator 0.7x+), covering the fields the chart uses and closed
@@ -157,7 +158,20 @@ SCALED_OBJECT: dict[str, Any] = {
                             "metadata": STRING_MAP,
                             "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
                             "useCachedMetrics": {"type": "boolean"},
-                            "authenticationRef": {"type": "object"},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
+                                    "kind": {
+                                        "enum": [
+                                            "TriggerAuthentication",
+                                            "ClusterTriggerAuthentication",
+                                        ]
+                                    },
+                                },
+                            },
                         },
                     },
                 },
@@ -311,8 +325,39 @@ def _without_tolerance(node: Any) -> Any:
 # API server's strict field validation (Helm 4) refuses the field there.
 SCALED_OBJECT_KEDA_2_17: dict[str, Any] = _without_tolerance(SCALED_OBJECT)
 
+TRIGGER_AUTHENTICATION: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "TriggerAuthentication"},
+        "metadata": OBJECT_META,
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["parameter", "name", "key"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "parameter": {"type": "string", "minLength": 1},
+                            "name": {"type": "string", "pattern": DNS_SUBDOMAIN},
+                            "key": {"type": "string", "minLength": 1},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
 SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): TRIGGER_AUTHENTICATION,
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
     ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
