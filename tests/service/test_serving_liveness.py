@@ -109,10 +109,11 @@ def _health(address: str, timeout_s: float) -> Any:
 
 
 def test_a_hung_serving_process_is_killed_and_restarted(stopped_pids: list[int]) -> None:
-    """SIGSTOP (alive, answers nothing): after 5 unanswered beats (the heartbeat thread,
-    0.1 s apart) the governor kills it and starts another on the same port, which
-    serves the board that moved meanwhile; counted as "unresponsive", not "exited"."""
-    with _Served(serving_heartbeat_s=0.1, serving_heartbeat_misses=5) as s:
+    """SIGSTOP (alive, answers nothing): after 10 unanswered beats (the heartbeat thread,
+    0.1 s apart: 1 s, well above what a loaded machine delays a healthy child's answer)
+    the governor kills it and starts another on the same port, which serves the board
+    that moved meanwhile; counted as "unresponsive", not "exited"."""
+    with _Served(serving_heartbeat_s=0.1, serving_heartbeat_misses=10) as s:
         channel = grpc.insecure_channel(s.thread.address)
         s.tick()
         wait_until(lambda: s.served(channel) == s.board(), 10, "the first decision served")
@@ -173,15 +174,15 @@ def test_a_late_child_is_not_killed_and_the_threshold_is_exact(stopped_pids: lis
 
 def test_a_tick_holding_the_interpreter_past_the_threshold_kills_nothing() -> None:
     """The whole governor interpreter held (as a 1,000-model tick holds it, here by a
-    read(2) through ctypes.PyDLL, which keeps the GIL) for 2.5 s, 2.5x the threshold of
-    10 beats 0.1 s apart: no beats are sent meanwhile, so none are missed; afterwards
+    read(2) through ctypes.PyDLL, which keeps the GIL) for 5 s, 2.5x the threshold of
+    10 beats 0.2 s apart: no beats are sent meanwhile, so none are missed; afterwards
     the same child answers the following beats."""
-    with _Served(serving_heartbeat_s=0.1, serving_heartbeat_misses=10) as s:
+    with _Served(serving_heartbeat_s=0.2, serving_heartbeat_misses=10) as s:
         proc = s.proc
         pid = proc.pid
         wait_until(lambda: proc.beats_answered >= 3, 10, "heartbeats answered")
         read_fd, write_fd = os.pipe()
-        writer = subprocess.Popen(["sh", "-c", "sleep 2.5; printf x"], stdout=write_fd)
+        writer = subprocess.Popen(["sh", "-c", "sleep 5; printf x"], stdout=write_fd)
         os.close(write_fd)
         read = ctypes.PyDLL(None).read
         read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
