@@ -120,6 +120,41 @@ def test_controller_stale_fires_when_ticks_stop_and_not_before(tmp_path: Path) -
     _run_tests(tmp_path, _rules(), tests)
 
 
+def test_serving_down_fires_when_it_stays_down_not_on_one_restart(tmp_path: Path) -> None:
+    down = {**GOV, "instance": "10.0.0.1:9464"}
+    blip = {**GOV, "instance": "10.0.0.2:9464"}
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": [
+                _series("governor_serving_up", down, "1x8 0x30"),  # down from 2m15s
+                _series("governor_serving_up", blip, "1x8 0 1x30"),  # one restart
+            ],
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "GovernorServingDown", "exp_alerts": []},
+                {
+                    "eval_time": "6m",
+                    "alertname": "GovernorServingDown",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {"severity": "warning", "instance": down["instance"]},
+                            "exp_annotations": {
+                                "summary": "an llm-governor instance is not serving the "
+                                "engines and KEDA",
+                                "description": f"{down['instance']}: the serving process "
+                                "keeps exiting or hanging; see the governor log "
+                                "(serving_process_exited / serving_process_unresponsive) "
+                                "and governor_serving_restarts_total.",
+                            },
+                        }
+                    ],
+                },
+            ],
+        },
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+
+
 def test_actuation_failing_fires_on_sustained_errors(tmp_path: Path) -> None:
     pod = {**GOV, "instance": "10.0.0.1:9464", "actuator": "KubernetesScaleActuator"}
     tests = [
