@@ -139,7 +139,12 @@ def speed_sample(
 ) -> float | None:
     """One window's step-time factor (engines' / profile's with its per-sequence part
     x `seq_ratio`), or None when the window has not enough data to say."""
-    parts = window_parts(obs, lengths, profile, window_s, budget_tokens)
+    return window_speed(window_parts(obs, lengths, profile, window_s, budget_tokens), seq_ratio)
+
+
+def window_speed(parts: tuple[float, float, float] | None, seq_ratio: float) -> float | None:
+    """The step-time factor of a window's `parts` (window_parts) with the profile's
+    per-sequence part x `seq_ratio`; None without parts or a finite positive answer."""
     if parts is None:
         return None
     itl, seqs, rest = parts
@@ -267,10 +272,7 @@ def learn_plant(
     """`belief` after one window (`parts` from window_parts, None: nothing learned):
     the speed (next_speed, the sample priced with the learned per-sequence ratio), the
     windows counted, then the per-sequence ratio (next_seq_ratio)."""
-    r = belief.seq_ratio
-    sample = None if parts is None else parts[0] / (parts[2] + r * parts[1])
-    if sample is not None and not (math.isfinite(sample) and sample > 0):
-        sample = None
+    sample = window_speed(parts, belief.seq_ratio)
     learned = next_speed(belief, sample, dt_s, now_s, confirm_s, allowed)
     samples = belief.speed_samples + (1 if sample is not None else 0)
     return next_seq_ratio(replace(learned, speed_samples=samples), parts, dt_s)
