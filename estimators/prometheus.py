@@ -10,10 +10,11 @@ answers into typed per-model outcomes:
   (`len(list(source.queries.items()))`, eight), recorded in `queries_last_tick`;
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
   that is not an instant vector of numbers) -> `SourceError` carrying the query;
-- a model without a finite arrival rate -> `NoDataError(model, "arrival_rate")`; a model
-  whose engine scrape targets (seen within the lookback) are all down (no successful
-  scrape within two scrape intervals: one missed scrape is not a dead target) or gone
-  from service discovery -> `NoDataError(model, "targets_up")`;
+- a model whose engine scrape targets (seen within the lookback) are all down (no
+  successful scrape within two scrape intervals: one missed scrape is not a dead target)
+  or gone from service discovery -> `NoDataError(model, "targets_up")` (checked first, so
+  the cause stays the same for the whole lookback while the rate window empties); a
+  model without a finite arrival rate -> `NoDataError(model, "arrival_rate")`;
   a model without a current sample, or whose newest sample is older than
   `max_staleness_s` (when set) -> `NoDataError(model, "staleness")`: a dead fleet is
   never read as an idle one (its rates decay to zero over a window while nothing is
@@ -372,21 +373,23 @@ class PrometheusSource:
     def _outcome(self, mq: ModelQuery, now_s: float, t: Answers) -> ObservationResult:
         """One model's Observation, or the NoDataError that says why there is none."""
         name = mq.name
-        d = t.demand.get(name, EMPTY)
-        raw_arrival = d.get(ARRIVAL)
-        arrival = finite_or_none(raw_arrival)
-        if arrival is None:
-            detail = "absent from the answer" if raw_arrival is None else f"{raw_arrival}"
-            return NoDataError(name, DEMAND_SIGNAL, detail)
         s = t.state.get(name, EMPTY)
         up = count(s.get(TARGETS_UP))
         known = count(s.get(TARGETS_KNOWN))
         seen = count(s.get(TARGETS_SEEN))
         if seen is None:
             seen = known
+        # Targets first: once every target is gone the rate window empties and the
+        # arrival is absent too, but the cause to report (for the whole lookback) is this.
         if seen and not up:  # up 0, or no `up` series left: down or gone, every one
             detail = f"every engine scrape target is down or gone (0 of {seen} up)"
             return NoDataError(name, TARGETS_SIGNAL, detail)
+        d = t.demand.get(name, EMPTY)
+        raw_arrival = d.get(ARRIVAL)
+        arrival = finite_or_none(raw_arrival)
+        if arrival is None:
+            detail = "absent from the answer" if raw_arrival is None else f"{raw_arrival}"
+            return NoDataError(name, DEMAND_SIGNAL, detail)
         gauge_ts, counter_ts = finite(s.get(GAUGE_TS)), finite(s.get(COUNTER_TS))
         stamps = [ts for ts in (gauge_ts, counter_ts) if ts is not None]
         if not stamps:

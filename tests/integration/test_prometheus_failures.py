@@ -250,6 +250,23 @@ def test_every_target_down_or_gone_is_no_data(up: str | None) -> None:
     assert isinstance(results[B], Observation)
 
 
+def test_targets_gone_are_the_cause_after_the_rate_window_empties() -> None:
+    """Every target gone and the rate window empty (no demand row left): the cause read
+    stays `targets_up` for the whole lookback, not `arrival_rate`."""
+    answers = healthy_answers()
+    answers["demand"] = [s for s in answers["demand"] if s["metric"]["model_name"] != A]
+    answers["state"] = [
+        s
+        for s in answers["state"]
+        if not (
+            s["metric"]["model_name"] == A
+            and s["metric"][SIGNAL_LABEL] in {"targets_up", "targets_known"}
+        )
+    ]
+    err = fake_source(answers)[0].observe(MODELS, NOW)[A]
+    assert isinstance(err, NoDataError) and err.signal == "targets_up", err
+
+
 def test_idle_histogram_gives_none_not_zero() -> None:
     answers = healthy_answers()
     answers["itl_quantiles"] = [tagged(A, "itl_p95", "NaN")]  # PromQL: no requests in window
