@@ -1,18 +1,19 @@
 """Tick cost and Prometheus queries per tick for 1, 100, 1,000 and 5,000 models.
 
-One control tick as `governor run` does it, on replayed Prometheus answers:
-observe (`PrometheusSource` over `benchmarks.promreplay.ReplayClient`: the recording of
-a real Prometheus scaled to N models, decoded with orjson on every query as the source's
-HTTP client does) + decide (one `Decider` per model) + publish (the `DecisionBoard` engines and
-KEDA read), with the controller's own metrics and its logging at info
-(`controller.logs.configure_logging`, written to /dev/null: a `tick` line, and a
-`decision` line per model whose decision changed). The HTTP round trip to
+One control tick as `governor run` does it, on replayed Prometheus answers: observe
+(`PrometheusSource` over `benchmarks.promreplay.ReplayClient`: the recording of a real
+Prometheus scaled to N models, each answer's HTTP body decoded by the source on every
+query, as with its default HTTP client) + decide (one `Decider` per model) + publish
+(the `DecisionBoard` engines and KEDA read), with the controller's own metrics and its
+logging at info (`controller.logs.configure_logging`, written to /dev/null: a `tick`
+line, and a `decision` line per model whose decision changed). The HTTP round trip to
 Prometheus is not included (it is Prometheus's CPU, not ours).
 
 Reported per size: median CPU ms per tick over the measured ticks (after warm-up
 ticks) of `--rounds` rounds over all sizes, pooled; CPU per model (us); queries per
-tick; and at 1,000 models a phase breakdown from an instrumented pass: JSON decode,
-answer parsing (observe minus decode; it includes freeing the decoded answers), decide,
+tick; and at 1,000 models a phase breakdown from an instrumented pass: JSON decode
+(`estimators.decode.AnswerDecoder.samples`), answer parsing (observe minus decode; it
+includes freeing the decoded answers and building the Observations), decide,
 metrics, logging, publish, the cyclic GC's run as the tick ends (`gc`), and the rest of
 the loop (queries, snapshots, history, timers). Every tick gets its own answers (no
 input repeats). Also the service tick (`ServiceCore.tick`: + targets poll + state
@@ -262,6 +263,8 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
     assert rig.client is not None
     for _ in range(warmup):
         rig.tick()
+    decoder = rig.source._decoder
+    decoder.samples = _timed(decoder.samples, rig.phases, "decode")  # type: ignore[method-assign]
     rig.phases.s.clear()
     rig.client.decode_cpu_s = 0.0
     inst_cpu = 0.0
@@ -273,7 +276,7 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
     finally:
         gc.callbacks.remove(collector)
     ph = {k: v / ticks * 1000.0 for k, v in rig.phases.s.items()}
-    decode_ms = rig.client.decode_cpu_s / ticks * 1000.0
+    decode_ms = ph.get("decode", 0.0) + rig.client.decode_cpu_s / ticks * 1000.0
     phases = {
         "decode_ms": decode_ms,
         "parse_ms": ph.get("observe", 0.0) - decode_ms,

@@ -101,15 +101,7 @@ class Answers:
                 if v == 0
                 else {m: 1.0 + 0.05 * rng.uniform(-1.0, 1.0) for m in model_names(len(names))}
             )
-            rendered = render_answers(rec, len(names), factors=factors)
-            self.bodies.append(
-                {
-                    name: b'{"status":"success","data":{"resultType":"vector","result":'
-                    + body
-                    + b"}}"
-                    for name, body in rendered.items()
-                }
-            )
+            self.bodies.append(render_answers(rec, len(names), factors=factors))
         interval = f"{config.prometheus.scrape_interval_s:g}s"
         jobs = [{"metric": {"job": ENGINE_JOB}, "value": [0, "1"]}]
         self.jobs = _ok({"resultType": "vector", "result": jobs})

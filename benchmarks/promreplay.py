@@ -13,15 +13,19 @@ inputs (as they do live: rates over a sliding window), each of `variants` tick v
 multiplies a model's rates (arrival, completions, bucket rates) and mean lengths by its
 own factor in [1 - jitter, 1 + jitter] (seeded, deterministic).
 
-Cost model: each variant's answers are serialized to JSON bytes once, at construction;
-`custom_query` decodes them with `orjson.loads` on every call, as the source's default
-client decodes the HTTP body (`estimators.prometheus.http_query_client`: PrometheusConnect
-over a session whose `response.json()` is orjson's), so decoding is counted in the
-observe cost; the HTTP round trip itself is not. With `decode=False` it returns
-answers decoded once at construction (never mutated by the source), so the cost of
-our own parsing can be told apart from the decoder's. Queries are matched by text to the
-source's `TickQueries` names (`query_namer`: the SLA-edge query by its shape, or exactly
-for the fake Prometheus); the variant advances on each `demand` query (one per tick).
+Cost model: each variant's answers are serialized to JSON bytes once, at construction,
+as the query API's whole body (`{"status": "success", "data": {"resultType": "vector",
+"result": [...]}}`). `query_body` returns that body, as the source's default client does
+(`estimators.prometheus.http_query_client`), and the source decodes it itself, so
+decoding is counted in the observe cost; the HTTP round trip itself is not. Without
+`query_body` (`body=False`) the source calls `custom_query`, which decodes the body with
+`orjson.loads` on every call (as PrometheusConnect over the default client's session
+does; its CPU summed in `decode_cpu_s`). With `decode=False` (implies `body=False`)
+`custom_query` returns answers decoded once at construction (never mutated by the
+source), so the cost of our own parsing can be told apart from the decoder's. Queries
+are matched by text to the source's `TickQueries` names (`query_namer`: the SLA-edge
+query by its shape, or exactly for the fake Prometheus); the variant advances on each
+`demand` query (one per tick).
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ JITTERED_SIGNALS = frozenset(
 
 
 SLA_BUCKETS = "sla_buckets"
+ENVELOPE = ('{"status":"success","data":{"resultType":"vector","result":[', "]}}")
+"""The query API's answer around the `result` list (a rendered body is the whole answer)."""
 
 
 def query_namer(queries: TickQueries, *, any_edges: bool = True) -> Callable[[str], str]:
@@ -91,7 +97,7 @@ def render_answers(
     *,
     factors: Mapping[str, float] | None = None,
 ) -> dict[str, bytes]:
-    """query name -> JSON body of its `data.result` for `n_models` models (module doc).
+    """query name -> the query API's JSON body for `n_models` models (module doc).
 
     `factors`: model -> multiplier of its rates and mean lengths (default 1). Rendered
     from per-series text templates (not through dicts), so 5,000 models take seconds.
@@ -122,7 +128,7 @@ def render_answers(
             for text, ts, value, jitter in templates[recorded[j % len(recorded)]]:
                 v = repr(float(value) * f) if jitter and f != 1.0 else value
                 parts.append(f'{{"metric":{text.replace("{model}", q)},"value":[{ts},"{v}"]}}')
-        out[qname] = ("[" + ",".join(parts) + "]").encode()
+        out[qname] = (ENVELOPE[0] + ",".join(parts) + ENVELOPE[1]).encode()
     return out
 
 
@@ -150,6 +156,7 @@ class ReplayClient:
         jitter_frac: float = 0.05,
         seed: int = 0,
         decode: bool = True,
+        body: bool = True,
     ) -> None:
         rec = recording if recording is not None else load_recording()
         self.name_of = query_namer(queries)
@@ -167,7 +174,10 @@ class ReplayClient:
             []
             if decode
             else [
-                {q: json.loads(fill_now(b, time.time())) for q, b in bodies.items()}
+                {
+                    q: json.loads(fill_now(b, time.time()))["data"]["result"]
+                    for q, b in bodies.items()
+                }
                 for bodies in self._bodies
             ]
         )
@@ -176,21 +186,37 @@ class ReplayClient:
         self.decode_cpu_s = 0.0
         """CPU seconds spent in `orjson.loads` (decode=True), summed over calls."""
         self.bytes_per_tick = sum(len(b) for b in self._bodies[0].values())
+        if body and decode:
+            self.query_body = self._body
 
-    def custom_query(
+    def _body(
         self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> Any:
+    ) -> bytes:
+        """The HTTP body of `query`'s answer (`BodyQueryClient.query_body`), undecoded."""
+        return self._answer(query, params)
+
+    def _answer(self, query: str, params: dict[str, Any] | None) -> bytes:
+        """The body of `query`'s answer in the current variant (counts the call)."""
         name = self.name_of(query)
         self.calls += 1
         if name == "demand":
             self.tick += 1
-        v = max(0, self.tick) % len(self._bodies)
-        if not self.decode:
-            return self._decoded[v][name]
-        body = self._bodies[v][name]
+        body = self._bodies[max(0, self.tick) % len(self._bodies)][name]
         if name == "state":
             body = fill_now(body, float((params or {}).get("time", time.time())))
+        return body
+
+    def custom_query(
+        self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
+        if not self.decode:
+            name = self.name_of(query)
+            self.calls += 1
+            if name == "demand":
+                self.tick += 1
+            return self._decoded[max(0, self.tick) % len(self._bodies)][name]
+        body = self._answer(query, params)
         c0 = time.process_time()
-        result = orjson.loads(body)
+        result = orjson.loads(body)["data"]["result"]
         self.decode_cpu_s += time.process_time() - c0
         return result

@@ -42,8 +42,8 @@ Rows = dict[str, dict[str, float]]
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 _NUMBER = (str, int, float)
-_LE_CACHE: dict[str, float | None] = {}
-_LE_CACHE_MAX = 4096  # distinct `le` strings are few (tens); bound it anyway
+LE_CACHE: dict[str, float | None] = {}
+LE_CACHE_MAX = 4096  # distinct `le` strings are few (tens); bound it anyway
 
 # Signal names as plain strings: a dict lookup by a `StrEnum` member hashes through
 # `Enum.__hash__` (a Python call), three times slower than by its value.
@@ -241,11 +241,11 @@ def parse_tagged(raw: Any, query: str, model_label: str, into: Rows | None = Non
     return rows
 
 
-def _le_bound(le: str) -> float | None:
+def le_bound(le: str) -> float | None:
     """The `le` label as a float bound; None when it does not parse or is NaN (memoized:
     the distinct `le` strings of a fleet are few)."""
-    bound = _LE_CACHE.get(le, _LE_CACHE)
-    if bound is not _LE_CACHE:
+    bound = LE_CACHE.get(le, LE_CACHE)
+    if bound is not LE_CACHE:
         return bound  # type: ignore[return-value]
     try:
         parsed: float | None = float(le)
@@ -253,12 +253,12 @@ def _le_bound(le: str) -> float | None:
         parsed = None
     if parsed is not None and math.isnan(parsed):
         parsed = None
-    if len(_LE_CACHE) < _LE_CACHE_MAX:
-        _LE_CACHE[le] = parsed
+    if len(LE_CACHE) < LE_CACHE_MAX:
+        LE_CACHE[le] = parsed
     return parsed
 
 
-def _index_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str, Any]]:
+def index_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str, Any]]:
     """The pass over a bucket answer: tag -> model -> {bucket bound: summed value} (series
     without a numeric `le` skipped; validated as `parse_tagged`)."""
     if not isinstance(raw, list):
@@ -284,9 +284,9 @@ def _index_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str
             model = str(model)
         if signal.__class__ is not str:
             signal = str(signal)
-        bound = _LE_CACHE.get(le, _LE_CACHE) if le.__class__ is str else _LE_CACHE
-        if bound is _LE_CACHE:
-            bound = _le_bound(str(le))
+        bound = LE_CACHE.get(le, LE_CACHE) if le.__class__ is str else LE_CACHE
+        if bound is LE_CACHE:
+            bound = le_bound(str(le))
         if bound is None:
             continue
         column = table.get(signal)
@@ -308,7 +308,14 @@ def parse_edge_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict
     a histogram gets no buckets of it at all (no data, not a wrong attainment). Series
     without the model label, the tag or a numeric `le` are skipped.
     """
-    acc = _index_buckets(raw, query, model_label)
+    return edge_buckets(index_buckets(raw, query, model_label))
+
+
+def edge_buckets(
+    acc: Mapping[str, Mapping[str, Mapping[float, float]]],
+) -> dict[str, dict[str, Buckets]]:
+    """Histogram tag -> model -> cumulative buckets from an index of bucket rates (tag ->
+    model -> {bound: summed rate}), cleaned as `parse_edge_buckets` says."""
     out: dict[str, dict[str, Buckets]] = {}
     for hist, by_model in acc.items():
         column = out[hist] = {}

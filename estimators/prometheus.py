@@ -53,11 +53,13 @@ from estimators.answers import (
     Buckets,
     Rows,
     count,
+    edge_buckets,
     finite,
     observation,
     parse_edge_buckets,
     parse_tagged,
 )
+from estimators.decode import AnswerDecoder, buckets_from_samples, rows_from_samples
 from estimators.promql import (
     DEFAULT_MODEL_LABEL,
     DEFAULT_SEED_WINDOW_S,
@@ -115,6 +117,19 @@ class QueryClient(Protocol):
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any: ...
 
 
+class BodyQueryClient(QueryClient, Protocol):
+    """A `QueryClient` that also hands over an answer's HTTP body undecoded: the source
+    then decodes it itself, straight into the records it reads (`estimators.decode`).
+
+    `query_body` sends the request `custom_query` sends and returns the body of a 200
+    answer (bytes); it raises as `custom_query` does for a failed request or status.
+    """
+
+    def query_body(
+        self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> bytes: ...
+
+
 def http_query_client(url: str, timeout_s: float, disable_ssl: bool, retries: int) -> QueryClient:
     """A `PrometheusConnect` with an HTTP timeout and no backoff-retries by default.
 
@@ -136,8 +151,40 @@ def http_query_client(url: str, timeout_s: float, disable_ssl: bool, retries: in
         kwargs["timeout"] = timeout_s  # prometheus-api-client >= 0.6
     if "session" in params:
         kwargs["session"] = _orjson_session(verify=not disable_ssl)
-    client: QueryClient = PrometheusConnect(**kwargs)
+    client: QueryClient = _body_connect_class()(**kwargs)
     return client
+
+
+def _body_connect_class() -> type:
+    """`PrometheusConnect` with `query_body` (`BodyQueryClient`): the request of its
+    `custom_query` (same URL, parameters, headers, auth, TLS and timeout), the body of a
+    200 answer returned undecoded, any other status raised as `custom_query` raises it."""
+    from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+
+    class BodyConnect(PrometheusConnect):  # type: ignore[misc]
+        def query_body(
+            self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None
+        ) -> bytes:
+            """The HTTP body of instant query `query` (`custom_query`'s request)."""
+            session = self._session
+            response = session.request(
+                method=getattr(self, "_method", "GET"),
+                url=f"{self.url}/api/v1/query",
+                params={"query": str(query), **(params or {})},
+                verify=session.verify,
+                headers=self.headers,
+                auth=getattr(self, "auth", None),
+                cert=session.cert,
+                timeout=getattr(self, "_timeout", None) if timeout is None else timeout,
+            )
+            if response.status_code != 200:
+                raise PrometheusApiClientException(
+                    f"HTTP Status Code {response.status_code} ({response.content!r})"
+                )
+            body: bytes = response.content
+            return body
+
+    return BodyConnect
 
 
 def _orjson_session(verify: bool) -> Any:
@@ -164,6 +211,21 @@ def _orjson_session(verify: bool) -> Any:
 
     session.request = request  # type: ignore[method-assign]
     return session
+
+
+def _query_failed(exc: Exception, query: str) -> SourceError:
+    """The SourceError of a query whose client failed (or whose answer is not JSON)."""
+    return SourceError(f"query failed: {type(exc).__name__}: {exc}", query=query)
+
+
+def _decoded_result(body: bytes, query: str) -> Any:
+    """`data.result` of a body the fast path refused, decoded as the client's own
+    `custom_query` decodes it (orjson, then `["data"]["result"]`), so a body that is not
+    JSON or has no result fails with the same SourceError as through `custom_query`."""
+    try:
+        return orjson.loads(body)["data"]["result"]
+    except Exception as exc:
+        raise _query_failed(exc, query) from exc
 
 
 def _takes_timeout(client: QueryClient) -> bool:
@@ -274,14 +336,14 @@ class PrometheusSource:
                 rules_marker=recording_rules,
                 gauge_lookback_s=2.0 * scrape,
             )
-        self._edges: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+        self._edges: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())  # SLA edges, s
         self.queries: TickQueries = self._by_mode[False]
         """The queries of the latest tick (`sla_buckets` follows the models' SLAs; the
         quantile and SLA-edge queries follow `rules_in_use`)."""
-        self._client: QueryClient = client or http_query_client(
-            self.url, self.timeout_s, disable_ssl, retries
-        )
+        made = client or http_query_client(self.url, self.timeout_s, disable_ssl, retries)
+        self._client: QueryClient = made
         self._per_call_timeout = _takes_timeout(self._client)
+        self._decoder = AnswerDecoder(label)  # of the bodies of a `BodyQueryClient`
         self.queries_last_tick: int = 0
         """Queries sent by the latest `observe` call (counted even when it failed)."""
         self.queries_total: int = 0
@@ -290,19 +352,50 @@ class PrometheusSource:
     # --- querying ---------------------------------------------------------------------
 
     def _query(self, query: str, eval_time_s: float) -> Any:
-        """Run one instant query at `eval_time_s`; return the client's answer, unchecked
-        (the caller parses it: `estimators.answers.parse_tagged` or `parse_edge_buckets`).
+        """Run one instant query at `eval_time_s`; return the client's answer, unchecked:
+        the HTTP body (bytes) from a `BodyQueryClient`, else the decoded `data.result`
+        (the caller parses either: `_parse_rows`, `_parse_edges`).
 
         Raises SourceError when the client fails.
         """
         params = {"time": f"{eval_time_s:.3f}", "timeout": f"{self.timeout_s:g}"}
         self.queries_last_tick += 1
         self.queries_total += 1
-        kwargs: dict[str, Any] = {"timeout": self.timeout_s} if self._per_call_timeout else {}
+        query_body = getattr(self._client, "query_body", None)
         try:
-            return self._client.custom_query(query, params=params, **kwargs)
+            if query_body is not None:
+                return query_body(query, params=params, timeout=self.timeout_s)
+            if self._per_call_timeout:
+                return self._client.custom_query(query, params=params, timeout=self.timeout_s)
+            return self._client.custom_query(query, params=params)
         except Exception as exc:  # any failure of the client means "cannot read the source"
-            raise SourceError(f"query failed: {type(exc).__name__}: {exc}", query=query) from exc
+            raise _query_failed(exc, query) from exc
+
+    @property
+    def _reads_bodies(self) -> bool:
+        """Whether the client hands over HTTP bodies (`BodyQueryClient`): `_query` then
+        returns bodies."""
+        return getattr(self._client, "query_body", None) is not None
+
+    def _parse_rows(self, raw: Any, query: str, into: Rows | None) -> Rows:
+        """A tagged answer (body or decoded) indexed into rows (`parse_tagged`)."""
+        if self._reads_bodies:  # `raw` is the HTTP body
+            samples = self._decoder.samples(raw)
+            rows = None if samples is None else rows_from_samples(samples, into)
+            if rows is not None:
+                return rows
+            raw = _decoded_result(raw, query)
+        return parse_tagged(raw, query, self.model_label, into)
+
+    def _parse_edges(self, raw: Any, query: str) -> dict[str, dict[str, Buckets]]:
+        """An SLA-edge bucket answer (body or decoded) indexed (`parse_edge_buckets`)."""
+        if self._reads_bodies:  # `raw` is the HTTP body
+            samples = self._decoder.samples(raw)
+            table = None if samples is None else buckets_from_samples(samples)
+            if table is not None:
+                return edge_buckets(table)
+            raw = _decoded_result(raw, query)
+        return parse_edge_buckets(raw, query, self.model_label)
 
     def _follow_slas(self, models: Sequence[ModelQuery]) -> None:
         """Rebuild the SLA-edge query when the set of SLA thresholds changed: TTFT
@@ -348,7 +441,6 @@ class PrometheusSource:
         if not wanted:
             return {}
         self._follow_slas(models)
-        label = self.model_label
         rows: dict[str, Rows] = {}
         edges: dict[str, dict[str, Buckets]] = {}
         # Each answer is parsed as soon as it arrives (and dropped): a malformed one stops
@@ -357,10 +449,10 @@ class PrometheusSource:
             query = getattr(self.queries, name)  # after demand: as `_follow_rules` says
             raw = self._query(query, now_s)
             if name == "sla_buckets":
-                edges = parse_edge_buckets(raw, query, label)
+                edges = self._parse_edges(raw, query)
             else:  # the four quantile answers have distinct tags: one row per model
                 group = "quantiles" if name.endswith("_quantiles") else name
-                rows[group] = parse_tagged(raw, query, label, rows.get(group))
+                rows[group] = self._parse_rows(raw, query, rows.get(group))
                 if name == "demand":
                     self._follow_rules(rows[group])
             del raw

@@ -433,12 +433,21 @@ def test_healthy_empty_server_gives_no_data(tiny_server: Any) -> None:
     assert all(f"time={NOW:.3f}" in p for p in paths)
 
 
-def test_default_client_decodes_with_orjson(
+def test_default_client_hands_bodies_to_the_decoder(
     tiny_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The source reads each answer's HTTP body and decodes it itself (estimators.decode);
+    `custom_query` (the drain's query) still decodes with orjson."""
+    import estimators.decode as dec
     import estimators.prometheus as prom
 
+    bodies: list[bytes] = []
     decoded: list[bytes] = []
+    samples = dec.AnswerDecoder.samples
+
+    def counting_samples(self: dec.AnswerDecoder, body: bytes) -> Any:
+        bodies.append(body)
+        return samples(self, body)
 
     class CountingOrjson:
         @staticmethod
@@ -446,14 +455,18 @@ def test_default_client_decodes_with_orjson(
             decoded.append(body)
             return orjson.loads(body)
 
+    monkeypatch.setattr(dec.AnswerDecoder, "samples", counting_samples)
     monkeypatch.setattr(prom, "orjson", CountingOrjson)
     url, paths = tiny_server(reply(200, EMPTY_VECTOR))
     src = PrometheusSource(url, timeout_s=1.0)
     src.observe(MODELS, NOW)
-    assert len(decoded) == len(paths) == 8 and decoded[0] == EMPTY_VECTOR
+    assert len(bodies) == len(paths) == 8 and bodies[0] == EMPTY_VECTOR
+    assert decoded == []  # every body took the fast path
+    client = prom.http_query_client(url, 1.0, False, 0)
+    assert client.custom_query("up") == [] and decoded == [EMPTY_VECTOR]
     # TLS verification follows disable_ssl, as PrometheusConnect's own session does.
     assert prom.http_query_client(url, 1.0, True, 0)._session.verify is False  # type: ignore[attr-defined]
-    assert prom.http_query_client(url, 1.0, False, 0)._session.verify is True  # type: ignore[attr-defined]
+    assert client._session.verify is True  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,124 @@
+"""Query API bodies -> the indexes of `estimators.answers`, decoded into typed records.
+
+`PrometheusSource` (estimators.prometheus) reads each answer's HTTP body itself when its
+client offers `query_body` (the default client does). This module owns the fast path:
+
+- `AnswerDecoder.samples` decodes the body `{"data": {"result": [...]}}` with msgspec
+  straight into small records holding only what the source reads (the model label, the
+  signal tag, `le`, the value's text): no dict per series and no label that is not read,
+  and the records are not tracked by the cyclic collector;
+- `rows_from_samples` / `buckets_from_samples` index them as `parse_tagged` /
+  `parse_edge_buckets` do the decoded JSON (same rows, same buckets, same values:
+  each value goes through the same `float()` of its text).
+
+The fast path takes only answers of the exact shape Prometheus writes (every label a
+string, `value` a pair [number, string]); anything else (a body that is not JSON, no
+`data`, a scalar or matrix result, a label that is not a string, a value that is not a
+number) makes it answer None, and the source then decodes the body with orjson and
+parses it generically, so a malformed answer fails with the same `SourceError` as before
+this path existed (`estimators.prometheus`).
+
+Cost (benchmarks/bench_tick.py, 1,000 models, ~43,000 series per tick): decoding into
+records takes about two thirds of orjson's time into dicts and lists, and the index pass
+reads two attributes per series instead of validating a dict and a list.
+
+Units: values are as answered (seconds, per-second rates, counts); `le` bounds seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from estimators.answers import LE_CACHE, Rows, le_bound
+from estimators.promql import SIGNAL_LABEL
+
+
+class _Value(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
+    """A sample's `[timestamp, "value"]` (Unix seconds, the value's text); exactly two
+    elements (without `forbid_unknown_fields` msgspec would ignore a third)."""
+
+    ts: float
+    text: str
+
+
+class AnswerDecoder:
+    """Decodes query API bodies for one model label (`samples`)."""
+
+    def __init__(self, model_label: str) -> None:
+        metric = msgspec.defstruct(
+            "Metric",
+            [("model", str | None, None), ("signal", str | None, None), ("le", str | None, None)],
+            rename={"model": model_label, "signal": SIGNAL_LABEL},
+            gc=False,
+        )
+        sample = msgspec.defstruct("Sample", [("metric", metric), ("value", _Value)], gc=False)
+        data = msgspec.defstruct("Data", [("result", list[sample])], gc=False)  # type: ignore[valid-type]
+        envelope = msgspec.defstruct("Envelope", [("data", data)], gc=False)
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(envelope)
+
+    def samples(self, body: bytes) -> list[Any] | None:
+        """The samples of `body` (records with `.metric.model`, `.metric.signal`,
+        `.metric.le` (None when absent) and `.value.text`); None when the body is not an
+        instant vector of the exact shape Prometheus writes (module doc)."""
+        try:
+            result: list[Any] = self._decoder.decode(body).data.result
+        except (msgspec.DecodeError, ValueError, TypeError):
+            return None
+        return result
+
+
+def rows_from_samples(samples: list[Any], into: Rows | None = None) -> Rows | None:
+    """Index decoded samples into rows, model -> signal -> value, added to `into` when
+    given (a later answer's value wins), as `estimators.answers.parse_tagged` does.
+    None when a value's text is not a float (the caller then parses generically, which
+    names the sample in its error)."""
+    rows: Rows = {} if into is None else into
+    try:
+        for s in samples:
+            value = float(s.value.text)
+            m = s.metric
+            model = m.model
+            signal = m.signal
+            if model is None or signal is None:
+                continue
+            row = rows.get(model)
+            if row is None:
+                row = rows[model] = {}
+            row[signal] = value
+    except ValueError:
+        return None
+    return rows
+
+
+def buckets_from_samples(samples: list[Any]) -> dict[str, dict[str, dict[float, float]]] | None:
+    """Index decoded bucket samples: tag -> model -> {bound: summed value}, as
+    `estimators.answers.index_buckets` does (series without the model label, the tag or
+    a numeric `le` skipped). None when a value's text is not a float."""
+    table: dict[str, dict[str, dict[float, float]]] = {}
+    cache = LE_CACHE
+    try:
+        for s in samples:
+            value = float(s.value.text)
+            m = s.metric
+            model = m.model
+            signal = m.signal
+            le = m.le
+            if model is None or signal is None or le is None:
+                continue
+            bound = cache.get(le, cache)
+            if bound is cache:
+                bound = le_bound(le)
+            if bound is None:
+                continue
+            column = table.get(signal)
+            if column is None:
+                column = table[signal] = {}
+            by_bound = column.get(model)
+            if by_bound is None:
+                by_bound = column[model] = {}
+            by_bound[bound] = by_bound.get(bound, 0.0) + value
+    except ValueError:
+        return None
+    return table

@@ -1,0 +1,211 @@
+"""The body path (`estimators.decode`) reads every answer as the generic path does.
+
+`PrometheusSource` decodes an answer's HTTP body itself when its client has `query_body`
+(the default client does) and falls back to orjson + the generic parser
+(`estimators.answers`) for any body not of the exact shape Prometheus writes. Contract:
+for every answer set, the same outcomes, bit for bit (compared by `repr`, so -0.0, NaN
+and every float's last bit count), and for every malformed answer the same SourceError
+(message and query) as a client that decodes the body itself (`custom_query`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+import pytest
+
+from estimators.prometheus import PrometheusSource
+from estimators.promql import SIGNAL_LABEL, Signal
+from estimators.types import ModelQuery, SourceError
+from tests.integration.test_prometheus_failures import (
+    ITL_OK,
+    MODELS,
+    NOW,
+    A,
+    B,
+    FakeClient,
+    buckets,
+    healthy_answers,
+    tagged,
+)
+
+
+class BodyClient(FakeClient):
+    """`FakeClient` that answers `query_body` with the query API's JSON body; an answer
+    that is `bytes` is sent as it is (a body that need not be JSON)."""
+
+    def query_body(
+        self, query: str, params: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> bytes:
+        answer = self.custom_query(query, params)
+        if isinstance(answer, bytes):
+            return answer
+        return json.dumps(
+            {"status": "success", "data": {"resultType": "vector", "result": answer}}
+        ).encode()
+
+
+class DecodingClient(FakeClient):
+    """`FakeClient` that decodes a `bytes` answer as PrometheusConnect over the default
+    client's session does (orjson, then `["data"]["result"]`)."""
+
+    def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        answer = super().custom_query(query, params)
+        return orjson.loads(answer)["data"]["result"] if isinstance(answer, bytes) else answer
+
+
+def outcome(client_type: type[FakeClient], answers: Mapping[str, Any], **kw: Any) -> str:
+    """`repr` of the observe's outcomes (sorted by model), or of its SourceError."""
+    client = client_type(answers)
+    src = client.bind(PrometheusSource("http://fake:9090", client=client, **kw))
+    models = [*MODELS, ModelQuery("model-c", 0.1, 0.05)]
+    try:
+        return repr(sorted(src.observe(models, NOW).items()))
+    except SourceError as exc:
+        return f"SourceError({exc!s}, query={exc.query is not None})"
+
+
+def _with(**changes: Any) -> Callable[[], dict[str, Any]]:
+    def build() -> dict[str, Any]:
+        answers = healthy_answers()
+        answers.update(changes)
+        return answers
+
+    return build
+
+
+def _everything(value: str) -> dict[str, Any]:
+    """Every signal of model A answered `value` (NaN, infinities, -0, odd spellings)."""
+    answers = healthy_answers()
+    answers["demand"] = [tagged(A, s, value) for s in ("arrival_rps", "arrival_short_rps")]
+    answers["demand"] += [tagged(B, Signal.ARRIVAL_RPS, 3)]
+    answers["state"] = [tagged(A, s, value) for s in Signal] + answers["state"][9:]
+    answers["rates"] = [tagged(A, s, value) for s in Signal]
+    answers["itl_quantiles"] = [tagged(A, f"itl_p{p}", value) for p in (50, 90, 95, 99)]
+    answers["sla_buckets"] = buckets(A, [("0.05", value), ("+Inf", 10.0)])
+    return answers
+
+
+VALUES = [
+    "NaN",
+    "+Inf",
+    "-Inf",
+    "-0",
+    "0",
+    "1e-05",
+    "1E5",
+    "12.500000000000001",
+    " 1",
+    "1_0",
+    "Infinity",
+    "nan",
+]
+
+ANSWER_SETS: dict[str, Callable[[], dict[str, Any]]] = {
+    "healthy": healthy_answers,
+    **{f"every value {v!r}": (lambda v=v: _everything(v)) for v in VALUES},
+    "numbers, not strings": _with(
+        demand=[{"metric": {"model_name": A, SIGNAL_LABEL: "arrival_rps"}, "value": [NOW, 2]}]
+    ),
+    "a boolean value": _with(
+        demand=[{"metric": {"model_name": A, SIGNAL_LABEL: "arrival_rps"}, "value": [NOW, True]}]
+    ),
+    "a timestamp that is a string": _with(
+        demand=[{"metric": {"model_name": A, SIGNAL_LABEL: "arrival_rps"}, "value": ["x", "2"]}]
+    ),
+    "extra labels and keys": _with(
+        demand=[
+            {
+                "metric": {"model_name": A, SIGNAL_LABEL: "arrival_rps", "job": "j"},
+                "value": [NOW, "2"],
+                "histogram": 1,
+            }
+        ]
+    ),
+    "a label that is a number": _with(
+        demand=[{"metric": {"model_name": 7, SIGNAL_LABEL: "arrival_rps"}, "value": [NOW, "2"]}]
+    ),
+    "a null label": _with(
+        demand=[{"metric": {"model_name": None, SIGNAL_LABEL: "arrival_rps"}, "value": [NOW, "2"]}]
+    ),
+    "no tag, no model": _with(
+        demand=[
+            {"metric": {"model_name": A}, "value": [NOW, "2"]},
+            {"metric": {}, "value": [NOW, "2"]},
+        ]
+    ),
+    "an empty model": _with(demand=[tagged("", Signal.ARRIVAL_RPS, 2)]),
+    "a later answer wins": _with(
+        itl_quantiles=[tagged(A, "ttft_p95", 1)], ttft_quantiles=[tagged(A, "ttft_p95", 2)]
+    ),
+    "buckets summed, unsorted, noisy": _with(
+        sla_buckets=buckets(A, [("+Inf", 10), ("0.05", 4), ("5e-2", 5), ("0.1", 3)])
+    ),
+    "buckets: no le, bad le, NaN le": _with(
+        sla_buckets=[
+            *buckets(A, [("x", 1), ("NaN", 2), ("0.05", 9), ("+Inf", 10)]),
+            {"metric": {"model_name": A, SIGNAL_LABEL: "itl"}, "value": [NOW, "1"]},
+        ]
+    ),
+    "buckets: a number le": _with(
+        sla_buckets=[
+            {"metric": {"model_name": A, "le": 0.05, SIGNAL_LABEL: "itl"}, "value": [NOW, "9"]}
+        ]
+    ),
+    "buckets: an infinite rate": _with(
+        sla_buckets=buckets(A, [("0.05", "+Inf"), ("+Inf", 10)]) + buckets(B, ITL_OK)
+    ),
+    "buckets: of another tag": _with(
+        sla_buckets=buckets(A, ITL_OK, hist="ttft") + buckets(B, ITL_OK, hist="tpot")
+    ),
+    # malformed: a SourceError naming the query, the same message
+    "a value that is not a number": _with(state=[tagged(A, Signal.RUNNING, "abc")]),
+    "a bucket value that is not a number": _with(sla_buckets=buckets(A, [("0.05", "abc")])),
+    "a null value": _with(
+        rates=[{"metric": {"model_name": A, SIGNAL_LABEL: "waiting"}, "value": [NOW, None]}]
+    ),
+    "three-part value": _with(
+        rates=[{"metric": {"model_name": A, SIGNAL_LABEL: "waiting"}, "value": [NOW, "1", "2"]}]
+    ),
+    "not a list": _with(state={"resultType": "vector"}),
+    "a scalar": _with(state=[NOW, "1"]),
+    "a matrix": _with(state=[{"metric": {"model_name": A}, "values": [[NOW, "1"]]}]),
+    "no labels": _with(state=[{"value": [NOW, "1"]}]),
+    "labels not an object": _with(state=[{"metric": "x", "value": [NOW, "1"]}]),
+    "null result": _with(state=None),
+    "a body that is not JSON": _with(rates=b"<html>not json</html>"),
+    "a body without data": _with(rates=b'{"status": "success"}'),
+    "a body that is a list": _with(rates=b"[]"),
+    "a body with invalid UTF-8": _with(
+        rates=b'{"data": {"result": [{"metric": {"model_name": "\xff"}, "value": [1, "2"]}]}}'
+    ),
+    "a client failure": _with(rates=RuntimeError("boom")),
+}
+
+
+@pytest.mark.parametrize("name", list(ANSWER_SETS))
+def test_body_path_reads_every_answer_as_the_generic_path(name: str) -> None:
+    answers = ANSWER_SETS[name]()
+    body = outcome(BodyClient, answers, window_s=30)
+    assert body == outcome(DecodingClient, answers, window_s=30)
+    malformed = list(ANSWER_SETS).index(name) >= list(ANSWER_SETS).index(
+        "a value that is not a number"
+    )
+    assert body.startswith("SourceError") == malformed, body
+
+
+def test_the_fast_path_takes_prometheus_bodies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A healthy answer is not re-read by the generic path (its parser is never called)."""
+    import estimators.prometheus as prom
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("generic path used")
+
+    monkeypatch.setattr(prom, "parse_tagged", refuse)
+    monkeypatch.setattr(prom, "parse_edge_buckets", refuse)
+    assert outcome(BodyClient, healthy_answers()).startswith("[('model-a', Observation(")
+    with pytest.raises(AssertionError, match="generic path"):
+        outcome(DecodingClient, healthy_answers())
