@@ -209,3 +209,25 @@ def test_the_fast_path_takes_prometheus_bodies(monkeypatch: pytest.MonkeyPatch) 
     assert outcome(BodyClient, healthy_answers()).startswith("[('model-a', Observation(")
     with pytest.raises(AssertionError, match="generic path"):
         outcome(DecodingClient, healthy_answers())
+
+
+def test_every_tag_the_queries_write_is_decoded_on_the_fast_path() -> None:
+    """A tag missing from `estimators.decode.TAGS` would send every body to the generic
+    path (right, but slow): every tag of every query mode is listed."""
+    import re
+
+    from estimators.decode import TAGS
+    from estimators.promql import build_queries
+
+    tags: set[str] = set()
+    for recorded in (False, True):
+        queries = build_queries(
+            short_window_s=10,
+            recorded=recorded,
+            rules_marker=True,
+            edges={"ttft": [0.5], "itl": [0.05], "tpot": [0.05]},
+            gauge_lookback_s=30,
+        )
+        for _name, text in queries.items():
+            tags |= set(re.findall(f'"{SIGNAL_LABEL}", "([^"]+)"', text))
+    assert len(tags) >= 40 and tags <= set(TAGS), tags - set(TAGS)
