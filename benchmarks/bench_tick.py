@@ -16,7 +16,9 @@ tick; and at 1,000 models a phase breakdown from an instrumented pass: JSON deco
 includes freeing the decoded answers and building the Observations), decide,
 metrics, logging, publish, the cyclic GC's run as the tick ends (`gc`), and the rest of
 the loop (queries, snapshots, history, timers). Every tick gets its own answers (no
-input repeats). Also the service tick (`ServiceCore.tick`: + targets poll + state
+input repeats). After the warm-up ticks the heap alive is frozen
+(`controller.loop.freeze_startup_heap`), as `governor run` does once it serves. Also the
+service tick (`ServiceCore.tick`: + targets poll + state
 document, MemoryStore) at 1,000 models.
 
 Goals (issue 7): 1,000 models <= 50 ms CPU per tick; cost per model not growing with
@@ -44,7 +46,7 @@ from benchmarks.common import (
 )
 from benchmarks.promreplay import ReplayClient, model_names
 from controller.config import GovernorConfig
-from controller.loop import ControlLoop
+from controller.loop import ControlLoop, freeze_startup_heap
 from controller.metrics import GovernorMetrics
 from controller.types import Decision, Knobs
 from estimators.prometheus import PrometheusSource
@@ -228,6 +230,7 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
     assert rig.client is not None
     for _ in range(warmup):
         rig.tick()
+    freeze_startup_heap()  # as `governor run` does once it serves
     cpus, walls, queries = [], [], []
     gc_before = sum(s["collections"] for s in gc.get_stats())
     for _ in range(ticks):
@@ -238,6 +241,7 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
     gc_runs = sum(s["collections"] for s in gc.get_stats()) - gc_before
     bytes_per_tick = rig.client.bytes_per_tick
     valid = sum(1 for d in rig.board.snapshot().values() if d.replicas is not None)
+    gc.unfreeze()
     del rig
     gc.collect()
 
@@ -263,6 +267,7 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
     assert rig.client is not None
     for _ in range(warmup):
         rig.tick()
+    freeze_startup_heap()
     decoder = rig.source._decoder
     decoder.samples = _timed(decoder.samples, rig.phases, "decode")  # type: ignore[method-assign]
     rig.phases.s.clear()
@@ -275,6 +280,7 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
             inst_cpu += rig.tick()
     finally:
         gc.callbacks.remove(collector)
+    gc.unfreeze()
     ph = {k: v / ticks * 1000.0 for k, v in rig.phases.s.items()}
     decode_ms = ph.get("decode", 0.0) + rig.client.decode_cpu_s / ticks * 1000.0
     phases = {
@@ -309,11 +315,14 @@ def measure_service(n: int, ticks: int, warmup: int = 2) -> dict[str, Any]:
     now = 1000.0
     cpus = []
     for i in range(warmup + ticks):
+        if i == warmup:
+            freeze_startup_heap()
         c0 = time.process_time()
         core.tick(now)
         if i >= warmup:
             cpus.append(time.process_time() - c0)
         now += TICK_S
+    gc.unfreeze()
     core.close()
     return {"models": n, "cpu_ms_median": median(cpus) * 1000.0}
 

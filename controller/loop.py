@@ -58,6 +58,21 @@ from estimators.types import MetricSource, ModelQuery, NoDataError, Observation,
 _LAZY_LOGGER = type(structlog.get_logger())
 
 
+def freeze_startup_heap() -> int:
+    """Collect once, then move every object alive into the cyclic collector's permanent
+    generation (`gc.freeze`); returns how many are frozen. For a process that has
+    finished starting up (`governor run` once it serves): modules, config, restored
+    state (~130,000 objects with 1,000 models) are never garbage, yet every full
+    collection walked them again. Measured at 1,000 models (benchmarks/bench_tick.py):
+    the collector's runs after ten ticks took 398 ms (a young one per tick, ~15 ms, plus
+    a middle one of 90 ms and a full one of 165 ms), frozen 100 ms (young ones only).
+    Frozen objects are still freed by reference counting; only a reference cycle among
+    them would never be collected (start-up makes none that it later drops)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 @contextlib.contextmanager
 def gc_paused(enabled: bool = True) -> Iterator[None]:
     """Pause the cyclic garbage collector within the block (see the module doc), when

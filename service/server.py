@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 import structlog
 
+from controller.loop import freeze_startup_heap
 from service.admin import AdminServicer
 from service.core import ServiceCore
 from service.listeners import (
@@ -315,6 +316,7 @@ async def _serve(server: GovernorServer, grace_s: float) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
+    freeze_startup_heap()  # started: what lives now is never garbage (controller.loop)
     # A line for humans and for tests: where we listen (one write: not split by logs).
     admin = f", admin on port {server.admin_port}" if server.admin_port is not None else ""
     sys.stderr.write(
