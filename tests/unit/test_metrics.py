@@ -79,3 +79,26 @@ def test_forget_drops_the_series_and_a_returning_model_is_set_again() -> None:
     m.record(GOOD, 1.0)  # the same values as before it was forgotten: exported again
     assert _values(m)["governor_desired_replicas"] == 3
     assert _values(m)["governor_observation_staleness_seconds"] == 1.0
+
+
+def test_exported_as_prometheus_client_children_were() -> None:
+    """The collector's exposition: a gauge never set reads 0 once its model has a series
+    (a child's default), the reason counter has `_total` and `_created`, and the names
+    are claimed in the registry (a second metric of the same name is refused)."""
+    import time
+
+    import pytest
+    from prometheus_client import Gauge, generate_latest
+
+    m = GovernorMetrics(CollectorRegistry())
+    m.record(replace(GOOD, valid=False, demand_rps=None), None)  # first decision held
+    v = _values(m)
+    assert v["governor_desired_replicas"] == 0 and v["governor_model_stale"] == 1
+    labels = {"model": "m", "stage": "raw", "reason": "CAPACITY"}
+    created = m.registry.get_sample_value("governor_stage_reasons_created", labels)
+    assert created is not None and abs(created - time.time()) < 60
+    text = generate_latest(m.registry).decode()
+    assert "# TYPE governor_stage_reasons_total counter" in text
+    assert "# TYPE governor_desired_replicas gauge" in text
+    with pytest.raises(ValueError, match="Duplicated"):
+        Gauge("governor_desired_replicas", "again", ["model"], registry=m.registry)
