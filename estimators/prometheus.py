@@ -1,7 +1,8 @@
 """`PrometheusSource`: the `MetricSource` that reads vLLM signals from Prometheus.
 
 This module owns running the queries of `estimators.promql` against a Prometheus HTTP
-API (through `prometheus_api_client.PrometheusConnect`, injectable) and turning the
+API (through `prometheus_api_client.PrometheusConnect`, injectable; each answer's HTTP
+body decoded by `estimators.decode` when the client hands it over) and turning the
 answers into typed per-model outcomes:
 
 - every query of a tick is evaluated at ONE evaluation time (`time=now_s`), so the
@@ -137,6 +138,7 @@ def http_query_client(url: str, timeout_s: float, disable_ssl: bool, retries: in
     backoff (sleeps of 0, 2 and 4 s with urllib3 2.x) on connection errors, read
     timeouts and 408/429/5xx: one dead server would stall a 5 s tick for over 6 s, a
     slow one for 4 timeouts plus that. The control loop retries on the next tick instead.
+    The client is a `BodyQueryClient`: the source reads each answer's body undecoded.
     """
     from prometheus_api_client import PrometheusConnect
     from urllib3.util.retry import Retry
@@ -190,11 +192,13 @@ def _body_connect_class() -> type:
 def _orjson_session(verify: bool) -> Any:
     """A `requests.Session` whose responses decode their JSON body with orjson.
 
-    PrometheusConnect decodes every answer with `response.json()` (the standard json
-    module): at 1,000 models a tick's eight answers are ~5 MB, and orjson decodes them
-    in ~60 % of the time (benchmarks/bench_tick.py), into the same plain lists, dicts,
-    strings and numbers. A body that is not JSON raises `orjson.JSONDecodeError`, a
-    `ValueError` like the json module's (the source reports it as a SourceError).
+    PrometheusConnect's `custom_query` decodes every answer with `response.json()` (the
+    standard json module); orjson decodes in ~60 % of the time, into the same plain
+    lists, dicts, strings and numbers. The source itself reads bodies (`query_body`,
+    decoded by `estimators.decode`) and decodes with orjson only a body of another shape
+    than Prometheus writes; `custom_query` serves the drain's queries. A body that is
+    not JSON raises `orjson.JSONDecodeError`, a `ValueError` like the json module's (the
+    source reports it as a SourceError).
     `verify`: check TLS certificates (PrometheusConnect's own session: not disable_ssl).
     """
     import requests
