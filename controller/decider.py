@@ -14,8 +14,9 @@ can be replayed from its trace. Steps, in order:
    fleet whose pooled capacity serves the demand) on the profile x the engines' learned
    speed (controller.plant: learned online from their mean ITL against the batch they
    ran, before the SLA is violated), times a feedback correction in [0.4, 1] that
-   shrinks while the observed SLA is violated on a full-sized fleet and recovers while
-   it is met with margin on a loaded fleet.
+   shrinks while the observed SLA is violated on a fleet seen whole (every replica
+   asked for ready) for a window and recovers while it is met with margin on a loaded
+   fleet. The cold start (ask to all ready) is learned and sets that dead time.
 4. demand = smoothed level (+ the Holt trend over one cold start, when it predicts more
    growth than the deadband) + backlog / backlog_drain_s. The smoothed level, not the
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
@@ -46,6 +47,7 @@ from controller.plant import (
     LOADED_FRAC,
     learn_plant,
     model_speed,
+    next_cold_start,
     next_correction,
     scaled_profile,
     sla_evidence,
@@ -54,7 +56,6 @@ from controller.plant import (
 from controller.rules import rules_stage
 from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
 from controller.types import (
-    DataHealth,
     Decision,
     Forecast,
     Hysteresis,
@@ -216,13 +217,7 @@ class Decider(KnobSteps, NoDataSteps):
                 short_at_s=now_s if obs.arrival_rate_short_rps is not None else None,
             ),
             knob_memory=knob_memory,
-            health=DataHealth(
-                no_data_ticks=0,
-                last_good_s=now_s,
-                first_good_s=(
-                    state.health.first_good_s if state.health.first_good_s is not None else now_s
-                ),
-            ),
+            health=state.health.after_good(now_s, obs.ready_replicas, state.replicas),
             plant=plant,
             rules=rules,
         )
@@ -239,6 +234,7 @@ class Decider(KnobSteps, NoDataSteps):
             capacity_rps_per_replica=raw.capacity,
             plant_speed=plant.speed,
             plant_seq_ratio=plant.seq_ratio,
+            plant_cold_start_s=plant.cold_start_s or self.model.cold_start_s,
             capacity_correction=plant.capacity_correction,
             panic=panic_state[0],
             rollout=rollout,
@@ -283,6 +279,8 @@ class Decider(KnobSteps, NoDataSteps):
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
         belief = self._speed(obs, state, memory, knobs, lengths, now_s, dt)
+        cold = next_cold_start(belief.cold_start_s, self.model.cold_start_s, state, obs, now_s)
+        belief = replace(belief, cold_start_s=cold)
         profile = scaled_profile(
             self.profile, model_speed(belief.speed), model_speed(belief.seq_ratio)
         )
@@ -676,15 +674,16 @@ class Decider(KnobSteps, NoDataSteps):
     def _judge(self, obs: Observation, state: ModelState, now_s: float) -> bool:
         """Whether the SLA seen now may judge the capacity model (see controller.plant).
 
-        Only on a fleet at the size we asked for, settled: after a scale-up the new
-        replicas need a cold start and the window still holds samples from before they
-        served (judging then would count the same violation twice and overshoot);
+        Only on a fleet seen whole (ready replicas >= those asked for) for a window, and
+        a (learned) cold start plus a window past a scale-up: the window must not hold
+        samples from before the new replicas served (judging then would count the same
+        violation twice and overshoot), however slow their cold start really was;
         likewise the first window after the controller starts holds whatever happened
         before we were in charge.
         """
         full_fleet = obs.ready_replicas is None or obs.ready_replicas >= state.replicas
-        first = state.health.first_good_s
-        settled = (first is not None and now_s - first >= self.policy.window_s) and (
+        since = state.health.full_since_s
+        settled = (since is not None and now_s - since >= self.policy.window_s) and (
             self._past_scale_up(state, now_s)
         )
         return full_fleet and settled and state.replicas > 0
@@ -693,4 +692,9 @@ class Decider(KnobSteps, NoDataSteps):
         """Whether the last scale-up (if any) is a cold start plus a window ago, s: the
         window no longer holds the overloaded stretch that asked for it."""
         last_up = state.windows.last_scale_up_s
-        return last_up is None or now_s - last_up >= self.model.cold_start_s + self.policy.window_s
+        return last_up is None or now_s - last_up >= self._cold_start(state) + self.policy.window_s
+
+    def _cold_start(self, state: ModelState) -> float:
+        """The dead time's cold start, s: the learned one (the forecast's lead keeps the
+        configured one: the learned one includes the scrape that shows replicas ready)."""
+        return state.plant.cold_start_s or self.model.cold_start_s

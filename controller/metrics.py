@@ -69,6 +69,12 @@ MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
         "Learned per-sequence step cost of the engines x the profile's, on top of the speed",
     ),
     (
+        "plant_cold_start_s",
+        "governor_plant_cold_start_seconds",
+        "Time from asking for replicas to seeing them all ready the decider plans with "
+        "(learned, else configured), s",
+    ),
+    (
         "capacity_correction",
         "governor_capacity_correction",
         "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
@@ -195,6 +201,7 @@ class GovernorMetrics:
             d.capacity_rps_per_replica,
             d.plant_speed,
             d.plant_seq_ratio,
+            d.plant_cold_start_s,
             d.capacity_correction,
         )
         for i, v in enumerate(values):

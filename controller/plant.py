@@ -14,9 +14,13 @@ bounded and smoothed:
   queued fleet's ITL is set by its knobs, not its speed), as a half-life average of
   log(speed) and within [SPEED_MIN, SPEED_MAX].
 - **capacity correction** (feedback from SLA violations, in [CORRECTION_MIN, 1]):
-  shrinks while the observed SLA is violated on a full fleet that was believed big
+  shrinks while the observed SLA is violated on a whole fleet that was believed big
   enough, recovers while it is met with margin on a loaded fleet. It catches what the
-  step-time model cannot see (e.g. a burstier arrival process than assumed).
+  step-time model cannot see (e.g. a burstier arrival process than assumed). It
+  judges only a fleet seen whole (every replica asked for ready) for a window.
+- **cold start** (`next_cold_start`): the time from asking for replicas to seeing them
+  all ready, sampled when a fleet seen short turns whole; it sets the dead time after
+  a scale-up (no speed or correction learned from the window that holds it).
 
 Worked example of one speed sample (default profile: base 2.3, per token 0.0218, fixed
 0.7, per sampled seq 0.05, per KV token 1.6e-6 ms; floor 6.1 ms): 40 sequences per
@@ -34,13 +38,14 @@ from dataclasses import replace
 
 from controller.capacity import lognormal_sigma
 from controller.config import SLA
-from controller.types import Lengths, PlantBelief
+from controller.types import Lengths, ModelState, PlantBelief
 from estimators.stepmodel import Profile
 from estimators.types import Observation
 
 CORRECTION_MIN = 0.4
 CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.74
 CORRECTION_RECOVERY_PER_S = 0.0005  # while healthy: +0.0005 per s; 10 min -> +0.3
+COLD_START_WEIGHT = 0.5  # a new ask-to-ready sample's weight against the learned cold start
 LOADED_FRAC = 0.8  # demand >= 80 % of the corrected fleet capacity counts as "loaded"
 HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met with margin"
 # ITL: the SLA is on each request's streaming speed (its mean inter-token latency, as
@@ -362,6 +367,32 @@ def sla_evidence(obs: Observation, sla: SLA) -> tuple[bool, bool]:
         else:
             healthy = False
     return violated, healthy
+
+
+def next_cold_start(
+    learned_s: float | None, configured_s: float, state: ModelState, obs: Observation, now_s: float
+) -> float | None:
+    """The learned cold start (s) after a tick that sees `obs.ready_replicas` of the
+    `state.replicas` asked for ready. When the fleet turns whole (the previous tick had
+    good data and saw the fleet short of its size, `state.health`; now every replica
+    asked for is ready)
+    after a scale-up, the time since that scale-up (the replicas asked last, the slowest
+    to come) is a sample, averaged with the belief (weight COLD_START_WEIGHT) and kept
+    within [configured / 4, configured x 8]. A fleet never seen short (a replica still
+    draining from a scale-down covers the new one) gives no sample. It includes the
+    actuator's sync and the scrape that shows the replicas ready: the time until the
+    decider sees the capacity.
+    Example: configured 45 s, replicas asked at t = 100 s seen all ready at t = 195 s ->
+    95 s (no belief yet), then a 85 s sample -> 90 s."""
+    health, ready, last_up = state.health, obs.ready_replicas, state.windows.last_scale_up_s
+    was_short = health.full_since_s is None and health.no_data_ticks == 0
+    whole = ready is not None and ready >= state.replicas
+    if not (was_short and whole and health.last_good_s is not None) or last_up is None:
+        return learned_s
+    sample = min(max(now_s - last_up, configured_s / 4.0), configured_s * 8.0)
+    if learned_s is None:
+        return sample
+    return (1.0 - COLD_START_WEIGHT) * learned_s + COLD_START_WEIGHT * sample
 
 
 def next_correction(

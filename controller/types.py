@@ -156,6 +156,8 @@ class Decision:
     """The engines' learned step-time factor against the profile (> 1: slower)."""
     plant_seq_ratio: float | None = None
     """Learned factor on the profile's per-sequence step costs on top of the speed."""
+    plant_cold_start_s: float | None = None
+    """The cold start planned with (ask to all ready), s: learned, else configured."""
     capacity_correction: float | None = None
     """The feedback correction on capacity from observed SLA violations, in [0.4, 1]."""
     rollout: bool = False
@@ -194,6 +196,11 @@ class Decision:
                 + (
                     f"  capacity correction x{self.capacity_correction:.2f}"
                     if self.capacity_correction is not None
+                    else ""
+                )
+                + (
+                    f"  cold start {self.plant_cold_start_s:.0f} s"
+                    if self.plant_cold_start_s is not None
                     else ""
                 )
             )
@@ -269,6 +276,23 @@ class DataHealth:
     last_good_s: float | None = None
     first_good_s: float | None = None
     """Time of the first decision on good data (the start of this model's history)."""
+    full_since_s: float | None = None
+    """Since when the fleet has been seen whole on good data (ready replicas >= those
+    asked for, or readiness not reported); None: seen short of its size on the latest
+    tick, or no good data yet. The SLA judges the capacity model only a window after
+    this."""
+
+    def after_good(self, now_s: float, ready: int | None, asked: int) -> DataHealth:
+        """The health after a tick on good data at `now_s` (s) that found `ready` of the
+        `asked` replicas ready. The fleet is whole when the ready replicas cover what was
+        asked for (readiness not reported counts as whole); a fleet short of its size
+        resets `full_since_s`. Seen, not assumed: a cold start slower than configured
+        keeps the SLA from judging the capacity model on samples from before the new
+        replicas served."""
+        whole = ready is None or ready >= asked
+        since = (self.full_since_s if self.full_since_s is not None else now_s) if whole else None
+        first = self.first_good_s if self.first_good_s is not None else now_s
+        return DataHealth(0, now_s, first, since)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +313,9 @@ class PlantBelief:
     """Learned extra factor on the profile's per-sequence step costs (controller.plant)."""
     seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     """Half-life sums of the per-sequence ratio's least-squares fit (ms^2)."""
+    cold_start_s: float | None = None
+    """Learned time from asking for replicas to seeing them all ready, s (None: none
+    seen yet; the configured cold start is used). controller.plant.next_cold_start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +390,8 @@ class SavedState:
     plant_speed_jump_since_s: float | None = None
     plant_seq_ratio: float = 1.0
     plant_seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    fleet_full_since_s: float | None = None
+    plant_cold_start_s: float | None = None
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -381,6 +410,7 @@ class SavedState:
             burst_rps=f.burst_rps,
             burst_at_s=f.burst_at_s,
             first_good_s=h.first_good_s,
+            fleet_full_since_s=h.full_since_s,
             load=f.load,
             capacity_correction=s.plant.capacity_correction,
             knob_candidate=k.candidate,
@@ -399,6 +429,7 @@ class SavedState:
             plant_speed_jump_since_s=s.plant.speed_jump_since_s,
             plant_seq_ratio=s.plant.seq_ratio,
             plant_seq_fit=s.plant.seq_fit,
+            plant_cold_start_s=s.plant.cold_start_s,
         )
 
     def state(self) -> ModelState:
@@ -433,6 +464,7 @@ class SavedState:
                 no_data_ticks=self.no_data_ticks,
                 last_good_s=self.last_good_s,
                 first_good_s=self.first_good_s,
+                full_since_s=self.fleet_full_since_s,
             ),
             plant=PlantBelief(
                 capacity_correction=self.capacity_correction,
@@ -442,6 +474,7 @@ class SavedState:
                 speed_jump_since_s=self.plant_speed_jump_since_s,
                 seq_ratio=self.plant_seq_ratio,
                 seq_fit=self.plant_seq_fit,
+                cold_start_s=self.plant_cold_start_s,
             ),
             rules=RuleMemory(states=self.rules),
         )

@@ -339,9 +339,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
             if d.HasField("plant_speed"):
                 corr = d.capacity_correction if d.HasField("capacity_correction") else 1.0
                 seq = d.plant_seq_ratio if d.HasField("plant_seq_ratio") else 1.0
+                cold = (
+                    f", cold start {d.plant_cold_start_s:.0f} s"
+                    if d.HasField("plant_cold_start_s")
+                    else ""
+                )
                 print(
                     f"  plant (learned): step time x{d.plant_speed:.2f} of the profile, "
-                    f"per-sequence cost x{seq:.2f} more, capacity correction x{corr:.2f}"
+                    f"per-sequence cost x{seq:.2f} more, capacity correction x{corr:.2f}" + cold
                 )
         if m.actuation:
             print(f"  actuation: {m.actuation}")

@@ -108,6 +108,7 @@ def decision_to_pb(d: Decision) -> governor_v1_pb2.DecisionSummary:
         "plant_speed",
         "capacity_correction",
         "plant_seq_ratio",
+        "plant_cold_start_s",
     ):
         v = getattr(d, name)
         if v is not None and math.isfinite(v):

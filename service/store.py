@@ -73,6 +73,7 @@ TIME_FIELDS = (
     "knob_running_until_s",
     "short_at_s",
     "plant_speed_jump_since_s",
+    "fleet_full_since_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
@@ -95,6 +96,7 @@ PLAIN_FIELDS = (
     "plant_speed_jump",
     "plant_seq_ratio",
     "plant_seq_fit",
+    "plant_cold_start_s",
 )
 
 

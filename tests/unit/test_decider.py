@@ -27,6 +27,21 @@ def run(decider: Decider, state, rates, start=ORIGIN_S, **kw):
     return out, state
 
 
+def run_lagged(decider: Decider, state, rates, start=ORIGIN_S, **kw):
+    """`run` on a fleet whose replicas are seen ready a configured cold start after
+    they were asked for (an instantly ready fake fleet would teach a 1/4 cold start)."""
+    out, asked = [], [(start - 1e9, state.replicas)]
+    t = start
+    for r in rates:
+        cold = decider.model.cold_start_s
+        ready = min(state.replicas, [n for at, n in asked if at <= t - cold][-1])
+        d, state = decider.decide(obs(t=t, rate=r, ready_replicas=ready, **kw), state, t)
+        asked.append((t, state.replicas))
+        out.append(d)
+        t += TICK
+    return out, state
+
+
 def test_decide_is_pure_same_inputs_same_outputs() -> None:
     d = Decider(make_model(), make_policy())
     s = d.initial_state(3)
@@ -321,13 +336,14 @@ def test_no_correction_in_the_first_window_or_the_dead_time_after_a_scale_up() -
     up_at = s.windows.last_scale_up_s
     assert up_at is not None  # until the count went up
     frozen = s.plant.capacity_correction
+    before = 3  # the new replicas are seen ready a cold start (45 s) after the ask
     while t < up_at + 105:  # cold start 45 s + window 60 s
-        _, s = d.decide(
-            obs(t=t, rate=40.0, ttft_attainment_frac=0.5, ready_replicas=s.replicas), s, t
-        )
+        ready = s.replicas if t >= up_at + 45 else before
+        _, s = d.decide(obs(t=t, rate=40.0, ttft_attainment_frac=0.5, ready_replicas=ready), s, t)
         if s.windows.last_scale_up_s == up_at:
             assert s.plant.capacity_correction == frozen
         t += TICK
+    assert s.plant.cold_start_s == 45.0  # learned: asked at up_at, all ready at up_at + 45
 
 
 def test_sla_violation_while_fleet_short_does_not_correct() -> None:
@@ -360,7 +376,7 @@ def test_forecast_scales_ahead_of_a_ramp() -> None:
     d = Decider(make_model(max_replicas=100, cold_start_s=60.0), make_policy())
     s = d.initial_state(4)
     rates = [40.0 + 1.5 * i for i in range(60)]
-    decs, s = run(d, s, rates)
+    decs, s = run_lagged(d, s, rates)
     last = decs[-1]
     assert last.demand_rps is not None and last.demand_rps > rates[-1] + 10.0
 
@@ -404,7 +420,10 @@ def test_burst_memory_holds_capacity_for_recurring_bursts_then_decays() -> None:
     policy = make_policy(burst_memory_half_life_s=600.0, scale_down_stabilization_s=60.0)
     d = Decider(make_model(max_replicas=30), policy)
     # a model with a full window of history (a surge only arms the memory then)
-    s = replace(d.initial_state(2), health=DataHealth(first_good_s=ORIGIN_S - 1000))
+    s = replace(
+        d.initial_state(2),
+        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+    )
     _, s = run(d, s, [20.0] * 4)
     dec, s = d.decide(
         obs(t=ORIGIN_S + 20, rate=20.0, arrival_rate_short_rps=150.0), s, ORIGIN_S + 20
@@ -425,7 +444,7 @@ def test_correction_recovers_only_on_a_loaded_healthy_fleet() -> None:
     learned = replace(
         d.initial_state(4),
         plant=PlantBelief(capacity_correction=0.7),
-        health=DataHealth(first_good_s=ORIGIN_S - 1000),
+        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
     )
     healthy = {"ttft_attainment_frac": 1.0, "itl_attainment_frac": 1.0}
     _, light = run(d, learned, [5.0] * 20, **healthy)  # 5 req/s on 4 replicas

@@ -31,7 +31,10 @@ def test_a_fleet_that_starts_small_panics_but_is_not_a_burst() -> None:
 
 def test_a_surge_over_the_long_window_arms_the_burst_memory() -> None:
     d = Decider(make_model(max_replicas=64), make_policy())
-    s = replace(d.initial_state(2), health=DataHealth(first_good_s=ORIGIN_S - 1000))
+    s = replace(
+        d.initial_state(2),
+        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+    )
     # long window 60 req/s, short window 150 req/s: a surge
     dec, s = d.decide(
         obs(t=ORIGIN_S, rate=60.0, arrival_rate_short_rps=150.0, ready_replicas=2), s, ORIGIN_S
@@ -237,7 +240,10 @@ def test_at_a_slow_scrape_a_burst_over_the_smoothed_level_arms_the_memory() -> N
     """30 s scrape: the short window spans the long one (both 60 s) and reads the same
     rate; the burst still stands out against the smoothed level."""
     d = Decider(make_model(max_replicas=64), make_policy())
-    s = replace(d.initial_state(2), health=DataHealth(first_good_s=ORIGIN_S - 1000))
+    s = replace(
+        d.initial_state(2),
+        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+    )
     for k in range(12):
         t = ORIGIN_S + 5 * k
         _, s = d.decide(obs(t=t, rate=20.0, arrival_rate_short_rps=20.0, ready_replicas=2), s, t)

@@ -22,6 +22,7 @@ GOOD = Decision(
     capacity_rps_per_replica=5.0,
     plant_speed=1.1,
     plant_seq_ratio=2.0,
+    plant_cold_start_s=75.0,
     capacity_correction=0.9,
 )
 
@@ -43,6 +44,7 @@ def test_gauges_follow_each_decision() -> None:
         "governor_capacity_per_replica_rps": 5.0,
         "governor_plant_speed_factor": 1.1,
         "governor_plant_seq_ratio": 2.0,
+        "governor_plant_cold_start_seconds": 75.0,
         "governor_capacity_correction": 0.9,
         "governor_observation_staleness_seconds": 1.5,
         "governor_model_stale": 0,

@@ -17,10 +17,19 @@ from controller.plant import (
     SPEED_MAX,
     SPEED_MIN,
     learn_speed,
+    next_cold_start,
     next_speed,
     speed_sample,
 )
-from controller.types import Lengths, PlantBelief, Reason
+from controller.types import (
+    DataHealth,
+    Hysteresis,
+    Knobs,
+    Lengths,
+    ModelState,
+    PlantBelief,
+    Reason,
+)
 from estimators.stepmodel import load_profile
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import obs
@@ -280,3 +289,54 @@ def test_windows_at_one_batch_size_leave_the_ratio_alone() -> None:
         t += 5.0
         near = learn_plant(near, _seq_parts(b, 1.3 * 6.8, 1.3 * 0.5), 5.0, t, 30.0, True)
     assert near.seq_ratio == 1.0 and 1.0 < near.speed < 4.0
+
+
+def _cold_state(*, asked: int, short: bool, no_data_ticks: int = 0) -> ModelState:
+    """A state that asked for `asked` replicas at ORIGIN_S, its fleet seen short of them
+    on the previous good tick (`short`) or whole since long ago."""
+    return ModelState(
+        replicas=asked,
+        knobs=Knobs(64, 2048),
+        windows=Hysteresis(last_scale_up_s=ORIGIN_S),
+        health=DataHealth(
+            no_data_ticks=no_data_ticks,
+            last_good_s=ORIGIN_S + 85.0,
+            first_good_s=ORIGIN_S - 1000.0,
+            full_since_s=None if short else ORIGIN_S - 1000.0,
+        ),
+    )
+
+
+def test_cold_start_is_learned_from_the_ask_to_all_ready() -> None:
+    """Asked at t0, seen short, all 6 ready at t0 + 90 s: a 90 s sample (configured
+    45 s); the next one, 70 s, is averaged in at weight 0.5 -> 80 s."""
+    ready = obs(ready_replicas=6)
+    first = next_cold_start(None, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 90)
+    assert first == 90.0
+    assert next_cold_start(first, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 70) == (
+        80.0
+    )
+    # Bounded: [configured / 4, configured x 8].
+    assert next_cold_start(None, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 5) == (
+        11.25
+    )
+    assert next_cold_start(None, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 900) == (
+        360.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "ready"),
+    [
+        (_cold_state(asked=6, short=True), 5),  # still short: nothing learned yet
+        (_cold_state(asked=6, short=False), 6),  # never seen short (a draining replica)
+        (_cold_state(asked=6, short=True, no_data_ticks=2), 6),  # whole after a data gap
+        (_cold_state(asked=6, short=True), None),  # readiness not reported
+    ],
+)
+def test_cold_start_is_not_learned_without_a_short_fleet_turning_whole(
+    state: ModelState, ready: int | None
+) -> None:
+    o = obs(ready_replicas=ready)
+    assert next_cold_start(None, 45.0, state, o, ORIGIN_S + 90) is None
+    assert next_cold_start(60.0, 45.0, state, o, ORIGIN_S + 90) == 60.0
