@@ -32,8 +32,9 @@ REASON_LABELS = ["model", "stage", "reason"]
 
 
 class _ModelSeries:
-    """One model's gauge values in `MODEL_GAUGES` order (None: never set, exported as
-    0) and its reason counters' cells, by (stage, reason)."""
+    """One model's gauge values in `MODEL_GAUGES` order (None: never set, not exported:
+    a model whose decisions were all held has no desired-replicas series, not a 0) and
+    its reason counters' cells, by (stage, reason)."""
 
     __slots__ = ("last", "reasons")
 
@@ -121,7 +122,8 @@ class _PerModelCollector:
             family = GaugeMetricFamily(name, doc, labels=["model"])
             for model, s in series:
                 v = s.last[i]
-                family.add_metric([model], 0.0 if v is None else float(v))
+                if v is not None:  # never set: no series, not a 0 read as a value
+                    family.add_metric([model], float(v))
             yield family
         reasons = CounterMetricFamily(REASONS_NAME, REASONS_HELP, labels=REASON_LABELS)
         for (model, stage, reason), (count, created) in list(self.metrics._reasons.items()):

@@ -84,8 +84,9 @@ def test_forget_drops_the_series_and_a_returning_model_is_set_again() -> None:
 
 
 def test_exported_as_prometheus_client_children_were() -> None:
-    """The collector's exposition: a gauge never set reads 0 once its model has a series
-    (a child's default), the reason counter has `_total` and `_created`, and the names
+    """The collector's exposition: a gauge never set has no series (a model whose first
+    decision was held exports no desired replicas, never a 0 a dashboard would read as
+    "scaled to zero"), the reason counter has `_total` and `_created`, and the names
     are claimed in the registry (a second metric of the same name is refused)."""
     import time
 
@@ -95,7 +96,8 @@ def test_exported_as_prometheus_client_children_were() -> None:
     m = GovernorMetrics(CollectorRegistry())
     m.record(replace(GOOD, valid=False, demand_rps=None), None)  # first decision held
     v = _values(m)
-    assert v["governor_desired_replicas"] == 0 and v["governor_model_stale"] == 1
+    assert v["governor_desired_replicas"] is None and v["governor_model_stale"] == 1
+    assert v["governor_capacity_per_replica_rps"] is None
     labels = {"model": "m", "stage": "raw", "reason": "CAPACITY"}
     created = m.registry.get_sample_value("governor_stage_reasons_created", labels)
     assert created is not None and abs(created - time.time()) < 60
