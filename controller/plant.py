@@ -370,20 +370,20 @@ def sla_evidence(obs: Observation, sla: SLA) -> tuple[bool, bool]:
 
 
 def next_cold_start(
-    learned_s: float | None, configured_s: float, state: ModelState, obs: Observation, now_s: float
+    configured_s: float, state: ModelState, obs: Observation, now_s: float
 ) -> float | None:
-    """The learned cold start (s) after a tick that sees `obs.ready_replicas` of the
-    `state.replicas` asked for ready. When the fleet turns whole (the previous tick had
-    good data and saw the fleet short of its size, `state.health`; now every replica
-    asked for is ready)
-    after a scale-up, the time since that scale-up (the replicas asked last, the slowest
-    to come) is a sample, averaged with the belief (weight COLD_START_WEIGHT) and kept
-    within [configured / 4, configured x 8]. A fleet never seen short (a replica still
-    draining from a scale-down covers the new one) gives no sample. It includes the
-    actuator's sync and the scrape that shows the replicas ready: the time until the
-    decider sees the capacity.
-    Example: configured 45 s, replicas asked at t = 100 s seen all ready at t = 195 s ->
+    """The learned cold start (s; `state.plant.cold_start_s` before) after a tick that
+    sees `obs.ready_replicas` of the `state.replicas` asked for ready. When the fleet
+    turns whole after a scale-up (the previous tick had good data and saw the fleet
+    short of its size, `state.health`; now every replica asked for is ready), the time
+    since that scale-up (the replicas asked last, the slowest to come) is a sample,
+    averaged with the belief (weight COLD_START_WEIGHT) and kept within [configured / 4,
+    configured x 8]. A fleet never seen short (a replica still draining from a
+    scale-down covers the new one) gives no sample. It includes the actuator's sync and
+    the scrape that shows the replicas ready: the time until the decider sees the
+    capacity. Example: configured 45 s, replicas asked at t = 100 s seen all ready at t = 195 s ->
     95 s (no belief yet), then a 85 s sample -> 90 s."""
+    learned_s = state.plant.cold_start_s
     health, ready, last_up = state.health, obs.ready_replicas, state.windows.last_scale_up_s
     was_short = health.full_since_s is None and health.no_data_ticks == 0
     whole = ready is not None and ready >= state.replicas

@@ -291,13 +291,16 @@ def test_windows_at_one_batch_size_leave_the_ratio_alone() -> None:
     assert near.seq_ratio == 1.0 and 1.0 < near.speed < 4.0
 
 
-def _cold_state(*, asked: int, short: bool, no_data_ticks: int = 0) -> ModelState:
+def _cold_state(
+    *, asked: int, short: bool, no_data_ticks: int = 0, learned: float | None = None
+) -> ModelState:
     """A state that asked for `asked` replicas at ORIGIN_S, its fleet seen short of them
-    on the previous good tick (`short`) or whole since long ago."""
+    on the previous good tick (`short`) or whole since long ago, with `learned` s."""
     return ModelState(
         replicas=asked,
         knobs=Knobs(64, 2048),
         windows=Hysteresis(last_scale_up_s=ORIGIN_S),
+        plant=PlantBelief(cold_start_s=learned),
         health=DataHealth(
             no_data_ticks=no_data_ticks,
             last_good_s=ORIGIN_S + 85.0,
@@ -311,18 +314,15 @@ def test_cold_start_is_learned_from_the_ask_to_all_ready() -> None:
     """Asked at t0, seen short, all 6 ready at t0 + 90 s: a 90 s sample (configured
     45 s); the next one, 70 s, is averaged in at weight 0.5 -> 80 s."""
     ready = obs(ready_replicas=6)
-    first = next_cold_start(None, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 90)
+    first = next_cold_start(45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 90)
     assert first == 90.0
-    assert next_cold_start(first, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 70) == (
-        80.0
+    assert (
+        next_cold_start(45.0, _cold_state(asked=6, short=True, learned=first), ready, ORIGIN_S + 70)
+        == 80.0
     )
     # Bounded: [configured / 4, configured x 8].
-    assert next_cold_start(None, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 5) == (
-        11.25
-    )
-    assert next_cold_start(None, 45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 900) == (
-        360.0
-    )
+    assert next_cold_start(45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 5) == 11.25
+    assert next_cold_start(45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 900) == 360.0
 
 
 @pytest.mark.parametrize(
@@ -338,5 +338,6 @@ def test_cold_start_is_not_learned_without_a_short_fleet_turning_whole(
     state: ModelState, ready: int | None
 ) -> None:
     o = obs(ready_replicas=ready)
-    assert next_cold_start(None, 45.0, state, o, ORIGIN_S + 90) is None
-    assert next_cold_start(60.0, 45.0, state, o, ORIGIN_S + 90) == 60.0
+    assert next_cold_start(45.0, state, o, ORIGIN_S + 90) is None
+    learned = replace(state, plant=PlantBelief(cold_start_s=60.0))
+    assert next_cold_start(45.0, learned, o, ORIGIN_S + 90) == 60.0
