@@ -35,7 +35,8 @@ NS = "llm"
 TOKEN = "crash-test-token-0123456789abcdef"
 
 
-def _write_rates(path: Path, rate: float) -> None:
+def _write_rates(path: Path, rate: float | None) -> None:
+    """The fake source's rate for "demo", req/s (None: no data, so decisions hold)."""
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"demo": rate}))
     os.replace(tmp, path)
@@ -130,9 +131,13 @@ def test_sigkill_mid_actuation(tmp_path: Path, fault_note: Any) -> None:
                 assert targets.doc.models[0].sla.itl_p95_ms == 42
                 saved = state.published["demo"].replicas
                 assert state.models["demo"]["recommendations"], "hysteresis memory lost"
+                # No data while the restarted process is first read: its ticks hold, so
+                # the check does not race its first decision on a slow machine.
+                _write_rates(rates, None)
                 svc = _start(tmp_path, api.url)
                 channel = grpc.insecure_channel(f"127.0.0.1:{svc.port()}")
-                assert keda_replicas(channel) == saved  # served at once, before any tick
+                assert keda_replicas(channel) == saved  # the restored decision, served at once
+                _write_rates(rates, rate)
                 admin = pb_grpc.AdminServiceStub(channel)
                 got = admin.GetTarget(pb.GetTargetRequest(model="demo"), timeout=5, metadata=AUTH)
                 assert got.target.sla.itl_p95_ms == 42
