@@ -234,7 +234,7 @@ class Decider(KnobSteps, NoDataSteps):
             capacity_rps_per_replica=raw.capacity,
             plant_speed=plant.speed,
             plant_seq_ratio=plant.seq_ratio,
-            plant_cold_start_s=plant.cold_start_s or self.model.cold_start_s,
+            plant_cold_start_s=self._cold_start(plant),
             capacity_correction=plant.capacity_correction,
             panic=panic_state[0],
             rollout=rollout,
@@ -681,20 +681,20 @@ class Decider(KnobSteps, NoDataSteps):
         likewise the first window after the controller starts holds whatever happened
         before we were in charge.
         """
-        full_fleet = obs.ready_replicas is None or obs.ready_replicas >= state.replicas
-        since = state.health.full_since_s
+        # Whole on this tick too: the same rule the tick's health record keeps.
+        since = state.health.after_good(now_s, obs.ready_replicas, state.replicas).full_since_s
         settled = (since is not None and now_s - since >= self.policy.window_s) and (
             self._past_scale_up(state, now_s)
         )
-        return full_fleet and settled and state.replicas > 0
+        return settled and state.replicas > 0
 
     def _past_scale_up(self, state: ModelState, now_s: float) -> bool:
         """Whether the last scale-up (if any) is a cold start plus a window ago, s: the
         window no longer holds the overloaded stretch that asked for it."""
-        last_up = state.windows.last_scale_up_s
-        return last_up is None or now_s - last_up >= self._cold_start(state) + self.policy.window_s
+        last_up, dead_s = state.windows.last_scale_up_s, self._cold_start(state.plant)
+        return last_up is None or now_s - last_up >= dead_s + self.policy.window_s
 
-    def _cold_start(self, state: ModelState) -> float:
+    def _cold_start(self, plant: PlantBelief) -> float:
         """The dead time's cold start, s: the learned one (the forecast's lead keeps the
         configured one: the learned one includes the scrape that shows replicas ready)."""
-        return state.plant.cold_start_s or self.model.cold_start_s
+        return plant.cold_start_s or self.model.cold_start_s

@@ -31,9 +31,8 @@ def run_lagged(decider: Decider, state, rates, start=ORIGIN_S, **kw):
     """`run` on a fleet whose replicas are seen ready a configured cold start after
     they were asked for (an instantly ready fake fleet would teach a 1/4 cold start)."""
     out, asked = [], [(start - 1e9, state.replicas)]
-    t = start
+    t, cold = start, decider.model.cold_start_s
     for r in rates:
-        cold = decider.model.cold_start_s
         ready = min(state.replicas, [n for at, n in asked if at <= t - cold][-1])
         d, state = decider.decide(obs(t=t, rate=r, ready_replicas=ready, **kw), state, t)
         asked.append((t, state.replicas))
