@@ -283,6 +283,19 @@ class Static(_Base):
         return self.replicas
 
 
+CEILING = "ceiling"
+
+
+class Ceiling(Static):
+    """Not a policy to compare: the most replicas, asked for at the first evaluation and
+    held, from the cell's start. More replicas never lower attainment, and nothing asks
+    sooner, so its attainment is the most any policy can reach in a cell (the matrix's
+    "best possible"): what a start at one replica and a cold start cost whatever the
+    policy. Its GPU-hours mean nothing."""
+
+    name = CEILING
+
+
 class _Capture:
     """Actuator that keeps the latest valid decision (what KEDA would read)."""
 

@@ -17,6 +17,11 @@ Goals checked per row (issue "Control that holds off its tuning point"): smooth 
 flaps; the bursty code trace: attainment >= hpa-queue's with fewer GPU-hours and flaps
 <= hpa-gpu's; every trace: no baseline reaches the governor's attainment with fewer
 GPU-hours.
+
+Each row also runs the `ceiling` (simulator.autoscalers.Ceiling): the most replicas,
+asked for at once from the row's start. Its attainment is the row's "best possible": the
+most any policy can reach there, so a goal above it is out of reach by construction (a
+start at one replica under a full load misses the first minute whatever the policy).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.config import SLA
-from simulator.autoscalers import POLICY_NAMES
+from simulator.autoscalers import CEILING, POLICY_NAMES
 from simulator.oracle import OracleResult, scenario_oracle
 from simulator.plant import Plant
 from simulator.scenario import Scenario, run_policy
@@ -38,6 +43,7 @@ from simulator.traces import load_trace
 
 SMOOTH_ATTAINMENT_GOAL = 0.99
 SMOOTH_ORACLE_RATIO_GOAL = 1.3
+SMOOTH_ATTAINMENT_KEY = "attainment >= 99 %"
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,8 @@ class MatrixSpec:
     workers: int = 2
     plots_dir: str | None = None
     """Where to write a PNG per row with a goal missed (None: no plots)."""
+    bound: bool = True
+    """Run the `ceiling` per row for its best possible attainment (module doc)."""
 
     @staticmethod
     def quick(**kw: Any) -> MatrixSpec:
@@ -159,7 +167,8 @@ def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> di
     say = log or (lambda _m: None)
     oracle_keys = sorted({(t.key, c.plant_speed) for t in spec.traces for c in spec.conditions})
     by_key = {t.key: t for t in spec.traces}
-    cells = [(t, c, p) for t in spec.traces for c in spec.conditions for p in spec.policies]
+    runs = (*spec.policies, CEILING) if spec.bound else spec.policies
+    cells = [(t, c, p) for t in spec.traces for c in spec.conditions for p in runs]
     results: dict[tuple[str, str, str], dict[str, Any]] = {}
     oracles: dict[tuple[str, float], OracleResult] = {}
     with _pool(spec.workers) as pool:
@@ -287,6 +296,9 @@ def _document(
                 "oracle_peak": max(orc.replicas, default=0),
                 "policies": pol,
             }
+            bound = results.get((t.key, c.name, CEILING))
+            if bound is not None:
+                row["attainment_bound"] = bound["slo_attainment"]
             row["goals"] = row_goals(row)
             rows.append(row)
     return {
@@ -298,6 +310,7 @@ def _document(
             "max_replicas": spec.max_replicas,
             "overhead_ms": spec.overhead_ms,
             "workers": spec.workers,
+            "bound": spec.bound,
         },
         "rows": rows,
         "wall_s": wall_s,
@@ -313,7 +326,7 @@ def row_goals(row: Mapping[str, Any]) -> dict[str, bool]:
         return {}
     goals: dict[str, bool] = {}
     if row["smooth"]:
-        goals["attainment >= 99 %"] = gov["slo_attainment"] >= SMOOTH_ATTAINMENT_GOAL
+        goals[SMOOTH_ATTAINMENT_KEY] = gov["slo_attainment"] >= SMOOTH_ATTAINMENT_GOAL
         ratio = gov.get("oracle_ratio")
         goals["GPU-h <= 1.3x oracle"] = ratio is not None and ratio <= SMOOTH_ORACLE_RATIO_GOAL
         goals["0 flaps"] = gov["flaps"] == 0
@@ -335,12 +348,23 @@ def row_goals(row: Mapping[str, Any]) -> dict[str, bool]:
     return goals
 
 
+def out_of_reach(row: Mapping[str, Any], goal: str) -> bool:
+    """Whether `goal` of `row` asks for more attainment than the row's best possible
+    (the `ceiling`'s, module doc): missed by construction, whatever the policy."""
+    bound = row.get("attainment_bound")
+    return goal == SMOOTH_ATTAINMENT_KEY and bound is not None and bound < SMOOTH_ATTAINMENT_GOAL
+
+
 def matrix_table(doc: Mapping[str, Any]) -> str:
     """Markdown table: one row per (trace, condition), a cell per policy (attainment,
-    GPU-h / oracle over the trace, flaps), the oracle's GPU-h, the governor's GPU-h /
-    oracle with the drain tail after the trace, then the goals missed."""
+    GPU-h / oracle over the trace, flaps), the best possible attainment (when run), the
+    oracle's GPU-h, the governor's GPU-h / oracle with the drain tail after the trace,
+    then the goals missed (those out of reach marked)."""
     policies: Sequence[str] = doc["spec"]["policies"]
-    head = ["trace", "condition", *policies, "oracle GPU-h", "governor + tail", "goals missed"]
+    bounded = any("attainment_bound" in row for row in doc["rows"])
+    best = ["best possible"] if bounded else []
+    head = ["trace", "condition", *policies, *best, "oracle GPU-h", "governor + tail"]
+    head.append("goals missed")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in doc["rows"]:
         cells = []
@@ -350,7 +374,14 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
             rs = "-" if ratio is None else f"{ratio:.2f}x"
             cell = f"{100 * r['slo_attainment']:.2f} % / {rs} / {r['flaps']}"
             cells.append(f"**{cell}**" if p == "governor" else cell)
-        missed = [g for g, ok in row["goals"].items() if not ok]
+        if bounded:
+            bound = row.get("attainment_bound")
+            cells.append("-" if bound is None else f"{100 * bound:.2f} %")
+        missed = [
+            f"{g} (out of reach)" if out_of_reach(row, g) else g
+            for g, ok in row["goals"].items()
+            if not ok
+        ]
         run = row["policies"].get("governor", {}).get("oracle_ratio_run")
         tail = "-" if run is None else f"{run:.2f}x"
         lines.append(
@@ -369,6 +400,8 @@ class MatrixSummary:
     goals: int = 0
     met: int = 0
     missed: list[str] = field(default_factory=list)
+    out_of_reach: int = 0
+    """Misses above the row's best possible attainment (`out_of_reach`)."""
 
     @staticmethod
     def of(doc: Mapping[str, Any]) -> MatrixSummary:
@@ -380,4 +413,5 @@ class MatrixSummary:
                 s.met += int(ok)
                 if not ok:
                     s.missed.append(f"{row['trace']} / {row['condition']}: {g}")
+                    s.out_of_reach += int(out_of_reach(row, g))
         return s

@@ -35,9 +35,11 @@ from controller.config import (
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
 from simulator.autoscalers import (
+    CEILING,
     HPA_TOLERANCE,
     POLICY_NAMES,
     Autoscaler,
+    Ceiling,
     Governor,
     HpaGpu,
     HpaQueue,
@@ -191,6 +193,8 @@ def make_policy(name: str, sc: Scenario, fleet: Fleet, source: SimulatedSource) 
         return Kpa(fleet, MODEL, lo, hi)
     if name == "static":
         return Static(sc.static_replicas if sc.static_replicas is not None else sc.initial_replicas)
+    if name == CEILING:
+        return Ceiling(hi)
     raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICY_NAMES)})")
 
 

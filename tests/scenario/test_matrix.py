@@ -3,6 +3,7 @@ quick smoke run of the whole machinery (process pool, oracle once per trace and 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -108,3 +109,51 @@ def test_oracle_ratio_is_over_the_trace_and_missed_rows_are_plotted(tmp_path) ->
         missed_rows += missed
         assert (tmp_path / name).exists() == missed
     assert missed_rows >= 1 and len(doc["plots"]) == missed_rows
+    # The best possible attainment: no policy beats it, and a slower cold start lowers it.
+    bounds = {row["condition"]: row["attainment_bound"] for row in doc["rows"]}
+    for row in doc["rows"]:
+        assert all(c["slo_attainment"] <= row["attainment_bound"] for c in row["policies"].values())
+    assert bounds["cold start 2x"] < bounds["default"] < 1.0
+
+
+def test_the_ceiling_asks_the_most_replicas_at_once() -> None:
+    """The best possible attainment is the ceiling's: the maximum, asked at the first
+    evaluation (fails when it asks less, or later)."""
+    from simulator.matrix import MatrixSpec, scenario_for
+    from simulator.scenario import run_policy
+
+    spec = MatrixSpec(max_replicas=12)
+    sc = scenario_for(spec, TRACES[0], CONDITIONS[0])
+    seen: list[tuple[float, int]] = []
+    run_policy(
+        "ceiling",
+        dataclasses.replace(sc, trace=sc.trace.truncated(30.0), drain_tail_s=0.0),
+        on_sync=lambda t, fleet, _p: seen.append((t, fleet.total_replicas)),
+    )
+    assert seen[0] == (sc.hpa_sync_s, 12), seen[:3]
+
+
+def test_table_marks_goals_above_the_best_possible_as_out_of_reach() -> None:
+    from simulator.matrix import MatrixSummary, matrix_table
+
+    def row(condition: str, bound: float) -> dict[str, Any]:
+        r: dict[str, Any] = {
+            "trace": "conv x16",
+            "condition": condition,
+            "smooth": True,
+            "oracle_gpu_hours": 6.0,
+            "attainment_bound": bound,
+            "policies": {"governor": _cell(0.98, 8.0, 0, 1.2)},
+        }
+        r["goals"] = row_goals(r)
+        return r
+
+    doc = {
+        "spec": {"policies": ["governor"]},
+        "rows": [row("default", 0.981), row("start 4", 0.999)],
+    }
+    table = matrix_table(doc)
+    assert "| 98.10 % |" in table and "| 99.90 % |" in table
+    assert table.count("attainment >= 99 % (out of reach)") == 1
+    s = MatrixSummary.of(doc)
+    assert (s.goals - s.met, s.out_of_reach) == (2, 1)
