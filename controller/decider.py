@@ -217,7 +217,7 @@ class Decider(KnobSteps, NoDataSteps):
                 short_at_s=now_s if obs.arrival_rate_short_rps is not None else None,
             ),
             knob_memory=knob_memory,
-            health=state.health.after_good(now_s, obs.ready_replicas, state.replicas),
+            health=state.health.after_good(now_s, obs.ready_replicas, state.replicas, obs.waiting),
             plant=plant,
             rules=rules,
         )
@@ -674,19 +674,19 @@ class Decider(KnobSteps, NoDataSteps):
     def _judge(self, obs: Observation, state: ModelState, now_s: float) -> bool:
         """Whether the SLA seen now may judge the capacity model (see controller.plant).
 
-        Only on a fleet seen whole (ready replicas >= those asked for) for a window, and
-        a (learned) cold start plus a window past a scale-up: the window must not hold
-        samples from before the new replicas served (judging then would count the same
-        violation twice and overshoot), however slow their cold start really was;
-        likewise the first window after the controller starts holds whatever happened
-        before we were in charge.
+        Only on a fleet seen whole (ready replicas >= those asked for) and without a
+        backlog (DataHealth.calm_since_s) for a window, and a (learned) cold start plus
+        a window past a scale-up: the window must not hold samples from before the new
+        replicas served (judging then would count the same violation twice and
+        overshoot), however slow their cold start really was; likewise the first window
+        after the controller starts holds whatever happened before we were in charge.
         """
-        # Whole on this tick too: the same rule the tick's health record keeps.
-        since = state.health.after_good(now_s, obs.ready_replicas, state.replicas).full_since_s
-        settled = (since is not None and now_s - since >= self.policy.window_s) and (
-            self._past_scale_up(state, now_s)
-        )
-        return settled and state.replicas > 0
+        # Calm on this tick too: the same rule the tick's health record keeps.
+        since = state.health.after_good(
+            now_s, obs.ready_replicas, state.replicas, obs.waiting
+        ).calm_since_s
+        calm = since is not None and now_s - since >= self.policy.window_s
+        return calm and self._past_scale_up(state, now_s) and state.replicas > 0
 
     def _past_scale_up(self, state: ModelState, now_s: float) -> bool:
         """Whether the last scale-up (if any) is a cold start plus a window ago, s: the

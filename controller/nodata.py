@@ -66,7 +66,7 @@ class NoDataSteps:
         fallback if higher (NO_DATA_FALLBACK)."""
         ticks = state.health.no_data_ticks + 1
         why = str(err)
-        health = replace(state.health, no_data_ticks=ticks, full_since_s=None)
+        health = replace(state.health, no_data_ticks=ticks, full_since_s=None, calm_since_s=None)
         new_state = replace(state, health=health)
         # Never had good data: the fleet's size is unknown to us, so only hold.
         if ticks < self.policy.no_data_ticks_before_fallback or state.health.last_good_s is None:

@@ -279,20 +279,37 @@ class DataHealth:
     full_since_s: float | None = None
     """Since when the fleet has been seen whole on good data (ready replicas >= those
     asked for, or readiness not reported); None: seen short of its size on the latest
-    tick, or no good data yet. The SLA judges the capacity model only a window after
-    this."""
+    tick, or no good data yet."""
+    calm_since_s: float | None = None
+    """Since when the fleet has been seen whole with the queue it had when it turned
+    whole drained (at most one waiting request per ready replica; a queue that builds
+    later does not reset it). The SLA judges the capacity model only a window after
+    this: a queue left from a stretch the fleet was short for (a start-up ramp, a slow
+    cold start) drains with violations that say nothing of the capacity model, while
+    one that builds on a whole fleet is what the model is judged on."""
 
-    def after_good(self, now_s: float, ready: int | None, asked: int) -> DataHealth:
+    def after_good(
+        self, now_s: float, ready: int | None, asked: int, waiting: float | None = None
+    ) -> DataHealth:
         """The health after a tick on good data at `now_s` (s) that found `ready` of the
-        `asked` replicas ready. The fleet is whole when the ready replicas cover what was
-        asked for (readiness not reported counts as whole); a fleet short of its size
-        resets `full_since_s`. Seen, not assumed: a cold start slower than configured
-        keeps the SLA from judging the capacity model on samples from before the new
-        replicas served."""
+        `asked` replicas ready and `waiting` requests queued. The fleet is whole when the
+        ready replicas cover what was asked for (readiness not reported counts as whole);
+        a fleet short of its size resets `full_since_s` and `calm_since_s`, and a whole
+        one is calm from the first tick its queue is down to one per ready replica
+        (not reported counts as none). Seen, not assumed: a cold start slower than
+        configured keeps the SLA from judging the capacity model on samples from before
+        the new replicas served."""
         whole = ready is None or ready >= asked
-        since = (self.full_since_s if self.full_since_s is not None else now_s) if whole else None
+        drained = waiting is None or waiting <= max(1, asked if ready is None else ready)
+        calm = self.calm_since_s if self.calm_since_s is not None or not drained else now_s
         first = self.first_good_s if self.first_good_s is not None else now_s
-        return DataHealth(0, now_s, first, since)
+        return DataHealth(
+            0,
+            now_s,
+            first,
+            (now_s if self.full_since_s is None else self.full_since_s) if whole else None,
+            calm if whole else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +409,7 @@ class SavedState:
     plant_seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     fleet_full_since_s: float | None = None
     plant_cold_start_s: float | None = None
+    fleet_calm_since_s: float | None = None
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -411,6 +429,7 @@ class SavedState:
             burst_at_s=f.burst_at_s,
             first_good_s=h.first_good_s,
             fleet_full_since_s=h.full_since_s,
+            fleet_calm_since_s=h.calm_since_s,
             load=f.load,
             capacity_correction=s.plant.capacity_correction,
             knob_candidate=k.candidate,
@@ -465,6 +484,7 @@ class SavedState:
                 last_good_s=self.last_good_s,
                 first_good_s=self.first_good_s,
                 full_since_s=self.fleet_full_since_s,
+                calm_since_s=self.fleet_calm_since_s,
             ),
             plant=PlantBelief(
                 capacity_correction=self.capacity_correction,

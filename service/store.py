@@ -74,6 +74,7 @@ TIME_FIELDS = (
     "short_at_s",
     "plant_speed_jump_since_s",
     "fleet_full_since_s",
+    "fleet_calm_since_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s

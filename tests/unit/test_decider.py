@@ -421,7 +421,9 @@ def test_burst_memory_holds_capacity_for_recurring_bursts_then_decays() -> None:
     # a model with a full window of history (a surge only arms the memory then)
     s = replace(
         d.initial_state(2),
-        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+        health=DataHealth(
+            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
+        ),
     )
     _, s = run(d, s, [20.0] * 4)
     dec, s = d.decide(
@@ -443,7 +445,9 @@ def test_correction_recovers_only_on_a_loaded_healthy_fleet() -> None:
     learned = replace(
         d.initial_state(4),
         plant=PlantBelief(capacity_correction=0.7),
-        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+        health=DataHealth(
+            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
+        ),
     )
     healthy = {"ttft_attainment_frac": 1.0, "itl_attainment_frac": 1.0}
     _, light = run(d, learned, [5.0] * 20, **healthy)  # 5 req/s on 4 replicas

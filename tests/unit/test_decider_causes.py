@@ -33,7 +33,9 @@ def test_a_surge_over_the_long_window_arms_the_burst_memory() -> None:
     d = Decider(make_model(max_replicas=64), make_policy())
     s = replace(
         d.initial_state(2),
-        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+        health=DataHealth(
+            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
+        ),
     )
     # long window 60 req/s, short window 150 req/s: a surge
     dec, s = d.decide(
@@ -242,7 +244,9 @@ def test_at_a_slow_scrape_a_burst_over_the_smoothed_level_arms_the_memory() -> N
     d = Decider(make_model(max_replicas=64), make_policy())
     s = replace(
         d.initial_state(2),
-        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+        health=DataHealth(
+            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
+        ),
     )
     for k in range(12):
         t = ORIGIN_S + 5 * k

@@ -28,7 +28,9 @@ def _settled(d: Decider, replicas: int) -> ModelState:
     """A state with a long history (the correction may judge the model)."""
     return replace(
         d.initial_state(replicas),
-        health=DataHealth(first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000),
+        health=DataHealth(
+            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
+        ),
     )
 
 
@@ -214,4 +216,33 @@ def test_a_cold_start_slower_than_configured_is_not_read_as_a_slow_engine() -> N
     assert state.plant.capacity_correction == 1.0
     # A window after the fleet was whole the violation is evidence.
     _, state = d.decide(obs(t=t, rate=40.0, ready_replicas=6, ttft_attainment_frac=0.5), state, t)
+    assert state.plant.capacity_correction < 1.0
+
+
+def test_a_backlog_left_from_a_short_fleet_is_not_evidence_until_it_drained() -> None:
+    """The fleet turns whole, but the queue its short stretch left still drains (a
+    start-up ramp's): the violations it causes do not judge the capacity model; a window
+    after the queue is down to one per replica they do. A queue that builds on the whole
+    fleet later is the model's own: it does not reset the clock (fails when the backlog
+    is ignored, and when any backlog resets the clock)."""
+    d = Decider(make_model(), make_policy())
+    state = _settled(d, 6)
+    t = ORIGIN_S
+
+    def tick(waiting: float, ready: int = 6) -> None:
+        nonlocal state, t
+        o = obs(t=t, rate=40.0, ready_replicas=ready, waiting=waiting, ttft_attainment_frac=0.5)
+        _, state = d.decide(o, state, t)
+        t += 5.0
+
+    tick(400.0, ready=4)  # short: the queue builds
+    for waiting in (300.0, 200.0, 100.0, 7.0):  # whole, draining; 7 on 6 ready: a backlog
+        tick(waiting)
+    assert state.health.calm_since_s is None and state.health.full_since_s is not None
+    since = t
+    while t < since + d.policy.window_s:  # 6 waiting on 6 ready: calm, for a window
+        tick(6.0 if t == since else 50.0)  # then a queue of the fleet's own
+    assert state.health.calm_since_s == since
+    assert state.plant.capacity_correction == 1.0
+    tick(50.0)
     assert state.plant.capacity_correction < 1.0
