@@ -674,10 +674,10 @@ class Decider(KnobSteps, NoDataSteps):
     def _judge(self, obs: Observation, state: ModelState, now_s: float) -> bool:
         """Whether the SLA seen now may judge the capacity model (see controller.plant).
 
-        Only on a fleet seen whole (ready replicas >= those asked for) and without a
-        backlog (DataHealth.calm_since_s) for a window, and a (learned) cold start plus
-        a window past a scale-up: the window must not hold samples from before the new
-        replicas served (judging then would count the same violation twice and
+        Only on a fleet seen whole (ready replicas >= those asked for), with the queue it
+        had then drained (DataHealth.calm_since_s), for a window, and a (learned) cold
+        start plus a window past a scale-up: the window must not hold samples from before
+        the new replicas served (judging then would count the same violation twice and
         overshoot), however slow their cold start really was; likewise the first window
         after the controller starts holds whatever happened before we were in charge.
         """
