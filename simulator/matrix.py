@@ -363,8 +363,15 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
     policies: Sequence[str] = doc["spec"]["policies"]
     bounded = any("attainment_bound" in row for row in doc["rows"])
     best = ["best possible"] if bounded else []
-    head = ["trace", "condition", *policies, *best, "oracle GPU-h", "governor + tail"]
-    head.append("goals missed")
+    head = [
+        "trace",
+        "condition",
+        *policies,
+        *best,
+        "oracle GPU-h",
+        "governor + tail",
+        "goals missed",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for row in doc["rows"]:
         cells = []

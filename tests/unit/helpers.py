@@ -1,10 +1,12 @@
-"""Builders for observations used across unit tests."""
+"""Builders for observations and decider states used across unit tests."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from controller.types import DataHealth
 from estimators.types import Observation
+from tests.conftest import ORIGIN_S
 
 
 def obs(model: str = "llama", t: float = 0.0, rate: float = 40.0, **kw: Any) -> Observation:
@@ -22,3 +24,10 @@ def obs(model: str = "llama", t: float = 0.0, rate: float = 40.0, **kw: Any) -> 
     )
     base.update(kw)
     return Observation(model=model, observed_at_s=t, arrival_rate_rps=rate, **base)
+
+
+def long_history() -> DataHealth:
+    """Health of a model with a long good history on a whole, calm fleet (since
+    ORIGIN_S - 1000 s): the correction may judge and a surge may arm the burst memory."""
+    since = ORIGIN_S - 1000
+    return DataHealth(first_good_s=since, full_since_s=since, calm_since_s=since)

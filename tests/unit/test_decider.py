@@ -8,10 +8,10 @@ import pytest
 
 from controller.config import SLA, ModelConfig
 from controller.decider import Decider
-from controller.types import DataHealth, Knobs, PlantBelief, Reason
+from controller.types import Knobs, PlantBelief, Reason
 from estimators.types import NoDataError, SourceError
 from tests.conftest import ORIGIN_S, make_model, make_policy
-from tests.unit.helpers import obs
+from tests.unit.helpers import long_history, obs
 
 TICK = 5.0
 
@@ -421,9 +421,7 @@ def test_burst_memory_holds_capacity_for_recurring_bursts_then_decays() -> None:
     # a model with a full window of history (a surge only arms the memory then)
     s = replace(
         d.initial_state(2),
-        health=DataHealth(
-            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
-        ),
+        health=long_history(),
     )
     _, s = run(d, s, [20.0] * 4)
     dec, s = d.decide(
@@ -445,9 +443,7 @@ def test_correction_recovers_only_on_a_loaded_healthy_fleet() -> None:
     learned = replace(
         d.initial_state(4),
         plant=PlantBelief(capacity_correction=0.7),
-        health=DataHealth(
-            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
-        ),
+        health=long_history(),
     )
     healthy = {"ttft_attainment_frac": 1.0, "itl_attainment_frac": 1.0}
     _, light = run(d, learned, [5.0] * 20, **healthy)  # 5 req/s on 4 replicas

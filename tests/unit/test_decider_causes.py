@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from controller.config import GovernorConfig, PrometheusSettings
 from controller.decider import Decider
-from controller.types import DataHealth, Decision, KnobMemory, Knobs, ModelState, Reason
+from controller.types import Decision, KnobMemory, Knobs, ModelState, Reason
 from tests.conftest import ORIGIN_S, make_model, make_policy
-from tests.unit.helpers import obs
+from tests.unit.helpers import long_history, obs
 
 
 def test_a_fleet_that_starts_small_panics_but_is_not_a_burst() -> None:
@@ -33,9 +33,7 @@ def test_a_surge_over_the_long_window_arms_the_burst_memory() -> None:
     d = Decider(make_model(max_replicas=64), make_policy())
     s = replace(
         d.initial_state(2),
-        health=DataHealth(
-            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
-        ),
+        health=long_history(),
     )
     # long window 60 req/s, short window 150 req/s: a surge
     dec, s = d.decide(
@@ -244,9 +242,7 @@ def test_at_a_slow_scrape_a_burst_over_the_smoothed_level_arms_the_memory() -> N
     d = Decider(make_model(max_replicas=64), make_policy())
     s = replace(
         d.initial_state(2),
-        health=DataHealth(
-            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
-        ),
+        health=long_history(),
     )
     for k in range(12):
         t = ORIGIN_S + 5 * k

@@ -15,11 +15,11 @@ from controller.config import SLA, GovernorConfig
 from controller.decider import Decider
 from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics
-from controller.types import DataHealth, Forecast, ModelState, Reason
+from controller.types import Forecast, ModelState, Reason
 from estimators.smoothing import HoltState
 from estimators.types import NoDataError
 from tests.conftest import ORIGIN_S, FakeClock, make_model, make_policy
-from tests.unit.helpers import obs
+from tests.unit.helpers import long_history, obs
 from tests.unit.test_decider import run
 from tests.unit.test_loop import FakeSource, RecordingActuator
 
@@ -28,9 +28,7 @@ def _settled(d: Decider, replicas: int) -> ModelState:
     """A state with a long history (the correction may judge the model)."""
     return replace(
         d.initial_state(replicas),
-        health=DataHealth(
-            first_good_s=ORIGIN_S - 1000, full_since_s=ORIGIN_S - 1000, calm_since_s=ORIGIN_S - 1000
-        ),
+        health=long_history(),
     )
 
 
