@@ -30,10 +30,12 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
 from controller.rules import ScaleOutRule, check_unique_names
+from estimators.promql import check_ingress_query
 from estimators.stepmodel import DEFAULT_PROFILE
 
 ENV_PREFIX = "GOVERNOR_"
@@ -237,6 +239,20 @@ class PrometheusSettings(_Strict):
         description="how often Prometheus scrapes the engines: a rate window needs at "
         "least two samples, so the short (panic) window is at least two of these",
     )
+    ingress_rate_query: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="PromQL: each model's request rate at the gateway, router or ingress "
+        "in front of its engines (req/s), grouped by model_label, with {window} where the "
+        "rate window goes. The only demand signal of a model scaled to zero: without it "
+        "min_replicas 0 is held at 1 (nothing would report the demand to scale up from "
+        "zero). Example: sum by (model_name) (rate(inference_model_request_total[{window}]))",
+    )
+
+    @field_validator("ingress_rate_query")
+    @classmethod
+    def _ingress(cls, v: str | None) -> str | None:
+        return None if v is None else check_ingress_query(v)
 
 
 class GovernorConfig(_Strict):

@@ -22,7 +22,8 @@ can be replayed from its trace. Steps, in order:
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
    shows on two ticks in a row is scaled up for at once (SHORT_WINDOW), and sudden
    surges past the panic threshold are panic mode's job;
-   raw = demand / capacity; idle -> min replicas, zero only after the idle period.
+   raw = demand / capacity; idle -> min replicas, zero only after the idle period; at
+   zero with demand but no lengths yet (a gateway's rate only) -> 1 (SCALE_FROM_ZERO).
 5. burst memory: a surge (the short window well over the long one; a fleet that starts
    small is not a burst) that triggered panic or a SHORT_WINDOW rise is remembered, halving every
    burst_memory_half_life_s, and from then on follows the envelope of the observed
@@ -192,7 +193,7 @@ class Decider(KnobSteps, NoDataSteps):
         demand = self._demand(obs, state, now_s)  # step 4
         sizing = self._sizing_demand(state, now_s, demand)
         caps, plant, hard = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
-        if lengths is None and not demand.idle:
+        if lengths is None and not demand.idle and state.replicas > 0:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
             return self._hold(obs.model, state, now_s, "demand without length statistics")
         raw = self._raw(state, now_s, demand, caps, plant, hard)  # steps 4 and 5
@@ -247,14 +248,8 @@ class Decider(KnobSteps, NoDataSteps):
     ) -> float:
         """Per-replica capacity at `sla` with `knobs` on `profile` in a fleet of
         `replicas`, req/s."""
-        return capacity_rps(
-            knobs,
-            lengths,
-            sla,
-            profile,
-            self.policy.target_utilization_frac,
-            replicas,
-        )
+        utilization = self.policy.target_utilization_frac
+        return capacity_rps(knobs, lengths, sla, profile, utilization, replicas)
 
     def _plant(
         self,
@@ -450,7 +445,8 @@ class Decider(KnobSteps, NoDataSteps):
             # (A raw of `mn` would keep mn + 1: the deadband's scale-down headroom
             # turns 1 into ceil(1.1) = 2.)
             return _Raw(0.0, Reason.IDLE, None, idle_since)
-        assert caps is not None  # the caller holds without lengths
+        if caps is None:  # no lengths: the caller holds, or the fleet is at zero
+            return _Raw(1.0, Reason.SCALE_FROM_ZERO, None, None)  # its engines tell the rest
         correction = plant.capacity_correction
         capacity, current = caps[0] * correction, caps[1] * correction
         level = demand.demand

@@ -52,7 +52,14 @@ from controller.config import GovernorConfig, ModelConfig
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics
 from controller.types import Decision, ModelState
-from estimators.types import MetricSource, ModelQuery, NoDataError, Observation, SourceError
+from estimators.types import (
+    MetricSource,
+    ModelQuery,
+    NoDataError,
+    Observation,
+    SourceError,
+    sees_demand_at_zero,
+)
 
 # The class of structlog's lazy logger proxy (not exported by structlog under a name).
 _LAZY_LOGGER = type(structlog.get_logger())
@@ -151,6 +158,7 @@ def _obs_fields(obs: Observation | NoDataError | SourceError) -> dict[str, Any]:
         return {"no_data": str(obs)}
     return {
         "arrival_rps": obs.arrival_rate_rps,
+        "ingress_rps": obs.ingress_rate_rps,
         "prompt_p95": obs.prompt_tokens_p95,
         "output_p95": obs.output_tokens_p95,
         "itl_p95_ms": obs.itl_p95_ms,
@@ -208,7 +216,7 @@ class ControlLoop:
 
     def _apply_config(self, config: GovernorConfig) -> None:
         deciders = {}
-        for m in config.models:
+        for m in map(self._as_decided, config.models):
             old = self._deciders.get(m.name)
             policy = config.policy_for(m)
             if old is not None and old.model == m and old.policy == policy:
@@ -225,6 +233,23 @@ class ControlLoop:
         # at 1,000 models.
         self._queries = {name: model_query(d.model) for name, d in deciders.items()}
         self._config = config
+
+    def _as_decided(self, m: ModelConfig) -> ModelConfig:
+        """`m` as its decider runs it: `min_replicas` 0 is held at 1 where the source
+        cannot see demand at zero replicas (`sees_demand_at_zero`: PrometheusSource
+        without `prometheus.ingress_rate_query`). Scaled to zero, such a model would
+        read as no data for good (no engine left to report a request) and stay at zero;
+        a state restored at zero is scaled back up to 1."""
+        if m.replicas.min_replicas > 0 or sees_demand_at_zero(self.source):
+            return m
+        self.log.warning(
+            "scale_to_zero_unavailable",
+            model=m.name,
+            detail="min_replicas 0 held at 1: the metric source sees no demand at zero "
+            "replicas; set prometheus.ingress_rate_query (the gateway's request rate)",
+        )
+        bounds = m.replicas.model_copy(update={"min_replicas": 1})
+        return m.model_copy(update={"replicas": bounds})
 
     def set_config(self, config: GovernorConfig) -> None:
         """Swap in a validated config; applies from the next tick. Models that stay

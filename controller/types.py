@@ -23,6 +23,7 @@ class Reason(StrEnum):
     SLA_FEEDBACK = "SLA_FEEDBACK"  # capacity corrected because the observed SLA is violated
     IDLE = "IDLE"  # no demand: recommend min (zero only after the idle period)
     SCALE_TO_ZERO = "SCALE_TO_ZERO"
+    SCALE_FROM_ZERO = "SCALE_FROM_ZERO"  # demand at zero replicas, no lengths yet: one
     BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
     SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed over two ticks
     SLA_INFEASIBLE = "SLA_INFEASIBLE"  # no replica meets the SLA: sized for a relaxed one

@@ -50,6 +50,7 @@ LE_CACHE_MAX = 4096  # distinct `le` strings are few (tens); bound it anyway
 ARRIVAL = Signal.ARRIVAL_RPS.value
 _SHORT = Signal.ARRIVAL_SHORT_RPS.value
 _SEED = Signal.ARRIVAL_SEED_RPS.value
+INGRESS = Signal.INGRESS_RPS.value
 _COMPLETIONS = Signal.COMPLETIONS_RPS.value
 _RUNNING = Signal.RUNNING.value
 _WAITING = Signal.WAITING.value
@@ -186,7 +187,25 @@ def observation(
         e2e_dist=e2e,
         targets_up=up,
         targets_down=None if known is None or up is None else max(0, known - up),
+        ingress_rate_rps=finite(d.get(INGRESS)),
         extra={} if completions is None else {"completions_rps": completions},
+    )
+
+
+def ingress_observation(
+    name: str, now_s: float, ingress_rps: float, known: int | None
+) -> Observation:
+    """The Observation of a model with no engine up but an ingress rate (>= 0, req/s):
+    that rate is its arrival rate, `targets_up` 0, no engine signal. A fleet scaled to
+    zero scales up from it; for a fleet asked to run it is a dead one (the decider holds,
+    controller.nodata)."""
+    return Observation(
+        model=name,
+        observed_at_s=now_s,
+        arrival_rate_rps=ingress_rps,
+        ingress_rate_rps=ingress_rps,
+        targets_up=0,
+        targets_down=known or 0,
     )
 
 

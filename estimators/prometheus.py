@@ -47,6 +47,7 @@ from estimators.answers import (
     COUNTER_TS,
     EMPTY,
     GAUGE_TS,
+    INGRESS,
     TARGETS_KNOWN,
     TARGETS_SEEN,
     TARGETS_UP,
@@ -56,6 +57,7 @@ from estimators.answers import (
     count,
     edge_buckets,
     finite,
+    ingress_observation,
     observation,
     parse_edge_buckets,
     parse_tagged,
@@ -69,7 +71,7 @@ from estimators.promql import (
     RULES_SIGNAL,
     QueryBuilder,
     TickQueries,
-    build_queries,
+    queries_of,
 )
 from estimators.types import (
     ModelQuery,
@@ -106,6 +108,8 @@ class PrometheusSettingsLike(Protocol):
     def model_label(self) -> str: ...
     @property
     def scrape_interval_s(self) -> float: ...
+    @property
+    def ingress_rate_query(self) -> str | None: ...
 
 
 class QueryClient(Protocol):
@@ -270,6 +274,10 @@ class PrometheusSource:
     `scrape_interval_s`: how often Prometheus scrapes the engines (default: the
     settings' `scrape_interval_s`, else 15 s); gauges and targets' `up` are read over two
     of these, so one missed scrape is not a dead target (two in a row are).
+    `ingress_rate_query`: the request rate in front of the engines (estimators.promql;
+    default: the settings' `ingress_rate_query`, else none). With it a model without any
+    engine up is observed at that rate (`ingress_observation`) instead of being no data,
+    the arrival rate is at least it, and `sees_demand_at_zero` is True.
     """
 
     def __init__(
@@ -288,6 +296,7 @@ class PrometheusSource:
         targets_lookback_s: float | None = None,
         recording_rules: bool = True,
         scrape_interval_s: float | None = None,
+        ingress_rate_query: str | None = None,
     ) -> None:
         if isinstance(settings_or_url, str):
             url, disable_ssl = settings_or_url, False
@@ -300,6 +309,7 @@ class PrometheusSource:
             label = model_label or s.model_label
             timeout = s.timeout_s if timeout_s is None else timeout_s
             scrape = scrape_interval_s or s.scrape_interval_s
+            ingress_rate_query = ingress_rate_query or s.ingress_rate_query
         if not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout}")
         if retries < 0:
@@ -312,6 +322,9 @@ class PrometheusSource:
         self.model_label: str = label
         self.max_staleness_s: float | None = max_staleness_s
         self.scrape_interval_s: float = float(scrape)  # engines' scrape, s; lookback: two
+        self.sees_demand_at_zero: bool = ingress_rate_query is not None
+        """Whether a model scaled to zero still shows its demand (an ingress rate): the
+        control loop lets a model scale to zero only then (controller.loop)."""
         self.recording_rules: bool = recording_rules
         """Read the recorded bucket rates when fitting rules are loaded (see the class doc)."""
         self.rules_in_use: bool = False
@@ -319,7 +332,7 @@ class PrometheusSource:
         self._builders: dict[bool, QueryBuilder] = {}
         self._by_mode: dict[bool, TickQueries] = {}
         for recorded in (False, True):
-            self._builders[recorded] = QueryBuilder(
+            b = QueryBuilder(
                 label,
                 self.window_s,
                 accept_escaped,
@@ -327,19 +340,11 @@ class PrometheusSource:
                 seed_window_s,
                 targets_lookback_s,
                 recorded,
-                2.0 * scrape,
+                2.0 * scrape,  # gauges and `up` over two scrapes
+                ingress_rate_query,
             )
-            self._by_mode[recorded] = build_queries(
-                label,
-                self.window_s,
-                accept_escaped=accept_escaped,
-                short_window_s=short_window_s,
-                seed_window_s=seed_window_s,
-                targets_lookback_s=targets_lookback_s,
-                recorded=recorded,
-                rules_marker=recording_rules,
-                gauge_lookback_s=2.0 * scrape,
-            )
+            self._builders[recorded] = b
+            self._by_mode[recorded] = queries_of(b, rules_marker=recording_rules)
         self._edges: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())  # SLA edges, s
         self.queries: TickQueries = self._by_mode[False]
         """The queries of the latest tick (`sla_buckets` follows the models' SLAs; the
@@ -475,17 +480,25 @@ class PrometheusSource:
         seen = count(s.get(TARGETS_SEEN))
         if seen is None:
             seen = known
+        d = t.demand.get(name, EMPTY)
+        ingress = finite(d.get(INGRESS))
+        ingress = None if ingress is None else max(0.0, ingress)
         # Targets first: once every target is gone the rate window empties and the
         # arrival is absent too, but the cause to report (for the whole lookback) is this.
         if seen and not up:  # up 0, or no `up` series left: down or gone, every one
+            if ingress is not None:
+                return ingress_observation(name, now_s, ingress, known)
             detail = f"every engine scrape target is down or gone (0 of {seen} up)"
             return NoDataError(name, TARGETS_SIGNAL, detail)
-        d = t.demand.get(name, EMPTY)
         raw_arrival = d.get(ARRIVAL)
         arrival = finite_or_none(raw_arrival)
         if arrival is None:
+            if ingress is not None and not seen:  # no engine at all: scaled to zero
+                return ingress_observation(name, now_s, ingress, known)
             detail = "absent from the answer" if raw_arrival is None else f"{raw_arrival}"
             return NoDataError(name, DEMAND_SIGNAL, detail)
+        if ingress is not None and ingress > arrival:
+            arrival = ingress  # requests a server holds before its engine sees them
         gauge_ts, counter_ts = finite(s.get(GAUGE_TS)), finite(s.get(COUNTER_TS))
         stamps = [ts for ts in (gauge_ts, counter_ts) if ts is not None]
         if not stamps:

@@ -35,6 +35,14 @@ The rules also record a marker (`RULES_MARKER`, labelled with the window, model 
 name policy and `RULES_VERSION`); the demand query carries it (`rules_marker`), so the
 source knows on every tick, at no extra query, whether fitting rules are loaded.
 
+Ingress (`ingress_rate_query`, optional): the request rate at whatever sits in front of
+the engines (a gateway, router or ingress), an expression the operator writes for their
+own gateway, grouped by the model label, with `{window}` where the rate window goes. It
+rides in the demand query, tagged `ingress_rps`. Two things only it can see: demand for
+a model scaled to zero (no engine is left to report any) and requests a server has not
+yet handed to its engine. Example (the Gateway API Inference Extension's endpoint
+picker): `sum by (model_name) (rate(inference_model_request_total[{window}]))`.
+
 Several signals share one query: each part is tagged with the label `SIGNAL_LABEL`
 (`label_replace(v, "governor_signal", "running", "", "")`) and the parts are joined
 with `or`; the distinct tag keeps every part in the answer.
@@ -117,6 +125,7 @@ class Signal(StrEnum):
     ARRIVAL_RPS = "arrival_rps"
     ARRIVAL_SHORT_RPS = "arrival_short_rps"
     ARRIVAL_SEED_RPS = "arrival_seed_rps"
+    INGRESS_RPS = "ingress_rps"
     COMPLETIONS_RPS = "completions_rps"
     PROMPT_TOKENS_MEAN = "prompt_tokens_mean"
     OUTPUT_TOKENS_MEAN = "output_tokens_mean"
@@ -228,6 +237,25 @@ def le_regex(bounds: Iterable[float]) -> str:
     return "|".join(dict.fromkeys(parts))
 
 
+WINDOW_PLACEHOLDER = "{window}"
+"""Where the rate window goes in `ingress_rate_query` (a plain substitution: PromQL's own
+braces, label matchers, are left alone)."""
+
+
+def check_ingress_query(query: str) -> str:
+    """`query` when it can be an ingress rate expression (module doc), else ValueError
+    naming what is wrong. Prometheus checks the PromQL itself on the first tick."""
+    q = query.strip()
+    if not q:
+        raise ValueError("ingress_rate_query is empty")
+    if WINDOW_PLACEHOLDER not in q:
+        raise ValueError(
+            f"ingress_rate_query must contain {WINDOW_PLACEHOLDER} where the rate window "
+            f"goes, e.g. sum by (model_name) (rate(my_gateway_requests_total[{{window}}]))"
+        )
+    return q
+
+
 def _tag(expr: str, signal: str) -> str:
     """Tag every series of `expr` with `SIGNAL_LABEL="<signal>"`."""
     return f'label_replace({expr}, "{SIGNAL_LABEL}", "{signal}", "", "")'
@@ -255,6 +283,8 @@ class QueryBuilder:
     """How long a gauge sample and a target's `up == 1` still count, seconds (two scrape
     intervals): a single missed scrape (`up` 0 for one sample, the target's series
     marked stale) is then not a dead target; two in a row are. None: instant values."""
+    ingress_rate_query: str | None = None
+    """The request rate in front of the engines, per model (module doc); None: not read."""
 
     def __post_init__(self) -> None:
         check_label_name(self.model_label)
@@ -267,6 +297,8 @@ class QueryBuilder:
         ):
             if w is not None:
                 promql_duration(w)
+        if self.ingress_rate_query is not None:
+            check_ingress_query(self.ingress_rate_query)
 
     @property
     def window(self) -> str:
@@ -391,7 +423,7 @@ class QueryBuilder:
         of the sum, and an engine appearing or vanishing does not read as a jump in
         demand. Where the gauges are missing the completion rate alone stands in (`or`).
         The same expression over the short (panic) and the seed windows rides in the
-        same query when they are set.
+        same query when they are set, and so does the ingress rate (`ingress_rps`).
         """
         out = f"{_tag(self._arrival(self), Signal.ARRIVAL_RPS.value)} or " + _tag(
             self.sum_rate(SUCCESS_METRICS), Signal.COMPLETIONS_RPS.value
@@ -403,6 +435,9 @@ class QueryBuilder:
             if window is not None:
                 other = replace(self, window_s=window, short_window_s=None, seed_window_s=None)
                 out += f" or {_tag(self._arrival(other), signal.value)}"
+        if self.ingress_rate_query is not None:
+            expr = self.ingress_rate_query.strip().replace(WINDOW_PLACEHOLDER, self.window)
+            out += f" or {_tag(f'({expr})', Signal.INGRESS_RPS.value)}"
         return out
 
     @staticmethod
@@ -527,13 +562,15 @@ def build_queries(
     recorded: bool = False,
     rules_marker: bool = False,
     gauge_lookback_s: float | None = None,
+    ingress_rate_query: str | None = None,
 ) -> TickQueries:
     """All queries for one tick, grouped by `model_label`, rates over `window_s` seconds
     (the arrival rate also over `short_window_s` and `seed_window_s`, when given); the
     SLA-edge buckets at `edges` (histogram tag of `EDGE_HISTOGRAMS` -> thresholds, s).
     `recorded`: quantiles and SLA-edge buckets from the recording rules' series;
     `rules_marker`: the demand query also carries `QueryBuilder.rules_marker`;
-    `gauge_lookback_s`: see `QueryBuilder.gauge_lookback_s`."""
+    `gauge_lookback_s`: see `QueryBuilder.gauge_lookback_s`; `ingress_rate_query`: see
+    `QueryBuilder.ingress_rate_query`."""
     b = QueryBuilder(
         model_label,
         window_s,
@@ -543,7 +580,15 @@ def build_queries(
         targets_lookback_s,
         recorded,
         gauge_lookback_s,
+        ingress_rate_query,
     )
+    return queries_of(b, edges, rules_marker=rules_marker)
+
+
+def queries_of(
+    b: QueryBuilder, edges: dict[str, Iterable[float]] | None = None, *, rules_marker: bool = False
+) -> TickQueries:
+    """All queries for one tick as `b` renders them (see `build_queries`)."""
     return TickQueries(
         demand=b.demand() + (f" or {b.rules_marker()}" if rules_marker else ""),
         state=b.state(),

@@ -129,8 +129,10 @@ class Observation:
     """p50/p90/p95/p99 of the end-to-end request latency over the window."""
     targets_up: int | None = None
     """Engine scrape targets of this model with `up == 1` (None: unknown to the source).
-    Never 0 in an Observation from `PrometheusSource`: with every target down or gone it
-    returns `NoDataError(model, "targets_up")` (a dead fleet is not an idle fleet)."""
+    0 in an Observation from `PrometheusSource` only when it has an ingress rate and no
+    engine up (a fleet scaled to zero, or a dead one: the decider tells them apart by
+    the replicas it asked for); without an ingress rate, every target down or gone is
+    `NoDataError(model, "targets_up")` (a dead fleet is not an idle fleet)."""
     targets_down: int | None = None
     """Engine scrape targets of this model that are down (`up == 0`) while still in
     service discovery. A target that left discovery (a deleted pod, a scale-in) is not
@@ -138,6 +140,10 @@ class Observation:
     `NoDataError(model, "targets_up")` instead. While this is > 0 the rates and gauges
     cover only the live engines (`running`/`waiting` of a dead engine are absent, not 0):
     a decider must not read the lower demand as a reason to scale down."""
+    ingress_rate_rps: float | None = None
+    """Requests per second at the gateway, router or ingress in front of the engines
+    (`prometheus.ingress_rate_query`; None: not configured or no series for this model).
+    `arrival_rate_rps` is at least this: it sees requests no engine has yet."""
     extra: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -177,13 +183,22 @@ ObservationResult = Observation | NoDataError
 """Per-model outcome of one observation pass."""
 
 
+def sees_demand_at_zero(source: object) -> bool:
+    """Whether `source` still reports a model's demand when it has no engine at all (its
+    `sees_demand_at_zero` attribute; True for a source without one). False for
+    `PrometheusSource` without an ingress rate: every signal it reads comes from the
+    engines, so a model scaled to zero would read as no data for good."""
+    return bool(getattr(source, "sees_demand_at_zero", True))
+
+
 @runtime_checkable
 class MetricSource(Protocol):
     """Reads every model's signals in one pass.
 
     The number of backend queries per call must not grow with the number of models.
     Raises `SourceError` when the backend cannot be read at all; returns a `NoDataError`
-    for each model whose demand signal is missing.
+    for each model whose demand signal is missing. A source that cannot see the demand
+    of a model without engines says so with `sees_demand_at_zero = False`.
     """
 
     def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, ObservationResult]:

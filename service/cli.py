@@ -40,6 +40,15 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
             a = r.action
             act = f"+{a.add_replicas}" if a.add_replicas is not None else f"min {a.min_replicas}"
             print(f"    rule {r.name}: {conds} -> {act} replica(s)")
+    if cfg.prometheus.ingress_rate_query is None:
+        for m in cfg.models:
+            if m.replicas.min_replicas == 0:
+                print(
+                    f"  WARNING: {m.name}: min_replicas 0 is held at 1 by `governor run`: "
+                    "at zero replicas no engine reports demand; set "
+                    "prometheus.ingress_rate_query (the gateway's request rate) to scale "
+                    "to and from zero"
+                )
     return 0
 
 

@@ -248,6 +248,7 @@ class SimulatedSource:
         self.window_s = float(window_s)
         self.scrape_interval_s = float(scrape_interval_s)
         self.include_router = include_router
+        self.sees_demand_at_zero = include_router  # the router's queue shows it (loop)
         if growth not in ("deriv", "delta"):
             raise ValueError(f"growth must be 'deriv' or 'delta', got {growth!r}")
         self.growth = growth

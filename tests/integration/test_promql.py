@@ -122,8 +122,11 @@ def test_eight_queries_naming_no_model() -> None:
         assert text.count("=~") == text.count("{le=~")  # the only regexes pick buckets
 
 
+INGRESS = "sum by (model_name) (rate(inference_model_request_total[{window}]))"
+
+
 def test_every_tagged_signal_appears_once() -> None:
-    q = build_queries(short_window_s=10)
+    q = build_queries(short_window_s=10, ingress_rate_query=INGRESS)
     tagged = q.demand + q.state + q.rates
     for signal in Signal:
         assert tagged.count(f'"{SIGNAL_LABEL}", "{signal.value}"') == 1, signal
@@ -140,6 +143,30 @@ def test_seed_window_rides_in_the_demand_query() -> None:
     q = build_queries(window_s=60)
     assert Signal.ARRIVAL_SEED_RPS.value in q.demand and "[300s]" in q.demand
     assert Signal.ARRIVAL_SEED_RPS.value not in build_queries(seed_window_s=None).demand
+
+
+def test_ingress_rate_rides_in_the_demand_query_over_the_window() -> None:
+    q = build_queries(window_s=45, ingress_rate_query=INGRESS)
+    tagged = (
+        "label_replace((sum by (model_name) (rate(inference_model_request_total[45s]))), "
+        f'"{SIGNAL_LABEL}", "{Signal.INGRESS_RPS.value}", "", "")'
+    )
+    assert f" or {tagged}" in q.demand
+    assert Signal.INGRESS_RPS.value not in build_queries(window_s=45).demand
+    assert len(list(q.items())) == len(list(build_queries().items()))  # no extra query
+
+
+@pytest.mark.parametrize(
+    ("query", "why"),
+    [
+        ("", "is empty"),
+        ("   ", "is empty"),
+        ("sum by (model_name) (rate(gw_requests_total[1m]))", "must contain {window}"),
+    ],
+)
+def test_bad_ingress_queries_are_refused_naming_the_problem(query: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        build_queries(ingress_rate_query=query)
 
 
 def test_targets_join_up_on_job_and_instance() -> None:

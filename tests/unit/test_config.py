@@ -133,6 +133,25 @@ def test_check_config_cli_success(capsys: pytest.CaptureFixture[str]) -> None:
     assert "SUCCESS" in out and "code-assistant" in out and "ttft_p95=300ms" in out
 
 
+def test_check_config_warns_of_scale_to_zero_without_an_ingress_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    assert doc["prometheus"]["ingress_rate_query"]  # the example scales code-assistant to 0
+    assert "WARNING" not in (main(["check-config", str(EXAMPLE)]), capsys.readouterr().out)[1]
+    del doc["prometheus"]["ingress_rate_query"]
+    f = tmp_path / "no-ingress.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["check-config", str(f)]) == 0  # valid: `governor run` holds 0 at 1
+    out = capsys.readouterr().out
+    assert "WARNING: code-assistant: min_replicas 0 is held at 1" in out
+    assert "prometheus.ingress_rate_query" in out and "Llama-3.1-8B-Instruct: min" not in out
+    doc["prometheus"]["ingress_rate_query"] = "rate(gw_requests_total[1m])"
+    f.write_text(yaml.safe_dump(doc))
+    assert main(["check-config", str(f)]) == 2
+    assert "must contain {window}" in capsys.readouterr().err
+
+
 def test_check_config_cli_failure_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
