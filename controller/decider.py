@@ -17,8 +17,9 @@ can be replayed from its trace. Steps, in order:
    shrinks while the observed SLA is violated on a fleet seen whole (every replica
    asked for ready) for a window and recovers while it is met with margin on a loaded
    fleet. The cold start (ask to all ready) is learned and sets that dead time.
-4. demand = smoothed level (+ the Holt trend over one cold start, when it predicts more
-   growth than the deadband) + backlog / backlog_drain_s. The smoothed level, not the
+4. demand = smoothed level (+ the Holt trend over one cold start, half a window more on
+   a ramp the short window shows, when it predicts more growth than the deadband) +
+   backlog / backlog_drain_s. The smoothed level, not the
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
    shows on two ticks in a row is scaled up for at once (SHORT_WINDOW), and sudden
    surges past the panic threshold are panic mode's job;
@@ -371,14 +372,17 @@ class Decider(KnobSteps, NoDataSteps):
             prev = replace(prev, at_s=now_s - self._max_gap_s)
         load = holt_update(prev, obs.arrival_rate_rps, now_s, p.forecast_alpha, p.forecast_beta)
         backlog = (obs.waiting or 0.0) / p.backlog_drain_s
-        # The trend counts only when it predicts more than the deadband's worth of growth
-        # within a cold start: below that it is mostly noise, and acting on it would turn
-        # noise into scale-ups that later unwind (direction reversals).
-        uplift = holt_forecast(load, self.model.cold_start_s) - load.level
+        short = obs.arrival_rate_short_rps
+        # The trend looks ahead a cold start, and half a window more on a ramp the short
+        # window shows too (the long window's rate, which the level follows, lags a ramp
+        # by that much); it counts only past the deadband's worth of growth: below that
+        # it is mostly noise, and acting on it would make scale-ups that later unwind.
+        ramp = short is not None and short > (1.0 + p.tolerance_frac) * obs.arrival_rate_rps
+        lead = self.model.cold_start_s + (p.window_s / 2.0 if ramp else 0.0)
+        uplift = holt_forecast(load, lead) - load.level
         if uplift <= p.tolerance_frac * load.level:
             uplift = 0.0
         demand = max(0.0, load.level + uplift) + backlog
-        short = obs.arrival_rate_short_rps
         short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
 
         # Idle means gauges that read zero: absent ones are unknown (only a fleet we

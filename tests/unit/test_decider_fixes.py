@@ -58,6 +58,26 @@ def test_gap_in_data_does_not_decay_correction_over_the_gap() -> None:
     assert s.plant.capacity_correction == pytest.approx(math.exp(-0.005 * 15.0))
 
 
+@pytest.mark.parametrize(("short", "ramp"), [(10.5, False), (11.5, False), (12.0, True)])
+def test_a_ramp_both_windows_show_is_looked_ahead_half_a_window_more(
+    short: float, ramp: bool
+) -> None:
+    """The long window's rate lags a ramp by half the window: on a rise the short window
+    confirms (over the long one by more than the 10 % deadband), the trend looks that
+    much further ahead than the cold start; on a short window that agrees with the long
+    one, or is within the deadband of it, only a cold start."""
+    policy = make_policy()
+    d = Decider(make_model(max_replicas=64), policy)
+    rising = HoltState(level=10.0, trend=0.1, at_s=ORIGIN_S)  # +0.1 req/s per second
+    s = replace(d.initial_state(2), forecast=Forecast(load=rising))
+    t = ORIGIN_S + 5.0
+    dec, s2 = d.decide(obs(t=t, rate=10.5, arrival_rate_short_rps=short), s, t)
+    load = s2.forecast.load
+    assert load is not None and load.trend > 0.09
+    lead = d.model.cold_start_s + (policy.window_s / 2.0 if ramp else 0.0)
+    assert dec.demand_rps == pytest.approx(load.level + load.trend * lead, rel=1e-9)
+
+
 def test_gap_in_data_does_not_extrapolate_the_trend_over_the_gap() -> None:
     d = Decider(make_model(max_replicas=64), make_policy())
     rising = HoltState(level=10.0, trend=0.1, at_s=ORIGIN_S)  # +0.1 req/s per second
