@@ -121,6 +121,25 @@ MODEL_LEGACY = ModelSpec(
     prefix_queries_per_batch=4,
     legacy_names=True,
 )
+
+
+def one_engine(name: str) -> ModelSpec:
+    """Model `name` on one engine (3 running, none waiting, ITL histogram only): the
+    exporter the dead-target and ingress tests start and stop on their own."""
+    return ModelSpec(
+        name=name,
+        engines=(EngineSpec(running=3, waiting=0, kv_usage=0.4),),
+        completions_per_batch=(("stop", 1.0),),
+        ttft_s=A_TTFT,
+        itl_s=A_ITL,
+        e2e_s=A_E2E,
+        queue_s=A_QUEUE,
+        prompt_tokens=A_PROMPT,
+        output_tokens=A_OUTPUT,
+        itl_only=True,
+    )
+
+
 MODEL_ESCAPED = ModelSpec(
     name="escaped",
     engines=(EngineSpec(running=6, waiting=3, kv_usage=0.6),),

@@ -30,11 +30,9 @@ from prometheus_client import CollectorRegistry
 
 from estimators.prometheus import PrometheusSource
 from estimators.types import ModelQuery, NoDataError, Observation, ObservationResult
-from tests.integration.conftest import A_E2E, A_ITL, A_OUTPUT, A_PROMPT, A_QUEUE, A_TTFT
+from tests.integration.conftest import one_engine
 from tests.integration.fake_vllm import (
-    EngineSpec,
     FakeVllmCollector,
-    ModelSpec,
     ServedRegistry,
     serve_registry,
 )
@@ -44,21 +42,6 @@ pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 WINDOW_S = 10.0
 DEAD, ALIVE = "dead", "alive"
-
-
-def _spec(name: str) -> ModelSpec:
-    return ModelSpec(
-        name=name,
-        engines=(EngineSpec(running=3, waiting=0, kv_usage=0.4),),
-        completions_per_batch=(("stop", 1.0),),
-        ttft_s=A_TTFT,
-        itl_s=A_ITL,
-        e2e_s=A_E2E,
-        queue_s=A_QUEUE,
-        prompt_tokens=A_PROMPT,
-        output_tokens=A_OUTPUT,
-        itl_only=True,
-    )
 
 
 @dataclass
@@ -94,7 +77,7 @@ def world(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         for name in (DEAD, DEAD, ALIVE):
             registry = CollectorRegistry()
-            registry.register(FakeVllmCollector([_spec(name)]))
+            registry.register(FakeVllmCollector([one_engine(name)]))
             served.append(serve_registry(registry))
         workdir: Path = tmp_path_factory.mktemp("prometheus-dead")
         prom = PrometheusServer(prometheus_bin, workdir, {"engines": [s.target for s in served]})

@@ -37,11 +37,9 @@ from controller.types import Reason
 from estimators.prometheus import PrometheusSource
 from estimators.types import ModelQuery, NoDataError, Observation
 from tests.conftest import make_model, make_policy
-from tests.integration.conftest import A_E2E, A_ITL, A_OUTPUT, A_PROMPT, A_QUEUE, A_TTFT
+from tests.integration.conftest import one_engine
 from tests.integration.fake_vllm import (
-    EngineSpec,
     FakeVllmCollector,
-    ModelSpec,
     ServedRegistry,
     serve_registry,
 )
@@ -73,19 +71,7 @@ class GatewayCollector(Collector):
 
 def _engine(name: str) -> CollectorRegistry:
     registry = CollectorRegistry()
-    spec = ModelSpec(
-        name=name,
-        engines=(EngineSpec(running=3, waiting=0, kv_usage=0.4),),
-        completions_per_batch=(("stop", 1.0),),
-        ttft_s=A_TTFT,
-        itl_s=A_ITL,
-        e2e_s=A_E2E,
-        queue_s=A_QUEUE,
-        prompt_tokens=A_PROMPT,
-        output_tokens=A_OUTPUT,
-        itl_only=True,
-    )
-    registry.register(FakeVllmCollector([spec]))
+    registry.register(FakeVllmCollector([one_engine(name)]))
     return registry
 
 
