@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 
 from controller.capacity import CAPACITY_FLOOR_RPS, capacity_rps, fleet_capacity_rps, relaxed_sla
 from controller.config import SLA, ModelConfig, ScalingPolicy
+from controller.demand import Demand, DemandSteps, Raw
 from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
 from controller.plant import (
@@ -70,7 +71,6 @@ from controller.types import (
     RuleMemory,
     Stage,
 )
-from estimators.smoothing import HoltState, holt_forecast, holt_update
 from estimators.stepmodel import Profile, load_profile
 from estimators.types import NoDataError, Observation, SourceError
 
@@ -78,41 +78,6 @@ from estimators.types import NoDataError, Observation, SourceError
 # feedback correction and the forecast: evidence is one window, whatever the gap was
 # (600 s without data and one violated tick must not decay the correction by 600 s).
 MAX_GAP_TICKS = 3
-# A panic arms the burst memory only when the short window reads at least this much
-# over the long one (a step to 2x over a 30 s short and a 60 s long window reads 1.33x).
-BURST_SURGE_FRAC = 1.25
-# A SHORT_WINDOW rise (no panic) arms it only when the short window's count is this many
-# Poisson standard deviations over the base (see Decider._burst).
-BURST_Z = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Demand:
-    """Step 4's demand (req/s): smoothed `load`, `demand` (level + trend uplift +
-    backlog), `short` / `long` (each window's rate + backlog), `observed` (what was seen, the larger
-    window), and whether the fleet is idle."""
-
-    load: HoltState
-    demand: float
-    short: float
-    long: float
-    observed: float
-    idle: bool
-    rise: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Raw:
-    """The raw recommendation (replicas, fractional), its reason, the corrected
-    per-replica capacity it was sized with (req/s; None when idle), the idle clock and
-    the corrected per-replica capacity of the current fleet (req/s; what panic and a
-    rise are measured against)."""
-
-    raw: float
-    reason: Reason
-    capacity: float | None
-    idle_since: float | None
-    current: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +105,7 @@ _STAGES_MAX = 8192
 _STAGES: dict[tuple[str, int, int, Reason, str], Stage] = {}
 
 
-class Decider(KnobSteps, NoDataSteps):
+class Decider(DemandSteps, KnobSteps, NoDataSteps):
     """Decides replicas and knobs for one model. Immutable; `decide` is pure."""
 
     def __init__(
@@ -362,114 +327,8 @@ class Decider(KnobSteps, NoDataSteps):
         allowed = self._past_scale_up(state, now_s)
         return learn_plant(state.plant, parts, dt, now_s, self.policy.window_s / 2.0, allowed)
 
-    def _demand(self, obs: Observation, state: ModelState, now_s: float) -> _Demand:
-        """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""
-        p = self.policy
-        prev = state.forecast.load
-        if prev is not None and now_s - prev.at_s > self._max_gap_s:
-            # After a gap the trend is not extrapolated over it: the filter resumes as if
-            # the last good sample were MAX_GAP_TICKS ago.
-            prev = replace(prev, at_s=now_s - self._max_gap_s)
-        load = holt_update(prev, obs.arrival_rate_rps, now_s, p.forecast_alpha, p.forecast_beta)
-        backlog = (obs.waiting or 0.0) / p.backlog_drain_s
-        short = obs.arrival_rate_short_rps
-        # The trend looks ahead a cold start, and half a window more on a ramp the short
-        # window shows too (the long window's rate, which the level follows, lags a ramp
-        # by that much); it counts only past the deadband's worth of growth: below that
-        # it is mostly noise, and acting on it would make scale-ups that later unwind.
-        ramp = short is not None and short > (1.0 + p.tolerance_frac) * obs.arrival_rate_rps
-        lead = self.model.cold_start_s + (p.window_s / 2.0 if ramp else 0.0)
-        uplift = holt_forecast(load, lead) - load.level
-        if uplift <= p.tolerance_frac * load.level:
-            uplift = 0.0
-        demand = max(0.0, load.level + uplift) + backlog
-        short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
-
-        # Idle means gauges that read zero: absent ones are unknown (only a fleet we
-        # scaled to zero has no engines to report them).
-        def zero(v: float | None) -> bool:
-            return v == 0 if v is not None else state.replicas == 0
-
-        idle = obs.arrival_rate_rps == 0 and zero(obs.waiting) and zero(obs.running)
-        # What was observed (the short window, or the long one when higher): the size of
-        # a panic and of a remembered burst. Observed, not forecast: a trend fitted to the
-        # first few samples of a surge overshoots, and the overshoot later unwinds.
-        long_demand = obs.arrival_rate_rps + backlog
-        observed = max(long_demand, short_demand)
-        return _Demand(
-            load,
-            demand,
-            short_demand,
-            long_demand,
-            observed,
-            idle,
-            self._rise(state, short, now_s, demand, backlog),
-        )
-
-    def _rise(
-        self, state: ModelState, short: float | None, now_s: float, demand: float, backlog: float
-    ) -> float | None:
-        """A rise the short window shows on two ticks in a row (req/s), or None.
-
-        The smoothed level follows a step over several windows; the short window shows
-        it within one. Where the short window reads over (1 + tolerance) x the
-        demand on this tick and on the previous one, the smaller of the two readings is
-        the demand to scale up for, below the panic threshold too. Two readings, so one
-        noisy window cannot scale up alone. Example: 9 -> 18 req/s; the short window
-        reads 15 then 18 while the level is at 11: demand 15 on the second tick.
-        """
-        f = state.forecast
-        if short is None or f.short_rps is None or f.short_at_s is None:
-            return None
-        if now_s - f.short_at_s > 2.0 * self.policy.tick_interval_s + 1e-9:
-            return None
-        confirmed = min(short, f.short_rps) + backlog
-        return confirmed if confirmed > (1.0 + self.policy.tolerance_frac) * demand else None
-
-    def _raw(
-        self,
-        state: ModelState,
-        now_s: float,
-        demand: _Demand,
-        caps: tuple[float, float] | None,
-        plant: PlantBelief,
-        infeasible: bool = False,
-    ) -> _Raw:
-        """Steps 4 and 5: the raw replica count (idle, capacity or burst memory);
-        `caps` the per-replica capacity of the fleet to size and of the current one."""
-        w = state.windows
-        if demand.idle:
-            idle_since = w.idle_since_s if w.idle_since_s is not None else now_s
-            mn = self.model.replicas.min_replicas
-            if mn == 0 and now_s - idle_since >= self.policy.scale_to_zero_idle_s:
-                return _Raw(0.0, Reason.SCALE_TO_ZERO, None, idle_since)
-            # Idle means no demand: the raw count is zero and the clamp holds the
-            # minimum (one replica while a min of 0 waits for scale_to_zero_idle_s), so
-            # the stabilization window sees zero from the start of the idle stretch.
-            # (A raw of `mn` would keep mn + 1: the deadband's scale-down headroom
-            # turns 1 into ceil(1.1) = 2.)
-            return _Raw(0.0, Reason.IDLE, None, idle_since)
-        if caps is None:  # no lengths: the caller holds, or the fleet is at zero
-            return _Raw(1.0, Reason.SCALE_FROM_ZERO, None, None)  # its engines tell the rest
-        correction = plant.capacity_correction
-        capacity, current = caps[0] * correction, caps[1] * correction
-        level = demand.demand
-        rise = demand.rise
-        if rise is not None and rise / current > state.replicas:
-            level = rise  # a confirmed rise on the short window: scale up for it now
-        if (remembered := self._burst_memory(state, now_s)) > level:
-            # Bursts that needed panic recur faster than a cold start can follow:
-            # keep capacity for them (decaying) instead of chasing each one.
-            return _Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None, current)
-        if level is rise:
-            return _Raw(level / capacity, Reason.SHORT_WINDOW, capacity, None, current)
-        reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
-        if infeasible:
-            reason = Reason.SLA_INFEASIBLE
-        return _Raw(max(level / capacity, 1e-9), reason, capacity, None, current)
-
     def _panic(
-        self, state: ModelState, now_s: float, demand: _Demand, raw: _Raw
+        self, state: ModelState, now_s: float, demand: Demand, raw: Raw
     ) -> tuple[bool, float | None, Reason]:
         """Panic mode on the short window: (in panic, panic until, reason)."""
         if raw.current is None:
@@ -485,48 +344,12 @@ class Decider(KnobSteps, NoDataSteps):
             p.panic_hold_s,
         )
 
-    def _burst(
-        self, state: ModelState, now_s: float, demand: _Demand, why: tuple[Reason, Reason]
-    ) -> tuple[float | None, float | None]:
-        """Step 5: the burst memory's (demand req/s, time) after this tick; `why` the
-        panic stage's and the raw count's reasons.
-
-        A surge that panicked or that the short window confirmed (SHORT_WINDOW: the
-        fleet grows for it without panicking, as code x4's minute-3 burst did from 3 to
-        7 replicas, and the next burst found 4) starts the burst memory; once started
-        it follows the envelope of the observed demand (a decaying max), so bursts that
-        the grown fleet now absorbs without panicking keep it from shrinking back into
-        the next panic.
-        """
-        remembered = self._burst_memory(state, now_s)
-        # Only a surge arms it: the short window well above the long one, once the long
-        # window holds a full window of history. A fleet that starts small panics too
-        # (demand far over its capacity), but on a level load or while its first window
-        # fills: that is a ramp to hold the load, not a burst to remember.
-        first = state.health.first_good_s
-        history = first is not None and now_s - first >= self.policy.window_s
-        # Against the smoothed level too: at a slow scrape the short window spans the
-        # long one (30 s scrape: both 60 s), and only the level still lags a burst.
-        base = min(demand.long, demand.demand)
-        surge = history and demand.short >= BURST_SURGE_FRAC * base
-        # A rise without panic only when Poisson noise cannot explain it (BURST_Z sigma
-        # over the panic window, which undercounts a longer short window, never over):
-        # smooth traces read 1.25x by chance (long-context z ~1.2, diurnal's ramp at a
-        # 5 s scrape 3-4), code x4's minute-3 burst z 5.2 even at a 30 s scrape.
-        w = self.policy.panic_window_s
-        z = (demand.short - base) * w / math.sqrt(max(base * w, 1.0))
-        rise = why[1] == Reason.SHORT_WINDOW and z >= BURST_Z
-        armed = surge and (why[0] == Reason.PANIC or rise)
-        if armed or (remembered > 0 and demand.observed > remembered):
-            return max(remembered, demand.observed), now_s
-        return state.forecast.burst_rps, state.forecast.burst_at_s
-
     def _stages(
         self,
         state: ModelState,
         now_s: float,
-        raw: _Raw,
-        demand: _Demand,
+        raw: Raw,
+        demand: Demand,
         panic_state: tuple[bool, float | None, Reason],
         partial: str | None = None,
     ) -> tuple[list[Stage], _Outcome]:
@@ -548,12 +371,12 @@ class Decider(KnobSteps, NoDataSteps):
             out = StageOut(target, panic_reason, f"short demand {demand.short:.2f} req/s")
             stages.append(_stage("panic", raw_int, out))
             value = out.value
-            recs = (*w.recommendations, (now_s, value))
+            recs = (*w.recommendations, (now_s, self._remembered(value, raw, demand, None)))
         else:
             out = deadband(raw.raw, current, p.tolerance_frac)
             stages.append(_stage("deadband", raw_int, out))
             value = out.value
-            recs = (*w.recommendations, (now_s, value))
+            recs = (*w.recommendations, (now_s, self._remembered(value, raw, demand, current)))
             # Scale to zero is stabilized and rate-limited like any scale-down.
             out = stabilize(
                 value,
@@ -647,24 +470,6 @@ class Decider(KnobSteps, NoDataSteps):
         return _Outcome(final, memory)
 
     # ------------------------------------------------------------------ parts
-    def _sizing_demand(self, state: ModelState, now_s: float, demand: _Demand) -> float:
-        """The largest demand this tick may size the fleet for (req/s): the level, what
-        was observed (panic), a confirmed rise, the burst memory. Capacity per replica is
-        taken for the fleet that serves it (controller.capacity.fleet_capacity_rps)."""
-        return max(
-            demand.demand, demand.observed, demand.rise or 0.0, self._burst_memory(state, now_s)
-        )
-
-    def _burst_memory(self, state: ModelState, now_s: float) -> float:
-        """The largest panic-level demand seen, halved every burst_memory_half_life_s
-        (req/s); 0 when none or disabled. Example: a 120 req/s burst 20 minutes ago with
-        a 20-minute half-life is remembered as 60 req/s."""
-        hl = self.policy.burst_memory_half_life_s
-        f = state.forecast
-        if f.burst_rps is None or f.burst_at_s is None or hl <= 0:
-            return 0.0
-        return f.burst_rps * 0.5 ** (max(0.0, now_s - f.burst_at_s) / hl)
-
     @staticmethod
     def _prune(
         items: tuple[tuple[float, int], ...], now_s: float, keep_s: float

@@ -264,3 +264,25 @@ def test_a_backlog_left_from_a_short_fleet_is_not_evidence_until_it_drained() ->
     assert state.plant.capacity_correction == 1.0
     tick(50.0)
     assert state.plant.capacity_correction < 1.0
+
+
+@pytest.mark.parametrize("queued", [900.0, 4000.0])
+def test_replicas_asked_to_drain_a_queue_go_once_it_is_drained(queued: float) -> None:
+    """The queue's share of a recommendation (waiting / backlog_drain_s) is acted on but
+    not remembered by the scale-down window: once the queue is gone, the fleet returns
+    to what the load alone asks for after the cooldown, not after the 300 s window.
+    900 queued (30 req/s over 40) scales up without panic, 4,000 (133 req/s) panics."""
+    policy = make_policy()
+    d = Decider(make_model(max_replicas=64), policy)
+    decs, s = run(d, replace(d.initial_state(4), health=long_history()), [40.0] * 24)
+    settled = s.replicas
+    decs, s = run(d, s, [40.0] * 3, start=decs[-1].at_s + 5.0, waiting=queued)
+    drained_at = decs[-1].at_s + 5.0
+    assert s.replicas > settled
+    assert any(dec.panic for dec in decs) == (queued > 1000.0)
+    decs, s = run(d, s, [40.0] * 36, start=drained_at, waiting=0.0)
+    after = {dec.at_s - drained_at: dec.replicas for dec in decs}
+    # Down once the cooldown after the last scale-up (60 s) allows, whole in one step.
+    back = min(t for t, r in after.items() if r < decs[0].replicas)
+    assert back <= policy.cooldown_after_scale_up_s + 10.0, after
+    assert after[back] == settled, after
