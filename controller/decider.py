@@ -180,6 +180,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
                 lengths=lengths,
                 burst_rps=burst[0],
                 burst_at_s=burst[1],
+                short_noise_z2=burst[2],
                 short_rps=obs.arrival_rate_short_rps,
                 short_at_s=now_s if obs.arrival_rate_short_rps is not None else None,
             ),

@@ -21,8 +21,11 @@ from estimators.types import Observation
 # over the long one (a step to 2x over a 30 s short and a 60 s long window reads 1.33x).
 BURST_SURGE_FRAC = 1.25
 # A SHORT_WINDOW rise (no panic) arms it only when the short window's count is this many
-# Poisson standard deviations over the base (see DemandSteps._burst).
+# standard deviations over the base: Poisson's, or the short window's own spread where
+# the arrivals are burstier than Poisson (see DemandSteps._burst).
 BURST_Z = 5.0
+# Half-life of that spread (a mean of z squared over the ticks, s).
+NOISE_HALF_LIFE_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +175,10 @@ class DemandSteps:
 
     def _burst(
         self, state: ModelState, now_s: float, demand: Demand, why: tuple[Reason, Reason]
-    ) -> tuple[float | None, float | None]:
-        """Step 5: the burst memory's (demand req/s, time) after this tick; `why` the
-        panic stage's and the raw count's reasons.
+    ) -> tuple[float | None, float | None, float | None]:
+        """Step 5: the burst memory's (demand req/s, time) and the short window's noise
+        (mean z squared) after this tick; `why` the panic stage's and the raw count's
+        reasons.
 
         A surge that panicked or that the short window confirmed (SHORT_WINDOW: the
         fleet grows for it without panicking, as code x4's minute-3 burst did from 3 to
@@ -194,17 +198,26 @@ class DemandSteps:
         # long one (30 s scrape: both 60 s), and only the level still lags a burst.
         base = min(demand.long, demand.demand)
         surge = history and demand.short >= BURST_SURGE_FRAC * base
-        # A rise without panic only when Poisson noise cannot explain it (BURST_Z sigma
-        # over the panic window, which undercounts a longer short window, never over):
-        # smooth traces read 1.25x by chance (long-context z ~1.2, diurnal's ramp at a
-        # 5 s scrape 3-4), code x4's minute-3 burst z 5.2 even at a 30 s scrape.
+        # A rise without panic only when noise cannot explain it: BURST_Z sigma over the
+        # panic window (which undercounts a longer short window, never over), sigma
+        # Poisson's or, where the arrivals are burstier, the short window's own spread
+        # (the root of the mean z squared of the ticks before, NOISE_HALF_LIFE_S).
+        # Smooth traces read 1.25x by chance (long-context z ~1.2, diurnal's ramp at a
+        # 5 s scrape 3-4); conversation x16's 10 s windows at a 5 s scrape read z >= 5 on
+        # one tick in ten (its rms z is 4: 10-second swings of +40 % a fleet absorbs);
+        # code x4's minute-3 burst z 5.2 even at a 30 s scrape, after quiet minutes.
         w = self.policy.panic_window_s
         z = (demand.short - base) * w / math.sqrt(max(base * w, 1.0))
-        rise = why[1] == Reason.SHORT_WINDOW and z >= BURST_Z
+        noise = state.forecast.short_noise_z2
+        sigma = max(1.0, math.sqrt(noise)) if noise is not None else 1.0
+        rise = why[1] == Reason.SHORT_WINDOW and z >= BURST_Z * sigma
+        if history:  # from a Poisson prior; one tick adds at most the threshold squared
+            a = 1.0 - 0.5 ** (self.policy.tick_interval_s / NOISE_HALF_LIFE_S)
+            noise = (noise or 1.0) + a * (min(z * z, (BURST_Z * sigma) ** 2) - (noise or 1.0))
         armed = surge and (why[0] == Reason.PANIC or rise)
         if armed or (remembered > 0 and demand.observed > remembered):
-            return max(remembered, demand.observed), now_s
-        return state.forecast.burst_rps, state.forecast.burst_at_s
+            return max(remembered, demand.observed), now_s, noise
+        return state.forecast.burst_rps, state.forecast.burst_at_s, noise
 
     def _remembered(self, value: int, raw: Raw, demand: Demand, current: int | None) -> int:
         """The recommendation the stabilization windows remember for this tick: what

@@ -251,6 +251,9 @@ class Forecast:
     short_rps: float | None = None
     """The short window's arrival rate on the last tick, req/s (a rise needs two)."""
     short_at_s: float | None = None
+    short_noise_z2: float | None = None
+    """The short window's spread: a mean (600 s half-life) of its squared z over the
+    base (dimensionless; 1 for Poisson arrivals; see controller.demand)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +405,7 @@ class SavedState:
     knob_running_until_s: float | None = None
     short_rps: float | None = None
     short_at_s: float | None = None
+    short_noise_z2: float | None = None
     plant_speed: float = 1.0
     plant_speed_samples: int = 0
     plant_speed_jump: float | None = None
@@ -443,6 +447,7 @@ class SavedState:
             knob_running_until_s=k.running_until_s,
             short_rps=f.short_rps,
             short_at_s=f.short_at_s,
+            short_noise_z2=f.short_noise_z2,
             plant_speed=s.plant.speed,
             plant_speed_samples=s.plant.speed_samples,
             plant_speed_jump=s.plant.speed_jump,
@@ -471,6 +476,7 @@ class SavedState:
                 burst_at_s=self.burst_at_s,
                 short_rps=self.short_rps,
                 short_at_s=self.short_at_s,
+                short_noise_z2=self.short_noise_z2,
             ),
             knob_memory=KnobMemory(
                 candidate=self.knob_candidate,

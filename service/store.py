@@ -92,6 +92,7 @@ PLAIN_FIELDS = (
     "knob_running",
     "knob_running_replicas",
     "short_rps",
+    "short_noise_z2",
     "plant_speed",
     "plant_speed_samples",
     "plant_speed_jump",

@@ -250,3 +250,36 @@ def test_at_a_slow_scrape_a_burst_over_the_smoothed_level_arms_the_memory() -> N
     t = ORIGIN_S + 60
     dec, s = d.decide(obs(t=t, rate=150.0, arrival_rate_short_rps=150.0, ready_replicas=2), s, t)
     assert dec.panic and s.forecast.burst_rps == pytest.approx(150.0)
+
+
+def _rise_after_swings(swing: float) -> ModelState:
+    """8 replicas at 90 req/s for 10 minutes, the short window swinging +/- `swing`
+    around it tick by tick, then a rise the short window shows at 140 on two ticks."""
+    d = Decider(make_model(max_replicas=40), make_policy())
+    s = d.initial_state(8, now_s=ORIGIN_S - 1000)
+    t = ORIGIN_S - 600.0
+    for k in range(120):
+        short = 90.0 + (swing if k % 2 else -swing)
+        o = obs(t=t, rate=90.0, arrival_rate_short_rps=short, ready_replicas=8)
+        _, s = d.decide(o, s, t)
+        t += 5.0
+    assert s.forecast.burst_rps is None
+    for long_rps in (94.5, 99.0):
+        o = obs(t=t, rate=long_rps, arrival_rate_short_rps=140.0, ready_replicas=8)
+        dec, s = d.decide(o, s, t)
+        t += 5.0
+    assert not dec.panic and Reason.SHORT_WINDOW in dec.reasons, dec.explain()
+    return s
+
+
+def test_a_rise_within_the_short_windows_own_spread_is_not_remembered() -> None:
+    """The rise threshold is BURST_Z standard deviations of the short window: Poisson's
+    (3 req/s over the 10 s panic window at 90 req/s) where the arrivals are no burstier,
+    the window's own spread where they are. 140 req/s (z 16) after ten calm minutes is a
+    burst; after ten minutes of swings of +/- 20 req/s (z 6.7 on every tick, as the
+    conversation trace's 10 s windows read at a 5 s scrape) it is sized for
+    (SHORT_WINDOW) but not remembered."""
+    assert _rise_after_swings(0.0).forecast.burst_rps == pytest.approx(140.0)
+    noisy = _rise_after_swings(20.0)
+    assert noisy.forecast.burst_rps is None
+    assert noisy.forecast.short_noise_z2 is not None and noisy.forecast.short_noise_z2 > 10.0
