@@ -26,10 +26,11 @@ can be replayed from its trace. Steps, in order:
    raw = demand / capacity; idle -> min replicas, zero only after the idle period; at
    zero with demand but no lengths yet (a gateway's rate only) -> 1 (SCALE_FROM_ZERO).
 5. burst memory: a surge (the short window well over the long one; a fleet that starts
-   small is not a burst) that triggered panic or a SHORT_WINDOW rise is remembered, halving every
-   burst_memory_half_life_s, and from then on follows the envelope of the observed
-   demand; the fleet is sized for it while it exceeds the demand (BURST_MEMORY): on/off
-   bursts shorter than a cold start cannot be chased, only held;
+   small is not a burst) that triggered panic or a SHORT_WINDOW rise is remembered,
+   halving every burst_memory_half_life_s, and from then on follows the envelope of
+   what the short window shows on two ticks in a row (controller/demand.py); the fleet
+   is sized for it while it exceeds the demand (BURST_MEMORY): on/off bursts shorter
+   than a cold start cannot be chased, only held;
 6. stages (controller.stages): panic, or deadband -> stabilize -> rate-limit; then
    cooldown -> clamp.
 7. composite scale-out rules (controller.rules), when the model has any: the final
@@ -166,6 +167,9 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         panic_state = self._panic(state, now_s, demand, raw)
         burst = self._burst(state, now_s, demand, (panic_state[2], raw.reason))
         partial = f"{obs.targets_down} engine target(s) down" if obs.targets_down else None
+        if partial is None and obs.waiting is None and state.replicas > 0:
+            # The queue is unknown, not drained: the replicas asked for it stay.
+            partial = "waiting gauge absent"
         stages, windows = self._stages(state, now_s, raw, demand, panic_state, partial)  # step 6
         rules = state.rules
         if self.model.scale_out_rules:  # step 7

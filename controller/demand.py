@@ -43,6 +43,8 @@ class Demand:
     rise: float | None = None
     backlog: float = 0.0
     """The queue's share of every figure above (req/s: waiting / backlog_drain_s)."""
+    confirmed: float | None = None
+    """What the short window shows on two ticks in a row (+ backlog; DemandSteps._confirmed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +102,10 @@ class DemandSteps:
         # first few samples of a surge overshoots, and the overshoot later unwinds.
         long_demand = obs.arrival_rate_rps + backlog
         observed = max(long_demand, short_demand)
+        confirmed = self._confirmed(state, short, now_s, backlog)
+        rise = confirmed
+        if rise is not None and rise <= (1.0 + p.tolerance_frac) * demand:
+            rise = None  # within the deadband of the demand: not a rise
         return Demand(
             load,
             demand,
@@ -107,29 +113,31 @@ class DemandSteps:
             long_demand,
             observed,
             idle,
-            self._rise(state, short, now_s, demand, backlog),
+            rise,
             backlog,
+            confirmed,
         )
 
-    def _rise(
-        self, state: ModelState, short: float | None, now_s: float, demand: float, backlog: float
+    def _confirmed(
+        self, state: ModelState, short: float | None, now_s: float, backlog: float
     ) -> float | None:
-        """A rise the short window shows on two ticks in a row (req/s), or None.
+        """What the short window shows on two ticks in a row: the smaller of this
+        tick's reading and the last one (+ backlog, req/s), or None without both.
 
         The smoothed level follows a step over several windows; the short window shows
-        it within one. Where the short window reads over (1 + tolerance) x the
-        demand on this tick and on the previous one, the smaller of the two readings is
-        the demand to scale up for, below the panic threshold too. Two readings, so one
-        noisy window cannot scale up alone. Example: 9 -> 18 req/s; the short window
-        reads 15 then 18 while the level is at 11: demand 15 on the second tick.
+        it within one. Where this reads over (1 + tolerance) x the demand, it is the
+        demand to scale up for, below the panic threshold too (`Demand.rise`); and it is
+        what the burst memory holds. Two readings, so one noisy window cannot scale up
+        alone, nor be remembered as a burst: at a 5 s scrape each tick reads a new
+        10 s window. Example: 9 -> 18 req/s; the short window reads 15 then 18 while
+        the level is at 11: demand 15 on the second tick.
         """
         f = state.forecast
         if short is None or f.short_rps is None or f.short_at_s is None:
             return None
         if now_s - f.short_at_s > 2.0 * self.policy.tick_interval_s + 1e-9:
             return None
-        confirmed = min(short, f.short_rps) + backlog
-        return confirmed if confirmed > (1.0 + self.policy.tolerance_frac) * demand else None
+        return min(short, f.short_rps) + backlog
 
     def _raw(
         self,
@@ -183,9 +191,10 @@ class DemandSteps:
         A surge that panicked or that the short window confirmed (SHORT_WINDOW: the
         fleet grows for it without panicking, as code x4's minute-3 burst did from 3 to
         7 replicas, and the next burst found 4) starts the burst memory; once started
-        it follows the envelope of the observed demand (a decaying max), so bursts that
-        the grown fleet now absorbs without panicking keep it from shrinking back into
-        the next panic.
+        it follows the envelope (a decaying max) of what the short window shows on two
+        ticks in a row (`Demand.confirmed`; the observed demand without two readings),
+        so bursts that the grown fleet now absorbs without panicking keep it from
+        shrinking back into the next panic.
         """
         remembered = self._burst_memory(state, now_s)
         # Only a surge arms it: the short window well above the long one, once the long
@@ -215,8 +224,11 @@ class DemandSteps:
             a = 1.0 - 0.5 ** (self.policy.tick_interval_s / NOISE_HALF_LIFE_S)
             noise = (noise or 1.0) + a * (min(z * z, (BURST_Z * sigma) ** 2) - (noise or 1.0))
         armed = surge and (why[0] == Reason.PANIC or rise)
-        if armed or (remembered > 0 and demand.observed > remembered):
-            return max(remembered, demand.observed), now_s, noise
+        # What it holds: what two ticks in a row saw (one tick's window is not a level to
+        # keep capacity for: at a 5 s scrape each tick reads a new 10 s window).
+        held = demand.observed if demand.confirmed is None else max(demand.long, demand.confirmed)
+        if armed or (remembered > 0 and held > remembered):
+            return max(remembered, held), now_s, noise
         return state.forecast.burst_rps, state.forecast.burst_at_s, noise
 
     def _remembered(self, value: int, raw: Raw, demand: Demand, current: int | None) -> int:

@@ -283,3 +283,19 @@ def test_a_rise_within_the_short_windows_own_spread_is_not_remembered() -> None:
     noisy = _rise_after_swings(20.0)
     assert noisy.forecast.burst_rps is None
     assert noisy.forecast.short_noise_z2 is not None and noisy.forecast.short_noise_z2 > 10.0
+
+
+def test_the_burst_memory_holds_what_two_ticks_in_a_row_saw() -> None:
+    """Once armed, the memory follows the envelope of what the short window shows on two
+    ticks in a row, not of one tick's window: at a 5 s scrape every tick reads a new
+    10 s window, and code x4 held 42 replicas for half an hour on such single peaks
+    where 21 served (5.14x the oracle's GPU-hours, now 2.90x)."""
+    d = Decider(make_model(max_replicas=64), make_policy())
+    s = replace(d.initial_state(2), health=long_history())
+    t = ORIGIN_S
+    for short in (150.0, 150.0, 300.0):
+        _, s = d.decide(obs(t=t, rate=60.0, arrival_rate_short_rps=short), s, t)
+        t += 5.0
+    assert s.forecast.burst_rps == pytest.approx(150.0)  # 300 on one tick only
+    _, s = d.decide(obs(t=t, rate=60.0, arrival_rate_short_rps=300.0), s, t)
+    assert s.forecast.burst_rps == pytest.approx(300.0)  # and on the next one too

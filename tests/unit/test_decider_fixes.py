@@ -286,3 +286,16 @@ def test_replicas_asked_to_drain_a_queue_go_once_it_is_drained(queued: float) ->
     back = min(t for t, r in after.items() if r < decs[0].replicas)
     assert back <= policy.cooldown_after_scale_up_s + 10.0, after
     assert after[back] == settled, after
+
+
+def test_replicas_asked_to_drain_a_queue_stay_while_the_queue_is_unknown() -> None:
+    """The queue's share goes once the queue reads drained; an absent waiting gauge is an
+    unknown queue, not an empty one: the fleet holds (NO_DATA_HOLD) for the window."""
+    policy = make_policy()
+    d = Decider(make_model(max_replicas=64), policy)
+    decs, s = run(d, replace(d.initial_state(4), health=long_history()), [40.0] * 24)
+    decs, s = run(d, s, [40.0] * 3, start=decs[-1].at_s + 5.0, waiting=900.0)
+    raised = s.replicas
+    decs, s = run(d, s, [40.0] * 36, start=decs[-1].at_s + 5.0, waiting=None)
+    assert [dec.replicas for dec in decs] == [raised] * 36
+    assert Reason.NO_DATA_HOLD in decs[-1].reasons
