@@ -222,7 +222,8 @@ class DemandSteps:
         rise = why[1] == Reason.SHORT_WINDOW and z >= BURST_Z * sigma
         if history:  # from a Poisson prior; one tick adds at most the threshold squared
             a = 1.0 - 0.5 ** (self.policy.tick_interval_s / NOISE_HALF_LIFE_S)
-            noise = (noise or 1.0) + a * (min(z * z, (BURST_Z * sigma) ** 2) - (noise or 1.0))
+            before = 1.0 if noise is None else noise
+            noise = before + a * (min(z * z, (BURST_Z * sigma) ** 2) - before)
         armed = surge and (why[0] == Reason.PANIC or rise)
         # What it holds: what two ticks in a row saw (one tick's window is not a level to
         # keep capacity for: at a 5 s scrape each tick reads a new 10 s window).
