@@ -193,6 +193,14 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the results JSON here")
     p.add_argument("--plot", dest="plot_out", default=None, help="write the PNG plot here")
     p.add_argument(
+        "--matrix-base",
+        default=None,
+        metavar="FILE",
+        help="with --matrix[-quick]: rerun the governor's cells only and take every other "
+        "cell, the oracles and the bounds from FILE, a matrix JSON of this simulator and "
+        "spec (for iterating on the decider; no plots)",
+    )
+    p.add_argument(
         "--matrix-plots",
         default=None,
         metavar="DIR",
@@ -209,7 +217,13 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
 
 def cmd_matrix(args: argparse.Namespace) -> int:
     """`governor simulate --matrix[-quick]`: print the table, write the JSON."""
-    from simulator.matrix import MatrixSpec, MatrixSummary, matrix_table, run_matrix
+    from simulator.matrix import (
+        MatrixSpec,
+        MatrixSummary,
+        matrix_table,
+        rerun_governor,
+        run_matrix,
+    )
 
     kw = {
         "policies": tuple(args.policies),
@@ -234,7 +248,16 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, traces=tuple(t for t in spec.traces if t.key in keys))
     show = sys.stderr.isatty() if args.progress is None else args.progress
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if show else None
-    doc = run_matrix(spec, log=log)
+    if args.matrix_base is None:
+        doc = run_matrix(spec, log=log)
+    else:
+        try:
+            if args.matrix_plots:
+                raise ValueError("--matrix-plots needs a full run (the base has no oracle series)")
+            doc = rerun_governor(spec, json.loads(Path(args.matrix_base).read_text()), log)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"governor simulate: --matrix-base {args.matrix_base}: {e}", file=sys.stderr)
+            return EXIT_USAGE
     print(matrix_table(doc))
     s = MatrixSummary.of(doc)
     print(

@@ -157,3 +157,56 @@ def test_table_marks_goals_above_the_best_possible_as_out_of_reach() -> None:
     assert table.count("attainment >= 99 % (out of reach)") == 1
     s = MatrixSummary.of(doc)
     assert (s.goals - s.met, s.out_of_reach) == (2, 1)
+
+
+def test_matrix_base_reruns_only_the_governor(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """`--matrix-base FILE` reruns the governor's cells and takes the rest from FILE: on
+    the committed quick matrix it gives back the same governor cells; a governor cell
+    changed in the base is recomputed (and its goals checked again), a baseline's is kept."""
+    import json
+    from pathlib import Path
+
+    from service.cli import main
+
+    committed = json.loads(Path("docs/matrix-quick.json").read_text())
+    base = json.loads(json.dumps(committed))
+    row = base["rows"][0]
+    row["policies"]["governor"]["slo_attainment"] = 0.0  # stale: the rerun replaces it
+    row["policies"]["hpa-queue"]["gpu_hours"] = 123.0  # a baseline: the rerun keeps it
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(base))
+    out = tmp_path / "out.json"
+    args = ["simulate", "--matrix-quick", "--matrix-base", str(path), "--json", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    assert "goals met" in capsys.readouterr().out
+    got = json.loads(out.read_text())
+    assert got["governor_rerun"] is True
+    for g_row, c_row in zip(got["rows"], committed["rows"], strict=True):
+        gov = {k: v for k, v in g_row["policies"]["governor"].items() if k != "cpu_s"}
+        assert gov == {k: v for k, v in c_row["policies"]["governor"].items() if k != "cpu_s"}
+        if g_row is not got["rows"][0]:
+            assert g_row["goals"] == c_row["goals"]
+    first = got["rows"][0]
+    assert first["policies"]["hpa-queue"]["gpu_hours"] == 123.0
+    assert not any("hpa-queue" in goal for goal in first["goals"])  # checked again
+
+
+def test_matrix_base_refuses_another_spec_and_plots(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+    from pathlib import Path
+
+    from service.cli import main
+
+    base = json.loads(Path("docs/matrix-quick.json").read_text())
+    base["spec"]["seed"] = 7
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(base))
+    assert main(["simulate", "--matrix-quick", "--matrix-base", str(path)]) == 2
+    assert "another seed than this run" in capsys.readouterr().err
+    ok = tmp_path / "ok.json"
+    ok.write_text(Path("docs/matrix-quick.json").read_text())
+    plots = ["--matrix-plots", str(tmp_path / "p")]
+    assert main(["simulate", "--matrix-quick", "--matrix-base", str(ok), *plots]) == 2
+    assert "--matrix-plots needs a full run" in capsys.readouterr().err
+    assert main(["simulate", "--matrix-quick", "--matrix-base", str(tmp_path / "none")]) == 2
+    assert "No such file" in capsys.readouterr().err
