@@ -18,7 +18,8 @@ can be replayed from its trace. Steps, in order:
    asked for ready) for a window and recovers while it is met with margin on a loaded
    fleet. The cold start (ask to all ready) is learned and sets that dead time.
 4. demand = smoothed level (+ the Holt trend over one cold start, half a window more on
-   a ramp the short window shows, when it predicts more growth than the deadband) +
+   a ramp the short window shows, when it predicts more growth than the deadband; in
+   the first window only on such a ramp) +
    backlog / backlog_drain_s. The smoothed level, not the
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
    shows on two ticks in a row is scaled up for at once (SHORT_WINDOW), and sudden

@@ -6,6 +6,7 @@ model's observation neither raise nor stop the other models' decisions."""
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -69,7 +70,7 @@ def test_a_ramp_both_windows_show_is_looked_ahead_half_a_window_more(
     policy = make_policy()
     d = Decider(make_model(max_replicas=64), policy)
     rising = HoltState(level=10.0, trend=0.1, at_s=ORIGIN_S)  # +0.1 req/s per second
-    s = replace(d.initial_state(2), forecast=Forecast(load=rising))
+    s = replace(d.initial_state(2), forecast=Forecast(load=rising), health=long_history())
     t = ORIGIN_S + 5.0
     dec, s2 = d.decide(obs(t=t, rate=10.5, arrival_rate_short_rps=short), s, t)
     load = s2.forecast.load
@@ -299,3 +300,29 @@ def test_replicas_asked_to_drain_a_queue_stay_while_the_queue_is_unknown() -> No
     decs, s = run(d, s, [40.0] * 36, start=decs[-1].at_s + 5.0, waiting=None)
     assert [dec.replicas for dec in decs] == [raised] * 36
     assert Reason.NO_DATA_HOLD in decs[-1].reasons
+
+
+def test_a_trend_learned_from_the_first_windows_noise_is_not_extrapolated() -> None:
+    """A fresh model at a level 249 req/s with +/-15 % noise (a counterexample the
+    hypothesis property test_stationary_noisy_load_has_no_direction_reversals found):
+    ten ticks in, the Holt trend had learned 0.45 req/s per second from the noise, and
+    one cold start of it lifted the demand 27 req/s, just past the deadband: 20 replicas
+    where 16-17 serve, and a scale-down 15 minutes later. Before the long window holds
+    a full window, the trend counts only on a ramp the short window shows."""
+    rng = random.Random(8321832)
+    d = Decider(make_model(max_replicas=60), make_policy())
+    s = d.initial_state(7, ORIGIN_S)
+    t, seen = ORIGIN_S, [7]
+    for _ in range(1080):  # 1.5 hours of 5 s ticks
+        rate = 249.0 * (1 + rng.uniform(-0.15, 0.15))
+        dec, s = d.decide(obs(t=t, rate=rate, itl_p95_ms=25.0, ttft_p95_ms=150.0), s, t)
+        if dec.replicas != seen[-1]:
+            seen.append(dec.replicas)
+        t += 5.0
+    assert seen == sorted(seen), seen  # up to its level, never back down
+    # A ramp the short window shows still looks ahead in the first window.
+    s = d.initial_state(2, ORIGIN_S)
+    for k, rate in enumerate((10.0, 14.0, 18.0, 22.0)):
+        tk = ORIGIN_S + 5.0 * k
+        dec, s = d.decide(obs(t=tk, rate=rate, arrival_rate_short_rps=rate * 1.5), s, tk)
+    assert dec.demand_rps > s.forecast.load.level + 1.0
