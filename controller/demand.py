@@ -45,6 +45,8 @@ class Demand:
     """The queue's share of every figure above (req/s: waiting / backlog_drain_s)."""
     confirmed: float | None = None
     """What the short window shows on two ticks in a row (+ backlog; DemandSteps._confirmed)."""
+    history: bool = False
+    """Whether the long window holds a full window of this model's good data."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +93,8 @@ class DemandSteps:
         # req/s, ten ticks in: 20 replicas where 16-17 serve): it counts then only on a
         # ramp the short window shows too.
         first = state.health.first_good_s
-        young = first is None or now_s - first < p.window_s
-        if uplift <= p.tolerance_frac * load.level or (young and not ramp):
+        history = first is not None and now_s - first >= p.window_s
+        if uplift <= p.tolerance_frac * load.level or not (history or ramp):
             uplift = 0.0
         demand = max(0.0, load.level + uplift) + backlog
         short_demand = (obs.arrival_rate_rps if short is None else short) + backlog
@@ -122,6 +124,7 @@ class DemandSteps:
             rise,
             backlog,
             confirmed,
+            history,
         )
 
     def _confirmed(
@@ -207,8 +210,7 @@ class DemandSteps:
         # window holds a full window of history. A fleet that starts small panics too
         # (demand far over its capacity), but on a level load or while its first window
         # fills: that is a ramp to hold the load, not a burst to remember.
-        first = state.health.first_good_s
-        history = first is not None and now_s - first >= self.policy.window_s
+        history = demand.history
         # Against the smoothed level too: at a slow scrape the short window spans the
         # long one (30 s scrape: both 60 s), and only the level still lags a burst.
         base = min(demand.long, demand.demand)

@@ -282,13 +282,7 @@ def _document(
             orc = oracles[(t.key, c.plant_speed)]
             pol = {}
             for p in spec.policies:
-                r = dict(results[(t.key, c.name, p)])
-                ok = orc.gpu_hours > 0
-                trace_h = r.get("gpu_hours_trace")
-                # Over the oracle's window (the trace) and over the whole run (+ tail).
-                r["oracle_ratio"] = trace_h / orc.gpu_hours if ok and trace_h is not None else None
-                r["oracle_ratio_run"] = r["gpu_hours"] / orc.gpu_hours if ok else None
-                pol[p] = r
+                pol[p] = _with_ratios(dict(results[(t.key, c.name, p)]), orc.gpu_hours)
             row = {
                 "trace": t.key,
                 "condition": c.name,
@@ -308,6 +302,16 @@ def _document(
         "wall_s": wall_s,
         "cpu_s": sum(r.get("cpu_s", 0.0) for r in results.values()),
     }
+
+
+def _with_ratios(cell: dict[str, Any], oracle_gpu_hours: float) -> dict[str, Any]:
+    """`cell` with its GPU-hours over the oracle's: over the oracle's window (the trace)
+    and over the whole run (+ tail); None without an oracle."""
+    ok = oracle_gpu_hours > 0
+    trace_h = cell.get("gpu_hours_trace")
+    cell["oracle_ratio"] = trace_h / oracle_gpu_hours if ok and trace_h is not None else None
+    cell["oracle_ratio_run"] = cell["gpu_hours"] / oracle_gpu_hours if ok else None
+    return cell
 
 
 def _spec_doc(spec: MatrixSpec) -> dict[str, Any]:
@@ -442,10 +446,7 @@ def rerun_governor(
     doc = copy.deepcopy(dict(base))
     for row in doc["rows"]:
         r = results[(row["trace"], row["condition"])]
-        orc = row["oracle_gpu_hours"]
-        r["oracle_ratio"] = r["gpu_hours_trace"] / orc if orc > 0 else None
-        r["oracle_ratio_run"] = r["gpu_hours"] / orc if orc > 0 else None
-        row["policies"][GOVERNOR] = r
+        row["policies"][GOVERNOR] = _with_ratios(r, row["oracle_gpu_hours"])
         row["goals"] = row_goals(row)
     doc.pop("plots", None)
     doc["governor_rerun"] = True
