@@ -143,6 +143,15 @@ class ScalingPolicy(_Strict):
     )
     scale_down_limits: tuple[RateLimit, ...] = (RateLimit(type="percent", value=100, period_s=15),)
     cooldown_after_scale_up_s: NonNegativeFloat = Field(default=60.0, le=3600)
+    falling_release_after_s: NonNegativeFloat | None = Field(
+        default=600.0,
+        le=86_400,
+        description=(
+            "a load that kept falling far past its noise over the scale-down window is "
+            "released after window_s instead, once the last scale-up is this old (s); "
+            "null: never"
+        ),
+    )
     panic_threshold_frac: float = Field(default=2.0, gt=1, le=100)
     panic_hold_s: NonNegativeFloat = Field(default=60.0, le=3600)
     burst_memory_half_life_s: NonNegativeFloat = Field(

@@ -186,6 +186,8 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
                 burst_rps=burst[0],
                 burst_at_s=burst[1],
                 short_noise_z2=burst[2],
+                load_marks=demand.marks,
+                long_noise_z2=demand.long_noise_z2,
                 short_rps=obs.arrival_rate_short_rps,
                 short_at_s=now_s if obs.arrival_rate_short_rps is not None else None,
             ),
@@ -383,15 +385,16 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             stages.append(_stage("deadband", raw_int, out))
             value = out.value
             recs = (*w.recommendations, (now_s, self._remembered(value, raw, demand, current)))
-            # Scale to zero is stabilized and rate-limited like any scale-down.
+            # Scale to zero is stabilized and rate-limited like any scale-down. A load
+            # that has fallen is released after one rate window (DemandSteps._falling).
+            down_s = p.scale_down_stabilization_s
+            if demand.falling:
+                down_s = min(down_s, p.window_s)
             out = stabilize(
-                value,
-                current,
-                w.recommendations,
-                now_s,
-                p.scale_up_stabilization_s,
-                p.scale_down_stabilization_s,
+                value, current, w.recommendations, now_s, p.scale_up_stabilization_s, down_s
             )
+            if demand.falling and out.value < current:
+                out = replace(out, detail=f"load fallen: window {down_s:.0f} s")
             stages.append(_stage("stabilize", value, out))
             value = out.value
             out = rate_limit(

@@ -8,6 +8,7 @@ and are pure like `decide`. Rates are req/s, times seconds on the loop's clock.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -26,6 +27,11 @@ BURST_SURGE_FRAC = 1.25
 BURST_Z = 5.0
 # Half-life of that spread (a mean of z squared over the ticks, s).
 NOISE_HALF_LIFE_S = 600.0
+# A load has fallen (DemandSteps._falling) when it kept falling over the scale-down
+# window and its long window reads this many standard deviations under what it read
+# then: Poisson's, or the long window's own spread around the smoothed level where the
+# arrivals are burstier (6 to 12 met the same matrix goals; 16 lost two diurnal rows).
+FALLING_Z = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,14 @@ class Demand:
     """What the short window shows on two ticks in a row (+ backlog; DemandSteps._confirmed)."""
     history: bool = False
     """Whether the long window holds a full window of this model's good data."""
+    falling: bool = False
+    """Whether the load fell far past its noise over the scale-down window, with no
+    scale-up for falling_release_after_s (DemandSteps._falling): the scale-down window
+    is then window_s."""
+    marks: tuple[tuple[float, float], ...] = ()
+    """Forecast.load_marks after this tick."""
+    long_noise_z2: float | None = None
+    """Forecast.long_noise_z2 after this tick."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +128,7 @@ class DemandSteps:
         rise = confirmed
         if rise is not None and rise <= (1.0 + p.tolerance_frac) * demand:
             rise = None  # within the deadband of the demand: not a rise
+        falling, marks, noise = self._falling(obs.arrival_rate_rps, state, now_s, history)
         return Demand(
             load,
             demand,
@@ -125,7 +140,58 @@ class DemandSteps:
             backlog,
             confirmed,
             history,
+            falling,
+            marks,
+            noise,
         )
+
+    def _falling(
+        self, rate: float, state: ModelState, now_s: float, history: bool
+    ) -> tuple[bool, tuple[tuple[float, float], ...], float | None]:
+        """Whether the load has fallen, and the load marks and long-window spread after
+        this tick (`rate`: the long window's arrival rate, req/s).
+
+        The scale-down window holds the largest recommendation of the last 300 s, so
+        that a dip which comes back does not take replicas away (a reversal). On a load
+        that only falls it is pure lag: each step down waits a whole window, as the
+        diurnal trace's evening did (4 replicas held from minute 13 to 18 where 2-3
+        served). Fallen means the load kept falling: each mark (one per window_s, so
+        their windows do not overlap) under the one before, over a scale-down window;
+        and far: the long window reads FALLING_Z standard deviations under the oldest
+        mark, the deviation Poisson's or, where the arrivals are burstier, the long
+        window's own spread around the smoothed level (the root of a mean of z squared,
+        NOISE_HALF_LIFE_S, from a Poisson prior; one tick adds at most the threshold
+        squared). A step down is not a fall (its marks after the step read alike): it
+        may be a pause that comes back, and keeps the whole window. And only once the
+        last scale-up is falling_release_after_s old (at least the scale-down window):
+        releasing early then cannot reverse a recent scale-up. Example: 38 req/s five
+        minutes ago, 11 now, Poisson: (38 - 11) x 60 = 1,620 requests fewer, z = 1,620
+        / sqrt(2,940) = 30.
+        """
+        p, f = self.policy, state.forecast
+        w = p.window_s
+        noise = f.long_noise_z2
+        if history and f.load is not None:
+            z = (rate - f.load.level) * w / math.sqrt(max(f.load.level * w, 1.0))
+            a = 1.0 - 0.5 ** (p.tick_interval_s / NOISE_HALF_LIFE_S)
+            before = 1.0 if noise is None else noise
+            noise = before + a * (min(z * z, FALLING_Z**2) - before)
+        marks = tuple(m for m in f.load_marks if now_s - m[0] <= p.scale_down_stabilization_s)
+        if not marks or now_s - marks[-1][0] >= w - 1e-9:
+            marks = (*marks, (now_s, rate))
+        after = p.falling_release_after_s
+        last_up = state.windows.last_scale_up_s
+        t0, r0 = marks[0]
+        falling = (
+            history
+            and after is not None
+            and (last_up is None or now_s - last_up >= max(after, p.scale_down_stabilization_s))
+            and now_s - t0 >= p.scale_down_stabilization_s - w
+            and all(b[1] < a[1] for a, b in itertools.pairwise(marks))
+            and (r0 - rate) * w
+            >= FALLING_Z * max(1.0, math.sqrt(noise or 1.0)) * math.sqrt(max((r0 + rate) * w, 1.0))
+        )
+        return falling, marks, noise
 
     def _confirmed(
         self, state: ModelState, short: float | None, now_s: float, backlog: float

@@ -254,6 +254,12 @@ class Forecast:
     short_noise_z2: float | None = None
     """The short window's spread: a mean (600 s half-life) of its squared z over the
     base (dimensionless; 1 for Poisson arrivals; see controller.demand)."""
+    load_marks: tuple[tuple[float, float], ...] = ()
+    """(time s, long-window arrival rate req/s), one per window_s (windows that do not
+    overlap), over the scale-down window: what the load was when it began."""
+    long_noise_z2: float | None = None
+    """The long window's spread around the smoothed level: a mean (600 s half-life) of
+    its squared z (dimensionless; 1 for Poisson arrivals; see controller.demand)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +412,8 @@ class SavedState:
     short_rps: float | None = None
     short_at_s: float | None = None
     short_noise_z2: float | None = None
+    load_marks: tuple[tuple[float, float], ...] = ()
+    long_noise_z2: float | None = None
     plant_speed: float = 1.0
     plant_speed_samples: int = 0
     plant_speed_jump: float | None = None
@@ -448,6 +456,8 @@ class SavedState:
             short_rps=f.short_rps,
             short_at_s=f.short_at_s,
             short_noise_z2=f.short_noise_z2,
+            load_marks=f.load_marks,
+            long_noise_z2=f.long_noise_z2,
             plant_speed=s.plant.speed,
             plant_speed_samples=s.plant.speed_samples,
             plant_speed_jump=s.plant.speed_jump,
@@ -477,6 +487,8 @@ class SavedState:
                 short_rps=self.short_rps,
                 short_at_s=self.short_at_s,
                 short_noise_z2=self.short_noise_z2,
+                load_marks=self.load_marks,
+                long_noise_z2=self.long_noise_z2,
             ),
             knob_memory=KnobMemory(
                 candidate=self.knob_candidate,

@@ -76,7 +76,7 @@ TIME_FIELDS = (
     "fleet_full_since_s",
     "fleet_calm_since_s",
 )
-TIME_PAIR_FIELDS = ("recommendations", "actions")
+TIME_PAIR_FIELDS = ("recommendations", "actions", "load_marks")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
 # Lists of records with times: field -> (time-list key, time key) of each record.
 RECORD_TIME_FIELDS = {"rules": ("since_s", "fired_at_s")}  # RuleState
@@ -93,6 +93,7 @@ PLAIN_FIELDS = (
     "knob_running_replicas",
     "short_rps",
     "short_noise_z2",
+    "long_noise_z2",
     "plant_speed",
     "plant_speed_samples",
     "plant_speed_jump",
