@@ -291,7 +291,8 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             and obs.ready_replicas is not None
             and obs.arrival_rate_rps >= LOADED_FRAC * obs.ready_replicas * base_capacity * c
         )
-        violated, healthy = sla_evidence(obs, self.model.sla)
+        requests = obs.arrival_rate_rps * self.policy.window_s
+        violated, healthy = sla_evidence(obs, self.model.sla, requests)
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
         judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
         correction = next_correction(c, dt, violated, healthy, judge, loaded)
