@@ -172,10 +172,8 @@ class DemandSteps:
         w = p.window_s
         noise = f.long_noise_z2
         if history and f.load is not None:
-            z = (rate - f.load.level) * w / math.sqrt(max(f.load.level * w, 1.0))
-            a = 1.0 - 0.5 ** (p.tick_interval_s / NOISE_HALF_LIFE_S)
-            before = 1.0 if noise is None else noise
-            noise = before + a * (min(z * z, FALLING_Z**2) - before)
+            z = _poisson_z(rate, f.load.level, w)
+            noise = _spread_after(noise, z, FALLING_Z, p.tick_interval_s)
         marks = tuple(m for m in f.load_marks if now_s - m[0] <= p.scale_down_stabilization_s)
         if not marks or now_s - marks[-1][0] >= w - 1e-9:
             marks = (*marks, (now_s, rate))
@@ -188,8 +186,7 @@ class DemandSteps:
             and (last_up is None or now_s - last_up >= max(after, p.scale_down_stabilization_s))
             and now_s - t0 >= p.scale_down_stabilization_s - w
             and all(b[1] < a[1] for a, b in itertools.pairwise(marks))
-            and (r0 - rate) * w
-            >= FALLING_Z * max(1.0, math.sqrt(noise or 1.0)) * math.sqrt(max((r0 + rate) * w, 1.0))
+            and (r0 - rate) * w >= FALLING_Z * _sigma(noise) * math.sqrt(max((r0 + rate) * w, 1.0))
         )
         return falling, marks, noise
 
@@ -290,14 +287,12 @@ class DemandSteps:
         # one tick in ten (its rms z is 4: 10-second swings of +40 % a fleet absorbs);
         # code x4's minute-3 burst z 5.2 even at a 30 s scrape, after quiet minutes.
         w = self.policy.panic_window_s
-        z = (demand.short - base) * w / math.sqrt(max(base * w, 1.0))
+        z = _poisson_z(demand.short, base, w)
         noise = state.forecast.short_noise_z2
-        sigma = max(1.0, math.sqrt(noise)) if noise is not None else 1.0
+        sigma = _sigma(noise)
         rise = why[1] == Reason.SHORT_WINDOW and z >= BURST_Z * sigma
         if history:  # from a Poisson prior; one tick adds at most the threshold squared
-            a = 1.0 - 0.5 ** (self.policy.tick_interval_s / NOISE_HALF_LIFE_S)
-            before = 1.0 if noise is None else noise
-            noise = before + a * (min(z * z, (BURST_Z * sigma) ** 2) - before)
+            noise = _spread_after(noise, z, BURST_Z * sigma, self.policy.tick_interval_s)
         armed = surge and (why[0] == Reason.PANIC or rise)
         # What it holds: what two ticks in a row saw (one tick's window is not a level to
         # keep capacity for: at a 5 s scrape each tick reads a new 10 s window).
@@ -350,3 +345,22 @@ class DemandSteps:
         if f.burst_rps is None or f.burst_at_s is None or hl <= 0:
             return 0.0
         return f.burst_rps * 0.5 ** (max(0.0, now_s - f.burst_at_s) / hl)
+
+
+def _poisson_z(rate: float, base: float, window_s: float) -> float:
+    """z of a window's count at `rate` against `base` (req/s) over `window_s` s, by
+    Poisson's deviation (at least one request's)."""
+    return (rate - base) * window_s / math.sqrt(max(base * window_s, 1.0))
+
+
+def _spread_after(noise: float | None, z: float, cap: float, tick_s: float) -> float:
+    """A window's spread (mean of z squared, NOISE_HALF_LIFE_S, from a Poisson prior
+    of 1) after one tick's `z`, which adds at most `cap` squared."""
+    a = 1.0 - 0.5 ** (tick_s / NOISE_HALF_LIFE_S)
+    before = 1.0 if noise is None else noise
+    return before + a * (min(z * z, cap**2) - before)
+
+
+def _sigma(noise: float | None) -> float:
+    """The deviation in units of Poisson's that a spread `noise` stands for (>= 1)."""
+    return max(1.0, math.sqrt(noise)) if noise is not None else 1.0
