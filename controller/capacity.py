@@ -35,7 +35,11 @@ Measured against the simulated plant (Poisson arrivals, 5-10 minutes, the slo kn
 conversation lengths, 99 % attainment at 11.5 req/s on one replica and 13.8 per replica
 on four (model: 13.1 and 16.8; x 0.85, the decider's default target utilization,
 11.2 and 14.3); long-context lengths (prompts mean 12k, p95 40k), 99 % at ~0.55
-per replica on four (model: 0.57). The fluid model this replaces said 17.8 and 1.77.
+per replica on four with the default 256 / 8,192 knobs (model: 0.54), and up to ~0.74
+with the 16 / 1,280 the governor picks there, where the model says 0.55: it barely
+tells the two apart, as step 2's single-big-prompt bound does not depend on the chunk
+size (tests/simulator/test_capacity_vs_plant.py pins the second). The fluid model this
+replaces said 17.8 and 1.77.
 """
 
 from __future__ import annotations
