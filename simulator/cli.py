@@ -17,6 +17,7 @@ from pathlib import Path
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES
 from simulator.calibrate import main as calibrate_main
+from simulator.capacity_check import main as capacity_main
 from simulator.oracle import scenario_oracle
 from simulator.plant import Plant
 from simulator.report import document, plot, table
@@ -498,7 +499,18 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
         "calibrate", help="published vLLM H100 measurements vs the simulated plant (a table)"
     )
     p.add_argument("--out", default=None, help="write the markdown table here")
-    p.set_defaults(func=lambda a: calibrate_main(["--out", a.out] if a.out else []))
+    p.add_argument(
+        "--capacity",
+        action="store_true",
+        help="instead: the decider's capacity model vs the plant per matrix trace and "
+        "fleet size (docs/capacity.md; about a minute and a half on 2 cores)",
+    )
+    p.set_defaults(func=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    argv = ["--out", args.out] if args.out else []
+    return capacity_main(argv) if args.capacity else calibrate_main(argv)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -32,7 +32,7 @@ from controller.config import (
     ReplicaBounds,
     ScalingPolicy,
 )
-from controller.types import Knobs
+from controller.types import Knobs, Lengths
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
 from simulator.autoscalers import (
     CEILING,
@@ -397,20 +397,26 @@ def trace_window_s(trace: Trace, window_s: float = 60.0) -> float:
     return max(1, math.ceil(trace.span_s / window_s)) * window_s if len(trace) else 0.0
 
 
-def governor_knobs_for(trace: Trace, sc: Scenario) -> Knobs:
-    """The knobs the slo policy picks for the trace's overall length statistics."""
-    from controller.batching import slo_knobs
-    from controller.types import Lengths
-
+def trace_lengths(trace: Trace) -> Lengths:
+    """The trace's overall length statistics as the decider reads them (mean and p95 of
+    prompt and output lengths, tokens)."""
     p, o = trace.prompt_tokens, trace.output_tokens
-    lengths = Lengths(
+    return Lengths(
         prompt_mean=float(p.mean()),
         prompt_p95=float(np.percentile(p, 95)),
         output_mean=float(o.mean()),
         output_p95=float(np.percentile(o, 95)),
     )
+
+
+def governor_knobs_for(trace: Trace, sc: Scenario) -> Knobs:
+    """The knobs the slo policy picks for the trace's overall length statistics."""
+    from controller.batching import slo_knobs
+
     cfg = sc.governor_config()
-    return slo_knobs(lengths, sc.sla, sc.profile, cfg.models[0].knobs, cfg.policy.itl_margin_frac)
+    return slo_knobs(
+        trace_lengths(trace), sc.sla, sc.profile, cfg.models[0].knobs, cfg.policy.itl_margin_frac
+    )
 
 
 def ttft_p95_by_minute(fleet: Fleet, end_s: float) -> list[float]:

@@ -16,27 +16,14 @@ long-context trace's peak (~3.1 req/s) where a static 4 meets the goal over the 
 
 from __future__ import annotations
 
-import numpy as np
-
 from controller.capacity import capacity_rps
 from controller.config import SLA
-from controller.types import Lengths
 from simulator.fleet import Fleet
-from simulator.scenario import Scenario, governor_knobs_for, slo_met
+from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
 from simulator.traces import Trace, synthetic
 
 OVERHEAD_S = 0.029
 """The profile's calibrated per-request overhead (request_overhead_ms), seconds."""
-
-
-def _lengths(trace: Trace) -> Lengths:
-    p, o = trace.prompt_tokens, trace.output_tokens
-    return Lengths(
-        prompt_mean=float(p.mean()),
-        prompt_p95=float(np.percentile(p, 95)),
-        output_mean=float(o.mean()),
-        output_p95=float(np.percentile(o, 95)),
-    )
 
 
 def _attainment(rate: float, sc: Scenario) -> float:
@@ -52,7 +39,7 @@ def test_one_replica_meets_the_goal_at_the_model_capacity_and_not_far_above() ->
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
     probe = synthetic("poisson", seed=1, rate=10.0, duration=300.0)
     sc = Scenario(trace=probe, sla=sla)
-    cap = capacity_rps(governor_knobs_for(probe, sc), _lengths(probe), sla, sc.profile, 0.85)
+    cap = capacity_rps(governor_knobs_for(probe, sc), trace_lengths(probe), sla, sc.profile, 0.85)
     assert 9.0 < cap < 13.0
     assert _attainment(cap, sc) >= 0.99
     assert _attainment(1.4 * cap, sc) < 0.99
@@ -68,7 +55,7 @@ def test_four_replicas_meet_the_goal_on_long_prompts_with_the_headroom_pinned() 
     probe = _long_context(2.0)
     sc = Scenario(trace=probe, sla=sla)
     knobs = governor_knobs_for(probe, sc)
-    cap = capacity_rps(knobs, _lengths(probe), sla, sc.profile, 0.85, replicas=4)
+    cap = capacity_rps(knobs, trace_lengths(probe), sla, sc.profile, 0.85, replicas=4)
     assert 0.40 < cap < 0.55
 
     def attainment(per_replica_rps: float) -> float:

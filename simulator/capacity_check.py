@@ -1,0 +1,225 @@
+"""The decider's capacity model (controller.capacity) against the simulated plant.
+
+`python -m simulator.capacity_check [--out docs/capacity.md]` (or `governor calibrate
+--capacity`) measures, for the request lengths of each trace of the robustness matrix and
+a few fleet sizes, the per-replica arrival rate (req/s) at which warm replicas of the
+plant still meet the SLA for `attainment_goal_frac` of the requests (99 %), and prints it
+beside what the model says, as the markdown table of `docs/capacity.md`.
+
+The decider sizes fleets with the model times `target_utilization_frac` (0.85): where the
+model is more than 1 / 0.85 = 1.18x the plant, the sized fleet misses the goal on a
+steady load; where it is well under the plant, the fleet holds replicas it does not
+need. Neither shows on the trace the model was tuned on, which is why this table spans
+every matrix trace.
+
+Each measurement: Poisson arrivals over `DURATION_S` (lengths drawn with replacement
+from the trace, the trace's SLA), a fleet of N replicas already serving the knobs the
+governor picks for the trace's lengths (`simulator.scenario.governor_knobs_for`), the
+profile's request overhead, routed by the fleet's least-outstanding router; attainment
+is the mean over `SEEDS` runs. The 99 % rate is bisected (`STEPS` halvings of
+[LOW, HIGH] x the model's rate); a rate at the top of that bracket is printed with ">=".
+Plant speed 1.0: this is the model's error, not the plant's drift (controller.plant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from controller.capacity import capacity_rps
+from controller.config import SLA, ScalingPolicy
+from controller.types import Knobs
+from estimators.stepmodel import Profile, load_profile
+from simulator.fleet import Fleet
+from simulator.matrix import TRACES, MatrixTrace
+from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
+from simulator.traces import Trace, load_trace
+
+SIZES = (1, 2, 4, 8)
+"""Fleet sizes measured (replicas)."""
+DURATION_S = 600.0
+"""Seconds of arrivals per run, at least: longer where the fleet would see fewer than
+MIN_REQUESTS at the model's rate (long-context: hours), so that the 1 % the goal allows
+is tens of requests, not a handful."""
+MIN_REQUESTS = 10_000
+SEEDS = (1, 2)
+"""Arrival seeds per rate; their attainments are averaged."""
+LOW, HIGH, STEPS = 0.25, 2.5, 7
+"""The bisection bracket (x the model's rate) and its halvings."""
+TRACE_SEED = 0
+"""Seed of the matrix traces the lengths come from (MatrixSpec's default)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One (trace, fleet size): the model's and the plant's 99 % rates (req/s per
+    replica), the knobs, and the plant's attainment at the rate the decider sizes for."""
+
+    trace: str
+    replicas: int
+    knobs: Knobs
+    model_rps: float
+    plant_rps: float
+    plant_at_top: bool
+    sized_rps: float
+    sized_attainment: float
+
+    @property
+    def ratio(self) -> float:
+        """Model / plant (> 1: the model is optimistic)."""
+        return self.model_rps / self.plant_rps
+
+
+def bootstrap_poisson(base: Trace, rate_rps: float, duration_s: float, seed: int) -> Trace:
+    """Poisson arrivals at `rate_rps` over `duration_s` with (prompt, output) pairs drawn
+    with replacement from `base`."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.poisson(rate_rps * duration_s))
+    t = np.sort(rng.random(n) * duration_s)
+    idx = rng.integers(0, len(base), n)
+    return Trace.from_arrays(
+        t, base.prompt_tokens[idx], base.output_tokens[idx], "bootstrap", rebase=False
+    )
+
+
+@dataclass(frozen=True)
+class _Setup:
+    base: Trace
+    sla: SLA
+    profile: Profile
+    knobs: Knobs
+    duration_s: float = DURATION_S
+
+    def attainment(self, replicas: int, per_replica_rps: float) -> float:
+        """Mean attainment over SEEDS of a warm fleet at this per-replica rate."""
+        out = []
+        for seed in SEEDS:
+            trace = bootstrap_poisson(self.base, per_replica_rps * replicas, self.duration_s, seed)
+            fleet = Fleet(
+                self.profile,
+                knobs=self.knobs,
+                initial_replicas=replicas,
+                seed=0,
+                overhead_s=self.profile.request_overhead_ms / 1000.0,
+            )
+            fleet.submit_trace(trace, offset_s=0.0)
+            fleet.run()
+            out.append(float(slo_met(fleet.records(), self.sla).mean()))
+        return float(np.mean(out))
+
+
+def _setup(tr: MatrixTrace, profile: Profile) -> _Setup:
+    base = load_trace(
+        tr.spec, rate_multiplier=tr.rate_scale, duration_s=tr.duration_s, seed=TRACE_SEED
+    )
+    sla = SLA(ttft_p95_ms=tr.ttft_ms, itl_p95_ms=tr.itl_ms)
+    knobs = governor_knobs_for(base, Scenario(trace=base, sla=sla, profile=profile))
+    return _Setup(base, sla, profile, knobs)
+
+
+def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> Row:
+    """The row of one trace's lengths at one fleet size (module doc)."""
+    s = _setup(tr, profile or load_profile())
+    model = capacity_rps(s.knobs, trace_lengths(s.base), s.sla, s.profile, 1.0, replicas)
+    s = replace(s, duration_s=max(DURATION_S, MIN_REQUESTS / (model * replicas)))
+    goal = s.sla.attainment_goal_frac
+    lo, hi = LOW * model, HIGH * model
+    for _ in range(STEPS):
+        mid = (lo + hi) / 2.0
+        if s.attainment(replicas, mid) >= goal:
+            lo = mid
+        else:
+            hi = mid
+    sized = model * ScalingPolicy().target_utilization_frac
+    return Row(
+        trace=tr.key,
+        replicas=replicas,
+        knobs=s.knobs,
+        model_rps=model,
+        plant_rps=lo,
+        plant_at_top=hi >= HIGH * model * (1.0 - 1e-9),
+        sized_rps=sized,
+        sized_attainment=s.attainment(replicas, sized),
+    )
+
+
+def _job(args: tuple[MatrixTrace, int]) -> Row:
+    return measure(*args)
+
+
+def check(
+    traces: tuple[MatrixTrace, ...] = TRACES, sizes: tuple[int, ...] = SIZES, workers: int = 2
+) -> list[Row]:
+    """Every (trace, size) row, in that order, measured in `workers` processes."""
+    jobs = [(tr, n) for tr in traces for n in sizes]
+    if workers <= 1:
+        return [_job(j) for j in jobs]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_job, jobs))
+
+
+def report(rows: list[Row]) -> str:
+    """The markdown of `docs/capacity.md`."""
+    util = ScalingPolicy().target_utilization_frac
+    lines = [
+        "# The capacity model against the plant",
+        "",
+        "Regenerate with `python -m simulator.capacity_check --out docs/capacity.md` "
+        "(or `governor calibrate --capacity`); how each number is measured is in "
+        "`simulator/capacity_check.py`.",
+        "",
+        "Per-replica arrival rate (req/s) at which N warm replicas meet the SLA for 99 % of "
+        "the requests: the model's (controller.capacity) and the plant's (Poisson "
+        "arrivals with the trace's lengths, the knobs the governor picks for them). "
+        f"The decider sizes for the model x {util:g}; the last column is the plant's "
+        f"attainment at that rate, which misses the goal where the model is more than "
+        f"{1 / util:.2f}x the plant.",
+        "",
+        "| trace | replicas | knobs (seqs / tokens) | model | plant | model / plant "
+        f"| plant at model x {util:g} |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        top = ">= " if r.plant_at_top else ""
+        flag = " (misses)" if r.sized_attainment < 0.99 else ""
+        lines.append(
+            f"| {r.trace} | {r.replicas} | {r.knobs.max_num_seqs} / "
+            f"{r.knobs.max_num_batched_tokens} | {r.model_rps:.3g} | {top}{r.plant_rps:.3g} | "
+            f"{r.ratio:.2f} | {100 * r.sized_attainment:.2f} %{flag} |"
+        )
+    worst = max(rows, key=lambda r: r.ratio)
+    best = min(rows, key=lambda r: r.ratio)
+    lines += [
+        "",
+        f"Most optimistic: {worst.trace} on {worst.replicas} ({worst.ratio:.2f}x the plant). "
+        f"Most pessimistic: {best.trace} on {best.replicas} ({best.ratio:.2f}x).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator.capacity_check",
+        description="the decider's capacity model vs the simulated plant, per matrix trace",
+    )
+    parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        print(f"capacity_check: --workers must be >= 1, got {args.workers}", file=sys.stderr)
+        return 2
+    text = report(check(workers=args.workers))
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
