@@ -11,8 +11,10 @@ and up to 1.6x that (0.74, 99.2 %), and miss it at 2x (0.93, 97.3 %). The bound 
 binds is the ITL tail's single big prompt (controller.capacity, step 2), which charges a
 median-length decode the whole prefill of a ~p99 prompt: a 99th-percentile ITL of 70 ms
 at 0.74 req/s per replica where the plant's is 41 ms (halving that bound would put the
-model at 0.89). That headroom is much of why the governor holds 7 replicas at the
-long-context trace's peak (~3.1 req/s) where a static 4 meets the goal over the trace."""
+model at 0.89). That headroom is part of why the governor holds 7 replicas at the
+long-context trace's peak (~3.1 req/s) where a static 4 meets the goal over the trace;
+on that trace's own lengths the model reads 0.644 and the plant 0.727 on four replicas
+(docs/capacity.md), and the target utilization and the deadband's headroom do the rest."""
 
 from __future__ import annotations
 
