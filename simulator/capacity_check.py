@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -89,21 +89,28 @@ def bootstrap_poisson(base: Trace, rate_rps: float, duration_s: float, seed: int
 
 @dataclass(frozen=True)
 class _Setup:
+    """One (trace, fleet size): its lengths, SLA, knobs, the model's rate (req/s per
+    replica) and the seconds of arrivals per run."""
+
     base: Trace
     sla: SLA
     profile: Profile
     knobs: Knobs
-    duration_s: float = DURATION_S
+    replicas: int
+    model_rps: float
+    duration_s: float
 
-    def attainment(self, replicas: int, per_replica_rps: float) -> float:
-        """Mean attainment over SEEDS of a warm fleet at this per-replica rate."""
+    def attainment(self, per_replica_rps: float) -> float:
+        """Mean attainment over SEEDS of the warm fleet at this per-replica rate."""
         out = []
         for seed in SEEDS:
-            trace = bootstrap_poisson(self.base, per_replica_rps * replicas, self.duration_s, seed)
+            trace = bootstrap_poisson(
+                self.base, per_replica_rps * self.replicas, self.duration_s, seed
+            )
             fleet = Fleet(
                 self.profile,
                 knobs=self.knobs,
-                initial_replicas=replicas,
+                initial_replicas=self.replicas,
                 seed=0,
                 overhead_s=self.profile.request_overhead_ms / 1000.0,
             )
@@ -113,25 +120,26 @@ class _Setup:
         return float(np.mean(out))
 
 
-def _setup(tr: MatrixTrace, profile: Profile) -> _Setup:
+def _setup(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> _Setup:
+    profile = profile or load_profile()
     base = load_trace(
         tr.spec, rate_multiplier=tr.rate_scale, duration_s=tr.duration_s, seed=TRACE_SEED
     )
     sla = SLA(ttft_p95_ms=tr.ttft_ms, itl_p95_ms=tr.itl_ms)
     knobs = governor_knobs_for(base, Scenario(trace=base, sla=sla, profile=profile))
-    return _Setup(base, sla, profile, knobs)
+    model = capacity_rps(knobs, trace_lengths(base), sla, profile, 1.0, replicas)
+    duration = max(DURATION_S, MIN_REQUESTS / (model * replicas))
+    return _Setup(base, sla, profile, knobs, replicas, model, duration)
 
 
 def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> Row:
     """The row of one trace's lengths at one fleet size (module doc)."""
-    s = _setup(tr, profile or load_profile())
-    model = capacity_rps(s.knobs, trace_lengths(s.base), s.sla, s.profile, 1.0, replicas)
-    s = replace(s, duration_s=max(DURATION_S, MIN_REQUESTS / (model * replicas)))
-    goal = s.sla.attainment_goal_frac
+    s = _setup(tr, replicas, profile)
+    model = s.model_rps
     lo, hi = LOW * model, HIGH * model
     for _ in range(STEPS):
         mid = (lo + hi) / 2.0
-        if s.attainment(replicas, mid) >= goal:
+        if s.attainment(mid) >= s.sla.attainment_goal_frac:
             lo = mid
         else:
             hi = mid
@@ -144,7 +152,7 @@ def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> R
         plant_rps=lo,
         plant_at_top=hi >= HIGH * model * (1.0 - 1e-9),
         sized_rps=sized,
-        sized_attainment=s.attainment(replicas, sized),
+        sized_attainment=s.attainment(sized),
     )
 
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from controller.capacity import capacity_rps
 from controller.config import SLA
+from estimators.stepmodel import load_profile
 from simulator.fleet import Fleet
 from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
 from simulator.traces import Trace, synthetic
 
-OVERHEAD_S = 0.029
-"""The profile's calibrated per-request overhead (request_overhead_ms), seconds."""
+OVERHEAD_S = load_profile().request_overhead_ms / 1000.0
+"""The profile's calibrated per-request overhead (the plant's), seconds."""
 
 
 def _attainment(rate: float, sc: Scenario) -> float:
