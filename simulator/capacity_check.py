@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from controller.types import Knobs
 from estimators.stepmodel import Profile, load_profile
 from simulator.fleet import Fleet
 from simulator.matrix import TRACES, MatrixTrace
+from simulator.pool import process_pool
 from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
 from simulator.traces import Trace, load_trace
 
@@ -165,9 +165,7 @@ def check(
 ) -> list[Row]:
     """Every (trace, size) row, in that order, measured in `workers` processes."""
     jobs = [(tr, n) for tr in traces for n in sizes]
-    if workers <= 1:
-        return [_job(j) for j in jobs]
-    with ProcessPoolExecutor(workers) as pool:
+    with process_pool(workers) as pool:
         return list(pool.map(_job, jobs))
 
 

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +38,7 @@ from controller.config import SLA
 from simulator.autoscalers import CEILING, POLICY_NAMES
 from simulator.oracle import OracleResult, scenario_oracle
 from simulator.plant import Plant
+from simulator.pool import process_pool
 from simulator.scenario import Scenario, run_policy
 from simulator.traces import load_trace
 
@@ -172,7 +172,7 @@ def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> di
     cells = [(t, c, p) for t in spec.traces for c in spec.conditions for p in runs]
     results: dict[tuple[str, str, str], dict[str, Any]] = {}
     oracles: dict[tuple[str, float], OracleResult] = {}
-    with _pool(spec.workers) as pool:
+    with process_pool(spec.workers) as pool:
         ofut: dict[tuple[str, float], Future[OracleResult]] = {
             k: pool.submit(_oracle_job, (spec, by_key[k[0]], Condition("oracle", plant_speed=k[1])))
             for k in oracle_keys
@@ -248,26 +248,6 @@ def _plot_missed(
         )
         out.append(str(path))
     return out
-
-
-class _Serial:
-    """A stand-in for the process pool with one worker (tests, profiling)."""
-
-    def __enter__(self) -> _Serial:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        f: Future[Any] = Future()
-        f.set_result(fn(*args))
-        return f
-
-
-def _pool(workers: int) -> ProcessPoolExecutor | _Serial:
-    n = min(workers, os.cpu_count() or 1)
-    return ProcessPoolExecutor(max_workers=n) if n > 1 else _Serial()
 
 
 def _document(
@@ -433,7 +413,7 @@ def rerun_governor(
         raise ValueError("the base matrix has no governor cells")
     t_start = time.perf_counter()
     say = log or (lambda _m: None)
-    with _pool(spec.workers) as pool:
+    with process_pool(spec.workers) as pool:
         futs = {
             (t.key, c.name): pool.submit(_cell_job, (spec, t, c, GOVERNOR, None))
             for t in spec.traces

@@ -13,8 +13,6 @@ attainment, and still count as misses for every policy.
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +21,7 @@ from controller.config import SLA
 from controller.types import Knobs
 from estimators.stepmodel import Profile
 from simulator.fleet import Fleet
+from simulator.pool import process_pool
 from simulator.scenario import Scenario, governor_knobs_for, slo_met
 from simulator.traces import Trace
 
@@ -112,12 +111,8 @@ def oracle(
             trace.name,
         )
         jobs.append((sub, profile, knobs, sla, max_replicas, seed, overhead_s))
-    workers = workers if workers is not None else min(2, os.cpu_count() or 1)
-    if workers > 1 and len(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            counts = list(pool.map(window_replicas, jobs, chunksize=1))
-    else:
-        counts = [window_replicas(j) for j in jobs]
+    with process_pool(min(2 if workers is None else workers, len(jobs))) as pool:
+        counts = list(pool.map(window_replicas, jobs))
     return OracleResult(
         gpu_hours=sum(counts) * window_s / 3600.0, window_s=window_s, replicas=counts
     )
