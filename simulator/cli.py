@@ -172,6 +172,20 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--hpa-sync-s", type=_positive(float, "--hpa-sync-s"), default=15.0)
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle (faster)")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results JSON here")
+    p.add_argument("--plot", dest="plot_out", default=None, help="write the PNG plot here")
+    _add_matrix_args(p)
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: when stderr is a terminal)",
+    )
+    p.set_defaults(func=cmd_simulate)
+
+
+def _add_matrix_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `simulate --matrix[-quick]` (simulator.matrix)."""
     p.add_argument(
         "--matrix",
         action="store_true",
@@ -191,8 +205,6 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         default=2,
         help="worker processes for the matrix cells",
     )
-    p.add_argument("--json", dest="json_out", default=None, help="write the results JSON here")
-    p.add_argument("--plot", dest="plot_out", default=None, help="write the PNG plot here")
     p.add_argument(
         "--matrix-base",
         default=None,
@@ -207,13 +219,6 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="with --matrix[-quick]: a PNG per row with a goal missed, written to DIR",
     )
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar (default: when stderr is a terminal)",
-    )
-    p.set_defaults(func=cmd_simulate)
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:

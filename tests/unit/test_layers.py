@@ -26,7 +26,18 @@ FILE_LENGTH_ALLOWED = {
     "simulator/engine.py": "the simulated engine's step loop is one hot path, kept together",
 }
 # Packages whose functions are held to MAX_FUNCTION_LINES by this test.
-FUNCTION_LIMITED = ("estimators", "controller", "actuators", "service", "governor_engine")
+FUNCTION_LIMITED = (
+    "estimators",
+    "controller",
+    "actuators",
+    "simulator",
+    "service",
+    "governor_engine",
+)
+# Files whose functions may pass MAX_FUNCTION_LINES, each with its reason.
+FUNCTION_LENGTH_ALLOWED = {
+    "simulator/engine.py": "the simulated engine's step loop is one hot path, kept together",
+}
 
 
 def product_files() -> list[Path]:
@@ -112,6 +123,8 @@ def test_function_length_in_service() -> None:
     problems = []
     for pkg in FUNCTION_LIMITED:
         for path in sorted((ROOT / pkg).rglob("*.py")):
+            if str(path.relative_to(ROOT)) in FUNCTION_LENGTH_ALLOWED:
+                continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     n = (node.end_lineno or node.lineno) - node.lineno + 1
