@@ -65,6 +65,9 @@ prefill would set the tail moments the model uses (a lognormal's 4th moment at s
 1.2 comes mostly from prompts over 20k tokens), although they are a few requests."""
 _FIXED_POINT_ITERS = 60
 _BISECTION_STEPS = 24
+_LIMIT_STEP = 1e-3
+"""How far above its capacity `binding_limit` reads the model (fraction of the rate):
+enough to clear the bisection's last bracket and the fixed point's tolerance."""
 
 
 SIGMA_MAX = 1.2
@@ -162,12 +165,7 @@ def capacity_rps(
     if last[0] is lengths:
         rounded = last[1]
     else:
-        rounded = (
-            _significant(lengths.prompt_mean),
-            _significant(lengths.prompt_p95),
-            _significant(lengths.output_mean),
-            _significant(lengths.output_p95),
-        )
+        rounded = _rounded(lengths)
         _LAST_ROUNDED[0] = (lengths, rounded)
     key = (
         id(profile),
@@ -228,6 +226,16 @@ _CACHE_SIZE = 16_384  # > 3 fleet sizes x 5,000 models: a full table is cleared
 _CACHE: dict[tuple[Any, ...], tuple[Profile, float]] = {}
 
 
+def _rounded(lengths: Lengths) -> tuple[float, float, float, float]:
+    """The lengths as `capacity_rps` reads them (LENGTH_DIGITS significant digits)."""
+    return (
+        _significant(lengths.prompt_mean),
+        _significant(lengths.prompt_p95),
+        _significant(lengths.output_mean),
+        _significant(lengths.output_p95),
+    )
+
+
 def _significant(v: float) -> float:
     """`v` to LENGTH_DIGITS significant digits. Example: 1,155.4 -> 1,160."""
     if not (math.isfinite(v) and v > 0):
@@ -251,6 +259,24 @@ def _capacity(knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replic
         else:
             hi = mid
     return lo
+
+
+def binding_limit(
+    knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int = 1
+) -> str:
+    """Which limit the model reaches first as the per-replica rate rises past its
+    capacity (`capacity_rps` without the utilization factor): "ITL" or "TTFT" (that
+    goal quantile over its target), or "saturation" (no mean step: the replica cannot
+    keep up, or its decodes exceed max_num_seqs or the KV cache). Read _LIMIT_STEP above
+    the capacity, on the lengths as `capacity_rps` reads them. Example: conversation lengths,
+    SLA 500 / 50 ms, 152 / 2,560 knobs, one replica -> "TTFT"."""
+    lengths = Lengths(*_rounded(lengths))
+    model = _Model.of(knobs, lengths, sla, profile, replicas)
+    lam = _capacity(knobs, lengths, sla, profile, replicas)
+    op = model.at(lam * (1.0 + _LIMIT_STEP) + model.ceiling_rps / 2.0**_BISECTION_STEPS)
+    if op is None:
+        return "saturation"
+    return "ITL" if op.itl_q_ms > sla.itl_p95_ms else "TTFT"
 
 
 class _Model:

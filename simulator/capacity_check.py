@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from controller.capacity import capacity_rps
+from controller.capacity import binding_limit, capacity_rps
 from controller.config import SLA, ScalingPolicy
 from controller.types import Knobs
 from estimators.stepmodel import Profile, load_profile
@@ -58,12 +58,14 @@ TRACE_SEED = 0
 @dataclass(frozen=True)
 class Row:
     """One (trace, fleet size): the model's and the plant's 99 % rates (req/s per
-    replica), the knobs, and the plant's attainment at the rate the decider sizes for."""
+    replica), the target that bounds the model's (controller.capacity.binding_limit),
+    the knobs, and the plant's attainment at the rate the decider sizes for."""
 
     trace: str
     replicas: int
     knobs: Knobs
     model_rps: float
+    model_limit: str
     plant_rps: float
     plant_at_top: bool
     sized_rps: float
@@ -153,6 +155,7 @@ def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> R
         plant_at_top=hi >= HIGH * model * (1.0 - 1e-9),
         sized_rps=sized,
         sized_attainment=s.attainment(sized),
+        model_limit=binding_limit(s.knobs, trace_lengths(s.base), s.sla, s.profile, replicas),
     )
 
 
@@ -184,18 +187,20 @@ def report(rows: list[Row]) -> str:
         "arrivals with the trace's lengths, the knobs the governor picks for them). "
         f"The decider sizes for the model x {util:g}; the last column is the plant's "
         f"attainment at that rate, which misses the goal where the model is more than "
-        f"{1 / util:.2f}x the plant.",
+        f"{1 / util:.2f}x the plant. The model's limit is the target its rate is bound by "
+        "(controller.capacity.binding_limit): ITL, TTFT, or saturation.",
         "",
-        "| trace | replicas | knobs (seqs / tokens) | model | plant | model / plant "
-        f"| plant at model x {util:g} |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| trace | replicas | knobs (seqs / tokens) | model | model's limit | plant "
+        f"| model / plant | plant at model x {util:g} |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         top = ">= " if r.plant_at_top else ""
         flag = " (misses)" if r.sized_attainment < 0.99 else ""
         lines.append(
             f"| {r.trace} | {r.replicas} | {r.knobs.max_num_seqs} / "
-            f"{r.knobs.max_num_batched_tokens} | {r.model_rps:.3g} | {top}{r.plant_rps:.3g} | "
+            f"{r.knobs.max_num_batched_tokens} | {r.model_rps:.3g} | {r.model_limit} | "
+            f"{top}{r.plant_rps:.3g} | "
             f"{r.ratio:.2f} | {100 * r.sized_attainment:.2f} %{flag} |"
         )
     worst = max(rows, key=lambda r: r.ratio)

@@ -29,12 +29,12 @@ def test_the_plant_rate_is_where_the_goal_is_met_and_just_above_it_is_not() -> N
 def test_the_report_flags_a_sized_rate_that_misses_and_a_bracket_top() -> None:
     knobs = Knobs(max_num_seqs=16, max_num_batched_tokens=1280)
     rows = [
-        Row("a", 1, knobs, 2.0, 1.0, False, 1.7, 0.95),
-        Row("b", 4, knobs, 1.0, 2.5, True, 0.85, 0.999),
+        Row("a", 1, knobs, 2.0, "TTFT", 1.0, False, 1.7, 0.95),
+        Row("b", 4, knobs, 1.0, "ITL", 2.5, True, 0.85, 0.999),
     ]
     text = report(rows)
-    assert "| a | 1 | 16 / 1280 | 2 | 1 | 2.00 | 95.00 % (misses) |" in text
-    assert "| b | 4 | 16 / 1280 | 1 | >= 2.5 | 0.40 | 99.90 % |" in text
+    assert "| a | 1 | 16 / 1280 | 2 | TTFT | 1 | 2.00 | 95.00 % (misses) |" in text
+    assert "| b | 4 | 16 / 1280 | 1 | ITL | >= 2.5 | 0.40 | 99.90 % |" in text
     assert "Most optimistic: a on 1 (2.00x the plant). Most pessimistic: b on 4 (0.40x)." in text
 
 
@@ -63,5 +63,9 @@ def test_committed_doc_and_the_readme_are_what_the_command_prints() -> None:
         f"{100 * by['diurnal', 4].sized_attainment:.2f} %, not 99 %",
         f"by {by['long-context', 1].ratio:.2f}x on one long-context",
         f"pessimistic by {code[0]:.2f}-{code[-1]:.2f}x on the code trace",
+        "on the long-context trace it is the ITL at every fleet size",
     ):
         assert quoted in readme
+    long_rows = [by["long-context", n] for n in (1, 2, 4, 8)]
+    assert all(r.model_limit == "ITL" for r in long_rows)
+    assert long_rows[0].plant_rps < long_rows[-1].plant_rps  # "grows with the fleet"

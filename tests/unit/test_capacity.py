@@ -8,6 +8,7 @@ import pytest
 
 from controller.capacity import (
     SIGMA_MAX,
+    binding_limit,
     capacity_rps,
     erlang_c,
     fleet_capacity_rps,
@@ -30,6 +31,41 @@ def test_worked_examples_match_the_module_doc() -> None:
     assert capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0) == pytest.approx(13.1, abs=0.1)
     long_knobs = Knobs(max_num_seqs=16, max_num_batched_tokens=1280)
     assert capacity_rps(long_knobs, LONG, SLA_LONG, p, 1.0, 4) == pytest.approx(0.57, abs=0.02)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "lengths", "sla", "replicas", "limit"),
+    [
+        (KNOBS, CONV, SLA_STD, 1, "TTFT"),
+        (KNOBS, CONV, SLA(ttft_p95_ms=500.0, itl_p95_ms=15.0), 1, "ITL"),
+        (Knobs(max_num_seqs=16, max_num_batched_tokens=1280), LONG, SLA_LONG, 4, "ITL"),
+        (
+            Knobs(max_num_seqs=8, max_num_batched_tokens=2560),
+            CONV,
+            SLA(ttft_p95_ms=60_000.0, itl_p95_ms=1000.0),
+            1,
+            "saturation",
+        ),
+    ],
+)
+def test_binding_limit_names_the_target_just_above_capacity(
+    knobs: Knobs, lengths: Lengths, sla: SLA, replicas: int, limit: str
+) -> None:
+    """Just below the capacity the model meets both targets; just above it, the named
+    limit is the one it breaks (None from operating_point: saturation)."""
+    p = load_profile()
+    assert binding_limit(knobs, lengths, sla, p, replicas) == limit
+    cap = capacity_rps(knobs, lengths, sla, p, 1.0, replicas)
+    below = operating_point(cap * 0.99, knobs, lengths, sla, p, replicas)
+    assert below is not None
+    assert below.itl_q_ms <= sla.itl_p95_ms and below.ttft_q_ms <= sla.ttft_p95_ms
+    above = operating_point(cap * 1.01, knobs, lengths, sla, p, replicas)
+    if limit == "saturation":
+        assert above is None
+    else:
+        assert above is not None
+        assert (above.itl_q_ms > sla.itl_p95_ms) == (limit == "ITL")
+        assert (above.ttft_q_ms > sla.ttft_p95_ms) == (limit == "TTFT")
 
 
 def test_mean_step_matches_the_plant_measurement() -> None:
