@@ -32,7 +32,7 @@ import numpy as np
 
 from controller.capacity import binding_limit, capacity_rps
 from controller.config import SLA, ScalingPolicy
-from controller.types import Knobs
+from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, load_profile
 from simulator.fleet import Fleet
 from simulator.matrix import TRACES, MatrixTrace
@@ -95,6 +95,7 @@ class _Setup:
     replica) and the seconds of arrivals per run."""
 
     base: Trace
+    lengths: Lengths
     sla: SLA
     profile: Profile
     knobs: Knobs
@@ -129,9 +130,10 @@ def _setup(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> _S
     )
     sla = SLA(ttft_p95_ms=tr.ttft_ms, itl_p95_ms=tr.itl_ms)
     knobs = governor_knobs_for(base, Scenario(trace=base, sla=sla, profile=profile))
-    model = capacity_rps(knobs, trace_lengths(base), sla, profile, 1.0, replicas)
+    lengths = trace_lengths(base)
+    model = capacity_rps(knobs, lengths, sla, profile, 1.0, replicas)
     duration = max(DURATION_S, MIN_REQUESTS / (model * replicas))
-    return _Setup(base, sla, profile, knobs, replicas, model, duration)
+    return _Setup(base, lengths, sla, profile, knobs, replicas, model, duration)
 
 
 def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> Row:
@@ -155,7 +157,7 @@ def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> R
         plant_at_top=hi >= HIGH * model * (1.0 - 1e-9),
         sized_rps=sized,
         sized_attainment=s.attainment(sized),
-        model_limit=binding_limit(s.knobs, trace_lengths(s.base), s.sla, s.profile, replicas),
+        model_limit=binding_limit(s.knobs, s.lengths, s.sla, s.profile, replicas),
     )
 
 

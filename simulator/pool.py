@@ -2,8 +2,8 @@
 capacity-check rows.
 
 Workers start from a fork server, never by forking the caller. The caller may be a
-process with threads (a pytest run after the gRPC service tests, a governor answering
-API calls while it simulates), and `fork` copies into the child every lock another
+process with threads (a pytest run after the gRPC service tests, which leave gRPC's
+poller thread running), and `fork` copies into the child every lock another
 thread held at that instant, with no thread left to release it: the child blocks on its
 first log line or import, and `ProcessPoolExecutor` waits for it forever (a CI run of
 the capacity-check test did, for the whole 90 minutes). The fork server is a fresh,
