@@ -75,6 +75,11 @@ class Autoscaler(Protocol):
         """True while a lower count is held back (stabilization window, rate limits)."""
         ...
 
+    def learned_speed(self) -> float | None:
+        """The engines' step-time factor against the profile this policy believes now
+        (None: it learns none, or nothing yet); the plant's true one is `Plant.speed`."""
+        ...
+
 
 @dataclass
 class _HpaCore:
@@ -128,6 +133,9 @@ class _Base:
         return False
 
     def knobs(self) -> Knobs | None:
+        return None
+
+    def learned_speed(self) -> float | None:
         return None
 
 
@@ -355,6 +363,11 @@ class Governor(_Base):
         # so replicas that would not start anyway also get the new knobs.
         d = self.capture.latest
         return d is not None and d.rollout
+
+    def learned_speed(self) -> float | None:
+        # The decider's learned speed (controller.plant), as its latest decision reports it.
+        d = self.capture.latest
+        return None if d is None else d.plant_speed
 
 
 class _NullLogger:

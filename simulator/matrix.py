@@ -348,8 +348,11 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
     """Markdown table: one row per (trace, condition), a cell per policy (attainment,
     GPU-h / oracle over the trace, flaps), the best possible attainment (when run), the
     oracle's GPU-h, the governor's GPU-h / oracle with the drain tail after the trace,
-    then the goals missed (those out of reach marked)."""
+    the speed the governor learned of the plant (median step-time factor against its
+    profile; the plant's own in brackets), then the goals missed (those out of reach
+    marked)."""
     policies: Sequence[str] = doc["spec"]["policies"]
+    plant = {c["name"]: c.get("plant_speed") for c in doc["spec"].get("conditions", ())}
     bounded = any("attainment_bound" in row for row in doc["rows"])
     best = ["best possible"] if bounded else []
     head = [
@@ -359,6 +362,7 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
         *best,
         "oracle GPU-h",
         "governor + tail",
+        "learned speed (plant)",
         "goals missed",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -378,12 +382,16 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
             for g, ok in row["goals"].items()
             if not ok
         ]
-        run = row["policies"].get("governor", {}).get("oracle_ratio_run")
+        gov = row["policies"].get("governor", {})
+        run, learned = gov.get("oracle_ratio_run"), gov.get("learned_speed")
         tail = "-" if run is None else f"{run:.2f}x"
+        truth = plant.get(row["condition"])
+        speed = "-" if learned is None else f"{learned:.2f}" + (f" ({truth:g})" if truth else "")
         lines.append(
             f"| {row['trace']} | {row['condition']} | "
             + " | ".join(cells)
-            + f" | {row['oracle_gpu_hours']:.2f} | {tail} | {'; '.join(missed) or 'none'} |"
+            + f" | {row['oracle_gpu_hours']:.2f} | {tail} | {speed}"
+            + f" | {'; '.join(missed) or 'none'} |"
         )
     return "\n".join(lines)
 

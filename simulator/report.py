@@ -46,7 +46,9 @@ def document(
 
 
 def table(doc: Mapping[str, Any]) -> str:
-    """Fixed-width text table of the policies (and the oracle line)."""
+    """Fixed-width text table of the policies (and the oracle line). `speed` is the
+    step-time factor a policy learned of the plant (median; the governor's), to read
+    against the scenario's plant speed."""
     cols = (
         "policy",
         "SLO att.",
@@ -58,6 +60,7 @@ def table(doc: Mapping[str, Any]) -> str:
         "TTFT p95",
         "ITL p95",
         "peak q",
+        "speed",
     )
     rows = [cols]
     for name, p in doc["policies"].items():
@@ -77,12 +80,13 @@ def table(doc: Mapping[str, Any]) -> str:
                 f(p["ttft_p95_ms"], ".0f") + " ms" if p["ttft_p95_ms"] is not None else "-",
                 f(p["itl_p95_ms"], ".1f") + " ms" if p["itl_p95_ms"] is not None else "-",
                 str(p["peak_queue"]),
+                f(p.get("learned_speed"), ".2f"),
             )
         )
     if doc.get("oracle"):
         o = doc["oracle"]
         rows.append(
-            ("oracle", ">=99%", f"{o['gpu_hours']:.2f}", "1.00", "-", "-", "-", "-", "-", "-")
+            ("oracle", ">=99%", f"{o['gpu_hours']:.2f}", "1.00", "-", "-", "-", "-", "-", "-", "-")
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]

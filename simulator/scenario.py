@@ -160,6 +160,10 @@ class PolicyResult:
     settled_s: float | None = None
     """When the fleet had settled after the scored window (runs with a settling tail)."""
     settled_replicas: int | None = None
+    learned_speed: float | None = None
+    """The median over the scored window of the step-time factor the policy believed
+    (the governor's learned speed, controller.plant; None for a policy that learns
+    none): against the plant's own (`Plant.speed`), how well it calibrated online."""
 
     def summary(self) -> dict[str, float | int | None]:
         return {
@@ -176,6 +180,7 @@ class PolicyResult:
             "refused": self.refused,
             "unfinished": self.unfinished,
             "max_replicas": self.max_replicas,
+            "learned_speed": self.learned_speed,
         }
 
 
@@ -246,6 +251,8 @@ class _Run:
     actions: list[tuple[float, int]] = field(default_factory=list)
     knob_changes: int = 0
     peak_queue: int = 0
+    learned: list[tuple[float, float]] = field(default_factory=list)
+    """(time s, learned speed) at each evaluation that reported one."""
     series: dict[str, list[float]] = field(
         default_factory=lambda: {k: [] for k in ("t", "desired", "ready", "total", "waiting")}
     )
@@ -256,6 +263,9 @@ def _apply_policy(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None
     want = policy.evaluate(t)
     if want is not None:
         run.desired = want
+    speed = policy.learned_speed()
+    if speed is not None:
+        run.learned.append((t, speed))
     k = policy.knobs()
     if k is not None and k != fleet.knobs:
         fleet.set_knobs(k)
@@ -388,7 +398,13 @@ def _result(name: str, sc: Scenario, fleet: Fleet, run: _Run) -> PolicyResult:
         unfinished=unfinished,
         max_replicas=int(max(run.series["total"], default=0)),
         series=run.series,
+        learned_speed=_median([v for t, v in run.learned if t <= end]),
     )
+
+
+def _median(values: list[float]) -> float | None:
+    """The median of `values` (None: none)."""
+    return float(np.median(values)) if values else None
 
 
 def trace_window_s(trace: Trace, window_s: float = 60.0) -> float:

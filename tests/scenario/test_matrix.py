@@ -210,3 +210,24 @@ def test_matrix_base_refuses_another_spec_and_plots(tmp_path, capsys) -> None:  
     assert "--matrix-plots needs a full run" in capsys.readouterr().err
     assert main(["simulate", "--matrix-quick", "--matrix-base", str(tmp_path / "none")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+def test_table_shows_the_learned_speed_beside_the_plants() -> None:
+    from simulator.matrix import matrix_table
+
+    gov = {**_cell(0.99, 8.0, 0, 1.2), "learned_speed": 1.2849}
+    row: dict[str, Any] = {
+        "trace": "diurnal",
+        "condition": "speed 1.3",
+        "smooth": True,
+        "oracle_gpu_hours": 6.0,
+        "policies": {"governor": gov, "hpa-queue": _cell(0.9, 9.0, 0, 1.5)},
+    }
+    row["goals"] = row_goals(row)
+    spec = {
+        "policies": ["governor", "hpa-queue"],
+        "conditions": [{"name": "speed 1.3", "plant_speed": 1.3}],
+    }
+    assert "| 1.28 (1.3) |" in matrix_table({"spec": spec, "rows": [row]})
+    gov["learned_speed"] = None  # a run without data: no belief to show
+    assert "| 6.00 | - | - |" in matrix_table({"spec": spec, "rows": [row]})  # tail, speed
