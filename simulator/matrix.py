@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.config import SLA
+from controller.config import SLA, ScalingPolicy
 from simulator.autoscalers import CEILING, POLICY_NAMES
 from simulator.oracle import OracleResult, scenario_oracle
 from simulator.plant import Plant
@@ -269,6 +269,7 @@ def _document(
                 "smooth": t.smooth,
                 "oracle_gpu_hours": orc.gpu_hours,
                 "oracle_peak": max(orc.replicas, default=0),
+                "oracle_held_ratio": orc.held_ratio(HOLD_S),
                 "policies": pol,
             }
             bound = results.get((t.key, c.name, CEILING))
@@ -282,6 +283,11 @@ def _document(
         "wall_s": wall_s,
         "cpu_s": sum(r.get("cpu_s", 0.0) for r in results.values()),
     }
+
+
+HOLD_S = ScalingPolicy().scale_down_stabilization_s
+"""The scale-down window the governor keeps by default (s; the HPA's default too): the
+"oracle held" column holds each minute's oracle count that long (OracleResult.held_ratio)."""
 
 
 def _with_ratios(cell: dict[str, Any], oracle_gpu_hours: float) -> dict[str, Any]:
@@ -347,10 +353,11 @@ def out_of_reach(row: Mapping[str, Any], goal: str) -> bool:
 def matrix_table(doc: Mapping[str, Any]) -> str:
     """Markdown table: one row per (trace, condition), a cell per policy (attainment,
     GPU-h / oracle over the trace, flaps), the best possible attainment (when run), the
-    oracle's GPU-h, the governor's GPU-h / oracle with the drain tail after the trace,
-    the speed the governor learned of the plant (median step-time factor against its
-    profile; the plant's own in brackets), then the goals missed (those out of reach
-    marked)."""
+    oracle's GPU-h, the oracle's counts held through the scale-down window (x its own
+    GPU-h: what keeping that window costs even with foresight), the governor's GPU-h /
+    oracle with the drain tail after the trace, the speed the governor learned of the
+    plant (median step-time factor against its profile; the plant's own in brackets),
+    then the goals missed (those out of reach marked)."""
     policies: Sequence[str] = doc["spec"]["policies"]
     plant = {c["name"]: c.get("plant_speed") for c in doc["spec"].get("conditions", ())}
     bounded = any("attainment_bound" in row for row in doc["rows"])
@@ -361,6 +368,7 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
         *policies,
         *best,
         "oracle GPU-h",
+        f"oracle held {HOLD_S:.0f} s",
         "governor + tail",
         "learned speed (plant)",
         "goals missed",
@@ -385,12 +393,14 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
         gov = row["policies"].get("governor", {})
         run, learned = gov.get("oracle_ratio_run"), gov.get("learned_speed")
         tail = "-" if run is None else f"{run:.2f}x"
+        hold = row.get("oracle_held_ratio")
+        held = "-" if hold is None else f"{hold:.2f}x"
         truth = plant.get(row["condition"])
         speed = "-" if learned is None else f"{learned:.2f}" + (f" ({truth:g})" if truth else "")
         lines.append(
             f"| {row['trace']} | {row['condition']} | "
             + " | ".join(cells)
-            + f" | {row['oracle_gpu_hours']:.2f} | {tail} | {speed}"
+            + f" | {row['oracle_gpu_hours']:.2f} | {held} | {tail} | {speed}"
             + f" | {'; '.join(missed) or 'none'} |"
         )
     return "\n".join(lines)

@@ -35,6 +35,20 @@ class OracleResult:
     replicas: list[int]
     """Replicas per window, in order."""
 
+    def held_ratio(self, hold_s: float) -> float | None:
+        """GPU-hours of these per-window counts each held for `hold_s` seconds (a window
+        runs the largest count asked within the `hold_s` before it ends: a scale-down
+        stabilization window of that length), over the oracle's own; None without
+        GPU-hours. What a policy that keeps such a window pays even when it knows every
+        window's need exactly (before cold starts and margins). Example: counts [3, 1, 1]
+        in 60 s windows held 120 s -> [3, 3, 1] -> 7 / 5 = 1.4."""
+        total = sum(self.replicas)
+        if total <= 0:
+            return None
+        back = max(0, math.ceil(hold_s / self.window_s - 1e-9) - 1)
+        held = [max(self.replicas[max(0, i - back) : i + 1]) for i in range(len(self.replicas))]
+        return sum(held) / total
+
     def summary(self) -> dict[str, float | int]:
         return {
             "gpu_hours": self.gpu_hours,

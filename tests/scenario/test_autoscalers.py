@@ -282,3 +282,22 @@ def test_demo_cli_live_view_table_and_plot(
     doc = json.loads((tmp_path / "demo.json").read_text())
     assert set(doc["policies"]) == {"governor", "static"}
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("hold_s", "want"),
+    [
+        (0.0, 1.0),  # no window: the oracle itself
+        (60.0, 1.0),  # one window: each minute holds only its own count
+        (120.0, 7 / 5),  # [3, 1, 1] -> [3, 3, 1]
+        (300.0, 9 / 5),  # the default scale-down window: [3, 3, 3]
+    ],
+)
+def test_oracle_held_through_a_scale_down_window(hold_s: float, want: float) -> None:
+    """A policy that keeps a scale-down window of `hold_s` pays each minute the largest
+    count asked within it, even knowing every minute's need (matrix "oracle held")."""
+    from simulator.oracle import OracleResult
+
+    orc = OracleResult(gpu_hours=5 / 60, window_s=60.0, replicas=[3, 1, 1])
+    assert orc.held_ratio(hold_s) == pytest.approx(want)
+    assert OracleResult(gpu_hours=0.0, window_s=60.0, replicas=[0, 0]).held_ratio(300.0) is None

@@ -154,6 +154,7 @@ def test_table_marks_goals_above_the_best_possible_as_out_of_reach() -> None:
     }
     table = matrix_table(doc)
     assert "| 98.10 % |" in table and "| 99.90 % |" in table
+    assert "| oracle held 300 s |" in table and "| 6.00 | - |" in table  # not recorded
     assert table.count("attainment >= 99 % (out of reach)") == 1
     s = MatrixSummary.of(doc)
     assert (s.goals - s.met, s.out_of_reach) == (2, 1)
@@ -212,7 +213,7 @@ def test_matrix_base_refuses_another_spec_and_plots(tmp_path, capsys) -> None:  
     assert "No such file" in capsys.readouterr().err
 
 
-def test_table_shows_the_learned_speed_beside_the_plants() -> None:
+def test_table_shows_the_held_oracle_and_the_learned_speed() -> None:
     from simulator.matrix import matrix_table
 
     gov = {**_cell(0.99, 8.0, 0, 1.2), "learned_speed": 1.2849}
@@ -221,6 +222,7 @@ def test_table_shows_the_learned_speed_beside_the_plants() -> None:
         "condition": "speed 1.3",
         "smooth": True,
         "oracle_gpu_hours": 6.0,
+        "oracle_held_ratio": 1.384,
         "policies": {"governor": gov, "hpa-queue": _cell(0.9, 9.0, 0, 1.5)},
     }
     row["goals"] = row_goals(row)
@@ -228,6 +230,6 @@ def test_table_shows_the_learned_speed_beside_the_plants() -> None:
         "policies": ["governor", "hpa-queue"],
         "conditions": [{"name": "speed 1.3", "plant_speed": 1.3}],
     }
-    assert "| 1.28 (1.3) |" in matrix_table({"spec": spec, "rows": [row]})
+    assert "| 6.00 | 1.38x | - | 1.28 (1.3) |" in matrix_table({"spec": spec, "rows": [row]})
     gov["learned_speed"] = None  # a run without data: no belief to show
-    assert "| 6.00 | - | - |" in matrix_table({"spec": spec, "rows": [row]})  # tail, speed
+    assert "| 6.00 | 1.38x | - | - |" in matrix_table({"spec": spec, "rows": [row]})
