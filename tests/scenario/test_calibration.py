@@ -3,7 +3,7 @@
 own. On the diurnal trace (Poisson arrivals, lognormal lengths: what the step model's
 speed sample assumes) the median learned over the run is within 5 % of the plant at
 every speed of the matrix. The code and long-context traces are not held to it (their
-learned speeds are in the README's matrix table, off by up to 40 %: see "Robustness
+learned speeds are in the README's matrix table, off by up to 42 %: see "Robustness
 matrix")."""
 
 from __future__ import annotations
