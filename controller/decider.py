@@ -387,7 +387,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             value = out.value
             recs = (*w.recommendations, (now_s, self._remembered(value, raw, demand, current)))
             # Scale to zero is stabilized and rate-limited like any scale-down. A load
-            # that has fallen is released after one rate window (DemandSteps._falling).
+            # that has fallen is released after one rate window (DemandSteps._fall_or_rise).
             down_s = p.scale_down_stabilization_s
             if demand.falling:
                 down_s = min(down_s, p.window_s)
@@ -396,6 +396,9 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             )
             if demand.falling and out.value < current:
                 out = replace(out, detail=f"load fallen: window {down_s:.0f} s")
+            elif demand.rising and out.value < current:
+                # The mirror: a load that keeps rising asks back what a step down sheds.
+                out = StageOut(current, Reason.SCALE_DOWN_STABILIZED, "load rising")
             stages.append(_stage("stabilize", value, out))
             value = out.value
             out = rate_limit(

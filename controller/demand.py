@@ -27,10 +27,11 @@ BURST_SURGE_FRAC = 1.25
 BURST_Z = 5.0
 # Half-life of that spread (a mean of z squared over the ticks, s).
 NOISE_HALF_LIFE_S = 600.0
-# A load has fallen (DemandSteps._falling) when it kept falling over the scale-down
+# A load has fallen (DemandSteps._fall_or_rise) when it kept falling over the scale-down
 # window and its long window reads this many standard deviations under what it read
 # then: Poisson's, or the long window's own spread around the smoothed level where the
 # arrivals are burstier (6 to 12 met the same matrix goals; 16 lost two diurnal rows).
+# Risen is the mirror, at the same threshold.
 FALLING_Z = 10.0
 
 
@@ -55,12 +56,15 @@ class Demand:
     """Whether the long window holds a full window of this model's good data."""
     falling: bool = False
     """Whether the load fell far past its noise over the scale-down window, with no
-    scale-up for falling_release_after_s (DemandSteps._falling): the scale-down window
-    is then window_s."""
+    scale-up for falling_release_after_s (DemandSteps._fall_or_rise): the scale-down
+    window is then window_s."""
     marks: tuple[tuple[float, float], ...] = ()
     """Forecast.load_marks after this tick."""
     long_noise_z2: float | None = None
     """Forecast.long_noise_z2 after this tick."""
+    rising: bool = False
+    """Whether the load rose far past its noise over the scale-down window (the mirror
+    of `falling`, DemandSteps._fall_or_rise): no step down then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +132,9 @@ class DemandSteps:
         rise = confirmed
         if rise is not None and rise <= (1.0 + p.tolerance_frac) * demand:
             rise = None  # within the deadband of the demand: not a rise
-        falling, marks, noise = self._falling(obs.arrival_rate_rps, state, now_s, history)
+        falling, rising, marks, noise = self._fall_or_rise(
+            obs.arrival_rate_rps, state, now_s, history
+        )
         return Demand(
             load,
             demand,
@@ -143,13 +149,14 @@ class DemandSteps:
             falling,
             marks,
             noise,
+            rising,
         )
 
-    def _falling(
+    def _fall_or_rise(
         self, rate: float, state: ModelState, now_s: float, history: bool
-    ) -> tuple[bool, tuple[tuple[float, float], ...], float | None]:
-        """Whether the load has fallen, and the load marks and long-window spread after
-        this tick (`rate`: the long window's arrival rate, req/s).
+    ) -> tuple[bool, bool, tuple[tuple[float, float], ...], float | None]:
+        """Whether the load has fallen, whether it has risen, and the load marks and
+        long-window spread after this tick (`rate`: the long window's arrival rate, req/s).
 
         The scale-down window holds the largest recommendation of the last 300 s, so
         that a dip which comes back does not take replicas away (a reversal). On a load
@@ -167,6 +174,14 @@ class DemandSteps:
         releasing early then cannot reverse a recent scale-up. Example: 38 req/s five
         minutes ago, 11 now, Poisson: (38 - 11) x 60 = 1,620 requests fewer, z = 1,620
         / sqrt(2,940) = 30.
+
+        Risen is the mirror (each mark over the one before, the long window FALLING_Z
+        deviations over the oldest mark), without the scale-up condition: a step down
+        while the load keeps rising sheds replicas the load is about to ask back (the
+        diurnal morning from 4 replicas stepped 4 -> 3 at 315 s with the load at 28
+        req/s and rising, and back to 4 at minute 8 after 117 misses: a flap). The
+        decider then keeps the fleet (Decider._stages). A step up is not a rise (its
+        marks after the step read alike).
         """
         p, f = self.policy, state.forecast
         w = p.window_s
@@ -180,15 +195,21 @@ class DemandSteps:
         after = p.falling_release_after_s
         last_up = state.windows.last_scale_up_s
         t0, r0 = marks[0]
+        spanned = history and now_s - t0 >= p.scale_down_stabilization_s - w
+        far = FALLING_Z * _sigma(noise) * math.sqrt(max((r0 + rate) * w, 1.0))
         falling = (
-            history
+            spanned
             and after is not None
             and (last_up is None or now_s - last_up >= max(after, p.scale_down_stabilization_s))
-            and now_s - t0 >= p.scale_down_stabilization_s - w
             and all(b[1] < a[1] for a, b in itertools.pairwise(marks))
-            and (r0 - rate) * w >= FALLING_Z * _sigma(noise) * math.sqrt(max((r0 + rate) * w, 1.0))
+            and (r0 - rate) * w >= far
         )
-        return falling, marks, noise
+        rising = (
+            spanned
+            and all(b[1] > a[1] for a, b in itertools.pairwise(marks))
+            and (rate - r0) * w >= far
+        )
+        return falling, rising, marks, noise
 
     def _confirmed(
         self, state: ModelState, short: float | None, now_s: float, backlog: float

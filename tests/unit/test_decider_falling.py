@@ -1,9 +1,11 @@
 """A load that keeps falling is released after one rate window, not held for the whole
-scale-down window (controller.demand, DemandSteps._falling); a step down, a recent
-scale-up and a fall within the load's own spread keep the whole window."""
+scale-down window (controller.demand, DemandSteps._fall_or_rise); a step down, a recent
+scale-up and a fall within the load's own spread keep the whole window. The mirror: a
+load that keeps rising is not stepped down at all."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -97,3 +99,59 @@ def test_a_fall_within_the_loads_own_spread_keeps_the_whole_window() -> None:
     over the window is z ~ 13 by Poisson, but under FALLING_Z of the load's own spread."""
     run = _run([80.0] * 180 + EVENING, swing=0.2)
     assert _released_at(run) == []
+
+
+MORNING = [10.0 + 70.0 * k / 168 for k in range(168)]  # 10 -> 80 req/s in 14 min
+
+
+def _rising_run(rates: Sequence[float]) -> list[tuple[float, Decision]]:
+    """(seconds since the first tick, decision) of a fleet that starts at 7 replicas
+    with a long calm history and its own recommendation of 7 at the first tick (the
+    scale-down window holds it for 300 s), fed `rates`, one per 5 s tick."""
+    d = Decider(make_model(max_replicas=40), make_policy())
+    t0 = ORIGIN_S - 300.0
+    s = replace(d.initial_state(7, now_s=t0), health=long_history())
+    t, out = t0, []
+    for r in rates:
+        dec, s = d.decide(obs(t=t, rate=r, ready_replicas=s.replicas), s, t)
+        out.append((t - t0, dec))
+        t += TICK_S
+    return out
+
+
+def test_a_load_that_keeps_rising_is_not_stepped_down() -> None:
+    """The diurnal morning from 4 replicas: when the start's recommendation left the
+    scale-down window at 315 s the fleet stepped 4 -> 3 with the load at 28 req/s and
+    rising, and went back to 4 at minute 8 (117 misses, a flap). Here 10 -> 80 req/s
+    over 14 minutes from 7 replicas: the rate windows ask for fewer than 7 for minutes,
+    and once the window holds five rising marks (from 240 s) the fleet is held at 7 for
+    it, never stepped down until the load asks for more."""
+    run = _rising_run(MORNING)
+    held = [
+        t
+        for t, d in run
+        for st in d.stages
+        if st.name == "stabilize" and st.detail == "load rising"
+    ]
+    assert held and 240.0 <= held[0] <= 330.0, held[:3]
+    assert any(_asked(d) < 7 for t, d in run if t >= held[0]), "nothing to hold"
+    replicas = [d.replicas for _, d in run]
+    assert all(b >= a for a, b in itertools.pairwise(replicas)), replicas  # never down
+
+
+def test_a_level_load_is_stepped_down_as_before() -> None:
+    """The same fleet on a level 20 req/s: not rising, so the window's 300 s end steps
+    it down to what the load asks for."""
+    run = _rising_run([20.0] * 120)
+    assert all(d.replicas == 7 for t, d in run if t < 295.0)
+    assert run[-1][1].replicas < 7
+    assert not any(st.detail == "load rising" for _, d in run for st in d.stages)
+
+
+def test_a_step_up_is_not_a_rise() -> None:
+    """20 -> 40 req/s at once rises far past the noise (z ~ 20) but is one step: the
+    marks after it read alike, so the fleet of 7 (40 req/s asks for fewer) steps down
+    when the window's 300 s are over, as on a level load."""
+    run = _rising_run([20.0] * 12 + [40.0] * 108)
+    assert not any(st.detail == "load rising" for _, d in run for st in d.stages)
+    assert run[-1][1].replicas < 7
