@@ -196,7 +196,8 @@ class DemandSteps:
         last_up = state.windows.last_scale_up_s
         t0, r0 = marks[0]
         spanned = history and now_s - t0 >= p.scale_down_stabilization_s - w
-        far = FALLING_Z * _sigma(noise) * math.sqrt(max((r0 + rate) * w, 1.0))
+        # The change that counts as far, in requests over a window (only read when spanned).
+        far = FALLING_Z * _sigma(noise) * math.sqrt(max((r0 + rate) * w, 1.0)) if spanned else 0.0
         falling = (
             spanned
             and after is not None

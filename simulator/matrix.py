@@ -45,6 +45,9 @@ from simulator.traces import load_trace
 SMOOTH_ATTAINMENT_GOAL = 0.99
 SMOOTH_ORACLE_RATIO_GOAL = 1.3
 SMOOTH_ATTAINMENT_KEY = "attainment >= 99 %"
+HOLD_S = ScalingPolicy().scale_down_stabilization_s
+"""The scale-down window the governor keeps by default (s; the HPA's default too): the
+"oracle held" column holds each minute's oracle count that long (OracleResult.held_ratio)."""
 
 
 @dataclass(frozen=True)
@@ -283,11 +286,6 @@ def _document(
         "wall_s": wall_s,
         "cpu_s": sum(r.get("cpu_s", 0.0) for r in results.values()),
     }
-
-
-HOLD_S = ScalingPolicy().scale_down_stabilization_s
-"""The scale-down window the governor keeps by default (s; the HPA's default too): the
-"oracle held" column holds each minute's oracle count that long (OracleResult.held_ratio)."""
 
 
 def _with_ratios(cell: dict[str, Any], oracle_gpu_hours: float) -> dict[str, Any]:
