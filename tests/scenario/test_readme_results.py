@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from service.cli import main
-from simulator.matrix import CONDITIONS, TRACES, MatrixSpec, matrix_table, scenario_for
+from simulator.matrix import (
+    CONDITIONS,
+    TRACES,
+    MatrixSpec,
+    MatrixSummary,
+    matrix_table,
+    scenario_for,
+)
 from simulator.scenario import run_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +62,32 @@ def test_readme_shows_the_committed_matrices() -> None:
     assert matrix_table(_load(QUICK_JSON)) in text
     if FULL_JSON.exists():
         assert matrix_table(_load(FULL_JSON)) in text
+
+
+SUMMARY = re.compile(r"<!-- results-summary.*?-->(.*?)<!-- /results-summary -->", re.S)
+"""The README's prose on each matrix: the full one's block first, then the quick one's."""
+NUMBER = re.compile(r"\b\d+\.\d+(?: %|x)")
+"""An attainment ("98.01 %") or a multiple ("1.26x") as the tables print them."""
+
+
+def test_readme_summaries_quote_only_the_tables() -> None:
+    """Every "N.NN %" and "N.NNx" in the README's summary of a matrix is a value of that
+    matrix's table, so the prose beside a table cannot drift from it either (a changed
+    decision that moves a quoted cell fails here until the prose is rewritten)."""
+    blocks = SUMMARY.findall(README.read_text())
+    assert len(blocks) == 2
+    for block, path in zip(blocks, (FULL_JSON, QUICK_JSON), strict=True):
+        cells = set(NUMBER.findall(matrix_table(_load(path))))
+        quoted = NUMBER.findall(block)
+        assert quoted, path
+        assert [n for n in quoted if n not in cells] == [], path
+
+
+def test_readme_goals_met_lines_count_the_tables() -> None:
+    text = " ".join(README.read_text().split())
+    for path in (FULL_JSON, QUICK_JSON):
+        s = MatrixSummary.of(_load(path))
+        assert f"Goals met: {s.met} of {s.goals} over {s.rows} rows, {s.out_of_reach} of" in text
 
 
 def test_committed_matrices_are_the_current_specs() -> None:
