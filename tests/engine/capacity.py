@@ -70,7 +70,7 @@ the rungs of a quiet run, all kept up with; 0.55-0.74 of the asked rate on the r
 runs fell behind on)."""
 START_RPS = 3.0
 """The first rung: 30 requests per 10 s window, the least the governor learns from."""
-MAX_RUNGS = 16
+MAX_RUNGS = 19
 
 
 class PoissonLoad:

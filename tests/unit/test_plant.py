@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics
 from controller.plant import (
+    SEQ_FIT_MIN_SPEED,
     SPEED_JUMP_RATIO,
     SPEED_MAX,
     SPEED_MIN,
@@ -274,7 +275,8 @@ def test_the_per_sequence_ratio_is_learned_from_windows_across_batch_sizes() -> 
 def test_windows_at_one_batch_size_leave_the_ratio_alone() -> None:
     """Engines 18x the profile seen at 3 sequences only: the split between fixed and
     per-sequence costs cannot be told, so the ratio stays 1 and the speed alone
-    follows. Engines near the profile (1.3x) keep its shape whatever the windows."""
+    follows. Engines near the profile (1.3-1.7x: the same hardware, within
+    SEQ_FIT_MIN_SPEED) keep its shape whatever the windows."""
     from controller.plant import learn_plant
 
     belief = PlantBelief()
@@ -287,8 +289,31 @@ def test_windows_at_one_batch_size_leave_the_ratio_alone() -> None:
     t = 0.0
     for b in (3.0, 8.0, 20.0) * 20:
         t += 5.0
-        near = learn_plant(near, _seq_parts(b, 1.3 * 6.8, 1.3 * 0.5), 5.0, t, 30.0, True)
-    assert near.seq_ratio == 1.0 and 1.0 < near.speed < 4.0
+        near = learn_plant(near, _seq_parts(b, 1.3 * 6.8, 0.2), 5.0, t, 30.0, True)
+    assert near.seq_ratio == 1.0 and 1.3 < near.speed < SEQ_FIT_MIN_SPEED
+
+
+def test_engines_a_few_times_off_the_profile_learn_their_shape() -> None:
+    """vLLM's CPU build on a quiet 2-core machine read 2.5-3.6x the profile, not the
+    4-25x of a loaded one: engines 2.5x the profile's fixed step with 0.75 ms per
+    sequence (15x the profile's) are other hardware, and windows at 3, 8 and 20
+    sequences teach their per-sequence ratio, so the step predicted at 30 sequences
+    (past every window) is the engines' within 15 %. With the fit only beyond 4x (as
+    before) the speed alone read 3.5x and predicted 0.73 of that step."""
+    from controller.plant import learn_plant
+
+    belief = PlantBelief()
+    t = 0.0
+    for _ in range(8):
+        for b in (3.0, 8.0, 20.0):
+            for _ in range(6):
+                t += 5.0
+                belief = learn_plant(belief, _seq_parts(b, 17.0, 0.75), 5.0, t, 30.0, True)
+    assert 2.0 < belief.speed < SPEED_JUMP_RATIO, belief
+    assert belief.seq_ratio > 2.0, belief
+    itl, seqs, rest = _seq_parts(30.0, 17.0, 0.75)
+    predicted = belief.speed * (rest + belief.seq_ratio * seqs)
+    assert predicted == pytest.approx(itl, rel=0.15), belief
 
 
 def _cold_state(
