@@ -180,17 +180,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             replicas=final,
             knobs=knobs,
             windows=windows.memory,
-            forecast=Forecast(
-                load=demand.load,
-                lengths=lengths,
-                burst_rps=burst[0],
-                burst_at_s=burst[1],
-                short_noise_z2=burst[2],
-                load_marks=demand.marks,
-                long_noise_z2=demand.long_noise_z2,
-                short_rps=obs.arrival_rate_short_rps,
-                short_at_s=now_s if obs.arrival_rate_short_rps is not None else None,
-            ),
+            forecast=self._forecast(obs, demand, lengths, burst, now_s),
             knob_memory=knob_memory,
             health=state.health.after_good(now_s, obs.ready_replicas, state.replicas, obs.waiting),
             plant=plant,
@@ -217,6 +207,31 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         return decision, new_state
 
     # ------------------------------------------------------------------ steps
+    @staticmethod
+    def _forecast(
+        obs: Observation,
+        demand: Demand,
+        lengths: Lengths | None,
+        burst: tuple[float | None, float | None, float | None],
+        now_s: float,
+    ) -> Forecast:
+        """What this tick leaves the next one to forecast from: the smoothed load, the
+        lengths, the burst memory (rps, since s, short-window spread) and this tick's
+        short-window reading with the queue it saw."""
+        short = obs.arrival_rate_short_rps
+        return Forecast(
+            load=demand.load,
+            lengths=lengths,
+            burst_rps=burst[0],
+            burst_at_s=burst[1],
+            short_noise_z2=burst[2],
+            load_marks=demand.marks,
+            long_noise_z2=demand.long_noise_z2,
+            short_rps=short,
+            short_at_s=now_s if short is not None else None,
+            short_waiting=obs.waiting if short is not None else None,
+        )
+
     def _capacity(
         self, knobs: Knobs, lengths: Lengths, profile: Profile, replicas: int, sla: SLA
     ) -> float:

@@ -128,7 +128,7 @@ class DemandSteps:
         # first few samples of a surge overshoots, and the overshoot later unwinds.
         long_demand = obs.arrival_rate_rps + backlog
         observed = max(long_demand, short_demand)
-        confirmed = self._confirmed(state, short, now_s, backlog)
+        confirmed = self._confirmed(obs, state, now_s, backlog)
         rise = confirmed
         if rise is not None and rise <= (1.0 + p.tolerance_frac) * demand:
             rise = None  # within the deadband of the demand: not a rise
@@ -213,7 +213,7 @@ class DemandSteps:
         return falling, rising, marks, noise
 
     def _confirmed(
-        self, state: ModelState, short: float | None, now_s: float, backlog: float
+        self, obs: Observation, state: ModelState, now_s: float, backlog: float
     ) -> float | None:
         """What the short window shows on two ticks in a row: the smaller of this
         tick's reading and the last one (+ backlog, req/s), or None without both.
@@ -225,13 +225,40 @@ class DemandSteps:
         alone, nor be remembered as a burst: at a 5 s scrape each tick reads a new
         10 s window. Example: 9 -> 18 req/s; the short window reads 15 then 18 while
         the level is at 11: demand 15 on the second tick.
+
+        Unless the queue grew between the two readings on a whole fleet (`_outpaced`):
+        then this tick's reading stands alone. The older one was taken while a step had
+        filled part of the window, and a growing queue is not noise. Example (vLLM's
+        CPU engine, 1 s ticks, a step to 2x its capacity): the short window reads 44
+        then 76 req/s while WAITING goes 89 -> 166: demand 76 + the backlog, one tick
+        sooner.
         """
         f = state.forecast
+        short = obs.arrival_rate_short_rps
         if short is None or f.short_rps is None or f.short_at_s is None:
             return None
         if now_s - f.short_at_s > 2.0 * self.policy.tick_interval_s + 1e-9:
             return None
+        if self._outpaced(obs, state, now_s - f.short_at_s):
+            return short + backlog
         return min(short, f.short_rps) + backlog
+
+    def _outpaced(self, obs: Observation, state: ModelState, dt_s: float) -> bool:
+        """Whether the fleet fell behind the load since the last reading (`dt_s` ago):
+        every replica asked for is ready (readiness not reported counts as ready; a
+        queue that grows while replicas start is theirs to serve) and the queue grew by
+        more than one request per replica, at more than the deadband's share of the
+        smoothed level. Example: 6 replicas at 90 req/s, WAITING 0 -> 60 in 5 s: 12
+        req/s more than served, over 9."""
+        before = state.forecast.short_waiting
+        level = state.forecast.load.level if state.forecast.load is not None else None
+        if obs.waiting is None or before is None or level is None or dt_s <= 0:
+            return False
+        n = obs.ready_replicas if obs.ready_replicas is not None else max(1, state.replicas)
+        if n < state.replicas:
+            return False
+        grew = obs.waiting - before
+        return grew > max(1, n) and grew / dt_s > self.policy.tolerance_frac * level
 
     def _raw(
         self,

@@ -25,7 +25,7 @@ class Reason(StrEnum):
     SCALE_TO_ZERO = "SCALE_TO_ZERO"
     SCALE_FROM_ZERO = "SCALE_FROM_ZERO"  # demand at zero replicas, no lengths yet: one
     BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
-    SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed over two ticks
+    SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed (two ticks, or a queue)
     SLA_INFEASIBLE = "SLA_INFEASIBLE"  # no replica meets the SLA: sized for a relaxed one
     # deadband
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
@@ -251,6 +251,8 @@ class Forecast:
     short_rps: float | None = None
     """The short window's arrival rate on the last tick, req/s (a rise needs two)."""
     short_at_s: float | None = None
+    short_waiting: float | None = None
+    """The waiting gauge on the tick of `short_rps` (requests; None: not reported)."""
     short_noise_z2: float | None = None
     """The short window's spread: a mean (600 s half-life) of its squared z over the
     base (dimensionless; 1 for Poisson arrivals; see controller.demand)."""
@@ -411,6 +413,7 @@ class SavedState:
     knob_running_until_s: float | None = None
     short_rps: float | None = None
     short_at_s: float | None = None
+    short_waiting: float | None = None
     short_noise_z2: float | None = None
     load_marks: tuple[tuple[float, float], ...] = ()
     long_noise_z2: float | None = None
@@ -455,6 +458,7 @@ class SavedState:
             knob_running_until_s=k.running_until_s,
             short_rps=f.short_rps,
             short_at_s=f.short_at_s,
+            short_waiting=f.short_waiting,
             short_noise_z2=f.short_noise_z2,
             load_marks=f.load_marks,
             long_noise_z2=f.long_noise_z2,
@@ -486,6 +490,7 @@ class SavedState:
                 burst_at_s=self.burst_at_s,
                 short_rps=self.short_rps,
                 short_at_s=self.short_at_s,
+                short_waiting=self.short_waiting,
                 short_noise_z2=self.short_noise_z2,
                 load_marks=self.load_marks,
                 long_noise_z2=self.long_noise_z2,

@@ -92,6 +92,7 @@ PLAIN_FIELDS = (
     "knob_running",
     "knob_running_replicas",
     "short_rps",
+    "short_waiting",
     "short_noise_z2",
     "long_noise_z2",
     "plant_speed",

@@ -11,7 +11,8 @@ Pieces used by the real-engine test (tests/engine/test_real_engine.py) and by
   (`vllm:request_time_per_output_token_seconds`, how the governor judges ITL) within it.
   Both thresholds are vLLM bucket edges, so the fractions are exact; a rung is within
   the SLA when both are >= 95 % (p95 within the target) and the server kept up: it
-  finished at least `KEEP_UP_FRAC` of the requests sent over the same stretch. The
+  finished at least `KEEP_UP_FRAC` of the requests sent over the same stretch (less the
+  counts' noise, `KEEP_UP_Z`). The
   histograms alone cannot see a server that falls behind before a request reaches the
   engine (on the 2-core machine a rung offered 15.5 req/s had 8.4 finished per second,
   all within the SLA by the engine's own TTFT, and the backlog showed in it only two
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import random
 import re
 import sys
@@ -68,6 +70,12 @@ KEEP_UP_FRAC = 0.85
 stretch (steady state: 1.0 up to the change in requests in flight; 0.93-1.23 measured on
 the rungs of a quiet run, all kept up with; 0.55-0.74 of the asked rate on the rungs two
 runs fell behind on)."""
+KEEP_UP_Z = 2.0
+"""Slack of the keep-up test in standard deviations of the sent count (Poisson): over
+9 s at 7.5 req/s, 70 sent and 59 finished (0.84 of it, every TTFT within the SLA) ended
+a quiet run's ladder at 6.2 req/s, where the engine serves ~66. Two standard deviations
+are 24 % of 70 requests and 8 % of 635 (80 req/s, where a server that fell behind
+finished 0.55)."""
 START_RPS = 3.0
 """The first rung: 30 requests per 10 s window, the least the governor learns from."""
 MAX_RUNGS = 19
@@ -161,10 +169,15 @@ class Rung:
     gov_capacity_rps: float | None = None
     gov_speed: float | None = None
 
+    judged_s: float = 9.0
+    """The stretch the rung is judged over (s)."""
+
     @property
     def kept_up(self) -> bool:
-        """The server finished what was sent (module doc: the histograms cannot tell)."""
-        return self.done_rps >= KEEP_UP_FRAC * self.sent_rps
+        """The server finished what was sent (module doc: the histograms cannot tell),
+        within the counts' noise: KEEP_UP_Z standard deviations of the sent count."""
+        sent, done = self.sent_rps * self.judged_s, self.done_rps * self.judged_s
+        return done >= KEEP_UP_FRAC * sent - KEEP_UP_Z * math.sqrt(max(1.0, sent))
 
     @property
     def within_sla(self) -> bool:
@@ -280,6 +293,7 @@ def rung(
         tpot_within=round(tpot, 3),
         finished=n,
         done_rps=round(done / (t1 - t0), 2),
+        judged_s=round(t1 - t0, 3),
         sent_rps=round((sent1 - sent0) / (t1 - t0), 2),
         gov_capacity_rps=last.capacity_rps if last else None,
         gov_speed=last.speed if last else None,

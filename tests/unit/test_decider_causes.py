@@ -224,6 +224,36 @@ def test_one_noisy_short_window_does_not_scale_up() -> None:
         assert dec.replicas == 6, dec.explain()
 
 
+def _spike(ready: int, waiting: tuple[float, float]) -> Decision:
+    """6 replicas asked for, settled at 90 req/s; then one tick where the short window
+    reads 170 (the tick before it read 90) with WAITING going `waiting[0]` ->
+    `waiting[1]` between those two ticks, `ready` replicas ready."""
+    d = Decider(make_model(max_replicas=40), make_policy())
+    s = d.initial_state(6, now_s=ORIGIN_S - 1000)
+    for k in range(12):
+        t = ORIGIN_S - 60 + 5 * k
+        o = obs(t=t, rate=90.0, arrival_rate_short_rps=90.0, ready_replicas=ready)
+        _, s = d.decide(replace(o, waiting=waiting[0]), s, t)
+    o = obs(t=ORIGIN_S, rate=92.0, arrival_rate_short_rps=170.0, ready_replicas=ready)
+    dec, _ = d.decide(replace(o, waiting=waiting[1]), s, ORIGIN_S)
+    return dec
+
+
+def test_a_queue_growing_on_a_whole_fleet_confirms_a_rise_at_once() -> None:
+    """One short-window reading of 170 req/s on 6 replicas settled at 90 (1.9x, below
+    panic) is not a rise by itself (one noisy window), but with the queue growing from 0
+    to 60 in those 5 s on a whole fleet it is: the fleet is not keeping up, and it
+    scales up on this tick, not the next (vLLM's CPU engine: the first scale-up one tick
+    sooner after a step). A queue that was already there and did not grow, or one that
+    grows while replicas are still starting, leaves the two-tick rule."""
+    dec = _spike(6, (0.0, 60.0))
+    assert dec.replicas > 6 and Reason.SHORT_WINDOW in dec.reasons, dec.explain()
+    assert not dec.panic
+    assert _spike(6, (60.0, 60.0)).replicas == 6
+    assert _spike(6, (0.0, 5.0)).replicas == 6  # one request more per replica: noise
+    assert _spike(4, (0.0, 60.0)).replicas == 6  # 2 of 6 still starting
+
+
 def test_no_burst_memory_while_the_first_window_fills() -> None:
     """At start-up the long window holds a few samples of a ramp: a surge over it is the
     ramp, not a burst (at a 5 s scrape a 10 s short window reads it first)."""
