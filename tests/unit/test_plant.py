@@ -252,11 +252,9 @@ def _seq_parts(b: float, fixed_ms: float, per_seq_ms: float) -> tuple[float, flo
     return fixed_ms + per_seq_ms * b, 0.05 * b, 6.8
 
 
-def test_the_per_sequence_ratio_is_learned_from_windows_across_batch_sizes() -> None:
-    """Engines 18x the profile's fixed step with 10 ms per sequence (the CPU engine's
-    shape; the profile x 18 says 0.9): windows at 3, 8 and 20 sequences teach a ratio
-    of ~11 (10 / 0.9) besides the speed of ~18, and the step the profile then predicts
-    at 20 sequences is the engines' (within 10 %)."""
+def _learned_across_batches(fixed_ms: float, per_seq_ms: float) -> PlantBelief:
+    """The belief after 12 minutes of 5 s windows at 3, 8 and 20 sequences (6 windows
+    each, in turn) of engines whose step is `fixed_ms` + `per_seq_ms` x b."""
     from controller.plant import learn_plant
 
     belief = PlantBelief()
@@ -265,7 +263,18 @@ def test_the_per_sequence_ratio_is_learned_from_windows_across_batch_sizes() -> 
         for b in (3.0, 8.0, 20.0):
             for _ in range(6):
                 t += 5.0
-                belief = learn_plant(belief, _seq_parts(b, 122.4, 10.0), 5.0, t, 30.0, True)
+                belief = learn_plant(
+                    belief, _seq_parts(b, fixed_ms, per_seq_ms), 5.0, t, 30.0, True
+                )
+    return belief
+
+
+def test_the_per_sequence_ratio_is_learned_from_windows_across_batch_sizes() -> None:
+    """Engines 18x the profile's fixed step with 10 ms per sequence (the CPU engine's
+    shape; the profile x 18 says 0.9): windows at 3, 8 and 20 sequences teach a ratio
+    of ~11 (10 / 0.9) besides the speed of ~18, and the step the profile then predicts
+    at 20 sequences is the engines' (within 10 %)."""
+    belief = _learned_across_batches(122.4, 10.0)
     assert belief.seq_ratio == pytest.approx(10.0 / (0.05 * 18.0), rel=0.15), belief
     itl, seqs, rest = _seq_parts(20.0, 122.4, 10.0)
     predicted = belief.speed * (rest + belief.seq_ratio * seqs)
@@ -300,15 +309,7 @@ def test_engines_a_few_times_off_the_profile_learn_their_shape() -> None:
     sequences teach their per-sequence ratio, so the step predicted at 30 sequences
     (past every window) is the engines' within 15 %. With the fit only beyond 4x (as
     before) the speed alone read 3.5x and predicted 0.73 of that step."""
-    from controller.plant import learn_plant
-
-    belief = PlantBelief()
-    t = 0.0
-    for _ in range(8):
-        for b in (3.0, 8.0, 20.0):
-            for _ in range(6):
-                t += 5.0
-                belief = learn_plant(belief, _seq_parts(b, 17.0, 0.75), 5.0, t, 30.0, True)
+    belief = _learned_across_batches(17.0, 0.75)
     assert 2.0 < belief.speed < SPEED_JUMP_RATIO, belief
     assert belief.seq_ratio > 2.0, belief
     itl, seqs, rest = _seq_parts(30.0, 17.0, 0.75)
