@@ -22,7 +22,8 @@ can be replayed from its trace. Steps, in order:
    the first window only on such a ramp) +
    backlog / backlog_drain_s. The smoothed level, not the
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
-   shows on two ticks in a row is scaled up for at once (SHORT_WINDOW), and sudden
+   shows on two ticks in a row (or on one, when the queue grew meanwhile on a whole
+   fleet) is scaled up for at once (SHORT_WINDOW), and sudden
    surges past the panic threshold are panic mode's job;
    raw = demand / capacity; idle -> min replicas, zero only after the idle period; at
    zero with demand but no lengths yet (a gateway's rate only) -> 1 (SCALE_FROM_ZERO).

@@ -51,7 +51,8 @@ class Demand:
     backlog: float = 0.0
     """The queue's share of every figure above (req/s: waiting / backlog_drain_s)."""
     confirmed: float | None = None
-    """What the short window shows on two ticks in a row (+ backlog; DemandSteps._confirmed)."""
+    """What the short window shows on two ticks in a row, or on this one when the queue
+    grew meanwhile (+ backlog; DemandSteps._confirmed)."""
     history: bool = False
     """Whether the long window holds a full window of this model's good data."""
     falling: bool = False

@@ -87,7 +87,7 @@ SEQ_RATIO_MAX = 64.0
 """Bounds of the learned per-sequence ratio (next_seq_ratio)."""
 SEQ_FIT_MIN_SPEED = 2.0
 """The per-sequence ratio is learned only on engines learned at least this far off the
-profile (next_seq_ratio). vLLM's CPU build serving a tiny model reads 2.5-3.6x on a
+profile (next_seq_ratio). vLLM's CPU build serving a tiny model reads 2.5-4.3x on a
 quiet 2-core machine and 4-25x on a loaded one; the simulated plants, the profile's own
 shape at 0.7-1.3x, are learned within 0.7-1.4x."""
 SEQ_FIT_MIN_SPREAD = 0.05

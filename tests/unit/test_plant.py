@@ -303,7 +303,7 @@ def test_windows_at_one_batch_size_leave_the_ratio_alone() -> None:
 
 
 def test_engines_a_few_times_off_the_profile_learn_their_shape() -> None:
-    """vLLM's CPU build on a quiet 2-core machine read 2.5-3.6x the profile, not the
+    """vLLM's CPU build on a quiet 2-core machine read 2.5-4.3x the profile, not the
     4-25x of a loaded one: engines 2.5x the profile's fixed step with 0.75 ms per
     sequence (15x the profile's) are other hardware, and windows at 3, 8 and 20
     sequences teach their per-sequence ratio, so the step predicted at 30 sequences
