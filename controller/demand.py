@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from controller.config import ModelConfig, ScalingPolicy
 from controller.stages import deadband
-from controller.types import ModelState, PlantBelief, Reason
+from controller.types import DataHealth, ModelState, PlantBelief, Reason
 from estimators.smoothing import HoltState, holt_forecast, holt_update
 from estimators.types import Observation
 
@@ -255,9 +255,9 @@ class DemandSteps:
         level = state.forecast.load.level if state.forecast.load is not None else None
         if obs.waiting is None or before is None or level is None or dt_s <= 0:
             return False
-        n = obs.ready_replicas if obs.ready_replicas is not None else max(1, state.replicas)
-        if n < state.replicas:
+        if not DataHealth.whole(obs.ready_replicas, state.replicas):
             return False
+        n = obs.ready_replicas if obs.ready_replicas is not None else state.replicas
         grew = obs.waiting - before
         return grew > max(1, n) and grew / dt_s > self.policy.tolerance_frac * level
 

@@ -300,6 +300,12 @@ class DataHealth:
     cold start) drains with violations that say nothing of the capacity model, while
     one that builds on a whole fleet is what the model is judged on."""
 
+    @staticmethod
+    def whole(ready: int | None, asked: int) -> bool:
+        """Whether a fleet with `ready` replicas ready is the `asked` one: readiness not
+        reported counts as whole."""
+        return ready is None or ready >= asked
+
     def after_good(
         self, now_s: float, ready: int | None, asked: int, waiting: float | None = None
     ) -> DataHealth:
@@ -311,7 +317,7 @@ class DataHealth:
         (not reported counts as none). Seen, not assumed: a cold start slower than
         configured keeps the SLA from judging the capacity model on samples from before
         the new replicas served."""
-        whole = ready is None or ready >= asked
+        whole = DataHealth.whole(ready, asked)
         drained = waiting is None or waiting <= max(1, asked if ready is None else ready)
         calm = self.calm_since_s if self.calm_since_s is not None or not drained else now_s
         first = self.first_good_s if self.first_good_s is not None else now_s
