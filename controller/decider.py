@@ -124,12 +124,15 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         )
 
     def initial_state(self, replicas: int | None = None, now_s: float | None = None) -> ModelState:
-        """State before the first tick: the fleet's current size (or min replicas).
+        """State before the first tick: the fleet's current size (or min replicas), at
+        most max replicas (the first decision clamps to it anyway; a size read from a
+        bad gauge, 10**6 ready replicas, must not reach the capacity model).
 
         With `now_s`, the stabilization window starts seeded with the current size (as
         the HPA does), so a controller that just started cannot scale down at once.
         """
         r = max(0, self.model.replicas.min_replicas if replicas is None else replicas)
+        r = min(r, self.model.replicas.max_replicas)  # a fleet past its bounds is clamped
         recs = () if now_s is None else ((now_s, r),)
         return ModelState(
             replicas=r, knobs=self.default_knobs, windows=Hysteresis(recommendations=recs)

@@ -74,15 +74,18 @@ class KnobSteps:
             obs.output_tokens_mean,
             obs.output_tokens_p95,
         )
-        if pm is None or om is None:
-            return state.forecast.lengths
-        new = Lengths(
-            prompt_mean=pm,
-            prompt_p95=pp if pp is not None else pm,
-            output_mean=om,
-            output_p95=op if op is not None else om,
-        )
         old = state.forecast.lengths
+        if pm is None or om is None:
+            return old
+        # A p95 missing this tick (its bucket answer empty, a recording rule lagging)
+        # keeps the last known one: the mean in its place reads less spread, and long-
+        # context prompts (12k / 40k) then sized the fleet at 18 replicas where 48 serve.
+        # With nothing known yet, the mean is all there is.
+        if pp is None:
+            pp = pm if old is None else max(pm, old.prompt_p95)
+        if op is None:
+            op = om if old is None else max(om, old.output_p95)
+        new = Lengths(prompt_mean=pm, prompt_p95=pp, output_mean=om, output_p95=op)
         last = state.forecast.load.at_s if state.forecast.load is not None else None
         if old is None or last is None:
             return new

@@ -109,6 +109,18 @@ def gil_switch_interval(seconds: float | None) -> Iterator[None]:
         sys.setswitchinterval(old)
 
 
+def seen_size(obs: Observation) -> int | None:
+    """The fleet's size as an observation shows it (None: not shown): its ready
+    replicas, but at least its engine targets up and down. A target down is an engine
+    of the fleet (a pod still starting or failing), not one fewer: a controller that
+    starts while 2 of 6 engines are down must not take the fleet for 4 and scale it to
+    4; a dead fleet (every target down) is its down targets, held as no data."""
+    ready, up, down = obs.ready_replicas, obs.targets_up, obs.targets_down
+    if ready is None and up is None and down is None:
+        return None
+    return max(ready or 0, (up or 0) + (down or 0))
+
+
 class Clock(Protocol):
     """Time source: `monotonic()` for windows, `wall()` (Unix seconds) for reports."""
 
@@ -358,7 +370,7 @@ class ControlLoop:
         state = self._states.get(name)
         size_unknown = False
         if state is None:
-            start = obs.ready_replicas if isinstance(obs, Observation) else None
+            start = seen_size(obs) if isinstance(obs, Observation) else None
             if start is None and self._initial_replicas is not None:
                 start = self._initial_replicas(decider.model)
             size_unknown = start is None

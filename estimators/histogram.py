@@ -45,8 +45,10 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
 
 
 def fraction_le(threshold: float, buckets: Buckets, rel_tol: float = 1e-9) -> float | None:
-    """Exact fraction of observations <= `threshold` when it is a bucket edge, else None."""
-    if not buckets:
+    """Exact fraction of observations <= `threshold` when it is a bucket edge, else None
+    (also None without the `+Inf` bucket as the last: its count is the total, and any
+    other bucket as the total reads the observations past it as within)."""
+    if not buckets or not math.isinf(buckets[-1][0]):
         return None
     total = buckets[-1][1]
     if not math.isfinite(total) or total <= 0:

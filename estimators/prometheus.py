@@ -482,7 +482,8 @@ class PrometheusSource:
             seen = known
         d = t.demand.get(name, EMPTY)
         ingress = finite(d.get(INGRESS))
-        ingress = None if ingress is None else max(0.0, ingress)
+        if ingress is not None and ingress < 0.0:
+            ingress = None  # an invalid rate is no ingress signal, never 0 req/s
         # Targets first: once every target is gone the rate window empties and the
         # arrival is absent too, but the cause to report (for the whole lookback) is this.
         if seen and not up:  # up 0, or no `up` series left: down or gone, every one
@@ -497,6 +498,8 @@ class PrometheusSource:
                 return ingress_observation(name, now_s, ingress, known)
             detail = "absent from the answer" if raw_arrival is None else f"{raw_arrival}"
             return NoDataError(name, DEMAND_SIGNAL, detail)
+        if arrival < 0.0:
+            return NoDataError(name, DEMAND_SIGNAL, f"negative rate {arrival:g} req/s")
         if ingress is not None and ingress > arrival:
             arrival = ingress  # requests a server holds before its engine sees them
         gauge_ts, counter_ts = finite(s.get(GAUGE_TS)), finite(s.get(COUNTER_TS))
@@ -508,4 +511,4 @@ class PrometheusSource:
         if self.max_staleness_s is not None and staleness_s > self.max_staleness_s:
             detail = f"newest sample {staleness_s:.1f} s old (limit {self.max_staleness_s:g} s)"
             return NoDataError(name, STALENESS_SIGNAL, detail)
-        return observation(mq, now_s, max(0.0, arrival), staleness_s, t, up, known)
+        return observation(mq, now_s, arrival, staleness_s, t, up, known)

@@ -119,6 +119,27 @@ def test_bad_optional_numbers_are_missing_data_not_a_raise(bad: dict) -> None:
     assert dec.demand_rps is not None and math.isfinite(dec.demand_rps)
 
 
+def test_a_missing_p95_keeps_the_last_known_spread() -> None:
+    """Long-context lengths (means 12k / 300, p95 40k / 900 tokens) learned over an
+    hour, then the p95s go missing (their bucket answer empty): the spread is the last
+    known one, not the means (which read a replica as serving 2.7x what it does and
+    cut a 48-replica fleet to 18 over the next minutes)."""
+    d = Decider(make_model(), make_policy())
+    lengths = dict(prompt_tokens_mean=12000.0, output_tokens_mean=300.0)
+    state, t = d.initial_state(20), ORIGIN_S
+    for _ in range(12):
+        o = obs(t=t, rate=20.0, prompt_tokens_p95=40000.0, output_tokens_p95=900.0, **lengths)
+        _, state = d.decide(o, state, t)
+        t += 5.0
+    known = state.forecast.lengths
+    assert known is not None and known.prompt_p95 > 30000.0
+    gone = obs(t=t, rate=20.0, prompt_tokens_p95=None, output_tokens_p95=None, **lengths)
+    _, after = d.decide(gone, state, t)
+    assert after.forecast.lengths is not None
+    assert after.forecast.lengths.prompt_p95 == pytest.approx(known.prompt_p95)
+    assert after.forecast.lengths.output_p95 == pytest.approx(known.output_p95)
+
+
 def test_nan_prompt_mean_holds_without_lengths() -> None:
     d = Decider(make_model(), make_policy())
     dec, _ = d.decide(

@@ -36,6 +36,11 @@ def test_fraction_le_only_on_bucket_edges() -> None:
     assert fraction_le(0.05, b) == pytest.approx(0.96)
     assert fraction_le(0.04, b) is None
     assert fraction_le(0.05, [(0.05, 0), (INF, 0)]) is None
+    # Without the +Inf bucket there is no total: the last bucket read as one counts the
+    # observations past it as within (3 of 10 within read 1.0).
+    assert fraction_le(0.5, [(0.5, 3.0)]) is None
+    assert fraction_le(0.25, [(0.25, 1.0), (0.5, 3.0)]) is None
+    assert fraction_le(0.5, [(0.5, 3.0), (INF, 10.0)]) == pytest.approx(0.3)
 
 
 def test_vllm_buckets() -> None:

@@ -301,3 +301,71 @@ def test_freeze_startup_heap_keeps_what_lives_out_of_collections() -> None:
         assert ref() is None  # freed without a collection
     finally:
         gc.unfreeze()
+
+
+class _FixedSource:
+    """Answers every model with `make(name, now_s)`."""
+
+    def __init__(self, make: object) -> None:
+        self.make = make
+
+    def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, object]:
+        return {m.name: self.make(m.name, now_s) for m in models}  # type: ignore[operator]
+
+
+def _first_decisions(make: object, ticks: int = 3, **model_kw: object) -> list[Decision]:
+    """The decisions of a loop started without saved state on `make`'s observations."""
+    act, clock = RecordingActuator(), FakeClock()
+    loop = ControlLoop(
+        GovernorConfig(models=(make_model("m", **model_kw),)),
+        _FixedSource(make),  # type: ignore[arg-type]
+        [act],
+        clock=clock,
+        metrics=GovernorMetrics(CollectorRegistry()),
+    )
+    for _ in range(ticks):
+        loop.tick()
+        clock.advance(5.0)
+    return [d for batch in act.batches for d in batch]
+
+
+def test_a_start_with_engines_down_counts_them_in_the_fleet() -> None:
+    """Started (no saved state) while 2 of 6 engines are down: the fleet is 6, not the
+    4 ready ones; the targets down hold it (never a scale-down to 4)."""
+    decisions = _first_decisions(
+        lambda n, t: obs(model=n, t=t, rate=40.0, ready_replicas=4, targets_up=4, targets_down=2)
+    )
+    assert decisions and all(d.replicas >= 6 for d in decisions), [
+        (d.replicas, d.stages[-1].reason) for d in decisions
+    ]
+
+
+def test_a_start_on_a_dead_fleet_is_held_not_scaled_from_zero() -> None:
+    """Started while every engine of a 6-replica fleet is down, with an ingress rate
+    (min replicas 0): a dead fleet of 6, held as no data; not a fleet at zero that an
+    ingress of 20 req/s scales to 1 (nor one an ingress of 0 leaves at 0)."""
+    from estimators.answers import ingress_observation
+
+    for ingress in (20.0, 0.0):
+        decisions = _first_decisions(
+            lambda n, t, i=ingress: ingress_observation(n, t, i, 6), min_replicas=0
+        )
+        assert decisions and all(not d.valid and d.replicas == 6 for d in decisions), [
+            (d.valid, d.replicas, d.stages[-1].reason) for d in decisions
+        ]
+
+
+def test_a_start_never_seeds_past_max_replicas() -> None:
+    """A ready count from a bad gauge (10**6) seeds the state at max replicas: the first
+    decision is within bounds and the capacity model never sees the absurd size (at
+    10**6 one decide took 2.7 s; at round(1e308) the queueing model never returned)."""
+    from controller.decider import Decider
+    from tests.conftest import make_policy
+
+    decider = Decider(make_model("m", max_replicas=20), make_policy())
+    assert decider.initial_state(10**6, 0.0).replicas == 20
+    assert decider.initial_state(7, 0.0).replicas == 7
+    decisions = _first_decisions(
+        lambda n, t: obs(model=n, t=t, rate=40.0, ready_replicas=10**6), ticks=1, max_replicas=20
+    )
+    assert [d.replicas for d in decisions] == [20]
