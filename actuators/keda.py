@@ -3,7 +3,11 @@
 KEDA is the client. Each ScaledObject trigger of type `external` (or `external-push`)
 carries metadata `scalerAddress` (ours), `model` (required) and `namespace` (optional:
 when given it must be the model's configured namespace); KEDA sends the whole trigger
-metadata map as `scalerMetadata` and other keys are ignored.
+metadata map as `scalerMetadata` and other keys are ignored. The ScaledObject's own
+namespace (`ScaledObjectRef.namespace`, which KEDA always sets: a ScaledObject lives
+beside the workload it scales) must be the model's too, so a copy of a ScaledObject in
+another namespace cannot scale its own workload to the model's count; an empty one (a
+client other than KEDA) is not checked.
 
 Answers, all from the decision board (last-known state; never waiting on Prometheus,
 because KEDA's fallback does not cover an unreachable or slow external scaler):
@@ -144,6 +148,14 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"model {meta.model!r} is configured in namespace {entry.namespace!r}, "
                 f"not {meta.namespace!r} (scalerMetadata.namespace)",
+            )
+        own = ref.namespace.strip()
+        if own and own != entry.namespace:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"model {meta.model!r} is configured in namespace {entry.namespace!r}, "
+                f"not {own[:80]!r} (the ScaledObject's namespace: a ScaledObject for this "
+                "model belongs in the model's namespace)",
             )
         return meta.model
 

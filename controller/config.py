@@ -22,8 +22,6 @@ from typing import Any, Literal, Self
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     NonNegativeInt,
@@ -35,6 +33,7 @@ from pydantic import (
 )
 
 from controller.rules import ScaleOutRule, check_unique_names
+from controller.strictmodel import StrictModel as _Strict
 from estimators.promql import check_ingress_query
 from estimators.stepmodel import DEFAULT_PROFILE
 
@@ -44,8 +43,50 @@ K8S_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+MAX_REPLICAS = 10_000
+"""The most replicas a model may be given: past any fleet one model runs, and the
+queueing model's cost grows with the fleet (10**6 took one decide 2.7 s)."""
+INT32_MAX = 2**31 - 1
+"""The largest count the API's int32 fields carry (the batching knobs' bounds)."""
+
+
+class DuplicateKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with a key twice (PyYAML keeps the last,
+    so `replicas:` written twice silently dropped the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, list | dict):
+                continue  # not hashable: the base class reports it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """`text` parsed as YAML like yaml.safe_load, but a key given twice in one mapping
+    is a yaml.YAMLError naming it and its line."""
+    return yaml.load(text, Loader=DuplicateKeyLoader)
+
+
+def read_config_text(path: Path) -> str:
+    """The text of the file at `path`; OSError or ValueError (not UTF-8, naming the byte
+    offset) for the caller to report."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
 
 
 class SLA(_Strict):
@@ -62,15 +103,19 @@ class SLA(_Strict):
         description="p95 end-to-end latency target, ms: the `seed` policy's SLA (required there)",
     )
     attainment_goal_frac: float = Field(
-        default=0.99, gt=0, le=1, description="fraction of requests that must meet the SLA"
+        default=0.99,
+        gt=0,
+        lt=1,
+        description="fraction of requests that must meet the SLA (< 1: a goal of every "
+        "request has no quantile to size for)",
     )
 
 
 class ReplicaBounds(_Strict):
     """Replica count bounds. `min_replicas` 0 allows scale to zero after the idle period."""
 
-    min_replicas: NonNegativeInt = 1
-    max_replicas: PositiveInt = 10
+    min_replicas: NonNegativeInt = Field(default=1, le=MAX_REPLICAS)
+    max_replicas: PositiveInt = Field(default=10, le=MAX_REPLICAS)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -84,12 +129,12 @@ class ReplicaBounds(_Strict):
 class KnobBounds(_Strict):
     """Bounds and defaults of the engine batching knobs (vLLM flag names)."""
 
-    max_num_seqs_min: PositiveInt = 8
-    max_num_seqs_max: PositiveInt = 1024
-    max_num_batched_tokens_min: PositiveInt = 256
-    max_num_batched_tokens_max: PositiveInt = 65_536
-    default_max_num_seqs: PositiveInt = 256
-    default_max_num_batched_tokens: PositiveInt = 8192
+    max_num_seqs_min: PositiveInt = Field(default=8, le=INT32_MAX)
+    max_num_seqs_max: PositiveInt = Field(default=1024, le=INT32_MAX)
+    max_num_batched_tokens_min: PositiveInt = Field(default=256, le=INT32_MAX)
+    max_num_batched_tokens_max: PositiveInt = Field(default=65_536, le=INT32_MAX)
+    default_max_num_seqs: PositiveInt = Field(default=256, le=INT32_MAX)
+    default_max_num_batched_tokens: PositiveInt = Field(default=8192, le=INT32_MAX)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -277,10 +322,17 @@ class GovernorConfig(_Strict):
         if not self.models:
             raise ValueError("models: at least one model is required")
         seen: set[str] = set()
+        scaled: dict[tuple[str, str], str] = {}
         for m in self.models:
             if m.name in seen:
                 raise ValueError(f"model name {m.name!r} appears more than once")
             seen.add(m.name)
+            other = scaled.setdefault((m.namespace, m.deployment), m.name)
+            if other != m.name:
+                raise ValueError(
+                    f"models {other!r} and {m.name!r} both scale deployment "
+                    f"{m.namespace}/{m.deployment} (their decisions would fight over it)"
+                )
         for m in self.models:
             try:
                 self.policy_for(m)
@@ -352,7 +404,7 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> list[str]
 
 def _parse_scalar(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -433,11 +485,13 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> G
     """Read, override from the environment, and validate a YAML config file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = read_config_text(p)
     except OSError as exc:
         raise ConfigError([f"cannot read file: {exc.strerror or exc}"], str(p)) from None
+    except ValueError as exc:
+        raise ConfigError([str(exc)], str(p)) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError([f"not valid YAML: {exc}"], str(p)) from None
     return parse_config(data, source=str(p), environ=environ)

@@ -43,14 +43,13 @@ from dataclasses import dataclass, fields
 from typing import Literal, Self
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PositiveInt,
     field_validator,
     model_validator,
 )
 
+from controller.strictmodel import StrictModel as _Strict
 from controller.types import Reason, RuleState, Stage
 from estimators.types import Observation, latency_quantiles
 
@@ -92,10 +91,6 @@ def signal_value(obs: Observation, signal: str) -> float | None:
         return None
     v = float(value)
     return v if math.isfinite(v) else None
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 class Condition(_Strict):

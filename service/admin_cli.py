@@ -22,12 +22,20 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
 import yaml
 
-from controller.config import ConfigError, KnobBounds, load_config
+from controller.config import (
+    INT32_MAX,
+    ConfigError,
+    KnobBounds,
+    load_config,
+    load_yaml,
+    read_config_text,
+)
 from controller.types import Knobs, live_engine_args
 
 EXIT_OK = 0
@@ -176,7 +184,7 @@ def _policy_overrides(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise CliError(f"--policy: expected KEY=VALUE (got {item!r})")
         try:
-            out[key.strip()] = yaml.safe_load(value)
+            out[key.strip()] = load_yaml(value)
         except yaml.YAMLError:
             out[key.strip()] = value
     return out
@@ -187,10 +195,11 @@ def _build_target(args: argparse.Namespace, current: dict[str, Any] | None) -> d
     data: dict[str, Any] = dict(current or {})
     if args.file:
         try:
-            with open(args.file) as fh:
-                loaded = yaml.safe_load(fh)
+            loaded = load_yaml(read_config_text(Path(args.file)))
         except OSError as exc:
             raise CliError(f"--file {args.file}: cannot read: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise CliError(f"--file {args.file}: {exc}") from None
         except yaml.YAMLError as exc:
             raise CliError(f"--file {args.file}: not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):
@@ -502,14 +511,19 @@ def _positive_timeout(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
+def _count(text: str, least: int = 0) -> int:
+    """A whole number in [least, INT32_MAX] (what the API's count fields carry)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number (got {text!r})") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    if not least <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be in [{least}, {INT32_MAX}] (got {value})")
     return value
+
+
+def _positive(text: str) -> int:
+    return _count(text, least=1)
 
 
 def _wrap(fn: Any) -> Any:
@@ -539,8 +553,8 @@ def register(sub: Any) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--engine-id", default=os.environ.get("POD_NAME") or socket.gethostname())
     p.add_argument("--config", help="config file whose model defaults to fall back to")
-    p.add_argument("--default-max-num-seqs", type=int)
-    p.add_argument("--default-max-num-batched-tokens", type=int)
+    p.add_argument("--default-max-num-seqs", type=_positive)
+    p.add_argument("--default-max-num-batched-tokens", type=_positive)
     p.add_argument(
         "--live",
         action="store_true",
@@ -556,16 +570,16 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--default-max-num-seqs-ceiling",
-        type=int,
+        type=_positive,
         help="with --live: the ceiling when the governor cannot be reached",
     )
     p.add_argument(
         "--default-max-num-batched-tokens-ceiling",
-        type=int,
+        type=_positive,
         help="with --live: the ceiling when the governor cannot be reached",
     )
-    p.add_argument("--max-num-seqs-ceiling", type=int, help="with --live: override")
-    p.add_argument("--max-num-batched-tokens-ceiling", type=int, help="with --live: override")
+    p.add_argument("--max-num-seqs-ceiling", type=_positive, help="with --live: override")
+    p.add_argument("--max-num-batched-tokens-ceiling", type=_positive, help="with --live: override")
     p.set_defaults(func=_cmd_engine_args, timeout_s=ENGINE_ARGS_TIMEOUT_S)
     _register_target(sub, client)
     p = sub.add_parser("status", parents=[client], help="observations, decisions, latencies")

@@ -71,6 +71,11 @@ class WallClockSource:
         return getattr(self.inner, name)
 
 
+MAX_SIM_SPEED = 100.0
+"""The fastest `--sim-speed`: the simulator runs a conversation x16 fleet at ~350x real
+time per CPU second, and at 10**6 one tick held a core for minutes, past SIGTERM."""
+
+
 def _in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
@@ -228,11 +233,15 @@ def _check_flags(args: argparse.Namespace) -> None:
     listens = (("--grpc-listen", args.grpc_listen), ("--metrics-listen", args.metrics_listen))
     if args.admin_listen is not None:
         listens += (("--admin-listen", args.admin_listen),)
+    bound: dict[tuple[str, int], str] = {}
     for flag, value in listens:
         try:
-            parse_listen(value, flag)
+            host, port = parse_listen(value, flag)
         except ValueError as exc:
             raise _RunError(str(exc), 2) from None
+        other = bound.setdefault((host, port), flag) if port else flag
+        if other != flag:
+            raise _RunError(f"{other} and {flag} are both {value}: give each its own port", 2)
     if not math.isfinite(args.shutdown_grace_s) or args.shutdown_grace_s <= 0:
         raise _RunError(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
     if args.max_concurrent_rpcs < 1:
@@ -251,6 +260,14 @@ def _check_flags(args: argparse.Namespace) -> None:
     for flag, value in (("--sim-rate-scale", args.sim_rate_scale), ("--sim-speed", args.sim_speed)):
         if not math.isfinite(value) or value <= 0:
             raise _RunError(f"{flag} must be > 0 (got {value})", 2)
+        if args.simulated_fleet is None and value != 1.0:
+            raise _RunError(f"{flag} is read only with --simulated-fleet", 2)
+    if args.sim_speed > MAX_SIM_SPEED:
+        raise _RunError(
+            f"--sim-speed must be <= {MAX_SIM_SPEED:g} (got {args.sim_speed:g}): past it the "
+            "simulated fleet cannot keep up with the clock, and a tick would never end",
+            2,
+        )
 
 
 def _source(args: argparse.Namespace, config: GovernorConfig) -> tuple[Any, list[Actuator]]:
@@ -473,7 +490,10 @@ def _run(args: argparse.Namespace) -> int:
         )
         return serve(server, args.shutdown_grace_s)
     except OSError as exc:
-        raise _RunError(str(exc), 1) from None
+        listens = f"--grpc-listen {args.grpc_listen}, --metrics-listen {args.metrics_listen}"
+        if args.admin_listen is not None:
+            listens += f", --admin-listen {args.admin_listen}"
+        raise _RunError(f"cannot serve on {listens}: {exc}", 1) from None
 
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}

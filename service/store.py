@@ -50,7 +50,7 @@ from pydantic import (
     ValidationError,
 )
 
-from controller.config import format_validation_error
+from controller.config import format_validation_error, load_yaml
 from controller.targets import TargetError, TargetsDoc, targets_doc
 from controller.types import Knobs, ModelState, SavedState
 
@@ -185,7 +185,7 @@ class StoredTargets:
 def parse_targets_yaml(text: str, where: str, revision: str) -> TargetsDoc:
     """Parse the ConfigMap's `targets.yaml`; TargetsInvalidError naming each problem."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise TargetsInvalidError(where, revision, [f"not valid YAML: {exc}"]) from None
     if not isinstance(data, dict):

@@ -181,7 +181,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="progress bar (default: when stderr is a terminal)",
     )
-    p.set_defaults(func=cmd_simulate)
+    p.set_defaults(func=cmd_simulate, parser=p)
 
 
 def _add_matrix_args(p: argparse.ArgumentParser) -> None:
@@ -280,16 +280,70 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
+SINGLE_RUN_FLAGS = (
+    "trace",
+    "rate_scale",
+    "duration",
+    "plant_speed",
+    "plant_cold_start_x",
+    "scrape_interval_s",
+    "sla_ttft_p95_ms",
+    "sla_itl_p95_ms",
+    "start_replicas",
+    "min_replicas",
+    "static_replicas",
+    "hpa_sync_s",
+    "no_oracle",
+    "plot_out",
+)
+"""`simulate` flags (argparse dests) of one run that the matrix sets itself, per cell."""
+MATRIX_FLAGS = ("matrix_traces", "workers", "matrix_base", "matrix_plots")
+"""`simulate` flags only the matrix reads."""
+
+
+def usage_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with a `simulate` command line that argparse cannot see: flags
+    the chosen mode would ignore (given a value other than their default) and replica
+    bounds that contradict each other. Empty when it is sound."""
+    parser: argparse.ArgumentParser | None = getattr(args, "parser", None)
+
+    def given(dests: tuple[str, ...]) -> list[str]:
+        if parser is None:
+            return []
+        return [
+            "--" + d.removesuffix("_out").replace("_", "-")
+            for d in dests
+            if getattr(args, d) != parser.get_default(d)
+        ]
+
+    problems = []
+    if args.matrix or args.matrix_quick:
+        if ignored := given(SINGLE_RUN_FLAGS):
+            problems.append(
+                f"{', '.join(ignored)}: not read with --matrix (each cell sets its own trace, "
+                "plant, scrape and start; see `governor simulate --help`)"
+            )
+        return problems
+    if ignored := given(MATRIX_FLAGS):
+        problems.append(f"{', '.join(ignored)}: read only with --matrix or --matrix-quick")
+    lo, hi, start = args.min_replicas, args.max_replicas, args.start_replicas
+    if lo > hi:
+        problems.append(f"--min-replicas {lo} is above --max-replicas {hi}")
+    if start is not None and not lo <= start <= hi:
+        bounds = f"[--min-replicas {lo}, --max-replicas {hi}]"
+        problems.append(f"--start-replicas {start} is outside {bounds}")
+    if args.static_replicas is not None and args.static_replicas > hi:
+        problems.append(f"--static-replicas {args.static_replicas} is above --max-replicas {hi}")
+    return problems
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if problems := usage_problems(args):
+        for problem in problems:
+            print(f"governor simulate: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if args.matrix or args.matrix_quick:
         return cmd_matrix(args)
-    if args.start_replicas is not None and args.start_replicas < args.min_replicas:
-        print(
-            f"governor simulate: --start-replicas {args.start_replicas} is below "
-            f"--min-replicas {args.min_replicas}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     try:
         trace = load_trace(
             args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed

@@ -469,6 +469,12 @@ def test_bad_security_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--tls-client-ca-file", str(notpem)], "needs --tls-cert-file"),
         (["--max-concurrent-rpcs", "10", "--max-watch-streams", "10"], "--max-watch-streams"),
         (["--max-models", "0"], "--max-models"),
+        (["--sim-speed", "3"], "--sim-speed is read only with --simulated-fleet"),
+        (["--simulated-fleet", "azure:conv", "--sim-speed", "1e6"], "--sim-speed must be <= 100"),
+        (
+            ["--grpc-listen", "127.0.0.1:50773", "--metrics-listen", "127.0.0.1:50773"],
+            "--grpc-listen and --metrics-listen are both 127.0.0.1:50773",
+        ),
     ]
     for extra, text in cases:
         assert cli_main([*base, *extra]) == 2, extra

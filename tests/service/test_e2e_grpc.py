@@ -242,6 +242,38 @@ def test_keda_bad_metadata_is_refused_with_a_message(
         assert text in ei.value.details()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    ("namespace", "metadata", "refused"),
+    [
+        ("staging", {"model": "demo"}, True),
+        ("staging", {"model": "demo", "namespace": "default"}, True),
+        ("default", {"model": "demo"}, False),
+        ("", {"model": "demo"}, False),  # not KEDA: no namespace sent, none checked
+    ],
+)
+def test_keda_refuses_a_scaled_object_from_another_namespace(
+    svc: Service, namespace: str, metadata: dict[str, str], refused: bool
+) -> None:
+    """A copy of the model's ScaledObject in namespace `staging` (KEDA sends the
+    ScaledObject's namespace in every call) would scale its own workload to the
+    model's count: NOT_FOUND naming both namespaces, on every call."""
+    svc.tick()
+    ref = es.ScaledObjectRef(name="so", namespace=namespace, scalerMetadata=metadata)
+    for call in (
+        lambda: svc.keda.GetMetricSpec(ref, timeout=5),
+        lambda: svc.keda.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=5),
+        lambda: svc.keda.IsActive(ref, timeout=5),
+    ):
+        if not refused:
+            call()
+            continue
+        with pytest.raises(grpc.RpcError) as ei:
+            call()
+        assert _code(ei) == grpc.StatusCode.NOT_FOUND
+        details = ei.value.details()  # type: ignore[attr-defined]
+        assert "'default'" in details and "'staging'" in details, details
+
+
 def test_keda_namespaced_model_and_metric_name(svc: Service) -> None:
     svc.tick()
     ref = es.ScaledObjectRef(

@@ -91,6 +91,37 @@ def test_profile_path_refused_alike_by_admin_api_and_cli(
     assert core.targets_revision == before
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max-replicas", "4294967296"], "max_replicas: Input should be less than or equal"),
+        (["--attainment-goal-frac", "1"], "attainment_goal_frac: Input should be less than 1"),
+        (["--file", "BINARY"], "not UTF-8 text (byte 0xff at offset 0)"),
+        (["--file", "TWICE"], "duplicate key 'sla'"),
+    ],
+)
+def test_target_set_refuses_what_the_governor_cannot_run_on(
+    served: tuple[ServiceCore, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    needle: str,
+) -> None:
+    """Values past the API's int32 fields (a traceback before), a goal of every request
+    (accepted before: every tick then raised in decide), a file not UTF-8 (a traceback)
+    and a key given twice (the last silently won): exit 2, a message, nothing changed."""
+    core, address = served
+    (tmp_path / "BINARY").write_bytes(b"\xff\xfe")
+    (tmp_path / "TWICE").write_text(
+        "sla: {ttft_p95_ms: 500, itl_p95_ms: 50}\nsla: {ttft_p95_ms: 9, itl_p95_ms: 9}\n"
+    )
+    args = [str(tmp_path / a) if a in ("BINARY", "TWICE") else a for a in args]
+    before = core.targets_revision
+    assert cli_main(["target", "set", "demo", *args, "--server", address]) == 2
+    assert needle in capsys.readouterr().err
+    assert core.targets_revision == before
+
+
 def test_bad_edit_same_message_in_configmap_and_check_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -143,3 +174,22 @@ def test_status_json_shows_zero_values_of_an_idle_model(
     assert obs["arrival_rate_rps"] == 0.0
     assert model["paused"] is False
     assert "ready_replicas" not in obs or obs["ready_replicas"] >= 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["engine-args", "--model", "demo", "--default-max-num-seqs", "-5"],
+        ["engine-args", "--model", "demo", "--live", "--max-num-seqs-ceiling", "0"],
+        ["explain", "demo", "--last", "99999999999"],
+    ],
+)
+def test_counts_out_of_range_are_usage_errors(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`engine-args --default-max-num-seqs -5` printed `--max-num-seqs -5` for an
+    engine's start command; `explain --last 99999999999` raised past the API's uint32."""
+    with pytest.raises(SystemExit) as exc:
+        cli_main(args)
+    assert exc.value.code == 2
+    assert "must be in [" in capsys.readouterr().err

@@ -185,9 +185,28 @@ def test_simulate_plant_flags_refuse_bad_values(
     assert exc.value.code == 2 and needle in capsys.readouterr().err
 
 
-def test_simulate_start_below_min_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["simulate", "--min-replicas", "3", "--start-replicas", "2", "--no-oracle"])
-    assert rc == 2 and "below --min-replicas 3" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--min-replicas", "3", "--start-replicas", "2"], "--start-replicas 2 is outside"),
+        (["--max-replicas", "4", "--start-replicas", "100"], "--start-replicas 100 is outside"),
+        (["--min-replicas", "5", "--max-replicas", "2"], "--min-replicas 5 is above"),
+        (["--max-replicas", "4", "--static-replicas", "9"], "--static-replicas 9 is above"),
+        (["--matrix", "--trace", "azure:code"], "--trace: not read with --matrix"),
+        (["--matrix-quick", "--plot", "p.png"], "--plot: not read with --matrix"),
+        (["--workers", "3"], "--workers: read only with --matrix"),
+        (["--matrix-traces", "conv x16"], "--matrix-traces: read only with --matrix"),
+    ],
+)
+def test_simulate_refuses_what_it_would_ignore_or_contradict(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Replica flags that contradict each other (min above max once raised a pydantic
+    traceback; a start above max ran static at 100 replicas) and flags the chosen mode
+    never reads (`--matrix --trace azure:code` ran the full matrix) exit 2, naming them,
+    before anything runs."""
+    assert main(["simulate", *args]) == 2
+    assert needle in capsys.readouterr().err
 
 
 def test_long_prompts_are_bounded_by_the_kv_cache() -> None:

@@ -100,6 +100,54 @@ def test_duplicate_model_names_refused() -> None:
     assert any("'m' appears more than once" in p for p in problems)
 
 
+def test_two_models_on_one_deployment_refused() -> None:
+    other = {**MIN["models"][0], "name": "m2"}  # same deployment and namespace
+    problems = _problems({"models": [MIN["models"][0], other]})
+    assert any("both scale deployment default/m" in p for p in problems), problems
+    moved = {**other, "namespace": "staging"}
+    parse_config({"models": [MIN["models"][0], moved]})  # another namespace: another one
+
+
+def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys: `replicas:` twice dropped the first."""
+    f = tmp_path / "dup.yaml"
+    f.write_text(
+        "models:\n  - name: m\n    deployment: m\n    sla: {ttft_p95_ms: 500, itl_p95_ms: 50}\n"
+        "    replicas: {max_replicas: 4}\n    replicas: {max_replicas: 40}\n"
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_config(f)
+    assert "duplicate key 'replicas'" in exc.value.problems[0], exc.value.problems
+
+
+def test_a_file_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    f = tmp_path / "bin.yaml"
+    f.write_bytes(b"models: []\n\xff\xfe")
+    with pytest.raises(ConfigError) as exc:
+        load_config(f)
+    assert "not UTF-8 text (byte 0xff at offset 11)" in exc.value.problems[0]
+    assert main(["check-config", str(f)]) == 2
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        ({"sla": {"ttft_p95_ms": True, "itl_p95_ms": 50}}, "expected a number, got a boolean"),
+        ({"replicas": {"min_replicas": True}}, "expected a number, got a boolean"),
+        ({"sla": {"ttft_p95_ms": 500, "itl_p95_ms": 50, "attainment_goal_frac": 1}}, "less than 1"),
+        ({"replicas": {"max_replicas": 10_001}}, "less than or equal to 10000"),
+        ({"knobs": {"max_num_seqs_max": 2**31}}, "less than or equal to 2147483647"),
+    ],
+)
+def test_values_the_governor_cannot_run_on_are_refused(patch: dict, needle: str) -> None:
+    """A boolean read as 1 (an SLA of 1 ms); a goal of every request (no quantile to
+    size for: every tick raised in decide and the model froze); counts past what the
+    API's fields carry (a traceback in `target get`) or any fleet (10**6 replicas took
+    one decide 2.7 s)."""
+    problems = _problems({"models": [{**MIN["models"][0], **patch}]})
+    assert any(needle in p for p in problems), problems
+
+
 def test_empty_and_non_mapping_files() -> None:
     assert any("models" in p for p in _problems({}))
     assert any("must be a mapping" in p for p in _problems([1, 2]))
