@@ -18,7 +18,7 @@ Pieces used by the real-engine test (tests/engine/test_real_engine.py) and by
   all within the SLA by the engine's own TTFT, and the backlog showed in it only two
   rungs later): such a rung is past the capacity a client sees.
 - `DecisionWatch`: a thread polling the governor's status every 0.1 s, keeping each new
-  decision (time, replicas, capacity per replica, learned speed).
+  decision (time, replicas, capacity per replica, learned speed and per-sequence ratio).
 - `measure(...)`: the ladder (rates x RUNG_STEP from `start_rps` to the first rung over
   the SLA), the governor's capacity at the end of the last rung within it, then from
   idle a step to a violating load and the ticks until the first scale-up request.
@@ -168,6 +168,7 @@ class Rung:
     sent_rps: float
     gov_capacity_rps: float | None = None
     gov_speed: float | None = None
+    gov_seq_ratio: float | None = None
 
     judged_s: float = 9.0
     """The stretch the rung is judged over (s)."""
@@ -198,6 +199,8 @@ class Tick:
     arrival_short_rps: float | None = None
     running: float | None = None
     waiting: float | None = None
+    seq_ratio: float | None = None
+    """The learned per-sequence ratio (controller.plant.next_seq_ratio; None: not shown)."""
 
 
 def _opt(msg: Any, name: str) -> float | None:
@@ -235,6 +238,7 @@ class DecisionWatch:
                                 arrival_short_rps=_opt(o, "arrival_rate_short_rps"),
                                 running=_opt(o, "running"),
                                 waiting=_opt(o, "waiting"),
+                                seq_ratio=_opt(d, "plant_seq_ratio"),
                             )
                         )
 
@@ -297,6 +301,7 @@ def rung(
         sent_rps=round((sent1 - sent0) / (t1 - t0), 2),
         gov_capacity_rps=last.capacity_rps if last else None,
         gov_speed=last.speed if last else None,
+        gov_seq_ratio=last.seq_ratio if last else None,
     )
 
 
@@ -314,6 +319,8 @@ class CapacityResult:
     learned_capacity_rps: float | None = None
     """The governor's capacity per replica at the end of the last rung within the SLA."""
     learned_speed: float | None = None
+    learned_seq_ratio: float | None = None
+    """The learned per-sequence ratio at the same decision (None: not shown)."""
     step_rps: float | None = None
     ticks_to_scale_up: int | None = None
     """Decisions after the step up to and including the first above one replica."""
@@ -405,6 +412,7 @@ def measure(
                 break
             res.measured_capacity_rps = r.rate_rps
             res.learned_capacity_rps, res.learned_speed = r.gov_capacity_rps, r.gov_speed
+            res.learned_seq_ratio = r.gov_seq_ratio
             rate *= RUNG_STEP
         load.set_rate(0.0)
         res.idle_at_one = _idle_at_one_replica(watch, load, 60.0) is not None
