@@ -4,6 +4,7 @@ number goes is refused (pydantic's lax mode reads a YAML `true` as 1)."""
 
 from __future__ import annotations
 
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -30,14 +31,17 @@ class StrictModel(BaseModel):
 
 
 def bool_refused(annotation: Any) -> bool:
-    """Whether a field of type `annotation` takes numbers but not booleans."""
-    args = typing.get_args(annotation) or (annotation,)
-    flat = {typing.get_origin(a) or a for a in args}
-    if bool in flat:
-        return False
-    return any(isinstance(a, type) and issubclass(a, int | float) for a in flat) or any(
-        typing.get_origin(a) is typing.Annotated
-        and isinstance(typing.get_args(a)[0], type)
-        and issubclass(typing.get_args(a)[0], int | float)
-        for a in args
-    )
+    """Whether a field of type `annotation` takes numbers but not booleans (int | None
+    and Annotated[float, ...] do; bool | int and str do not)."""
+    kinds = _kinds(annotation)
+    return bool not in kinds and any(issubclass(k, int | float) for k in kinds)
+
+
+def _kinds(annotation: Any) -> set[type]:
+    """The plain types an annotation admits, through Annotated and unions."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _kinds(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_kinds(a) for a in typing.get_args(annotation)))
+    return {annotation} if isinstance(annotation, type) else set()
