@@ -12,8 +12,9 @@ output. TLS: `--tls` (system roots), `--tls-ca-file` (a private CA), and for mTL
 `--tls-cert-file`/`--tls-key-file`; `--tls-server-name` when the address is not the
 certificate's name (e.g. through `kubectl port-forward`).
 
-`engine-args` is the exception: it always exits 0 (an engine must never fail to start
-because of the governor) and falls back to the configured default knobs.
+`engine-args` is the exception: it exits 0 whatever the governor does (an engine must
+never fail to start because of the governor) and falls back to the configured default
+knobs; only a usage error of its own flags exits 2 (nothing printed on stdout).
 """
 
 from __future__ import annotations
@@ -548,7 +549,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "engine-args",
         parents=[client],
-        help="print vLLM batching flags for an engine's start command (exit 0 always)",
+        help="print vLLM batching flags for an engine's start command (exit 0 unless its "
+        "own flags are invalid)",
     )
     p.add_argument("--model", required=True)
     p.add_argument("--engine-id", default=os.environ.get("POD_NAME") or socket.gethostname())
