@@ -42,18 +42,23 @@ def document(
     if orc is not None and orc.gpu_hours > 0:
         for name, r in results.items():
             doc["policies"][name]["oracle_ratio"] = r.gpu_hours / orc.gpu_hours
+            if r.gpu_hours_trace is not None:
+                doc["policies"][name]["oracle_ratio_trace"] = r.gpu_hours_trace / orc.gpu_hours
     return doc
 
 
 def table(doc: Mapping[str, Any]) -> str:
-    """Fixed-width text table of the policies (and the oracle line). `speed` is the
-    step-time factor a policy learned of the plant (median; the governor's), to read
-    against the scenario's plant speed."""
+    """Fixed-width text table of the policies (and the oracle line). `x oracle`: the
+    GPU-hours of the whole run (the drain tail after the trace included) over the
+    oracle's; `trace x oracle`: those of the trace's minutes only, what the matrix's
+    cells and their goals quote. `speed` is the step-time factor a policy learned of
+    the plant (median; the governor's), to read against the scenario's plant speed."""
     cols = (
         "policy",
         "SLO att.",
         "GPU-h",
         "x oracle",
+        "trace x oracle",
         "actions",
         "flaps",
         "knobs",
@@ -74,6 +79,7 @@ def table(doc: Mapping[str, Any]) -> str:
                 f"{100 * p['slo_attainment']:.2f}%",
                 f(p["gpu_hours"], ".2f"),
                 f(p.get("oracle_ratio"), ".2f"),
+                f(p.get("oracle_ratio_trace"), ".2f"),
                 str(p["scaling_actions"]),
                 str(p["flaps"]),
                 str(p["knob_changes"]),
@@ -85,9 +91,7 @@ def table(doc: Mapping[str, Any]) -> str:
         )
     if doc.get("oracle"):
         o = doc["oracle"]
-        rows.append(
-            ("oracle", ">=99%", f"{o['gpu_hours']:.2f}", "1.00", "-", "-", "-", "-", "-", "-", "-")
-        )
+        rows.append(("oracle", ">=99%", f"{o['gpu_hours']:.2f}", "1.00", "1.00", *("-",) * 7))
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

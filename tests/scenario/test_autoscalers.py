@@ -228,7 +228,17 @@ def test_simulate_cli_writes_json_and_plot(
             assert key in doc["policies"][name]
     assert doc["oracle"]["gpu_hours"] > 0
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
-    assert "governor" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "governor" in printed
+    # Two ratios to the oracle: the whole run's (drain tail included) and the trace's
+    # minutes' (what the matrix's cells and the README quote), both in the table.
+    gov = doc["policies"]["governor"]
+    orc = doc["oracle"]["gpu_hours"]
+    assert gov["oracle_ratio"] == pytest.approx(gov["gpu_hours"] / orc)
+    assert gov["oracle_ratio_trace"] == pytest.approx(gov["gpu_hours_trace"] / orc)
+    assert gov["oracle_ratio_trace"] < gov["oracle_ratio"]
+    row = next(line for line in printed.splitlines() if line.startswith("governor "))
+    assert "trace x oracle" in printed and f"{gov['oracle_ratio_trace']:.2f}" in row.split()
 
 
 @pytest.mark.parametrize(
