@@ -91,7 +91,12 @@ def _field(
     """`metadata[key]` stripped, or None when absent (a problem if `required`); a value
     that is empty or longer than `limit` characters adds a problem."""
     if key not in metadata:
-        if required:
+        if required and f"{key}FromEnv" in metadata:
+            problems.append(
+                f"scalerMetadata.{key}: required; {key}FromEnv is not read (KEDA sends the "
+                f"resolved value under that name): set {key} in the trigger's metadata"
+            )
+        elif required:
             problems.append(f"scalerMetadata.{key}: required (set it in the trigger's metadata)")
         return None
     raw = metadata[key]

@@ -114,6 +114,24 @@ class QueuedActuatorBase:
     retries: int
     backoff_s: float
     _sleep: Callable[[float], None]
+    _stood_down: bool = False
+
+    def stand_down(self) -> int:
+        """This instance lost the leadership: forget every queued intent (a write that
+        failed and waits for its retry included) and start no write still in hand, so a
+        demoted leader never writes a stale decision over the new leader's once the API
+        server answers again. The next `apply` (a leader's decisions) lifts it. Returns
+        how many intents were dropped."""
+        with self._lock:
+            dropped = len(self._pending)
+            self._pending.clear()
+            self._stood_down = True
+            self._lock.notify_all()
+            return dropped
+
+    def _standing_down(self) -> bool:
+        with self._lock:
+            return self._stood_down
 
     def set_error_hook(self, on_error: Callable[[str], None] | None) -> None:
         """Set the `on_error(reason)` callback (ServiceCore wires it to its metrics)."""

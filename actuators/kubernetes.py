@@ -151,6 +151,7 @@ class KubernetesScaleActuator(QueuedActuatorBase):
     def apply(self, decisions: Sequence[Decision]) -> None:
         """Record each valid decision's replicas; the worker (or `run_pending`) applies."""
         with self._lock:
+            self._stood_down = False
             for d in decisions:
                 if d.valid:
                     self._pending[d.model] = d.replicas
@@ -173,6 +174,8 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         targets = self.targets()
         out = {}
         for model, replicas in due.items():
+            if self._standing_down():
+                break
             if model not in targets:
                 continue
             ns, deployment = targets[model]
@@ -184,7 +187,8 @@ class KubernetesScaleActuator(QueuedActuatorBase):
                     self._failures[model] = n
                     delay = min(MAX_RETRY_DELAY_S, self.backoff_s * 2**n)
                     self._retry_at[model] = self._monotonic() + delay * random.uniform(0.9, 1.1)
-                    self._pending.setdefault(model, replicas)  # unless a newer one came
+                    if not self._stood_down:  # unless a newer one came, or we stood down
+                        self._pending.setdefault(model, replicas)
                     self._lock.notify_all()
                 else:
                     self._failures.pop(model, None)

@@ -160,6 +160,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
     # ------------------------------------------------------------------ actuator
     def apply(self, decisions: Sequence[Decision]) -> None:
         with self._lock:
+            self._stood_down = False
             for d in decisions:
                 if not d.valid:
                     continue
@@ -198,6 +199,8 @@ class KnobRolloutActuator(QueuedActuatorBase):
         targets = self.targets()
         out = {}
         for model, knobs in queued.items():
+            if self._standing_down():
+                break
             if model not in targets:
                 with self._lock:
                     self._pending.pop(model, None)

@@ -385,7 +385,8 @@ class ConfigError(Exception):
 
 
 def format_validation_error(exc: ValidationError, prefix: str = "") -> list[str]:
-    """One line per pydantic error: `path: message (got VALUE)`."""
+    """One line per pydantic error: `path: message (got VALUE)`; an error of the whole
+    document (a cross-field check) is its message alone, which names its own fields."""
     lines = []
     for err in exc.errors(include_url=False):
         loc = ".".join(str(p) for p in err["loc"])
@@ -395,10 +396,12 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> list[str]
         if err["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling)"
         got = err.get("input")
-        if err["type"] in ("missing",) or isinstance(got, dict | list):
-            lines.append(f"{loc or '<root>'}: {msg}")
+        if not loc:
+            lines.append(msg)
+        elif err["type"] in ("missing",) or isinstance(got, dict | list):
+            lines.append(f"{loc}: {msg}")
         else:
-            lines.append(f"{loc or '<root>'}: {msg} (got {got!r})")
+            lines.append(f"{loc}: {msg} (got {got!r})")
     return lines
 
 

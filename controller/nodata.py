@@ -78,6 +78,12 @@ class NoDataSteps:
         if fb is not None and fb > target:
             target = fb
             detail = f"{ticks} ticks without data; fallback {fb} > last good {state.replicas}"
+        # Within the bounds configured now: an operator who lowered max replicas while
+        # the data was gone set a bound, which no decision passes (the clamp stage's rule).
+        bounds = self.model.replicas
+        if not bounds.min_replicas <= target <= bounds.max_replicas:
+            target = min(max(target, bounds.min_replicas), bounds.max_replicas)
+            detail += f"; clamped to [{bounds.min_replicas}, {bounds.max_replicas}]"
         stage = Stage("raw", state.replicas, target, Reason.NO_DATA_FALLBACK, detail)
         w = state.windows
         actions = (

@@ -295,6 +295,8 @@ class ServiceCore:
             self.m_leader.set(1 if leader else 0)
             if leader and not self._was_leader:
                 self._take_over()
+            if self._was_leader and not leader:
+                self._stand_down()
             self._was_leader = leader
             self.counters.ticks += 1
             if not leader:
@@ -318,6 +320,16 @@ class ServiceCore:
                 if dist is not None:
                     latencies[name] = dist
         self.board.set_latency(latencies)
+
+    def _stand_down(self) -> None:
+        """We just lost the leadership: the actuators forget what they still meant to
+        write (QueuedActuatorBase.stand_down); the new leader decides from here."""
+        dropped = 0
+        for act in self.extra_actuators:
+            stand_down = getattr(act, "stand_down", None)
+            if callable(stand_down):
+                dropped += stand_down()
+        self.log.warning("leadership_lost", dropped_intents=dropped)
 
     def _take_over(self) -> None:
         """We just became leader: continue from the leader's last saved state."""

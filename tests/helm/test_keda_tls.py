@@ -43,3 +43,13 @@ def test_without_tls_no_trigger_authentication() -> None:
 def test_not_rendered_for_other_scaling_paths() -> None:
     objs = render(values(tls={"existingSecret": SECRET}, scaling={"via": "kubernetes"}))
     assert find(objs, "ScaledObject") == [] and find(objs, "TriggerAuthentication") == []
+
+
+def test_the_grpc_port_claims_cleartext_http2_only_without_tls() -> None:
+    """`appProtocol: kubernetes.io/h2c` tells meshes and gateways the port speaks HTTP/2
+    in cleartext: true without TLS, false with it (then no appProtocol: plain TCP)."""
+    for tls, want in (({}, "kubernetes.io/h2c"), ({"existingSecret": SECRET}, None)):
+        (svc,) = [s for s in find(render(values(tls=tls)), "Service") if "grpc" in str(s)]
+        validate(svc)
+        grpc = next(p for p in svc["spec"]["ports"] if p["name"] == "grpc")
+        assert grpc.get("appProtocol") == want, (tls, grpc)

@@ -215,6 +215,7 @@ def test_stream_is_active_sends_the_current_value_at_open_then_changes(svc: Serv
     ("metadata", "code", "text"),
     [
         ({}, grpc.StatusCode.INVALID_ARGUMENT, "scalerMetadata.model"),
+        ({"modelFromEnv": "demo"}, grpc.StatusCode.INVALID_ARGUMENT, "modelFromEnv is not read"),
         ({"model": ""}, grpc.StatusCode.INVALID_ARGUMENT, "scalerMetadata.model"),
         ({"model": "m" * 254}, grpc.StatusCode.INVALID_ARGUMENT, "at most 253 characters"),
         ({"model": "demo", "namespace": " "}, grpc.StatusCode.INVALID_ARGUMENT, "namespace"),

@@ -22,6 +22,7 @@ from service.errors import AdminError
 from service.leader import LeaseElector
 from service.store import (
     ConflictError,
+    MemoryStore,
     StoreError,
     TargetsInvalidError,
 )
@@ -149,6 +150,27 @@ def test_persistent_failure_is_reported_not_raised(api: FakeKubeAPI) -> None:
     assert st.reason == ScaleReason.FAILED and "HTTP 500" in st.detail
     assert api.replicas(NS, "demo") == 1
     assert len(sleeps.calls) == 2
+
+
+def test_a_demoted_leader_never_writes_what_it_still_had_queued(api: FakeKubeAPI) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract. The leader decides 7,
+    the PATCH fails (503: the API server in trouble, when leases are lost too) and waits
+    for its retry; the leadership goes; the new leader holds the Deployment at 1. The
+    old leader's retry must not write 7 over it once the API answers again."""
+    api.add_deployment(NS, "demo", 1)
+    api.inject("PATCH", "/deployments/demo/scale", 503)
+    now = [0.0]
+    act = _actuator(api, Sleeps(), retries=0, monotonic=lambda: now[0])
+    act.apply([_decision("demo", 7)])
+    assert act.status()["demo"].reason == ScaleReason.FAILED
+    assert act.pending() == {"demo": 7}  # queued for its retry; the API answers again
+    now[0] += 100.0  # the retry is due
+    assert act.stand_down() == 1
+    assert act.pending() == {}
+    act.run_pending()
+    assert api.replicas(NS, "demo") == 1
+    act.apply([_decision("demo", 3)])  # leader again: its new decisions are written
+    assert api.replicas(NS, "demo") == 3
 
 
 def test_missing_deployment_is_not_found(api: FakeKubeAPI) -> None:
@@ -494,3 +516,61 @@ def test_follower_serves_the_leaders_decisions_and_takes_over_with_its_memory(
         follower.tick(clock.monotonic())
         assert follower.board.get("demo").replicas == high  # the window continues
     assert follower.board.get("demo").generation >= lp.generation
+
+
+class _Toggle:
+    """An elector whose leadership the test sets (the Lease itself is tested above)."""
+
+    identity = "a"
+
+    def __init__(self) -> None:
+        self.leader = True
+
+    def is_leader(self) -> bool:
+        return self.leader
+
+    def leader_identity(self) -> str:
+        return self.identity if self.leader else "b"
+
+    def start(self) -> None:
+        return None
+
+    def stop(self, release: bool = True) -> None:
+        return None
+
+
+class _Queued:
+    """An actuator that records what the core tells it."""
+
+    def __init__(self) -> None:
+        self.applied = 0
+        self.stood_down = 0
+
+    def apply(self, decisions: Any) -> None:
+        self.applied += 1
+
+    def stand_down(self) -> int:
+        self.stood_down += 1
+        return 2
+
+
+def test_losing_the_lease_makes_every_actuator_stand_down() -> None:
+    """The tick that finds this instance no longer the leader tells each actuator to
+    drop what it still meant to write (once, on the change), and applies nothing."""
+    clock, elector, act = FakeClock(), _Toggle(), _Queued()
+    core = ServiceCore(
+        make_config(model_entry("demo")),
+        FakeSource({"demo": 30.0}),
+        MemoryStore(),
+        actuators=[act],
+        clock=clock,
+        elector=elector,  # type: ignore[arg-type]
+        logger=quiet_logger(),
+    )
+    core.tick(clock.monotonic())
+    assert (act.applied, act.stood_down) == (1, 0)
+    elector.leader = False
+    for _ in range(3):
+        clock.advance(5)
+        core.tick(clock.monotonic())
+    assert (act.applied, act.stood_down) == (1, 1)

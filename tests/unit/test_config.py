@@ -103,7 +103,10 @@ def test_duplicate_model_names_refused() -> None:
 def test_two_models_on_one_deployment_refused() -> None:
     other = {**MIN["models"][0], "name": "m2"}  # same deployment and namespace
     problems = _problems({"models": [MIN["models"][0], other]})
-    assert any("both scale deployment default/m" in p for p in problems), problems
+    # a check across the document is its own message, no `<root>:` in front of it
+    assert problems == [
+        "models 'm' and 'm2' both scale deployment default/m (their decisions would fight over it)"
+    ], problems
     moved = {**other, "namespace": "staging"}
     parse_config({"models": [MIN["models"][0], moved]})  # another namespace: another one
 

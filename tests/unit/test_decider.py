@@ -130,6 +130,21 @@ def test_fallback_lower_than_last_good_keeps_last_good() -> None:
     assert d1.valid and d1.replicas == dec.replicas
 
 
+def test_fallback_keeps_to_the_bounds_configured_now() -> None:
+    """A fleet at 10 whose max replicas an operator lowered to 4 while the data was gone
+    (the loop keeps the state when a targets change rebuilds the decider): the fallback
+    re-asserts 4, not 10 (with the Kubernetes scale API nothing else would clamp it)."""
+    policy = make_policy(no_data_ticks_before_fallback=1)
+    d = Decider(make_model(max_replicas=20), policy)
+    s = d.initial_state(10)
+    dec, s = d.decide(obs(rate=200.0), s, ORIGIN_S)
+    assert dec.replicas >= 10
+    lowered = Decider(make_model(max_replicas=4), policy)
+    d1, _ = lowered.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S + 5)
+    assert d1.valid and d1.replicas == 4 and d1.reasons == (Reason.NO_DATA_FALLBACK,)
+    assert "clamped to [1, 4]" in d1.stages[0].detail
+
+
 def test_no_data_before_any_good_tick_only_holds() -> None:
     d = Decider(make_model(fallback_replicas=5), make_policy(no_data_ticks_before_fallback=1))
     s = d.initial_state(3)
