@@ -53,6 +53,16 @@ CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         None,
         "replicas.min_replicas (12) must be <= replicas.max_replicas (10)",
     ),
+    "grpc-and-metrics-on-one-port": (
+        values(ports={"grpc": 9464, "metrics": 9464}),
+        None,
+        "ports.grpc and ports.metrics are both 9464",
+    ),
+    "client-ca-without-a-secret": (
+        values(tls={"clientCA": True}),
+        None,
+        "tls.clientCA: true needs tls.existingSecret",
+    ),
     "unknown-mode": (
         values(mode="daemonset"),
         "/mode",

@@ -93,6 +93,12 @@ nothing when the values are good.
 {{- fail (printf "exampleEngine: in sidecar mode the engine pods carry the governor, whose ServiceAccount and ConfigMaps are in the release namespace %s; model %s is in namespace %s. Install the release there" .Release.Namespace $model.name (include "llm-governor.modelNamespace" $model)) -}}
 {{- end -}}
 {{- end -}}
+{{- if eq (int $v.ports.grpc) (int $v.ports.metrics) -}}
+{{- fail (printf "ports.grpc and ports.metrics are both %d: give each its own port (the Service cannot carry one port twice)" (int $v.ports.grpc)) -}}
+{{- end -}}
+{{- if and $v.tls.clientCA (not $v.tls.existingSecret) -}}
+{{- fail "tls.clientCA: true needs tls.existingSecret (the kubernetes.io/tls Secret whose ca.crt signs the client certificates); without it nothing would be checked" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The model entry exampleEngine runs (YAML; empty map when not found). */}}
