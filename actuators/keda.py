@@ -148,20 +148,17 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 f"scalerMetadata.model {meta.model!r} is not a configured model "
                 f"(configured: {known})",
             )
-        if meta.namespace is not None and meta.namespace != entry.namespace:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"model {meta.model!r} is configured in namespace {entry.namespace!r}, "
-                f"not {meta.namespace!r} (scalerMetadata.namespace)",
-            )
-        own = ref.namespace.strip()
-        if own and own != entry.namespace:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"model {meta.model!r} is configured in namespace {entry.namespace!r}, "
-                f"not {own[:80]!r} (the ScaledObject's namespace: a ScaledObject for this "
-                "model belongs in the model's namespace)",
-            )
+        for namespace, whose in (
+            (meta.namespace, "scalerMetadata.namespace"),
+            (ref.namespace.strip()[:80] or None, "the ScaledObject's namespace: a "
+             "ScaledObject for this model belongs in the model's namespace"),
+        ):  # fmt: skip
+            if namespace is not None and namespace != entry.namespace:
+                await context.abort(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"model {meta.model!r} is configured in namespace {entry.namespace!r}, "
+                    f"not {namespace!r} ({whose})",
+                )
         return meta.model
 
     async def _known(self, model: str, context: grpc.aio.ServicerContext) -> Published:

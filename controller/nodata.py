@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 
 from controller.config import ModelConfig, ScalingPolicy
+from controller.stages import clamp
 from controller.types import Decision, Hysteresis, ModelState, Reason, Stage
 from estimators.types import NoDataError, Observation, SourceError
 
@@ -79,10 +80,11 @@ class NoDataSteps:
             target = fb
             detail = f"{ticks} ticks without data; fallback {fb} > last good {state.replicas}"
         # Within the bounds configured now: an operator who lowered max replicas while
-        # the data was gone set a bound, which no decision passes (the clamp stage's rule).
+        # the data was gone set a bound, which no decision passes (the clamp stage).
         bounds = self.model.replicas
-        if not bounds.min_replicas <= target <= bounds.max_replicas:
-            target = min(max(target, bounds.min_replicas), bounds.max_replicas)
+        bounded = clamp(target, bounds.min_replicas, bounds.max_replicas).value
+        if bounded != target:
+            target = bounded
             detail += f"; clamped to [{bounds.min_replicas}, {bounds.max_replicas}]"
         stage = Stage("raw", state.replicas, target, Reason.NO_DATA_FALLBACK, detail)
         w = state.windows

@@ -227,14 +227,19 @@ class _RunError(Exception):
         self.code = code
 
 
-def _check_flags(args: argparse.Namespace) -> None:
-    """Check the numeric and address flags; _RunError (exit 2) naming the bad one.
-    Fills the default of `--max-watch-streams`."""
+def _listens(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """(flag, HOST:PORT) of each listener `governor run` opens."""
     listens = (("--grpc-listen", args.grpc_listen), ("--metrics-listen", args.metrics_listen))
     if args.admin_listen is not None:
         listens += (("--admin-listen", args.admin_listen),)
+    return listens
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Check the numeric and address flags; _RunError (exit 2) naming the bad one.
+    Fills the default of `--max-watch-streams`."""
     bound: dict[tuple[str, int], str] = {}
-    for flag, value in listens:
+    for flag, value in _listens(args):
         try:
             host, port = parse_listen(value, flag)
         except ValueError as exc:
@@ -490,9 +495,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         return serve(server, args.shutdown_grace_s)
     except OSError as exc:
-        listens = f"--grpc-listen {args.grpc_listen}, --metrics-listen {args.metrics_listen}"
-        if args.admin_listen is not None:
-            listens += f", --admin-listen {args.admin_listen}"
+        listens = ", ".join(f"{flag} {value}" for flag, value in _listens(args))
         raise _RunError(f"cannot serve on {listens}: {exc}", 1) from None
 
 
