@@ -12,7 +12,9 @@ Refusal: a Deployment that a HorizontalPodAutoscaler also scales (autoscaling/v2
 scaleTargetRef kind Deployment with the same name) is never touched: the two would
 fight, each undoing the other. The refusal is logged as a warning and reported as
 status reason HPA_CONFLICT. HPAs are listed once per `hpa_check_interval_s` per
-namespace, not every tick.
+namespace, not every tick; a list the API refuses (401/403: the chart's
+`rbac.hpaConflictCheck: false` grants none) is logged and not asked again within the
+interval, and `hpa_check=False` (`governor run --hpa-conflict-check off`) never lists.
 
 Never blocks the control loop: with `background=True` (production) `apply` only records
 the latest desired replicas per model and a worker thread does the API calls
@@ -110,6 +112,7 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         retries: int = 4,
         backoff_s: float = 0.5,
         hpa_check_interval_s: float = 60.0,
+        hpa_check: bool = True,
         background: bool = True,
         sleep: Callable[[float], None] | None = None,
         wall: Callable[[], float] = time.time,
@@ -127,6 +130,7 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         self.retries = retries
         self.backoff_s = backoff_s
         self.hpa_check_interval_s = hpa_check_interval_s
+        self.hpa_check = hpa_check
         self._sleep = sleep or time.sleep
         self._wall = wall
         self._monotonic = monotonic
@@ -222,13 +226,20 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         now = self._monotonic()
         cached = self._hpa_cache.get(namespace)
         if cached is None or now - cached[0] >= self.hpa_check_interval_s:
-            hpas = self._call(
-                f"list HPAs in {namespace}",
-                self.autoscaling.list_namespaced_horizontal_pod_autoscaler,
-                namespace,
-            )
+            try:
+                items = self._call(
+                    f"list HPAs in {namespace}",
+                    self.autoscaling.list_namespaced_horizontal_pod_autoscaler,
+                    namespace,
+                ).items
+            except KubeCallError as exc:
+                if exc.status not in (401, 403):
+                    raise
+                # not allowed to look: no conflict seen, asked again after the interval
+                self._log.warning("hpa_check_forbidden", namespace=namespace, error=str(exc))
+                items = None
             refs = []
-            for h in hpas.items or []:
+            for h in items or []:
                 ref = h.spec.scale_target_ref
                 if ref is not None and ref.kind == "Deployment":
                     refs.append((h.metadata.name, ref.name))
@@ -242,14 +253,7 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         observed: int | None = None
         drained = ""
         try:
-            try:
-                hpas = self.hpas_for(namespace, deployment)
-            except KubeCallError as exc:
-                if exc.status in (401, 403):
-                    self._log.warning("hpa_check_forbidden", target=where, error=str(exc))
-                    hpas = []
-                else:
-                    raise
+            hpas = self.hpas_for(namespace, deployment) if self.hpa_check else []
             if hpas:
                 return self._record(
                     model,

@@ -147,6 +147,14 @@ def _add_store_arguments(p: argparse.ArgumentParser) -> None:
         "scale subresource (clusters without KEDA)",
     )
     p.add_argument(
+        "--hpa-conflict-check",
+        choices=("on", "off"),
+        default="on",
+        help="with --scale-via kubernetes: list the HorizontalPodAutoscalers of each "
+        "model's namespace and refuse to scale a Deployment one also scales (off: for a "
+        "service account that may not list them)",
+    )
+    p.add_argument(
         "--knob-rollouts",
         choices=("auto", "on", "off"),
         default="auto",
@@ -431,7 +439,8 @@ def _kube_actuators(
     if args.scale_via == "kubernetes":
         from actuators.kubernetes import KubernetesScaleActuator
 
-        out.append(KubernetesScaleActuator(kube, targets, drain=drain))
+        hpa_check = args.hpa_conflict_check == "on"
+        out.append(KubernetesScaleActuator(kube, targets, drain=drain, hpa_check=hpa_check))
     elif drain is not None:
         from actuators.drain import DrainBeforeScaleDown
 

@@ -282,12 +282,17 @@ def test_rbac_without_direct_scaling_grants_no_deployment_access() -> None:
         assert [r["metadata"]["namespace"] for r in find(off, "Role")] == [NAMESPACE], via
 
 
-def test_rbac_hpa_conflict_check_can_be_turned_off() -> None:
-    objs = render(values(scaling={"via": "kubernetes"}, rbac={"hpaConflictCheck": False}))
+@pytest.mark.parametrize("check", [True, False])
+def test_rbac_hpa_conflict_check_can_be_turned_off(check: bool) -> None:
+    """Off: no list rule, and the governor told not to list (else a 403 per namespace
+    and interval, and no conflict ever seen)."""
+    objs = render(values(scaling={"via": "kubernetes"}, rbac={"hpaConflictCheck": check}))
     resources = {
         r for role in find(objs, "Role") for rule in role["rules"] for r in rule["resources"]
     }
-    assert "horizontalpodautoscalers" not in resources
+    assert ("horizontalpodautoscalers" in resources) is check
+    args = container(_governor_pod(objs), "governor")["args"]
+    assert arg_value(args, "--hpa-conflict-check") == ("on" if check else "off")
 
 
 @pytest.mark.parametrize("managed", [True, False])

@@ -198,6 +198,36 @@ def test_refuses_a_deployment_an_hpa_also_scales(api: FakeKubeAPI) -> None:
     assert "HPA_CONFLICT" in st.describe()
 
 
+def test_an_hpa_list_refused_is_not_asked_again_within_the_interval(api: FakeKubeAPI) -> None:
+    """Fake of the published API contract: a service account without `list` on HPAs
+    gets 403 (the chart's rbac.hpaConflictCheck: false). The scale goes ahead, and the
+    list is asked once per `hpa_check_interval_s`, not on every scale."""
+    api.add_deployment(NS, "demo", 2)
+    api.add_hpa(NS, "keda-hpa-demo", "demo")
+    api.inject("GET", "/horizontalpodautoscalers", 403, times=100)
+    clock = [0.0]
+    act = _actuator(api, Sleeps(), monotonic=lambda: clock[0], hpa_check_interval_s=60.0)
+    for n in (3, 4, 5):
+        act.apply([_decision("demo", n)])
+        clock[0] += 10.0
+    assert api.replicas(NS, "demo") == 5
+    assert api.count("GET", "/horizontalpodautoscalers") == 1
+    clock[0] += 60.0
+    act.apply([_decision("demo", 6)])
+    assert api.count("GET", "/horizontalpodautoscalers") == 2
+
+
+def test_without_the_hpa_check_no_hpa_is_listed(api: FakeKubeAPI) -> None:
+    """Fake of the published API contract: `--hpa-conflict-check off` never lists (and
+    so cannot refuse; the operator took that on)."""
+    api.add_deployment(NS, "demo", 2)
+    api.add_hpa(NS, "keda-hpa-demo", "demo")
+    act = _actuator(api, Sleeps(), hpa_check=False)
+    act.apply([_decision("demo", 6)])
+    assert api.count("GET", "/horizontalpodautoscalers") == 0
+    assert api.replicas(NS, "demo") == 6
+
+
 def test_background_worker_applies_without_blocking(api: FakeKubeAPI) -> None:
     """Against FakeKubeAPI, a fake of the published API contract."""
     from tests.service.harness import wait_until

@@ -246,7 +246,11 @@ def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: Fake
 
     cfg = make_config(model_entry("demo", namespace=NS))
     args = argparse.Namespace(
-        scale_via="kubernetes", knob_rollouts="on", drain_scale_in="on", simulated_fleet=None
+        scale_via="kubernetes",
+        knob_rollouts="on",
+        drain_scale_in="on",
+        simulated_fleet=None,
+        hpa_conflict_check="off",
     )
     core_ref: list[ServiceCore] = []
     acts = _kube_actuators(args, api_client(api.url), cfg, core_ref)
@@ -256,6 +260,7 @@ def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: Fake
             "KnobRolloutActuator",
         ]
         assert acts[0].drain is not None
+        assert acts[0].hpa_check is False  # --hpa-conflict-check off
         args.scale_via = "keda"
         keda = _kube_actuators(args, api_client(api.url), cfg, core_ref)
         assert isinstance(keda[0], DrainBeforeScaleDown)

@@ -25,6 +25,8 @@ new instance continues the stabilization windows instead of starting over. */}}
 - {{ include "llm-governor.leaseName" . }}
 - --scale-via
 - {{ include "llm-governor.scaleVia" . }}
+- --hpa-conflict-check
+- {{ ternary "on" "off" .Values.rbac.hpaConflictCheck | quote }}
 - --knob-rollouts
 - {{ ternary "on" "off" .Values.actuation.knobRollouts | quote }}
 - --drain-scale-in
