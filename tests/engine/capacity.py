@@ -79,6 +79,10 @@ finished 0.55)."""
 START_RPS = 3.0
 """The first rung: 30 requests per 10 s window, the least the governor learns from."""
 MAX_RUNGS = 19
+LADDER_POLICY = {"backlog_drain_s": 30.0, "panic_hold_s": 0.0}
+"""Policy overrides while `measure` runs: the queue is demand to serve within 30 s (the
+world's 1 s is a shortcut for its load-step test; this measures the capacity path
+alone), and no panic hold (the fleet returns to one replica as soon as the load stops)."""
 
 
 class PoissonLoad:
@@ -172,6 +176,8 @@ class Rung:
 
     judged_s: float = 9.0
     """The stretch the rung is judged over (s)."""
+    ended_unix_s: float | None = None
+    """Wall-clock end of the rung (unix seconds: Prometheus's time, for a replay)."""
 
     @property
     def kept_up(self) -> bool:
@@ -298,6 +304,7 @@ def rung(
         finished=n,
         done_rps=round(done / (t1 - t0), 2),
         judged_s=round(t1 - t0, 3),
+        ended_unix_s=round(time.time(), 3),
         sent_rps=round((sent1 - sent0) / (t1 - t0), 2),
         gov_capacity_rps=last.capacity_rps if last else None,
         gov_speed=last.speed if last else None,
@@ -322,6 +329,8 @@ class CapacityResult:
     learned_seq_ratio: float | None = None
     """The learned per-sequence ratio at the same decision (None: not shown)."""
     step_rps: float | None = None
+    step_started_unix_s: float | None = None
+    """Wall-clock time of the step (unix seconds, for a replay)."""
     ticks_to_scale_up: int | None = None
     """Decisions after the step up to and including the first above one replica."""
     seconds_to_scale_up: float | None = None
@@ -392,10 +401,7 @@ def measure(
     the measured capacity (from idle, one replica) to the first scale-up request."""
     res = CapacityResult(belief_before_rps=round(profile_capacity_rps(), 2))
     with (
-        # the default: the queue is demand to serve within 30 s (the world's 1 s is a
-        # shortcut for its load-step test; this measures the capacity path alone)
-        # (panic hold 0: the fleet returns to one replica as soon as the load stops)
-        model_policy(world, backlog_drain_s=30.0, panic_hold_s=0.0),
+        model_policy(world, **LADDER_POLICY),
         DecisionWatch(world.governor_address) as watch,
         PoissonLoad(world.engine.url, PROMPT_TOKENS, OUTPUT_TOKENS) as load,
     ):
@@ -434,6 +440,7 @@ def _step(
     read more than one replica's capacity (the load showing in the metrics)."""
     assert res.step_rps is not None
     t_step = time.monotonic()
+    res.step_started_unix_s = round(time.time(), 3)
     load.set_rate(res.step_rps)
     up = watch.wait(lambda t: t.replicas > 1, deadline_s)
     ticks = watch.after(t_step)
@@ -481,9 +488,11 @@ def main() -> int:
     args = ap.parse_args()
     with _world(args.tick_s) as world:
         res = measure(world, step_deadline_s=max(30.0, 10 * args.tick_s))
+        workdir = world.workdir
     out = res.as_dict()
     out["load_average"] = os.getloadavg()
     out["tick_s"] = args.tick_s
+    out["workdir"] = str(workdir)
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

@@ -1,0 +1,93 @@
+"""The replay of a kept capacity run (tests/engine/replay.py), without an engine: the
+engine world's config, today's decider and a source that plays a ladder and a step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from estimators.types import ModelQuery, Observation, ObservationResult
+from tests.engine.capacity import LADDER_POLICY
+from tests.engine.realengine import MODEL_NAME, governor_config
+from tests.engine.replay import FIRST_RUNG_S, LEAD_S, replay, replay_config
+
+LADDER_END_S = 1_000.0
+STEP_AT_S = 1_100.0
+
+
+class PlayedRun:
+    """One replica serving `rate_rps(now)`: 3 req/s through the ladder, 0 after it,
+    150 req/s from the step (3 running, none waiting, 20 ms ITL before it)."""
+
+    def __init__(self) -> None:
+        self.ticks: list[float] = []
+
+    @staticmethod
+    def rate_rps(now_s: float) -> float:
+        if now_s >= STEP_AT_S:
+            return 150.0
+        return 3.0 if now_s <= LADDER_END_S + 12.0 else 0.0
+
+    def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, ObservationResult]:
+        self.ticks.append(now_s)
+        rate = self.rate_rps(now_s)
+        obs = Observation(
+            model=MODEL_NAME,
+            observed_at_s=now_s,
+            arrival_rate_rps=rate,
+            arrival_rate_short_rps=rate,
+            running=3.0 if rate else 0.0,
+            waiting=0.0 if rate < 100 else 60.0,
+            ready_replicas=1,
+            targets_up=1,
+            targets_down=0,
+            itl_mean_ms=20.0 if rate else None,
+            prompt_tokens_mean=32.0,
+            prompt_tokens_p95=32.0,
+            output_tokens_mean=16.0,
+            output_tokens_p95=16.0,
+        )
+        return {m.name: obs for m in models}
+
+
+def _rung(rate: float, ended: float, ttft: float = 1.0) -> dict[str, float]:
+    return {
+        "rate_rps": rate,
+        "ttft_within": ttft,
+        "tpot_within": 1.0,
+        "finished": 27,
+        "done_rps": rate,
+        "sent_rps": rate,
+        "gov_capacity_rps": 42.0,
+        "judged_s": 9.0,
+        "ended_unix_s": ended,
+        "a_field_of_a_later_capacity_py": 1.0,
+    }
+
+
+def test_a_replay_reads_each_rung_at_its_end_and_counts_the_step_ticks(tmp_path: Path) -> None:
+    (tmp_path / "governor.yaml").write_text(yaml.safe_dump(governor_config("http://kept:9090")))
+    config = replay_config(tmp_path, "http://replayed:9090")
+    assert str(config.prometheus.url).startswith("http://replayed:9090")
+    assert config.policy.backlog_drain_s == LADDER_POLICY["backlog_drain_s"]
+    result = {
+        "rungs": [_rung(3.0, LADDER_END_S), _rung(3.6, LADDER_END_S + 12.0, ttft=0.5)],
+        "measured_capacity_rps": 3.0,
+        "step_started_unix_s": STEP_AT_S,
+    }
+    source = PlayedRun()
+    out = replay(result, config, source)
+
+    tick_s = config.policy.tick_interval_s
+    assert source.ticks[0] == LADDER_END_S - FIRST_RUNG_S - LEAD_S
+    assert all(b - a == tick_s for a, b in zip(source.ticks, source.ticks[1:], strict=False))
+    assert [(r.rate_rps, r.within_sla) for r in out.rungs] == [(3.0, True), (3.6, False)]
+    assert [r.at_s for r in out.rungs] == [LADDER_END_S, LADDER_END_S + 12.0]
+    assert out.rungs[0].live_capacity_rps == 42.0
+    # the last rung within the SLA is the measured one: its replayed capacity is kept
+    assert out.capacity_rps is not None and out.capacity_rps == out.rungs[0].capacity_rps
+    assert out.over_measured == out.capacity_rps / 3.0
+    # 150 req/s on one replica with a queue: a scale-up within the step's first ticks
+    assert out.ticks_to_scale_up is not None and 1 <= out.ticks_to_scale_up <= 3
