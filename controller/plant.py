@@ -69,9 +69,14 @@ SPEED_MIN = 1.0 / 16.0
 SPEED_MAX = 64.0
 """Bounds of the learned speed: the default profile (an H100) on engines up to 64x
 slower (vLLM's CPU build serving a tiny model reads 12-25x) or 16x faster."""
-SPEED_JUMP_RATIO = 4.0
+SPEED_JUMP_RATIO = 2.0
 """A sample this many times slower than the belief replaces it once confirmed (see
-next_speed)."""
+next_speed). At 4 (before), vLLM's CPU build on a quiet machine, 2.5-4.3x the profile,
+was learned at the half-life only: x2.6-2.8 after a 4-minute load ladder in three of nine
+kept runs, believed 1.4-2.0x the capacity it served (tests/engine/replay.py over the
+runs of docs/real-engine-runs.md: 83 of 146 rung readings more than 25 % optimistic at
+4, 62 at 2). No simulated plant (0.7-1.3x the profile) confirms a 2x window: every
+matrix cell is the same at 2 and 4."""
 SPEED_HALF_LIFE_S = 60.0
 """Half-life of the learned speed's average, seconds of evidence."""
 MIN_REQUESTS_PER_WINDOW = 30.0
@@ -218,24 +223,14 @@ def learn_speed(
     sample: float | None,
     dt_s: float,
     half_life_s: float = SPEED_HALF_LIFE_S,
-    jump: bool = True,
 ) -> float:
     """The learned speed after `dt_s` seconds of evidence `sample` (None: unchanged):
     a half-life average in log space, within [SPEED_MIN, SPEED_MAX]. Example: 1.0 and
-    a sample of 1.3 over 5 s with a 60 s half-life -> 1.0 x 1.3 ** 0.056 = 1.015.
-
-    With `jump`, a sample more than SPEED_JUMP_RATIO x slower than `previous` is taken
-    as it is (1.0 and a sample of 15 -> 15): engines that far off the profile run on
-    other hardware, and averaging towards them at the half-life would take minutes
-    during which every replica is believed to serve several times what it does. Only
-    towards slower: a faster reading is learned at the half-life (believing engines
-    slower than they are costs replicas, believing them faster costs the SLA). The
-    caller decides when a jump is confirmed (`next_speed`)."""
+    a sample of 1.3 over 5 s with a 60 s half-life -> 1.0 x 1.3 ** 0.056 = 1.015. (A
+    much slower sample is jumped to instead, once confirmed: `next_speed`.)"""
     if sample is None or dt_s <= 0:
         return previous
     s = min(SPEED_MAX, max(SPEED_MIN, sample))
-    if jump and s > SPEED_JUMP_RATIO * previous:
-        return s
     keep = 0.5 ** (dt_s / half_life_s)
     return math.exp(keep * math.log(previous) + (1.0 - keep) * math.log(s))
 
@@ -250,7 +245,14 @@ def next_speed(
 ) -> PlantBelief:
     """`belief` with its speed after this tick's `sample` (the caller sets the rest).
 
-    A sample more than SPEED_JUMP_RATIO x slower than the belief is one window's word
+    Engines far slower than the profile run on other hardware, and averaging towards
+    them at the half-life (`learn_speed`) would take minutes during which every replica
+    is believed to serve several times what it does: a sample more than
+    SPEED_JUMP_RATIO x slower than the belief is taken as it is, once confirmed. Only
+    towards slower: a faster reading is learned at the half-life (believing engines
+    slower than they are costs replicas, believing them faster costs the SLA).
+
+    Confirmed, because a sample that far off is one window's word
     against everything learned so far: one contended window (a noisy neighbour, the
     tokens of a burst that has just drained read against the gauges after it) read
     55x on the real engine and 5.1x on the code trace at a 30 s scrape, and taking it
@@ -276,7 +278,7 @@ def next_speed(
         if now_s - since >= confirm_s:
             return replace(belief, speed=low, speed_jump=None, speed_jump_since_s=None)
         return replace(belief, speed_jump=low, speed_jump_since_s=since)
-    speed = learn_speed(belief.speed, s, dt_s, jump=False)
+    speed = learn_speed(belief.speed, s, dt_s)
     return replace(belief, speed=speed, speed_jump=None, speed_jump_since_s=None)
 
 
