@@ -87,8 +87,10 @@ def test_sigterm_completes_in_flight_calls_and_exits_0(tmp_path: Path) -> None:
         )
         first = next(iter(watch))
         assert first.model == "demo"
-        future = admin.SetTarget.future(pb.SetTargetRequest(target=target), timeout=20)
+        # no save before this call (checked before it is sent: once sent, its own save
+        # writes the marker at once on a quick server, which read as a save too early)
         assert not marker.exists(), marker.read_text()
+        future = admin.SetTarget.future(pb.SetTargetRequest(target=target), timeout=20)
         wait_until(marker.exists, 10, "the SetTarget call to be in flight")
         sent = time.monotonic()
         svc.proc.send_signal(signal.SIGTERM)
