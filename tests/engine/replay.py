@@ -119,8 +119,8 @@ def replay(
     from service.run import prometheus_source
 
     rungs = [_rung(r) for r in result["rungs"]]
-    ends = [r.ended_unix_s for r in rungs]
-    if not ends or any(e is None for e in ends):
+    ends = [r.ended_unix_s for r in rungs if r.ended_unix_s is not None]
+    if not rungs or len(ends) != len(rungs):
         raise ValueError("the run records no rung end times (capacity.py before replays)")
     step_at = result.get("step_started_unix_s")
     tick_s = config.policy.tick_interval_s
@@ -130,17 +130,16 @@ def replay(
         config, source, logger=_quiet_logger(), pause_gc=False, switch_interval_s=None
     )
     name = config.models[0].name
-    start = ends[0] - FIRST_RUNG_S - LEAD_S  # type: ignore[operator]
+    start = ends[0] - FIRST_RUNG_S - LEAD_S
     stop = (step_at + STEP_TICKS * tick_s) if step_at is not None else ends[-1]
     out = Replay(measured_capacity_rps=result.get("measured_capacity_rps"))
-    pending = list(zip(rungs, ends, strict=True))
     ticks_after_step = 0
     for i in range(math.ceil((stop - start) / tick_s) + 1):
         now = start + i * tick_s
         (decision,) = loop.tick(now)
         plant = s.plant if (s := loop.states().get(name)) is not None else None
-        while pending and now >= pending[0][1]:  # type: ignore[operator]
-            rung, _ = pending.pop(0)
+        while len(out.rungs) < len(rungs) and now >= ends[len(out.rungs)]:
+            rung = rungs[len(out.rungs)]
             out.rungs.append(
                 ReplayedRung(
                     rate_rps=rung.rate_rps,
