@@ -14,6 +14,7 @@ line's own variables and must not fail the config as unknown keys.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -263,6 +264,16 @@ class ModelConfig(_Strict):
         description="composite scale-out rules (controller/rules.py); never lower replicas",
     )
 
+    @field_validator("policy")
+    @classmethod
+    def _finite_policy(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # A NaN or infinity is no setting, and JSON (the state store, the admin API's
+        # Struct) cannot carry it: a dump would turn it into null, another setting.
+        for key, value in v.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number (got {value})")
+        return v
+
     @model_validator(mode="after")
     def _fallback_in_bounds(self) -> Self:
         check_unique_names(self.scale_out_rules)
@@ -333,23 +344,18 @@ class GovernorConfig(_Strict):
                     f"models {other!r} and {m.name!r} both scale deployment "
                     f"{m.namespace}/{m.deployment} (their decisions would fight over it)"
                 )
+        scrape = self.prometheus.scrape_interval_s
+        problems = _scrape_problems(self.policy, scrape, "policy")
         for m in self.models:
             try:
-                self.policy_for(m)
+                merged = self.policy_for(m)
             except ValidationError as exc:
                 msgs = format_validation_error(exc, prefix=f"models[{m.name}].policy")
                 raise ValueError("; ".join(msgs)) from None
-        scrape = self.prometheus.scrape_interval_s
-        if self.policy.window_s < 2.0 * scrape:
-            raise ValueError(
-                f"policy.window_s ({self.policy.window_s}) must be >= 2 x "
-                f"prometheus.scrape_interval_s ({scrape}): a rate needs two samples"
-            )
-        if self.policy.max_staleness_s < 2.0 * scrape:
-            raise ValueError(
-                f"policy.max_staleness_s ({self.policy.max_staleness_s}) must be >= 2 x "
-                f"prometheus.scrape_interval_s ({scrape}): samples are that old between scrapes"
-            )
+            if m.policy:  # an override of its own (the global policy is checked above)
+                problems += _scrape_problems(merged, scrape, f"models[{m.name}].policy")
+        if problems:
+            raise ValueError("; ".join(dict.fromkeys(problems)))
         return self
 
     def model(self, name: str) -> ModelConfig:
@@ -373,6 +379,23 @@ class GovernorConfig(_Strict):
         merged = self.policy.model_dump()
         merged.update(model.policy)
         return ScalingPolicy.model_validate(merged)
+
+
+def _scrape_problems(policy: ScalingPolicy, scrape_s: float, where: str) -> list[str]:
+    """What in `policy` (named `where`) the engines' scrape interval (`scrape_s`,
+    seconds) rules out: a rate window or a staleness limit under two scrapes."""
+    out = []
+    if policy.window_s < 2.0 * scrape_s:
+        out.append(
+            f"{where}.window_s ({policy.window_s}) must be >= 2 x "
+            f"prometheus.scrape_interval_s ({scrape_s}): a rate needs two samples"
+        )
+    if policy.max_staleness_s < 2.0 * scrape_s:
+        out.append(
+            f"{where}.max_staleness_s ({policy.max_staleness_s}) must be >= 2 x "
+            f"prometheus.scrape_interval_s ({scrape_s}): samples are that old between scrapes"
+        )
+    return out
 
 
 class ConfigError(Exception):

@@ -29,8 +29,16 @@ def _strip_none(value: Any) -> Any:
 
 
 def target_to_pb(model: ModelConfig) -> governor_v1_pb2.ModelTarget:
-    """A ModelConfig as the API's ModelTarget (field names are the config keys)."""
-    data = _strip_none(model.model_dump(mode="json"))
+    """A ModelConfig as the API's ModelTarget (field names are the config keys).
+
+    `None` fields are left unset, except inside `policy`: a Struct carries null, and a
+    per-model override to null is a value (e.g. `falling_release_after_s: null`, never
+    release), which a read-modify-write (`governor target set`) must keep."""
+    data = model.model_dump(mode="json")
+    policy = data.pop("policy")
+    data = _strip_none(data)
+    if policy:
+        data["policy"] = policy
     return json_format.ParseDict(data, pb.ModelTarget())
 
 

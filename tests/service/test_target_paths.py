@@ -98,6 +98,7 @@ def test_profile_path_refused_alike_by_admin_api_and_cli(
         (["--attainment-goal-frac", "1"], "attainment_goal_frac: Input should be less than 1"),
         (["--file", "BINARY"], "not UTF-8 text (byte 0xff at offset 0)"),
         (["--file", "TWICE"], "duplicate key 'sla'"),
+        (["--policy", "tick_interval_s=.nan"], "tick_interval_s must be a finite number (got nan)"),
     ],
 )
 def test_target_set_refuses_what_the_governor_cannot_run_on(
@@ -120,6 +121,29 @@ def test_target_set_refuses_what_the_governor_cannot_run_on(
     assert cli_main(["target", "set", "demo", *args, "--server", address]) == 2
     assert needle in capsys.readouterr().err
     assert core.targets_revision == before
+
+
+def test_target_set_keeps_a_policy_override_to_null(capsys: pytest.CaptureFixture[str]) -> None:
+    """`falling_release_after_s: null` (never release) is a per-model setting: the CLI's
+    read-modify-write sends it back with the edit (it was dropped as an unset field, and
+    the model silently took the global 600 s)."""
+    entry = model_entry("demo", policy={"falling_release_after_s": None})
+    core = ServiceCore(
+        make_config(entry),
+        FakeSource({"demo": 0.0}),
+        MemoryStore(),
+        clock=FakeClock(),
+        logger=quiet_logger(),
+    )
+    with ServerThread(core, logger=quiet_logger()) as server:
+        args = ["target", "set", "demo", "--max-replicas", "15", "--server", server.address]
+        assert cli_main(args) == 0
+        got = cli_main(["target", "get", "demo", "--server", server.address])
+    assert got == 0 and "falling_release_after_s: null" in capsys.readouterr().out
+    model = core.config.model("demo")
+    assert model.replicas.max_replicas == 15
+    assert model.policy == {"falling_release_after_s": None}
+    assert core.config.policy_for(model).falling_release_after_s is None
 
 
 def test_bad_edit_same_message_in_configmap_and_check_config(

@@ -61,6 +61,21 @@ def _problems(data: object) -> list[str]:
         pytest.param(
             {"fallback_replicas": 50}, "fallback_replicas (50) must be <=", id="fallback-over-max"
         ),
+        pytest.param(
+            {"policy": {"max_staleness_s": 5}},
+            "models[m].policy.max_staleness_s (5.0) must be >= 2 x prometheus.scrape_interval_s",
+            id="override-staleness-under-two-scrapes",
+        ),
+        pytest.param(
+            {"policy": {"window_s": 20, "panic_window_s": 5}},
+            "models[m].policy.window_s (20.0) must be >= 2 x prometheus.scrape_interval_s",
+            id="override-window-under-two-scrapes",
+        ),
+        pytest.param(
+            {"policy": {"tick_interval_s": float("nan")}},
+            "models[m].policy: tick_interval_s must be a finite number (got nan)",
+            id="override-nan",
+        ),
     ],
 )
 def test_invalid_model_fields_name_field_and_value(patch: dict, expected: str) -> None:
