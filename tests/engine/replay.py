@@ -8,7 +8,8 @@ today's code over the run at the governor's tick interval (every query evaluated
 tick's time, as `governor run` does), and prints, per rung, the live governor's capacity
 per replica next to the replayed one, then the replayed capacity at the end of the last
 rung within the SLA against the measured capacity, and the ticks from the step to the
-first scale-up.
+first scale-up. With `--rungs` it also prints where each rung's time went, from the
+engine's own histograms over the rung (`rung_means`).
 
 What it is for: a change to the plant learning (controller/plant.py) judged over every
 kept run, in seconds each, instead of one 6-minute engine run per change on a machine
@@ -33,6 +34,9 @@ import math
 import shutil
 import sys
 import tempfile
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -49,10 +53,23 @@ from tests.integration.promserver import PrometheusServer, find_prometheus
 LEAD_S = 30.0
 """Seconds of ticks before the ladder's first (unjudged) rung: the idle stretch the live
 governor saw before it (at least one window)."""
-FIRST_RUNG_S = 6.0 + 12.0
+RUNG_S = 12.0
+"""One rung of the ladder (capacity.measure's default duration), seconds."""
+FIRST_RUNG_S = 6.0 + RUNG_S
 """The unjudged warm-up rung and the first judged one (capacity.measure), seconds."""
 STEP_TICKS = 30
 """Ticks replayed after the step (the live run gives up after 30 s at 1 s ticks)."""
+RUNG_MEANS = {
+    "ttft_ms": "vllm:time_to_first_token_seconds",
+    "queue_ms": "vllm:request_queue_time_seconds",
+    "prefill_ms": "vllm:request_prefill_time_seconds",
+    "decode_ms": "vllm:request_decode_time_seconds",
+    "itl_ms": "vllm:inter_token_latency_seconds",
+}
+"""The engine's latency histograms whose means over a rung `rung_means` reads."""
+
+Query = Callable[[str, float], float | None]
+"""A PromQL instant query at a unix time -> its single value (None: no answer)."""
 
 
 @dataclass
@@ -60,6 +77,7 @@ class ReplayedRung:
     """One ladder rung: the live governor's capacity and the replay's at its end."""
 
     rate_rps: float
+    offered_rps: float
     within_sla: bool
     at_s: float
     """The replayed tick read: the first at or after the rung's end."""
@@ -67,6 +85,46 @@ class ReplayedRung:
     capacity_rps: float | None
     speed: float | None
     seq_ratio: float | None
+    means: dict[str, float | None] = field(default_factory=dict)
+    """Where the rung's time went (`rung_means`), when read from a kept TSDB."""
+
+
+def rung_means(query: Query, end_s: float, span_s: float) -> dict[str, float | None]:
+    """The engine's means over the `span_s` seconds before `end_s`: TTFT, queue, prefill,
+    decode and inter-token latency (ms, each None without requests), completions (req/s),
+    the front end's share of TTFT (TTFT - queue - prefill: HTTP, tokenization, the
+    engine core's input queue, ms) and Little's law's running sequences (completions x
+    (prefill + decode)), the batch the rung held on average (the gauge is one instant).
+    Example: 33.1 req/s x (60 + 678.5) ms = 24.4 sequences."""
+    window = f"{max(1, round(span_s))}s"
+
+    def mean_ms(hist: str) -> float | None:
+        v = query(f"sum(rate({hist}_sum[{window}])) / sum(rate({hist}_count[{window}]))", end_s)
+        return 1000.0 * v if v is not None and math.isfinite(v) else None
+
+    out: dict[str, float | None] = {k: mean_ms(h) for k, h in RUNG_MEANS.items()}
+    out["done_rps"] = query(f"sum(rate(vllm:request_success_total[{window}]))", end_s)
+    ttft, queue, prefill = out["ttft_ms"], out["queue_ms"], out["prefill_ms"]
+    decode, done = out["decode_ms"], out["done_rps"]
+    out["frontend_ms"] = None
+    if ttft is not None and queue is not None and prefill is not None:
+        out["frontend_ms"] = ttft - queue - prefill
+    out["little_running"] = None
+    if done is not None and prefill is not None and decode is not None:
+        out["little_running"] = done * (prefill + decode) / 1000.0
+    return out
+
+
+def prometheus_query(url: str, timeout_s: float = 10.0) -> Query:
+    """A `Query` on the Prometheus at `url` (the first series' value, None if none)."""
+
+    def query(expr: str, at_s: float) -> float | None:
+        q = urllib.parse.urlencode({"query": expr, "time": f"{at_s:.3f}"})
+        with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=timeout_s) as resp:
+            result = json.load(resp)["data"]["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    return query
 
 
 @dataclass
@@ -75,6 +133,8 @@ class Replay:
 
     rungs: list[ReplayedRung] = field(default_factory=list)
     measured_capacity_rps: float | None = None
+    """The load offered at the last rung within the SLA (`Rung.offered_rps`), whatever
+    the run's JSON recorded (runs before session 11 recorded the asked rate)."""
     live_capacity_rps: float | None = None
     capacity_rps: float | None = None
     """The replayed capacity per replica at the end of the last rung within the SLA."""
@@ -111,11 +171,14 @@ def _rung(record: dict[str, Any]) -> Rung:
 
 
 def replay(
-    result: dict[str, Any], config: GovernorConfig, source: MetricSource | None = None
+    result: dict[str, Any],
+    config: GovernorConfig,
+    source: MetricSource | None = None,
+    query: Query | None = None,
 ) -> Replay:
     """Tick today's loop over the run in `result` (a `capacity` JSON with rung end
     times) against `source` (default: the Prometheus in `config`, as `governor run`
-    reads it); see the module doc."""
+    reads it); see the module doc. With `query`, each rung's `rung_means` too."""
     from service.run import prometheus_source
 
     rungs = [_rung(r) for r in result["rungs"]]
@@ -132,23 +195,28 @@ def replay(
     name = config.models[0].name
     start = ends[0] - FIRST_RUNG_S - LEAD_S
     stop = (step_at + STEP_TICKS * tick_s) if step_at is not None else ends[-1]
-    out = Replay(measured_capacity_rps=result.get("measured_capacity_rps"))
+    out = Replay()
     ticks_after_step = 0
     for i in range(math.ceil((stop - start) / tick_s) + 1):
         now = start + i * tick_s
         (decision,) = loop.tick(now)
         plant = s.plant if (s := loop.states().get(name)) is not None else None
         while len(out.rungs) < len(rungs) and now >= ends[len(out.rungs)]:
-            rung = rungs[len(out.rungs)]
+            k = len(out.rungs)
+            rung = rungs[k]
+            span = ends[k] - ends[k - 1] if k else RUNG_S
+            means = rung_means(query, ends[k], span) if query is not None else {}
             out.rungs.append(
                 ReplayedRung(
                     rate_rps=rung.rate_rps,
+                    offered_rps=rung.offered_rps,
                     within_sla=rung.within_sla,
                     at_s=now,
                     live_capacity_rps=rung.gov_capacity_rps,
                     capacity_rps=decision.capacity_rps_per_replica,
                     speed=plant.speed if plant else None,
                     seq_ratio=plant.seq_ratio if plant else None,
+                    means=means,
                 )
             )
         if step_at is not None and now > step_at and out.ticks_to_scale_up is None:
@@ -156,7 +224,8 @@ def replay(
             if decision.replicas > 1:
                 out.ticks_to_scale_up = ticks_after_step
     last = next((r for r in reversed(out.rungs) if r.within_sla), None)
-    if last is not None and last.rate_rps == out.measured_capacity_rps:
+    if last is not None:
+        out.measured_capacity_rps = last.offered_rps
         out.live_capacity_rps, out.capacity_rps = last.live_capacity_rps, last.capacity_rps
     return out
 
@@ -173,7 +242,8 @@ def replay_kept(path: Path) -> Replay:
         prom = PrometheusServer(binary, Path(tmp), {})
         prom.start(attempts=1)  # attempt 0 reads data-0
         try:
-            return replay(result, replay_config(Path(result["workdir"]), prom.url))
+            config = replay_config(Path(result["workdir"]), prom.url)
+            return replay(result, config, query=prometheus_query(prom.url))
         finally:
             prom.stop()
 
@@ -200,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"live {_fmt(g.live_capacity_rps)} replay {_fmt(g.capacity_rps)} "
                     f"speed {_fmt(g.speed, '6.2f')} seq ratio {_fmt(g.seq_ratio, '6.2f')}"
                 )
+                if g.means:
+                    print("    " + " ".join(f"{k} {_fmt(v, '.1f')}" for k, v in g.means.items()))
         print(
             f"{path}: measured {_fmt(r.measured_capacity_rps)} live {_fmt(r.live_capacity_rps)} "
             f"replay {_fmt(r.capacity_rps)} ({_fmt(r.over_measured, '4.2f')}x) "

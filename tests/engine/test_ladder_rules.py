@@ -34,3 +34,10 @@ def test_a_rung_short_of_the_fraction_by_the_counts_noise_kept_up() -> None:
 def test_the_histograms_still_judge_a_rung_the_server_kept_up_with() -> None:
     assert not _rung(12.9, 12.9, ttft=0.94).within_sla
     assert not _rung(12.9, 12.9, tpot=0.94).within_sla
+
+
+def test_the_capacity_measured_is_the_load_the_engine_was_offered() -> None:
+    """The load generator on the busy 2-core machine sent 23.9 req/s of 32.1 asked: the
+    engine served 23.9 within the SLA, not 32.1."""
+    assert Rung(32.1, 1.0, 1.0, finished=209, done_rps=23.2, sent_rps=23.9).offered_rps == 23.9
+    assert Rung(15.5, 1.0, 1.0, finished=78, done_rps=15.9, sent_rps=16.1).offered_rps == 15.5

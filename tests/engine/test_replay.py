@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 import yaml
 
 from estimators.types import ModelQuery, Observation, ObservationResult
 from tests.engine.capacity import LADDER_POLICY
 from tests.engine.realengine import MODEL_NAME, governor_config
-from tests.engine.replay import FIRST_RUNG_S, LEAD_S, replay, replay_config
+from tests.engine.replay import FIRST_RUNG_S, LEAD_S, replay, replay_config, rung_means
 
 LADDER_END_S = 1_000.0
 STEP_AT_S = 1_100.0
@@ -52,14 +53,16 @@ class PlayedRun:
         return {m.name: obs for m in models}
 
 
-def _rung(rate: float, ended: float, ttft: float = 1.0) -> dict[str, float]:
+def _rung(
+    rate: float, ended: float, ttft: float = 1.0, sent: float | None = None
+) -> dict[str, float]:
     return {
         "rate_rps": rate,
         "ttft_within": ttft,
         "tpot_within": 1.0,
         "finished": 27,
         "done_rps": rate,
-        "sent_rps": rate,
+        "sent_rps": rate if sent is None else sent,
         "gov_capacity_rps": 42.0,
         "judged_s": 9.0,
         "ended_unix_s": ended,
@@ -73,8 +76,8 @@ def test_a_replay_reads_each_rung_at_its_end_and_counts_the_step_ticks(tmp_path:
     assert str(config.prometheus.url).startswith("http://replayed:9090")
     assert config.policy.backlog_drain_s == LADDER_POLICY["backlog_drain_s"]
     result = {
-        "rungs": [_rung(3.0, LADDER_END_S), _rung(3.6, LADDER_END_S + 12.0, ttft=0.5)],
-        "measured_capacity_rps": 3.0,
+        "rungs": [_rung(3.0, LADDER_END_S, sent=2.7), _rung(3.6, LADDER_END_S + 12.0, ttft=0.5)],
+        "measured_capacity_rps": 3.0,  # what runs before session 11 recorded: the asked rate
         "step_started_unix_s": STEP_AT_S,
     }
     source = PlayedRun()
@@ -88,6 +91,42 @@ def test_a_replay_reads_each_rung_at_its_end_and_counts_the_step_ticks(tmp_path:
     assert out.rungs[0].live_capacity_rps == 42.0
     # the last rung within the SLA is the measured one: its replayed capacity is kept
     assert out.capacity_rps is not None and out.capacity_rps == out.rungs[0].capacity_rps
-    assert out.over_measured == out.capacity_rps / 3.0
+    # measured: the load the engine was offered (the generator sent 2.7 of the 3 asked)
+    assert out.measured_capacity_rps == 2.7
+    assert out.over_measured == out.capacity_rps / 2.7
     # 150 req/s on one replica with a queue: a scale-up within the step's first ticks
     assert out.ticks_to_scale_up is not None and 1 <= out.ticks_to_scale_up <= 3
+
+
+def test_rung_means_split_the_time_and_never_read_an_empty_window_as_zero() -> None:
+    """Each histogram's mean over the rung (sum rate / count rate), the front end's
+    share of TTFT and Little's law's batch; a histogram with no requests in the window
+    (0 / 0 in PromQL) is unknown, and so is all that is derived from it."""
+    asked: list[tuple[str, float]] = []
+    seconds = {
+        "time_to_first_token": 0.152,
+        "queue_time": 0.0415,
+        "prefill_time": 0.060,
+        "decode_time": 0.6785,
+        "inter_token": 0.0446,
+    }
+
+    def query(expr: str, at_s: float) -> float | None:
+        asked.append((expr, at_s))
+        if "request_success_total" in expr:
+            return 33.1
+        (value,) = (v for k, v in seconds.items() if k in expr)
+        return value
+
+    got = rung_means(query, 500.0, 12.04)
+    assert {at for _, at in asked} == {500.0}
+    assert all("[12s]" in expr for expr, _ in asked)
+    assert got["ttft_ms"] == pytest.approx(152.0) and got["itl_ms"] == pytest.approx(44.6)
+    assert got["done_rps"] == 33.1
+    assert got["frontend_ms"] == pytest.approx(152.0 - 41.5 - 60.0)
+    assert got["little_running"] == pytest.approx(33.1 * (60.0 + 678.5) / 1000.0)
+
+    seconds["prefill_time"] = float("nan")  # no request prefilled within the window
+    got = rung_means(query, 500.0, 12.0)
+    assert got["prefill_ms"] is None
+    assert got["frontend_ms"] is None and got["little_running"] is None
