@@ -18,7 +18,9 @@ Owns:
 - `StreamLimiter`: a bound on concurrent watch streams (engines' WatchBatchingConfig and
   KEDA's StreamIsActive together), so long-lived streams cannot take every RPC slot.
 - TLS: server credentials from PEM files (optionally requiring client certificates
-  signed by a CA: mTLS) and the matching channel credentials for the CLI.
+  signed by a CA: mTLS), re-read when the files change (`TlsReloader`: a renewed
+  certificate in a mounted Secret serves the next connections without a restart), and
+  the matching channel credentials for the CLI.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import hmac
 import inspect
 import os
 import re
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +45,8 @@ ADMIN_METHOD_PREFIX = f"/{ADMIN_SERVICE}/"
 MIN_TOKEN_BYTES = 16
 MAX_TOKEN_BYTES = 4096
 TOKEN_RELOAD_INTERVAL_S = 10.0
+TLS_RELOAD_INTERVAL_S = 10.0
+"""Seconds between checks of the TLS files for a change (on a new connection)."""
 MAX_DETAIL_CHARS = 1024
 # RFC 6750 b64token characters: what an HTTP/2 header value can carry as it is.
 _TOKEN_CHARS = re.compile(rb"^[A-Za-z0-9\-._~+/]+=*$")
@@ -415,6 +420,8 @@ class TlsFiles:
     cert_file: str
     key_file: str
     client_ca_file: str | None = None
+    reload_interval_s: float = TLS_RELOAD_INTERVAL_S
+    """How often the files are checked for a change, seconds (`TlsReloader`)."""
 
 
 def _read_pem(path: str, what: str, marker: bytes) -> bytes:
@@ -429,17 +436,106 @@ def _read_pem(path: str, what: str, marker: bytes) -> bytes:
     return data
 
 
-def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
-    """gRPC server credentials from `tls`; with a client CA, client certificates are
-    required and verified (mTLS). SecurityConfigError names a bad file."""
+def _certificate_configuration(tls: TlsFiles) -> Any:
+    """The server's certificate configuration read from `tls`'s files, the key checked
+    against the certificate (a mismatched pair would fail every handshake).
+    SecurityConfigError names the bad file."""
     cert = _read_pem(tls.cert_file, "TLS certificate file", b"CERTIFICATE")
     key = _read_pem(tls.key_file, "TLS key file", b"PRIVATE KEY")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            tls.cert_file, tls.key_file, password=lambda: b""
+        )
+    except (ssl.SSLError, OSError) as exc:
+        why = exc.reason if isinstance(exc, ssl.SSLError) else exc.strerror
+        raise SecurityConfigError(
+            f"TLS key file {tls.key_file} and certificate file {tls.cert_file}: not a "
+            f"usable pair (an unencrypted key of the certificate is needed): {why}"
+        ) from None
     ca = None
     if tls.client_ca_file:
         ca = _read_pem(tls.client_ca_file, "TLS client CA file", b"CERTIFICATE")
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
-    )
+    return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+
+class TlsReloader:
+    """The server's TLS, re-read when its files change: a Kubernetes Secret renewed by
+    cert-manager is swapped in the mounted volume, and a certificate read once at start
+    would be served until it expired (then KEDA's and the engines' handshakes fail).
+
+    gRPC asks `fetch` before each new connection's handshake; the files are checked at
+    most every `reload_interval_s` seconds (monotonic), re-read when one's identity
+    (inode, size, mtime) changed, and served from the next connection on. A change that
+    is not a usable pair (half written, a key of another certificate) keeps the last good
+    configuration, and `reload_error` says why. Connections already open keep theirs.
+    Raises SecurityConfigError at construction when the files are not usable.
+    """
+
+    def __init__(
+        self,
+        tls: TlsFiles,
+        *,
+        reload_interval_s: float = TLS_RELOAD_INTERVAL_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tls = tls
+        self.reload_interval_s = reload_interval_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._stamps = self._file_stamps()
+        self._config = _certificate_configuration(tls)
+        self._checked_at = monotonic()
+        self.reloads = 0
+        self.reload_error = ""
+
+    def _file_stamps(self) -> tuple[tuple[int, int, int] | None, ...]:
+        files = (self.tls.cert_file, self.tls.key_file, self.tls.client_ca_file)
+        out = []
+        for path in files:
+            try:
+                st = os.stat(path) if path else None
+            except OSError:
+                st = None
+            out.append(None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+
+    def fetch(self) -> Any:
+        """A new certificate configuration when the files changed into a usable one,
+        else None (gRPC keeps the current one). Never raises: it runs in gRPC's
+        handshake path."""
+        now = self._monotonic()
+        with self._lock:
+            if now - self._checked_at < self.reload_interval_s:
+                return None
+            self._checked_at = now
+            stamps = self._file_stamps()
+            if stamps == self._stamps:
+                return None
+            try:
+                config = _certificate_configuration(self.tls)
+            except SecurityConfigError as exc:
+                self.reload_error = str(exc)  # keep serving the last good pair
+                return None
+            except Exception as exc:  # never into the handshake path
+                self.reload_error = f"TLS files: {type(exc).__name__}: {exc}"
+                return None
+            self._stamps, self._config = stamps, config
+            self.reloads += 1
+            self.reload_error = ""
+            return config
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """gRPC server credentials that serve the current pair and pick up changes."""
+        return grpc.dynamic_ssl_server_credentials(
+            self._config, self.fetch, require_client_authentication=bool(self.tls.client_ca_file)
+        )
+
+
+def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
+    """gRPC server credentials from `tls`, re-read when the files change (`TlsReloader`);
+    with a client CA, client certificates are required and verified (mTLS).
+    SecurityConfigError names a bad file."""
+    return TlsReloader(tls, reload_interval_s=tls.reload_interval_s).credentials()
 
 
 def channel_credentials(
@@ -466,6 +562,7 @@ __all__ = [
     "SecurityConfigError",
     "StreamLimiter",
     "TlsFiles",
+    "TlsReloader",
     "channel_credentials",
     "clip",
     "read_token",

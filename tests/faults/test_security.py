@@ -5,6 +5,7 @@ Helm chart's Secret mount for the token."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from governor_api import governor_v1_pb2_grpc as pb_grpc
 from service import security
 from service.cli import main as cli_main
 from service.core import ServiceCore
-from service.security import AdminToken, SecurityConfigError
+from service.security import AdminToken, SecurityConfigError, TlsFiles, TlsReloader
 from service.store import MemoryStore
 from tests.faults.helpers import sample
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
@@ -304,6 +305,88 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
             cwd=d,
         )
     return d
+
+
+def _server_pair(d: Path, ca: str, name: str) -> None:
+    """`name`.crt/.key in `d`: a server certificate for 127.0.0.1 signed by `ca`.crt."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", "/CN=s", cwd=d)
+    ext = d / "san.ext"
+    ext.write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+        "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", str(ext), cwd=d,
+    )  # fmt: skip
+
+
+def _handshakes(address: str, ca_file: Path) -> bool:
+    """Whether a new connection trusting only `ca_file` is served (a health check)."""
+    creds = grpc.ssl_channel_credentials(root_certificates=ca_file.read_bytes())
+    # A channel of its own subchannels: no connection reused from an earlier channel.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    with grpc.secure_channel(address, creds, options=options) as channel:
+        try:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        except grpc.RpcError:
+            return False
+    return True
+
+
+@pytest.mark.fault_case(
+    "Security",
+    "TLS certificate renewed in its mounted Secret (cert-manager)",
+    "new connections get the renewed certificate without a restart (a client trusting only "
+    "the new CA is served, one trusting only the old is refused); files checked at most "
+    "every reload interval; a half-written or mismatched pair keeps the last good one and "
+    "says why",
+)
+def test_a_renewed_tls_certificate_is_served_without_a_restart(tmp_path: Path, pki: Path) -> None:
+    for f in ("ca.crt", "ca.key", "server.crt", "server.key"):
+        shutil.copy(pki / f, tmp_path / f)
+    _openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "ca2.key", "-out", "ca2.crt", "-days", "2", "-subj", "/CN=renewed-ca",
+        cwd=tmp_path,
+    )  # fmt: skip
+    _server_pair(tmp_path, "ca2", "renewed")
+    live = tmp_path / "live"
+    live.mkdir()
+
+    def mount(cert: str, key: str) -> None:  # as the kubelet swaps a Secret's files
+        for src, dst in ((cert, "tls.crt"), (key, "tls.key")):
+            shutil.copy(tmp_path / src, live / f"{dst}.new")
+            os.replace(live / f"{dst}.new", live / dst)
+
+    mount("server.crt", "server.key")
+    tls = TlsFiles(str(live / "tls.crt"), str(live / "tls.key"), reload_interval_s=0.0)
+    core, _clock = _core()
+    with ServerThread(core, logger=quiet_logger(), tls=tls) as server:
+        assert _handshakes(server.address, tmp_path / "ca.crt")
+        assert not _handshakes(server.address, tmp_path / "ca2.crt")
+        mount("renewed.crt", "renewed.key")
+        assert _handshakes(server.address, tmp_path / "ca2.crt")
+        assert not _handshakes(server.address, tmp_path / "ca.crt")
+
+    # The reloader itself: the interval, and a change that is not a usable pair.
+    now = [0.0]
+    reloader = TlsReloader(
+        TlsFiles(str(live / "tls.crt"), str(live / "tls.key")),
+        reload_interval_s=10.0,
+        monotonic=lambda: now[0],
+    )
+    assert reloader.fetch() is None  # within the interval: not even checked
+    mount("server.crt", "renewed.key")  # a certificate with another certificate's key
+    now[0] = 11.0
+    assert reloader.fetch() is None and reloader.reloads == 0
+    assert "not a usable pair" in reloader.reload_error
+    assert str(live / "tls.key") in reloader.reload_error
+    mount("server.crt", "server.key")
+    now[0] = 15.0
+    assert reloader.fetch() is None  # checked 4 s ago
+    now[0] = 22.0
+    assert reloader.fetch() is not None and reloader.reloads == 1
+    assert reloader.reload_error == ""
+    assert reloader.fetch() is None  # unchanged since
 
 
 def _config_file(tmp: Path) -> Path:
