@@ -4,7 +4,10 @@ actuator (`actuators.kubernetes`) and the service's ConfigMap store and Lease el
 
 `api_client` builds a client with urllib3's own retries off; `call_with_retries` retries
 transient failures (5xx, 429, timeouts, connection errors) with capped exponential
-backoff and turns every failure into a `KubeCallError` carrying the HTTP status.
+backoff and turns every failure into a `KubeCallError` carrying the HTTP status; an
+answer the client cannot read (a 200 with a wrong body, e.g. a proxy's HTML page) is a
+`KubeCallError` that is not retried (`malformed`). A caller that may lose the right to
+call (an actuator that stood down) passes `abandon`, asked before every attempt.
 """
 
 from __future__ import annotations
@@ -22,19 +25,39 @@ MAX_BACKOFF_S = 5.0
 
 
 class KubeCallError(Exception):
-    """A Kubernetes API call failed. `status` is the HTTP status, or None for a timeout or
-    a connection failure."""
+    """A Kubernetes API call failed. `status` is the HTTP status, or None for a timeout,
+    a connection failure or (`malformed`) an answer the client could not read."""
 
-    def __init__(self, what: str, status: int | None, reason: str) -> None:
+    def __init__(self, what: str, status: int | None, reason: str, malformed: bool = False) -> None:
         self.what = what
         self.status = status
         self.reason = reason
-        code = f"HTTP {status}" if status is not None else "no answer"
+        self.malformed = malformed
+        code = "malformed answer" if malformed else "no answer"
+        code = f"HTTP {status}" if status is not None else code
         super().__init__(f"{what}: {code}: {reason}")
 
     @property
     def retryable(self) -> bool:
+        """5xx, 429, timeouts and connection failures; never a malformed answer (the
+        same server, asked again, answers the same)."""
+        if self.malformed:
+            return False
         return self.status is None or self.status in RETRYABLE_STATUS
+
+
+class CallAbandoned(Exception):
+    """An API call not made: its caller gave up the right to make it (an actuator that
+    stood down, no longer the leader, or is stopping). Not an API failure."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"{what}: abandoned (stood down or stopping)")
+
+
+def malformed_answer(what: str, detail: str) -> KubeCallError:
+    """The KubeCallError of an answer that lacks what the caller needs (not retried)."""
+    return KubeCallError(what, None, detail, malformed=True)
 
 
 def api_client(host: str | None = None, *, retries: int = 0) -> Any:
@@ -75,17 +98,26 @@ def call_with_retries(
     backoff_s: float = 0.2,
     sleep: Callable[[float], None] | None = None,
     what: str = "kubernetes call",
+    abandon: Callable[[], bool] | None = None,
 ) -> Any:
     """Run `fn()`; on a retryable failure (5xx, 429, timeout, connection error) sleep
-    `backoff_s * 2**attempt` (capped at 5 s, +-10 % jitter) and retry, at most `retries`
-    times. Raises KubeCallError (the last failure, or the first non-retryable one)."""
+    `backoff_s * 2**attempt` seconds (capped at 5 s, +-10 % jitter) and retry, at most
+    `retries` times. Raises KubeCallError (the last failure, or the first non-retryable
+    one); a ValueError or TypeError from `fn` (the client could not read the answer,
+    e.g. a 200 with an HTML body) is a malformed KubeCallError, not retried. `abandon()`
+    is asked before every attempt: True raises CallAbandoned without calling."""
     import urllib3
     from kubernetes.client.exceptions import ApiException
 
     pause = sleep or time.sleep
     for attempt in range(retries + 1):
+        if abandon is not None and abandon():
+            raise CallAbandoned(what)
         try:
             return fn()
+        except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+            text = " ".join(str(exc).split())[:200]
+            raise malformed_answer(what, f"{type(exc).__name__}: {text}") from None
         except (ApiException, urllib3.exceptions.HTTPError, TimeoutError, OSError) as exc:
             err = _to_kube_error(what, exc)
             if not err.retryable or attempt == retries:
@@ -101,7 +133,8 @@ class QueuedActuatorBase:
     worker's stop, and API calls with this actuator's timeout and retries.
 
     Subclasses set `_lock` (a Condition), `_pending`, `_status`, `_stopped`, `_worker`,
-    `_on_error`, `timeout_s`, `retries`, `backoff_s` and `_sleep` in their constructor.
+    `_on_error`, `_log`, `timeout_s`, `retries`, `backoff_s` and `_sleep` in their
+    constructor.
     """
 
     _lock: threading.Condition
@@ -110,6 +143,7 @@ class QueuedActuatorBase:
     _stopped: bool
     _worker: threading.Thread | None
     _on_error: Callable[[str], None] | None
+    _log: Any
     timeout_s: float
     retries: int
     backoff_s: float
@@ -118,10 +152,11 @@ class QueuedActuatorBase:
 
     def stand_down(self) -> int:
         """This instance lost the leadership: forget every queued intent (a write that
-        failed and waits for its retry included) and start no write still in hand, so a
-        demoted leader never writes a stale decision over the new leader's once the API
-        server answers again. The next `apply` (a leader's decisions) lifts it. Returns
-        how many intents were dropped."""
+        failed and waits for its retry included) and make no more API call for a write
+        still in hand (each read and patch asks `_halted` first, retries and 409
+        re-reads included), so a demoted leader never writes a stale decision over the
+        new leader's. The next `apply` (a leader's decisions) lifts it. Returns how many
+        intents were dropped."""
         with self._lock:
             dropped = len(self._pending)
             self._pending.clear()
@@ -129,9 +164,19 @@ class QueuedActuatorBase:
             self._lock.notify_all()
             return dropped
 
-    def _standing_down(self) -> bool:
+    def _halted(self) -> bool:
+        """Whether no API call may start now: stood down or stopped."""
         with self._lock:
-            return self._stood_down
+            return self._stood_down or self._stopped
+
+    def _report_error(self, reason: str) -> None:
+        """Call the error hook with `reason`; a failing hook is logged, never raised."""
+        if self._on_error is None:
+            return
+        try:
+            self._on_error(reason)
+        except Exception as exc:  # counting must never break actuation
+            self._log.error("actuation_error_hook_failed", error=repr(exc))
 
     def set_error_hook(self, on_error: Callable[[str], None] | None) -> None:
         """Set the `on_error(reason)` callback (ServiceCore wires it to its metrics)."""
@@ -148,7 +193,8 @@ class QueuedActuatorBase:
             return dict(self._status)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the worker after its current call."""
+        """Stop: no API call starts any more (a write in hand is abandoned before its
+        next read or patch); wait for the worker at most `timeout_s` seconds."""
         with self._lock:
             self._stopped = True
             self._lock.notify_all()
@@ -180,4 +226,5 @@ class QueuedActuatorBase:
             backoff_s=self.backoff_s,
             sleep=self._sleep,
             what=what,
+            abandon=self._halted,
         )

@@ -30,7 +30,15 @@ resourceVersion it read, so a retried write that already landed reads back as eq
 
 Failures are reported: each failed or refused attempt calls `on_error(reason)` with a
 lower-case reason (`FAILURE_REASONS`), which the service counts in
-`governor_actuation_errors_total{actuator="KubernetesScaleActuator", reason=...}`.
+`governor_actuation_errors_total{actuator="KubernetesScaleActuator", reason=...}`. An
+answer the client cannot read (a 200 with a wrong body) fails that model's attempt
+(`malformed_answer`, not retried on its own: the next decision asks again); anything
+else one model's attempt raises is reported (`exception`) and retried like a transient
+failure, and the other models of the batch are still written.
+
+Only a leader writes: after `stand_down()` (leadership lost) or `close()`, no read or
+patch starts any more, a write in hand included (409 re-reads and retries ask first);
+such a write is recorded as ABANDONED, neither an error nor retried.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from typing import Any
 
 import structlog
 
-from actuators.kubeapi import KubeCallError, QueuedActuatorBase
+from actuators.kubeapi import CallAbandoned, KubeCallError, QueuedActuatorBase, malformed_answer
 from controller.types import Decision
 
 MAX_RETRY_DELAY_S = 30.0
@@ -58,6 +66,8 @@ FAILURE_REASONS = (
     "conflict",  # 409 on every attempt: someone keeps writing the scale
     "retries_exhausted",  # 5xx, 429, timeouts on every attempt (queued again)
     "rejected",  # any other 4xx (e.g. 422)
+    "malformed_answer",  # an answer the client could not read (a 200 with a wrong body)
+    "exception",  # the attempt raised something else (queued again)
 )
 """The `reason` label values of actuation errors."""
 
@@ -70,6 +80,7 @@ class ScaleReason(StrEnum):
     HPA_CONFLICT = "HPA_CONFLICT"
     NOT_FOUND = "NOT_FOUND"
     FAILED = "FAILED"
+    ABANDONED = "ABANDONED"  # stood down or stopped with the write in hand: not written
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +189,11 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         targets = self.targets()
         out = {}
         for model, replicas in due.items():
-            if self._standing_down():
+            if self._halted():
                 break
             if model not in targets:
                 continue
-            ns, deployment = targets[model]
-            st = self.scale(model, ns, deployment, replicas)
+            st = self._scale_isolated(model, *targets[model], replicas)
             out[model] = st
             with self._lock:
                 if st.reason is ScaleReason.FAILED and st.transient:
@@ -198,6 +208,25 @@ class KubernetesScaleActuator(QueuedActuatorBase):
                     self._failures.pop(model, None)
                     self._retry_at.pop(model, None)
         return out
+
+    def _scale_isolated(
+        self, model: str, namespace: str, deployment: str, replicas: int
+    ) -> ScaleStatus:
+        """`scale`, with anything it raises (a bug, a drain hook that broke its word)
+        confined to this model: FAILED, counted as `exception`, queued again."""
+        try:
+            return self.scale(model, namespace, deployment, replicas)
+        except Exception as exc:
+            self._log.error("scale_raised", model=model, error=repr(exc))
+            return self._record(
+                model,
+                ScaleReason.FAILED,
+                replicas,
+                None,
+                f"unexpected error: {exc!r}",
+                error="exception",
+                transient=True,
+            )
 
     def _wait_due_locked(self) -> None:
         """Wait (lock held) until a pending value is due or the actuator stops."""
@@ -272,13 +301,16 @@ class KubernetesScaleActuator(QueuedActuatorBase):
                     namespace,
                 )
                 observed = scale.spec.replicas if scale.spec is not None else None
+                version = getattr(scale.metadata, "resource_version", None)
+                if not version:
+                    raise malformed_answer(f"read scale of {where}", "no resourceVersion")
                 if observed == replicas:
                     return self._record(model, ScaleReason.UNCHANGED, replicas, observed, "")
                 down = observed is not None and replicas < observed
                 if self.drain is not None and down and not drained:  # once, not per 409
                     drained = self.drain(model, namespace, deployment)
                 body = {
-                    "metadata": {"resourceVersion": scale.metadata.resource_version},
+                    "metadata": {"resourceVersion": version},
                     "spec": {"replicas": replicas},
                 }
                 patch = self.apps.patch_namespaced_deployment_scale
@@ -289,6 +321,11 @@ class KubernetesScaleActuator(QueuedActuatorBase):
                 self._log.info("scaled", target=where, model=model, replicas=replicas, was=observed)
                 return self._record(model, ScaleReason.SCALED, replicas, observed, drained)
             raise AssertionError("unreachable")  # pragma: no cover
+        except CallAbandoned as exc:
+            why = "stopped" if self._stopped else "not the leader any more"
+            self._log.info("scale_abandoned", model=model, replicas=replicas, why=why)
+            detail = f"{why}: {exc.what} not made, nothing written"
+            return self._record(model, ScaleReason.ABANDONED, replicas, observed, detail)
         except KubeCallError as exc:
             reason = ScaleReason.NOT_FOUND if exc.status == 404 else ScaleReason.FAILED
             return self._record(
@@ -320,16 +357,15 @@ class KubernetesScaleActuator(QueuedActuatorBase):
             self._log.warning("scale_refused_or_failed", model=model, reason=reason, detail=detail)
         if reason is ScaleReason.HPA_CONFLICT:
             error = "hpa_conflict"
-        if error is not None and self._on_error is not None:
-            try:
-                self._on_error(error)
-            except Exception as exc:  # counting must never break actuation
-                self._log.error("actuation_error_hook_failed", error=repr(exc))
+        if error is not None:
+            self._report_error(error)
         return st
 
 
 def failure_reason(exc: KubeCallError) -> str:
     """The `FAILURE_REASONS` label of a failed scale call."""
+    if exc.malformed:
+        return "malformed_answer"
     if exc.status == 404:
         return "not_found"
     if exc.status in (401, 403):

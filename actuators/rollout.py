@@ -22,7 +22,9 @@ Rules, per model:
   rolled out) with the decided knobs and rolls out when they differ by the roll-out
   threshold (`worth(model, decided, annotated)`); no annotation: nothing on record;
 - the patch carries the resourceVersion it read (409 on a concurrent write: re-read and
-  retry, `retries` times; still conflicting: FAILED, kept for the next tick).
+  retry, `retries` times; still conflicting: FAILED, kept for the next tick);
+- only a leader patches: after `stand_down()` (leadership lost) or `close()` no read or
+  patch starts (ABANDONED).
 Works the same whether KEDA or the governor scales the Deployment: the roll-out only
 touches the pod template, never spec.replicas.
 
@@ -41,7 +43,7 @@ from typing import Any
 
 import structlog
 
-from actuators.kubeapi import KubeCallError, QueuedActuatorBase
+from actuators.kubeapi import CallAbandoned, KubeCallError, QueuedActuatorBase
 from actuators.kubernetes import failure_reason
 from controller.types import Decision, Knobs
 
@@ -70,6 +72,7 @@ class RolloutReason(StrEnum):
     RATE_LIMITED = "ROLLOUT_RATE_LIMITED"
     NOT_FOUND = "ROLLOUT_NOT_FOUND"
     FAILED = "ROLLOUT_FAILED"
+    ABANDONED = "ROLLOUT_ABANDONED"  # stood down or stopped with the patch in hand
 
 
 WAITING = frozenset(
@@ -199,7 +202,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
         targets = self.targets()
         out = {}
         for model, knobs in queued.items():
-            if self._standing_down():
+            if self._halted():
                 break
             if model not in targets:
                 with self._lock:
@@ -269,13 +272,12 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 self._log.info("rollout_started", model=model, target=where, knobs=value)
                 return done(RolloutReason.STARTED, f"{where}: {ROLLOUT_ANNOTATION}={value}")
             raise AssertionError("unreachable")  # pragma: no cover
+        except CallAbandoned as exc:
+            self._log.info("rollout_abandoned", model=model, knobs=value)
+            return done(RolloutReason.ABANDONED, f"{exc.what} not made, nothing patched")
         except KubeCallError as exc:
             self._log.warning("rollout_failed", model=model, error=str(exc))
-            if self._on_error is not None:
-                try:
-                    self._on_error(failure_reason(exc))
-                except Exception as hook_exc:  # counting must never break actuation
-                    self._log.error("actuation_error_hook_failed", error=repr(hook_exc))
+            self._report_error(failure_reason(exc))
             if exc.status == 404:
                 return done(RolloutReason.NOT_FOUND, str(exc))
             return done(RolloutReason.FAILED, str(exc))

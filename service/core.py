@@ -419,15 +419,23 @@ class ServiceCore:
                 self._save_state()
 
     def close(self) -> None:
-        """Release leadership, stop actuator workers and the store's watch."""
+        """Stop the actuators first: each stands down and is closed (its worker waited
+        for, bounded by its own close), so no write of ours starts once another instance
+        can lead; then release leadership and stop the store's watch."""
+        for act in self.extra_actuators:
+            self._quietly(act, "stand_down")
+            self._quietly(act, "close")
         self.elector.stop(release=True)
-        for act in (*self.extra_actuators, self.store):
-            close = getattr(act, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception as exc:
-                    self.log.error("close_failed", error=repr(exc))
+        self._quietly(self.store, "close")
+
+    def _quietly(self, obj: Any, method: str) -> None:
+        """Call `obj.method()` if it has one; a failure is logged, never raised."""
+        fn = getattr(obj, method, None)
+        if callable(fn):
+            try:
+                fn()
+            except Exception as exc:
+                self.log.error("close_failed", step=method, error=repr(exc))
 
     # ------------------------------------------------------------------ targets
     def _refuse(self, revision: str, problem: str) -> None:

@@ -34,7 +34,8 @@ Every write bumps a cluster-wide resourceVersion counter, like etcd's revision. 
 objects answer 404 with a Status body. Fault injection: `inject(method, path_part,
 status, times)` answers the next matching requests with `status` (e.g. 409, 500), or
 with status "timeout": hold the request for `timeout_delay_s` and then fail it without
-applying anything (the client has given up by then).
+applying anything (the client has given up by then), or with status "garbage": a 200
+whose body is an HTML page, not an API object (what a misrouting proxy answers).
 """
 
 from __future__ import annotations
@@ -152,10 +153,10 @@ class FakeKubeAPI:
                 n = int(self.headers.get("Content-Length") or 0)
                 return json.loads(self.rfile.read(n) or b"null") if n else None
 
-            def _send(self, code: int, obj: Any) -> None:
-                data = json.dumps(obj).encode()
+            def _send(self, code: int, obj: Any, ctype: str = "application/json") -> None:
+                data = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -184,6 +185,9 @@ class FakeKubeAPI:
                     if fault.status == "timeout":
                         time.sleep(api.timeout_delay_s)
                         self._send(504, _status(504, "Timeout", "injected timeout"))
+                        return
+                    if fault.status == "garbage":
+                        self._send(200, b"<html>proxy login</html>", "text/html")
                         return
                     code = int(fault.status)
                     reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable"}
