@@ -18,13 +18,14 @@ Rules, per model:
   (`policy.rollout_min_interval_s`), else RATE_LIMITED until then;
 - the newest request wins: a later knob change replaces a waiting one;
 - nothing is lost when the leader changes or restarts: on the first decision this
-  instance sees for a model, it compares the template's annotation (the knobs last
-  rolled out) with the decided knobs and rolls out when they differ by the roll-out
-  threshold (`worth(model, decided, annotated)`); no annotation: nothing on record;
+  instance sees for a model since it last became leader, it compares the template's
+  annotation (the knobs last rolled out) with the decided knobs and rolls out when they
+  differ by the roll-out threshold (`worth(model, decided, annotated)`); no annotation:
+  nothing on record;
 - the patch carries the resourceVersion it read (409 on a concurrent write: re-read and
   retry, `retries` times; still conflicting: FAILED, kept for the next tick);
 - only a leader patches: after `stand_down()` (leadership lost) or `close()` no read or
-  patch starts (ABANDONED).
+  patch starts (ABANDONED), and the take-over check runs again when it leads again.
 Works the same whether KEDA or the governor scales the Deployment: the roll-out only
 touches the pod template, never spec.replicas.
 
@@ -178,6 +179,15 @@ class KnobRolloutActuator(QueuedActuatorBase):
             self._lock.notify_all()
         if self._worker is None:
             self.run_pending()
+
+    def stand_down(self) -> int:
+        """`QueuedActuatorBase.stand_down`, and forget which models this instance has
+        seen: when it leads again, its first decision per model compares the template
+        with the decided knobs again (a roll-out dropped here is caught up then)."""
+        with self._lock:
+            self._seen.clear()
+            self._catch_up.clear()
+            return super().stand_down()
 
     def _run(self) -> None:
         while True:

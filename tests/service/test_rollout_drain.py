@@ -312,3 +312,19 @@ def test_a_new_leader_rolls_out_what_its_predecessor_left_pending(api: FakeKubeA
     taker.apply([_decision(K3, rollout=False)])  # only the first decision is checked
     assert taker.pending() == {}
     assert api.count("PATCH", "/deployments/demo") == 2
+
+
+def test_a_leader_that_leads_again_catches_up_the_rollout_it_dropped(api: FakeKubeAPI) -> None:
+    """K2 (worth a restart) waits out a panic; the lease is lost, which drops it; the
+    lease comes back and the decisions keep K2 without a new roll-out flag. The
+    take-over check must run again and roll K2 out."""
+    act = _rollouts(api, Clock(), interval_s=0.0)
+    act.worth = lambda model, decided, annotated: decided.differs_by(annotated, 0.25)
+    act.apply([_decision(K1)])
+    api.finish_rollout(NS, "demo")
+    act.apply([_decision(K2, panic=True)])
+    assert _reason(act) == RolloutReason.WAITING_PANIC
+    assert act.stand_down() == 1
+    act.apply([_decision(K2, rollout=False)])  # leader again
+    assert _reason(act) == RolloutReason.STARTED and act.pending() == {}
+    assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=128,tokens=8192"
