@@ -13,6 +13,14 @@ no running request, bounded by terminationGracePeriodSeconds, sized from the mod
 e2e p99); vLLM stops taking new requests and finishes the running ones until the grace
 period ends, and only then is the pod killed.
 
+Only the Deployment's own pods are annotated: they are listed with its whole selector
+(matchLabels and matchExpressions, `label_selector`) and kept only when their controller
+is one of its ReplicaSets, which the Deployment controller names
+`<deployment>-<pod-template-hash>` and whose pods carry that `pod-template-hash` label
+(`owned_by`; no ReplicaSet list, so no RBAC beyond pods list/patch). A selector that
+cannot be written as a label selector (none, empty, an unknown operator) is refused:
+no pod is annotated and the result says so.
+
 Missing data changes nothing: when Prometheus cannot be read or has no series for the
 model, no annotation is written (the ReplicaSet's default order applies) and the result
 says so; a pod without a series (not scraped yet, e.g. just started) costs 0.
@@ -33,6 +41,7 @@ from estimators.promql import RUNNING_METRICS
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MAX_COST = 2**31 - 1  # the annotation is an int32
+POD_TEMPLATE_HASH = "pod-template-hash"
 
 
 class QueryClient(Protocol):
@@ -55,6 +64,38 @@ def running_by_pod_query(model: str, namespace: str, model_label: str = "model_n
     sel = f'{{{model_label}="{_quote(model)}",namespace="{_quote(namespace)}"}}'
     names = [*RUNNING_METRICS, *(n.replace(":", "_") for n in RUNNING_METRICS)]
     return f"sum by (pod) ({' or '.join(n + sel for n in names)})"
+
+
+def label_selector(selector: Any) -> str | None:
+    """A Deployment's spec.selector (V1LabelSelector) in the syntax of a list call's
+    labelSelector: matchLabels as `k=v`, matchExpressions as `k in (a,b)`,
+    `k notin (a,b)`, `k` (Exists), `!k` (DoesNotExist). None when it selects nothing
+    this can express: no selector, an empty one (it would select every pod), an unknown
+    operator, or In/NotIn without values."""
+    if selector is None:
+        return None
+    parts = [f"{k}={v}" for k, v in sorted((selector.match_labels or {}).items())]
+    for req in selector.match_expressions or []:
+        values = ",".join(sorted(req.values or []))
+        if req.operator in ("In", "NotIn") and values:
+            parts.append(f"{req.key} {req.operator.lower()} ({values})")
+        elif req.operator in ("Exists", "DoesNotExist") and not req.values:
+            parts.append(("!" if req.operator == "DoesNotExist" else "") + req.key)
+        else:
+            return None
+    return ",".join(parts) or None
+
+
+def owned_by(pod: Any, deployment: str) -> bool:
+    """Whether `pod` (V1Pod) is Deployment `deployment`'s: its controller is the
+    ReplicaSet `<deployment>-<pod-template-hash>` named by its own hash label."""
+    meta = pod.metadata
+    pod_hash = (meta.labels or {}).get(POD_TEMPLATE_HASH) if meta is not None else None
+    if not pod_hash:
+        return False
+    rs = f"{deployment}-{pod_hash}"
+    refs = meta.owner_references or []
+    return any(r.kind == "ReplicaSet" and r.controller and r.name == rs for r in refs)
 
 
 def prometheus_running_by_pod(client: QueryClient, model_label: str = "model_name") -> RunningByPod:
@@ -118,8 +159,12 @@ class PodDrainer:
                     deployment, namespace, _request_timeout=self.timeout_s
                 ),
             )
-            labels = (dep.spec.selector.match_labels or {}) if dep.spec.selector else {}
-            selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+            selector = label_selector(dep.spec.selector if dep.spec else None)
+            if selector is None:
+                self._log.warning("drain_refused_selector", model=model, target=where)
+                return (
+                    f"drain: {where} has no usable label selector; no cost set, default pod order"
+                )
             pods = self._call(
                 f"list pods of {where}",
                 lambda: self.core.list_namespaced_pod(
@@ -128,6 +173,8 @@ class PodDrainer:
             )
             costs: dict[str, int] = {}
             for pod in pods.items or []:
+                if not owned_by(pod, deployment):
+                    continue
                 name = pod.metadata.name
                 cost = min(MAX_COST, round(running.get(name, 0.0)))
                 costs[name] = cost

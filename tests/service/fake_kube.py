@@ -8,10 +8,11 @@ Implemented (JSON only):
 - apps/v1 deployments/{name}: GET, PATCH (merge patch with the same precondition; a
   change of spec bumps metadata.generation and, for a pod-template change, starts a
   roll-out that stays in progress until `finish_rollout`);
-- core/v1 pods: list in a namespace (labelSelector `k=v,...`), PATCH (merge patch);
-  a scale-down deletes pods as the ReplicaSet controller ranks them (fewest
-  `controller.kubernetes.io/pod-deletion-cost` first, then the newest), a scale-up
-  adds pods;
+- core/v1 pods: list in a namespace (any labelSelector: tests/service/fake_pods.py),
+  PATCH (merge patch); a Deployment's pods are its ReplicaSet's (ownerReference,
+  pod-template-hash label); a scale-down deletes pods as the ReplicaSet controller ranks
+  them (fewest `controller.kubernetes.io/pod-deletion-cost` first, then the newest), a
+  scale-up adds pods; `add_pod` adds one of no Deployment;
 - autoscaling/v2 horizontalpodautoscalers: list in a namespace;
 - core/v1 configmaps: GET, PUT (resourceVersion precondition when given), POST (409
   AlreadyExists), validated as the API server's `ValidateConfigMap` does: the values of
@@ -51,6 +52,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
+
+from tests.service import fake_pods as fp
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 CONFIGMAP_MAX_BYTES = 1024 * 1024
@@ -257,9 +260,16 @@ class FakeKubeAPI:
         return str(self._rv)
 
     def add_deployment(
-        self, namespace: str, name: str, replicas: int, labels: dict[str, str] | None = None
+        self,
+        namespace: str,
+        name: str,
+        replicas: int,
+        labels: dict[str, str] | None = None,
+        selector: dict[str, Any] | None = None,
     ) -> None:
-        """A Deployment whose pods carry `labels` (its selector; default app=<name>)."""
+        """A Deployment whose pods carry `labels` (default app=<name>); `selector`: its
+        spec.selector as the API writes it (default matchLabels: `labels`)."""
+        labels = dict(labels or {"app": name})
         with self._lock:
             self.deployments[(namespace, name)] = {
                 "replicas": replicas,
@@ -267,7 +277,8 @@ class FakeKubeAPI:
                 "generation": 1,
                 "observed_generation": 1,
                 "updated": replicas,
-                "labels": dict(labels or {"app": name}),
+                "labels": labels,
+                "selector": {"matchLabels": labels} if selector is None else selector,
                 "annotations": {},
             }
             for _ in range(replicas):
@@ -275,32 +286,26 @@ class FakeKubeAPI:
 
     def _add_pod(self, ns: str, deployment: str) -> None:
         d = self.deployments[(ns, deployment)]
-        d["pod_seq"] = d.get("pod_seq", 0) + 1
-        name = f"{deployment}-{d['pod_seq']}"
-        self.pods[(ns, name)] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": ns,
-                "labels": dict(d["labels"]),
-                "annotations": {},
-                "resourceVersion": self._next_rv(),
-                "creationTimestamp": f"2026-01-01T00:00:{d['pod_seq']:02d}Z",
-            },
-            "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
-            "status": {"phase": "Running"},
-        }
+        seq = d["pod_seq"] = d.get("pod_seq", 0) + 1
+        name = f"{deployment}-{seq}"
+        labels = {**d["labels"], fp.POD_TEMPLATE_HASH: fp.template_hash(deployment)}
+        owner = fp.replicaset_of(deployment)
+        self.pods[(ns, name)] = fp.pod_object(ns, name, labels, self._next_rv(), seq, owner)
+
+    def add_pod(
+        self, namespace: str, name: str, labels: dict[str, str], owner: str | None = None
+    ) -> None:
+        """A pod of no Deployment here: bare, or controlled by ReplicaSet `owner`."""
+        with self._lock:
+            rv = self._next_rv()
+            self.pods[(namespace, name)] = fp.pod_object(namespace, name, labels, rv, 0, owner)
 
     def pods_of(self, namespace: str, deployment: str) -> list[str]:
-        """Names of the Deployment's pods, sorted."""
+        """Names of the Deployment's pods (its ReplicaSet's), sorted."""
+        owner = fp.replicaset_of(deployment)
         with self._lock:
-            labels = self.deployments[(namespace, deployment)]["labels"]
-            return sorted(
-                name
-                for (ns, name), pod in self.pods.items()
-                if ns == namespace and labels.items() <= pod["metadata"]["labels"].items()
-            )
+            pods = self.pods.items()
+            return sorted(n for (ns, n), p in pods if ns == namespace and fp.owned_by(p, owner))
 
     def _resize(self, ns: str, deployment: str, replicas: int) -> None:
         """The ReplicaSet controller's part: delete the lowest pod-deletion-cost pods first
@@ -576,7 +581,7 @@ class FakeKubeAPI:
             },
             "spec": {
                 "replicas": d["replicas"],
-                "selector": {"matchLabels": dict(d["labels"])},
+                "selector": copy.deepcopy(d["selector"]),
                 "template": {
                     "metadata": {
                         "labels": dict(d["labels"]),
@@ -628,16 +633,15 @@ class FakeKubeAPI:
         self, method: str, ns: str, name: str | None, body: Any, query: str
     ) -> tuple[int, Any]:
         if name is None and method == "GET":
-            params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
-            from urllib.parse import unquote
-
-            selector = unquote(params.get("labelSelector", ""))
-            want = dict(p.split("=", 1) for p in selector.split(",") if "=" in p)
-            items = [
-                copy.deepcopy(pod)
-                for (pns, _), pod in sorted(self.pods.items())
-                if pns == ns and want.items() <= pod["metadata"]["labels"].items()
-            ]
+            selector = (parse_qs(query).get("labelSelector") or [""])[0]
+            try:
+                items = [
+                    copy.deepcopy(pod)
+                    for (pns, _), pod in sorted(self.pods.items())
+                    if pns == ns and fp.selector_matches(selector, pod["metadata"]["labels"])
+                ]
+            except ValueError as exc:
+                return 400, _status(400, "BadRequest", str(exc))
             meta = {"resourceVersion": str(self._rv)}
             return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": meta, "items": items}
         if name is None or (ns, name) not in self.pods:

@@ -328,3 +328,48 @@ def test_a_leader_that_leads_again_catches_up_the_rollout_it_dropped(api: FakeKu
     act.apply([_decision(K2, rollout=False)])  # leader again
     assert _reason(act) == RolloutReason.STARTED and act.pending() == {}
     assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=128,tokens=8192"
+
+
+def _drainer(api: FakeKubeAPI, running: dict[str, float] | None) -> PodDrainer:
+    from kubernetes import client as k8s
+
+    kube = api_client(api.url)
+    prom = prometheus_running_by_pod(FakeProm(running))
+    return PodDrainer(k8s.CoreV1Api(kube), k8s.AppsV1Api(kube), prom)
+
+
+def _costs(api: FakeKubeAPI) -> dict[str, str]:
+    """Every pod's deletion cost annotation in the fake cluster, by pod name."""
+    return {
+        name: pod["metadata"]["annotations"][DELETION_COST]
+        for (_, name), pod in api.pods.items()
+        if DELETION_COST in pod["metadata"]["annotations"]
+    }
+
+
+def test_only_the_deployments_own_pods_get_a_deletion_cost(api: FakeKubeAPI) -> None:
+    """The Deployment selects with matchExpressions only. Beside its pods the namespace
+    holds another Deployment's, a canary Deployment's whose labels match the selector
+    too, and a bare pod with the same labels: none of those is annotated."""
+    expr = [{"key": "app", "operator": "In", "values": ["llm"]}]
+    api.add_deployment(NS, "llm", 2, labels={"app": "llm"}, selector={"matchExpressions": expr})
+    api.add_deployment(NS, "llm-canary", 1, labels={"app": "llm", "track": "canary"})
+    api.add_pod(NS, "llm-debug", {"app": "llm"})
+    drainer = _drainer(api, {"llm-1": 3, "llm-2": 0, "llm-canary-1": 9})
+    detail = drainer.prepare("llm", NS, "llm")
+    assert _costs(api) == {"llm-1": "3", "llm-2": "0"}
+    assert "llm-2=0, llm-1=3" in detail
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [{}, {"matchExpressions": [{"key": "app", "operator": "Near", "values": ["llm"]}]}],
+    ids=["empty", "unknown-operator"],
+)
+def test_a_selector_that_cannot_be_written_is_refused(
+    api: FakeKubeAPI, selector: dict[str, Any]
+) -> None:
+    api.add_deployment(NS, "llm", 2, labels={"app": "llm"}, selector=selector)
+    detail = _drainer(api, {"llm-1": 3}).prepare("llm", NS, "llm")
+    assert "no usable label selector" in detail
+    assert _costs(api) == {} and api.count("GET", "/pods") == 0
