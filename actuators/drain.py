@@ -21,9 +21,12 @@ is one of its ReplicaSets, which the Deployment controller names
 cannot be written as a label selector (none, empty, an unknown operator) is refused:
 no pod is annotated and the result says so.
 
-Missing data changes nothing: when Prometheus cannot be read or has no series for the
-model, no annotation is written (the ReplicaSet's default order applies) and the result
-says so; a pod without a series (not scraped yet, e.g. just started) costs 0.
+Missing data leaves the ReplicaSet's default order: when Prometheus cannot be read or
+has no series for the model, no cost is written, and the costs an earlier drain wrote
+(now stale: the idle pods then may be the busy ones now) are removed; the result says
+so. Every cost the governor writes is recorded beside it in `COST_RECORD`; only a cost
+still equal to that record is removed, so one someone else set is left alone. A pod
+without a series (not scraped yet, e.g. just started) costs 0.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from estimators.promql import RUNNING_METRICS
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MAX_COST = 2**31 - 1  # the annotation is an int32
 POD_TEMPLATE_HASH = "pod-template-hash"
+COST_RECORD = "llm-governor.io/pod-deletion-cost"
+"""Pod annotation: the deletion cost the governor last wrote on the pod (ownership)."""
 
 
 class QueryClient(Protocol):
@@ -146,53 +151,83 @@ class PodDrainer:
         self._log = structlog.get_logger("actuator.drain")
 
     def prepare(self, model: str, namespace: str, deployment: str) -> str:
-        """Annotate every pod of `namespace/deployment` with its deletion cost; returns a
+        """Annotate every pod of `namespace/deployment` with its deletion cost, or without
+        per-pod data remove the costs the governor wrote (default order); returns a
         one-line account for status (never raises)."""
         running = self.running(model, namespace)
-        if running is None:
-            return "drain: no per-pod running requests from Prometheus; default pod order"
         where = f"deployment {namespace}/{deployment}"
         try:
-            dep = self._call(
-                f"read {where}",
-                lambda: self.apps.read_namespaced_deployment(
-                    deployment, namespace, _request_timeout=self.timeout_s
-                ),
-            )
-            selector = label_selector(dep.spec.selector if dep.spec else None)
-            if selector is None:
+            pods = self._own_pods(namespace, deployment, where)
+            if pods is None:
                 self._log.warning("drain_refused_selector", model=model, target=where)
+                return f"drain: {where} has no usable label selector; no cost set, default order"
+            if running is None:
+                cleared = self._clear(namespace, pods)
+                note = f" ({cleared} earlier costs removed)" if cleared else ""
                 return (
-                    f"drain: {where} has no usable label selector; no cost set, default pod order"
+                    f"drain: no per-pod running requests from Prometheus; default pod order{note}"
                 )
-            pods = self._call(
-                f"list pods of {where}",
-                lambda: self.core.list_namespaced_pod(
-                    namespace, label_selector=selector, _request_timeout=self.timeout_s
-                ),
-            )
-            costs: dict[str, int] = {}
-            for pod in pods.items or []:
-                if not owned_by(pod, deployment):
-                    continue
-                name = pod.metadata.name
-                cost = min(MAX_COST, round(running.get(name, 0.0)))
-                costs[name] = cost
-                if (pod.metadata.annotations or {}).get(DELETION_COST) == str(cost):
-                    continue
-                body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
-                self._call(
-                    f"annotate pod {namespace}/{name}",
-                    lambda n=name, b=body: self.core.patch_namespaced_pod(
-                        n, namespace, b, _request_timeout=self.timeout_s
-                    ),
-                )
+            costs = self._annotate(namespace, pods, running)
         except KubeCallError as exc:
             self._log.warning("drain_prepare_failed", model=model, error=str(exc))
             return f"drain: could not set deletion costs ({exc}); default pod order"
         shown = ", ".join(f"{n}={c}" for n, c in sorted(costs.items(), key=lambda kv: kv[1]))
         self._log.info("drain_prepared", model=model, costs=costs)
         return f"drain: deletion cost = running requests ({shown})"
+
+    def _own_pods(self, namespace: str, deployment: str, where: str) -> list[Any] | None:
+        """The Deployment's own pods (V1Pod), listed with its selector; None when its
+        selector cannot be written (nothing is listed then)."""
+        dep = self._call(
+            f"read {where}",
+            lambda: self.apps.read_namespaced_deployment(
+                deployment, namespace, _request_timeout=self.timeout_s
+            ),
+        )
+        selector = label_selector(dep.spec.selector if dep.spec else None)
+        if selector is None:
+            return None
+        pods = self._call(
+            f"list pods of {where}",
+            lambda: self.core.list_namespaced_pod(
+                namespace, label_selector=selector, _request_timeout=self.timeout_s
+            ),
+        )
+        return [pod for pod in pods.items or [] if owned_by(pod, deployment)]
+
+    def _annotate(
+        self, namespace: str, pods: list[Any], running: Mapping[str, float]
+    ) -> dict[str, int]:
+        """Set each pod's cost (and its record) to its running requests; the costs."""
+        costs: dict[str, int] = {}
+        for pod in pods:
+            name = pod.metadata.name
+            cost = str(min(MAX_COST, round(running.get(name, 0.0))))
+            costs[name] = int(cost)
+            have = pod.metadata.annotations or {}
+            if have.get(DELETION_COST) != cost or have.get(COST_RECORD) != cost:
+                self._patch(namespace, name, {DELETION_COST: cost, COST_RECORD: cost})
+        return costs
+
+    def _clear(self, namespace: str, pods: list[Any]) -> int:
+        """Remove the costs the governor wrote that nobody changed since; how many."""
+        cleared = 0
+        for pod in pods:
+            have = pod.metadata.annotations or {}
+            if COST_RECORD in have and have.get(DELETION_COST) == have[COST_RECORD]:
+                self._patch(namespace, pod.metadata.name, {DELETION_COST: None, COST_RECORD: None})
+                cleared += 1
+        return cleared
+
+    def _patch(self, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+        """Merge-patch pod `namespace/name`'s annotations (None removes one)."""
+        body = {"metadata": {"annotations": annotations}}
+        self._call(
+            f"annotate pod {namespace}/{name}",
+            lambda: self.core.patch_namespaced_pod(
+                name, namespace, body, _request_timeout=self.timeout_s
+            ),
+        )
 
 
 class DrainBeforeScaleDown:

@@ -373,3 +373,23 @@ def test_a_selector_that_cannot_be_written_is_refused(
     detail = _drainer(api, {"llm-1": 3}).prepare("llm", NS, "llm")
     assert "no usable label selector" in detail
     assert _costs(api) == {} and api.count("GET", "/pods") == 0
+
+
+def test_without_data_the_costs_the_governor_wrote_are_removed(api: FakeKubeAPI) -> None:
+    """The module's promise: no per-pod data -> the ReplicaSet's default order (newest
+    first), not the costs of an earlier drain. A cost someone else set stays."""
+    from kubernetes import client as k8s
+
+    kube = api_client(api.url)
+    prom = FakeProm({"demo-1": 0, "demo-2": 9, "demo-3": 8, "demo-4": 7})
+    drainer = PodDrainer(k8s.CoreV1Api(kube), k8s.AppsV1Api(kube), prometheus_running_by_pod(prom))
+    drainer.prepare("demo", NS, "demo")
+    assert _costs(api) == {"demo-1": "0", "demo-2": "9", "demo-3": "8", "demo-4": "7"}
+    operator = {"metadata": {"annotations": {DELETION_COST: "100"}}}
+    k8s.CoreV1Api(kube).patch_namespaced_pod("demo-4", NS, operator)
+    prom.running = None  # Prometheus down at the next scale-down
+    detail = drainer.prepare("demo", NS, "demo")
+    assert _costs(api) == {"demo-4": "100"}
+    assert "default pod order (3 earlier costs removed)" in detail
+    api.scale_to(NS, "demo", 2)
+    assert sorted(api.deleted_pods) == ["demo-2", "demo-3"]  # the newest of equal cost
