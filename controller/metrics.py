@@ -156,7 +156,7 @@ class GovernorMetrics:
             "governor_actuation_errors",
             "Actuator failures: `exception` when an actuator raised, else the actuator's "
             "own reason (e.g. Kubernetes: hpa_conflict, not_found, forbidden, conflict, "
-            "retries_exhausted, rejected)",
+            "retries_exhausted, rejected, malformed_answer)",
             ["actuator", "reason"],
             registry=r,
         )
