@@ -496,10 +496,14 @@ class QueryBuilder:
         (a deleted pod); known but not up is down. With `gauge_lookback_s` (two scrape
         intervals) gauges and `up` are read over it: one missed scrape keeps the
         target's last values and its health; a target down for two scrapes is down.
+        `up` is taken per (job, instance), the highest of its series: a pod IP reused by
+        a new pod within the lookback leaves two `up` series of one instance (their pod
+        labels differ), which matched one to one would fail this query for every model.
         """
         m = self.model_label
         engines = self.engine_targets()
-        health = f"({engines} * on (job, instance) group_left () {self._up()})"
+        up = f"max by (job, instance) ({self._up()})"
+        health = f"({engines} * on (job, instance) group_left () {up})"
         running = self._gauge(RUNNING_METRICS)
         parts = [
             _tag(f"sum by ({m}) ({running})", Signal.RUNNING),

@@ -70,10 +70,14 @@ class PrometheusServer:
         workdir: Path,
         targets: Mapping[str, Sequence[str]],
         rule_files: Sequence[Path] = (),
+        target_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.targets = targets
+        self.target_labels = dict(target_labels or {})
+        """Labels a target's series get (host:port -> labels; `instance` overrides the
+        address, as a service discovery's relabeling does)."""
         self.rule_files = tuple(rule_files)
         """Rule files (Prometheus rule-group YAML) the server loads, evaluated every
         scrape interval unless a group sets its own."""
@@ -98,12 +102,14 @@ class PrometheusServer:
             lines += [f"  - '{p}'" for p in self.rule_files]
         lines.append("scrape_configs:")
         for job, targets in self.targets.items():
-            quoted = ", ".join(f"'{t}'" for t in targets)
-            lines += [
-                f"  - job_name: {job}",
-                "    static_configs:",
-                f"      - targets: [{quoted}]",
-            ]
+            plain = [t for t in targets if t not in self.target_labels]
+            lines += [f"  - job_name: {job}", "    static_configs:"]
+            if plain or not targets:
+                lines.append(f"      - targets: [{', '.join(f'{t!r}' for t in plain)}]")
+            for t in targets:
+                if t in self.target_labels:
+                    labels = ", ".join(f"{k}: {v!r}" for k, v in self.target_labels[t].items())
+                    lines += [f"      - targets: [{t!r}]", f"        labels: {{{labels}}}"]
         path = self.workdir / "prometheus.yml"
         path.write_text("\n".join(lines) + "\n")
         return path

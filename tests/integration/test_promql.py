@@ -174,8 +174,9 @@ def test_targets_join_up_on_job_and_instance() -> None:
     engines = (
         "group by (model_name, job, instance) (last_over_time(vllm:num_requests_running[300s]))"
     )
-    assert f"sum by (model_name) ({engines} * on (job, instance) group_left () up)" in state
-    assert f"count by (model_name) ({engines} * on (job, instance) group_left () up)" in state
+    up = "max by (job, instance) (up)"
+    assert f"sum by (model_name) ({engines} * on (job, instance) group_left () {up})" in state
+    assert f"count by (model_name) ({engines} * on (job, instance) group_left () {up})" in state
     assert f"count by (model_name) ({engines})" in state  # seen within the lookback
     lb = build_queries(targets_lookback_s=120).state
     assert "[120s]" in lb and "[300s]" not in lb
