@@ -46,7 +46,7 @@ from controller.types import Decision
 from estimators.types import MetricSource, NoDataError, Observation, SourceError
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
-from service.publications import latency_doc, published_entries, slots
+from service.publications import latency_doc, published_entries, slots, within_bounds
 from service.store import (
     ConflictError,
     FileStore,
@@ -265,7 +265,8 @@ class ServiceCore:
             for name, raw in state_doc.models.items():
                 if name in names:
                     states[name] = from_wall(raw, offset, f"{self.store.description}: {name}")
-            self.board.restore(published_entries(state_doc.published, keep=names))
+            saved = within_bounds(state_doc.published, cfg, self.log)
+            self.board.restore(published_entries(saved))
             self.log.info(
                 "state_restored",
                 store=self.store.description,

@@ -8,10 +8,10 @@ from collections.abc import Container, Mapping
 from typing import Any
 
 from actuators.publisher import LatencyDistribution, ModelSlot, Published
-from controller.config import GovernorConfig
+from controller.config import GovernorConfig, ModelConfig
 from controller.types import Knobs
 from estimators.types import LatencyQuantiles
-from service.store import LatencyDoc, Quantiles
+from service.store import LatencyDoc, PublishedDoc, Quantiles
 
 
 def slots(cfg: GovernorConfig) -> list[ModelSlot]:
@@ -82,3 +82,51 @@ def published_entries(
         for name, p in saved.items()
         if keep is None or name in keep
     }
+
+
+def _out_of_bounds(p: PublishedDoc, m: ModelConfig) -> tuple[str, int, tuple[int, int]] | None:
+    """The first field of saved publication `p` outside model `m`'s knob or replica
+    bounds, as (field, value, (lowest, highest)); None when every field lies within."""
+    k, r = m.knobs, m.replicas
+    checks = (
+        ("max_num_seqs", p.max_num_seqs, (k.max_num_seqs_min, k.max_num_seqs_max)),
+        (
+            "max_num_batched_tokens",
+            p.max_num_batched_tokens,
+            (k.max_num_batched_tokens_min, k.max_num_batched_tokens_max),
+        ),
+        ("replicas", p.replicas, (r.min_replicas, r.max_replicas)),
+    )
+    for name, value, (lo, hi) in checks:
+        if value is not None and not lo <= value <= hi:
+            return name, value, (lo, hi)
+    return None
+
+
+def within_bounds(
+    saved: Mapping[str, PublishedDoc], cfg: GovernorConfig, log: Any
+) -> dict[str, PublishedDoc]:
+    """The saved publications of configured models that lie within their model's bounds.
+    One outside them (bounds narrowed while the service was down, or an edited document)
+    is dropped with a warning naming the model and the field: the model starts from its
+    configured defaults, as if nothing had been saved for it, and its first tick decides.
+    Engines and KEDA are never served a value the model's bounds forbid."""
+    models = {m.name: m for m in cfg.models}
+    kept = {}
+    for name, p in saved.items():
+        m = models.get(name)
+        if m is None:
+            continue
+        problem = _out_of_bounds(p, m)
+        if problem is None:
+            kept[name] = p
+            continue
+        field, value, (lo, hi) = problem
+        log.warning(
+            "restored_publication_dropped",
+            model=name,
+            field=field,
+            value=value,
+            bounds=[lo, hi],
+        )
+    return kept

@@ -36,13 +36,14 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    FiniteFloat,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveInt,
@@ -50,7 +51,7 @@ from pydantic import (
     ValidationError,
 )
 
-from controller.config import format_validation_error, load_yaml
+from controller.config import INT32_MAX, format_validation_error, load_yaml
 from controller.targets import TargetError, TargetsDoc, targets_doc
 from controller.types import Knobs, ModelState, SavedState
 
@@ -58,6 +59,9 @@ STATE_FORMAT = "llm-governor/state/v1"
 FILE_FORMAT = "llm-governor/store/v1"
 TARGETS_KEY = "targets.yaml"
 STATE_KEY = "state.json"
+GENERATION_MAX = 2**63 - 1
+"""The largest generation a state document may hold: the protos' uint64 carries it, and
+every knob change after it still fits (a stored 2**64 - 1 would not take one more)."""
 
 # Fields of the saved ModelState (`SavedState`, one flat record) holding a monotonic time
 # (seconds), and (time, value) pair lists. Every SavedState field must be listed in one
@@ -145,18 +149,20 @@ class LatencyDoc(_Doc):
     ttft: Quantiles = (None, None, None, None)
     itl: Quantiles = (None, None, None, None)
     e2e: Quantiles = (None, None, None, None)
-    observed_at_unix_s: float
+    observed_at_unix_s: FiniteFloat
 
 
 class PublishedDoc(_Doc):
-    """A published value (see actuators.publisher.Published), wall times."""
+    """A published value (see actuators.publisher.Published), wall times (Unix seconds).
+    Bounded to what the served protos carry (int32 knobs and replicas, uint64
+    generation; see `GENERATION_MAX`), times finite: a document outside them is invalid."""
 
-    max_num_seqs: PositiveInt
-    max_num_batched_tokens: PositiveInt
-    generation: NonNegativeInt
-    replicas: NonNegativeInt | None
+    max_num_seqs: PositiveInt = Field(le=INT32_MAX)
+    max_num_batched_tokens: PositiveInt = Field(le=INT32_MAX)
+    generation: NonNegativeInt = Field(le=GENERATION_MAX)
+    replicas: Annotated[int, Field(ge=0, le=INT32_MAX)] | None
     reason: str = Field(max_length=64)
-    decided_at_unix_s: float | None
+    decided_at_unix_s: FiniteFloat | None
     latency: LatencyDoc | None = None
 
 

@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
+import structlog
 
 from controller.config import GovernorConfig
 from controller.targets import TargetsDoc, config_to_targets
@@ -256,3 +257,71 @@ def test_admin_validation_changes_nothing(tmp_path: Path) -> None:
 def test_targets_doc_requires_a_model() -> None:
     with pytest.raises(ValueError, match="models"):
         TargetsDoc(models=())
+
+
+# ---------------------------------------------------------------------- saved publications
+def _saved_file(tmp_path: Path) -> tuple[Path, dict]:
+    """A state file after two models' first tick, and its parsed JSON."""
+    path = tmp_path / "state.json"
+    clock = FakeClock()
+    core = ServiceCore(
+        _config(), FakeSource({"demo": 5.0, "other": 5.0}), FileStore(path), clock=clock
+    )
+    core.tick(clock.advance(5))
+    return path, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_num_seqs", 2**31),  # the protos' int32
+        ("max_num_batched_tokens", 2**31),
+        ("replicas", 2**31),
+        ("generation", 2**63),  # GENERATION_MAX + 1: room left for later changes
+        ("generation", 2**64),  # past the protos' uint64
+        ("decided_at_unix_s", float("nan")),
+        ("decided_at_unix_s", float("inf")),
+    ],
+)
+def test_saved_publication_the_protos_cannot_carry_refuses_to_start(
+    tmp_path: Path, field: str, value: float
+) -> None:
+    path, data = _saved_file(tmp_path)
+    data["state"]["published"]["demo"][field] = value
+    path.write_text(json.dumps(data))
+    content = path.read_text()
+    with pytest.raises(StoreError, match=rf"published\.demo\.{field}"):
+        ServiceCore(_config(), FakeSource(), FileStore(path), clock=FakeClock())
+    assert path.read_text() == content  # nothing overwritten
+
+
+def test_saved_latency_time_must_be_finite(tmp_path: Path) -> None:
+    path, data = _saved_file(tmp_path)
+    data["state"]["published"]["demo"]["latency"] = {"observed_at_unix_s": float("nan")}
+    path.write_text(json.dumps(data))
+    with pytest.raises(StoreError, match=r"published\.demo\.latency\.observed_at_unix_s"):
+        ServiceCore(_config(), FakeSource(), FileStore(path), clock=FakeClock())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_num_seqs", 4096), ("max_num_batched_tokens", 100), ("replicas", 21)],
+)
+def test_saved_publication_outside_the_model_bounds_is_dropped_with_a_warning(
+    tmp_path: Path, field: str, value: int
+) -> None:
+    """Bounds narrowed while the service was down (or an edited file): that model starts
+    from its defaults, named in a warning; the other model's value is restored."""
+    path, data = _saved_file(tmp_path)
+    data["state"]["published"]["demo"][field] = value
+    data["state"]["published"]["demo"]["generation"] = 7
+    path.write_text(json.dumps(data))
+    with structlog.testing.capture_logs() as logs:
+        core = ServiceCore(_config(), FakeSource(), FileStore(path), clock=FakeClock())
+    demo = core.board.get("demo")
+    assert (demo.origin, demo.generation, demo.replicas) == ("default", 0, None)
+    assert demo.knobs == Knobs(256, 8192)  # the configured defaults
+    assert core.board.get("other").origin == "restored"
+    (warning,) = [e for e in logs if e["event"] == "restored_publication_dropped"]
+    assert (warning["model"], warning["field"], warning["value"]) == ("demo", field, value)
+    assert warning["log_level"] == "warning"
