@@ -1,7 +1,8 @@
 """The operators' gRPC API (`AdminService`) over a `ServiceCore`.
 
 Every call runs the core's blocking work in a worker thread under the call's deadline
-(capped at `ADMIN_CALL_TIMEOUT_S`); an `AdminError` becomes the call's gRPC status.
+(capped at `ADMIN_CALL_TIMEOUT_S`); an `AdminError` becomes the call's gRPC status, and
+any other failure INTERNAL naming the exception's type (logged), never an opaque UNKNOWN.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 
 from governor_api import governor_v1_pb2, governor_v1_pb2_grpc
 from service.convert import (
@@ -53,6 +55,13 @@ class _Blocking:
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"the store did not answer within {timeout:.1f} s; the change may still apply",
             )
+        except Exception as exc:
+            call = getattr(fn, "__name__", "the call")
+            self.core.log.error("admin_call_failed", call=call, error=repr(exc))
+            await context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"{call} failed unexpectedly ({type(exc).__name__}: {exc}); see the governor's log",
+            )
 
 
 class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
@@ -67,7 +76,12 @@ class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
     ) -> governor_v1_pb2.TargetResponse:
         if not request.HasField("target"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target: required")
-        data = target_from_pb(request.target)
+        try:
+            data = target_from_pb(request.target)
+        except json_format.Error as exc:  # NaN or Infinity in the policy Struct
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"target.policy: numbers must be finite ({exc})"
+            )
         expected = request.expected_revision if request.HasField("expected_revision") else None
         model, rev = await self._blocking.run(
             context, self.core.set_target, data, expected, request.dry_run

@@ -607,10 +607,15 @@ class ServiceCore:
                 )
 
             def change(doc: TargetsDoc) -> TargetsDoc:
-                return TargetsDoc(
-                    models=tuple(m for m in doc.models if m.name != name),
-                    paused=tuple(p for p in doc.paused if p != name),
-                )
+                models = tuple(m for m in doc.models if m.name != name)
+                if not models:  # the stored set changed since this instance applied it
+                    raise AdminError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"model {name!r} is the last one in the stored targets (they "
+                        "changed since this instance applied them); a config holds at "
+                        "least one model",
+                    )
+                return TargetsDoc(models=models, paused=tuple(p for p in doc.paused if p != name))
 
             return self._update_targets(change, expected_revision)[1]
 

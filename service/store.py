@@ -434,21 +434,26 @@ class FileStore:
         return data
 
     def _write(self, data: dict[str, Any]) -> None:
+        """Replace the file with `data`; StoreError naming the file when it cannot be
+        written (disk full, read-only file system, no permission): the old one stays."""
         data = {"format": FILE_FORMAT} | data
         payload = json.dumps(data, indent=1, sort_keys=True).encode()
         directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
         try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(payload)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=directory)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(payload)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot write: {exc.strerror or exc}") from None
         with contextlib.suppress(OSError):  # not every platform can fsync a directory
             dfd = os.open(directory, os.O_RDONLY)
             try:
