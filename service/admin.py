@@ -3,16 +3,20 @@
 Every call runs the core's blocking work in a worker thread under the call's deadline
 (capped at `ADMIN_CALL_TIMEOUT_S`); an `AdminError` becomes the call's gRPC status, and
 any other failure INTERNAL naming the exception's type (logged), never an opaque UNKNOWN.
+A mutation whose request holds a field this server does not know (a newer client's,
+which protobuf would keep and ignore) is refused with INVALID_ARGUMENT naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import json_format
+from google.protobuf import json_format, unknown_fields
+from google.protobuf.message import Message
 
 from governor_api import governor_v1_pb2, governor_v1_pb2_grpc
 from service.convert import (
@@ -32,6 +36,51 @@ ADMIN_CALL_TIMEOUT_S = 10.0  # server-side cap on one admin call's store I/O
 
 async def _abort_admin(context: grpc.aio.ServicerContext, exc: AdminError) -> None:
     await context.abort(exc.code, exc.message)
+
+
+def unknown_field(msg: Message, where: str) -> str | None:
+    """The first field in `msg` or a message inside it (walked depth-first: singular,
+    repeated, map values, Struct values) that this server's proto does not define, as
+    `where.path (message type): unknown field number N`; None when there is none."""
+    for f in unknown_fields.UnknownFieldSet(msg):
+        return f"{where} ({msg.DESCRIPTOR.full_name}): unknown field number {f.field_number}"
+    for fd, value in msg.ListFields():
+        if fd.type != fd.TYPE_MESSAGE:
+            continue
+        if fd.message_type.GetOptions().map_entry:
+            if fd.message_type.fields_by_name["value"].type != fd.TYPE_MESSAGE:
+                continue  # a map of scalars: nothing inside to walk
+            subs = [(f"{where}.{fd.name}[{k!r}]", v) for k, v in value.items()]
+        elif fd.is_repeated:
+            subs = [(f"{where}.{fd.name}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            subs = [(f"{where}.{fd.name}", value)]
+        for path, sub in subs:
+            found = unknown_field(sub, path)
+            if found is not None:
+                return found
+    return None
+
+
+_Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def _known_fields_only(method: _Handler) -> _Handler:
+    """An admin mutation that refuses a request holding an unknown field (INVALID_ARGUMENT
+    naming it) before anything runs: applying the rest would silently drop what the
+    client asked for."""
+
+    @functools.wraps(method)
+    async def checked(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        problem = unknown_field(request, type(request).__name__)
+        if problem is not None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{problem}: this server does not know it (a newer client?); nothing was changed",
+            )
+        return await method(self, request, context)
+
+    return checked
 
 
 class _Blocking:
@@ -71,6 +120,7 @@ class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
         self.core = core
         self._blocking = _Blocking(core)
 
+    @_known_fields_only
     async def SetTarget(
         self, request: governor_v1_pb2.SetTargetRequest, context: grpc.aio.ServicerContext
     ) -> governor_v1_pb2.TargetResponse:
@@ -107,6 +157,7 @@ class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
             revision=rev,
         )
 
+    @_known_fields_only
     async def DeleteTarget(
         self, request: governor_v1_pb2.DeleteTargetRequest, context: grpc.aio.ServicerContext
     ) -> governor_v1_pb2.DeleteTargetResponse:
@@ -163,12 +214,14 @@ class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
         history = await self._blocking.run(context, self.core.explain, request.model, request.last)
         return pb.ExplainResponse(model=request.model, decisions=[trace_to_pb(d) for d in history])
 
+    @_known_fields_only
     async def PauseActuation(
         self, request: governor_v1_pb2.PauseRequest, context: grpc.aio.ServicerContext
     ) -> governor_v1_pb2.PauseResponse:
         paused = await self._blocking.run(context, self.core.set_paused, request.model, True)
         return pb.PauseResponse(model=request.model, paused=paused)
 
+    @_known_fields_only
     async def ResumeActuation(
         self, request: governor_v1_pb2.PauseRequest, context: grpc.aio.ServicerContext
     ) -> governor_v1_pb2.PauseResponse:

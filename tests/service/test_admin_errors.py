@@ -1,7 +1,8 @@
 """Admin calls that fail answer a status naming the problem, never an opaque UNKNOWN, and
 change nothing: a store that cannot write, NaN in the policy Struct, a delete racing an
-outside edit of the stored targets, any other failure. Real gRPC on loopback, a file
-store; ticks driven by the test on a fake clock (no sleeps)."""
+outside edit of the stored targets, any other failure, and a mutation carrying a field
+this server does not know. Real gRPC on loopback, a file store; ticks driven by the
+test on a fake clock (no sleeps)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.admin import unknown_field
 from service.core import ServiceCore
 from service.store import FileStore, StoreError
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
@@ -128,3 +131,64 @@ def test_any_other_failure_is_internal_naming_the_exception(
     err = _refused(served.admin.Explain, pb.ExplainRequest(model="a"))
     assert err.code() == grpc.StatusCode.INTERNAL
     assert "KeyError" in err.details()
+
+
+# ---------------------------------------------------------------------- unknown fields
+def _with_unknown(msg: Message, number: int) -> None:
+    """Add field `number` (a varint, 7) that the proto does not define to `msg`, as a
+    newer client's request would carry it."""
+    msg.MergeFromString(bytes([number << 3 | 0, 7]))
+
+
+def test_unknown_field_is_found_at_any_depth() -> None:
+    req = pb.SetTargetRequest(target=_new_target())
+    req.target.policy.update({"window_s": 30})
+    req.target.scale_out_rules.add(name="r").conditions.add(signal="waiting")
+    assert unknown_field(req, "SetTargetRequest") is None
+    _with_unknown(req.target.scale_out_rules[0].conditions[0], 9)
+    assert unknown_field(req, "SetTargetRequest") == (
+        "SetTargetRequest.target.scale_out_rules[0].conditions[0] (governor.v1.RuleCondition): "
+        "unknown field number 9"
+    )
+    req.target.scale_out_rules[0].conditions[0].DiscardUnknownFields()
+    _with_unknown(req.target.policy.fields["window_s"], 12)
+    assert unknown_field(req, "SetTargetRequest") == (
+        "SetTargetRequest.target.policy.fields['window_s'] (google.protobuf.Value): "
+        "unknown field number 12"
+    )
+
+
+def test_set_target_with_an_unknown_field_is_refused_naming_it(served: Served) -> None:
+    before = served.path.read_bytes()
+    for place, number, text in (
+        ("sla", 9, "SetTargetRequest.target.sla (governor.v1.Sla): unknown field number 9"),
+        (
+            "target",
+            13,
+            "SetTargetRequest.target (governor.v1.ModelTarget): unknown field number 13",
+        ),
+    ):
+        req = pb.SetTargetRequest(target=_new_target())
+        _with_unknown(req.target.sla if place == "sla" else req.target, number)
+        err = _refused(served.admin.SetTarget, req)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.details().startswith(text)
+    assert served.path.read_bytes() == before
+    assert [m.name for m in served.core.config.models] == ["a", "b"]
+
+
+def test_every_mutation_refuses_an_unknown_field(served: Served) -> None:
+    before = served.path.read_bytes()
+    calls = (
+        (served.admin.DeleteTarget, pb.DeleteTargetRequest(model="b"), "DeleteTargetRequest"),
+        (served.admin.PauseActuation, pb.PauseRequest(model="a"), "PauseRequest"),
+        (served.admin.ResumeActuation, pb.PauseRequest(model="a"), "PauseRequest"),
+    )
+    for call, req, name in calls:
+        _with_unknown(req, 15)
+        err = _refused(call, req)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.details().startswith(f"{name} (governor.v1.{name}): unknown field number 15")
+    assert served.path.read_bytes() == before
+    assert [m.name for m in served.core.config.models] == ["a", "b"]
+    assert served.core.loop.paused() == set()
