@@ -244,7 +244,7 @@ def _listens(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 
 def _check_flags(args: argparse.Namespace) -> None:
-    """Check the numeric and address flags; _RunError (exit 2) naming the bad one.
+    """Check the numeric, address and identity flags; _RunError (exit 2) naming the bad one.
     Fills the default of `--max-watch-streams`."""
     bound: dict[tuple[str, int], str] = {}
     for flag, value in _listens(args):
@@ -255,6 +255,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         other = bound.setdefault((host, port), flag) if port else flag
         if other != flag:
             raise _RunError(f"{other} and {flag} are both {value}: give each its own port", 2)
+    if not args.identity.strip():
+        raise _RunError(
+            f"--identity must not be empty or blank (got {args.identity!r}): it names this "
+            "instance in the leader Lease and in status",
+            2,
+        )
     if not math.isfinite(args.shutdown_grace_s) or args.shutdown_grace_s <= 0:
         raise _RunError(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
     if args.max_concurrent_rpcs < 1:

@@ -229,6 +229,12 @@ def test_governor_run_bad_arguments_exit_2(
         (["run", "--simulated-fleet", str(tmp_path / "none.csv")], "not found"),
         (["run", "--simulated-fleet", "synthetic:"], "NAME"),
         (["run", "--config", str(cfg), "--shutdown-grace-s", "0"], "grace"),
+        (["run", "--config", str(cfg), "--identity", ""], "--identity must not be empty"),
+        (["run", "--config", str(cfg), "--identity", "  "], "--identity must not be empty"),
+        (
+            ["run", "--config", str(cfg), "--leader-election", "on", "--identity", ""],
+            "--identity must not be empty",
+        ),
     ]
     for argv, text in cases:
         assert cli_main(argv) == 2, argv
