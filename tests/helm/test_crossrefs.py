@@ -168,7 +168,7 @@ def test_scaler_address_and_port_are_the_services_grpc_port(mode: str) -> None:
         host, port = trigger["metadata"]["scalerAddress"].rsplit(":", 1)
         assert host == f"{FULLNAME}.{ns}.svc.cluster.local"
         assert int(port) == svc_port["port"]
-    # The Service's target port is the governor container's named port, where it listens.
+    # The Service's target port is the governor container's port, where it listens.
     if mode == "standalone":
         pod = _governor_pod(objs)
         pod_labels = one(objs, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
@@ -182,9 +182,46 @@ def test_scaler_address_and_port_are_the_services_grpc_port(mode: str) -> None:
         gov = container(pod, "governor", init=True)
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     named = {p["name"]: p["containerPort"] for p in gov["ports"]}
-    assert named[svc_port["targetPort"]] == _port_of(arg_value(gov["args"], "--grpc-listen"))
+    assert svc_port["targetPort"] == named["grpc"]
+    assert named["grpc"] == _port_of(arg_value(gov["args"], "--grpc-listen"))
     metrics = next(p for p in svc["spec"]["ports"] if p["name"] == "metrics")
-    assert named[metrics["targetPort"]] == _port_of(arg_value(gov["args"], "--metrics-listen"))
+    assert metrics["targetPort"] == named["metrics"]
+    assert named["metrics"] == _port_of(arg_value(gov["args"], "--metrics-listen"))
+
+
+def test_service_and_network_policy_ports_are_numbers() -> None:
+    """Kubernetes resolves a Service's named targetPort against a native sidecar (an init
+    container with restartPolicy Always) only from 1.32 (kubernetes#127958): on 1.29-1.31,
+    which the chart supports, a sidecar-mode Service would have no endpoints and KEDA no
+    scaler. Named NetworkPolicy ports fail the same way in some network plugins
+    (kubernetes#125285). So both carry the number the governor listens on."""
+    ports = {"ports": {"grpc": 6000, "metrics": 9100}}
+    objs = render(
+        values(mode="sidecar", models=[MODEL_8B], exampleEngine={"enabled": True}, **ports),
+        namespace="llm",
+    )
+    engine = one(objs, "Deployment", MODEL_8B["deployment"])["spec"]["template"]["spec"]
+    gov = container(engine, "governor", init=True)
+    assert gov["restartPolicy"] == "Always"
+    listen = {
+        "grpc": _port_of(arg_value(gov["args"], "--grpc-listen")),
+        "metrics": _port_of(arg_value(gov["args"], "--metrics-listen")),
+    }
+    assert listen == {"grpc": 6000, "metrics": 9100}
+    svc = one(objs, "Service", FULLNAME)
+    assert {p["name"]: p["targetPort"] for p in svc["spec"]["ports"]} == listen
+    assert all(type(p["targetPort"]) is int for p in svc["spec"]["ports"])
+    # The NetworkPolicy (standalone mode only: a policy would also fence the engine's pods).
+    assert not find(objs, "NetworkPolicy")
+    standalone = render(values(**ports))
+    gov = container(_governor_pod(standalone), "governor")
+    policy = one(standalone, "NetworkPolicy", FULLNAME)
+    policy_ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert all(type(p) is int for p in policy_ports), policy_ports
+    assert policy_ports == [
+        _port_of(arg_value(gov["args"], "--grpc-listen")),
+        _port_of(arg_value(gov["args"], "--metrics-listen")),
+    ]
 
 
 def test_scaled_objects_name_configured_models_and_their_deployments() -> None:
