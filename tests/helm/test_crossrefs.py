@@ -723,6 +723,8 @@ spec:
       labels:
         app: router
         {{- include "llm-governor.sidecar.podLabels" $gov | nindent 8 }}
+      annotations:
+        {{- include "llm-governor.sidecar.podAnnotations" $gov | nindent 8 }}
     spec:
       {{- include "llm-governor.sidecar.podAccount" $gov | nindent 6 }}
       initContainers:
@@ -739,16 +741,28 @@ spec:
 """
 
 
-def test_engine_chart_includes_the_sidecar_through_subcharts(tmp_path: Path) -> None:
-    """The documented sidecar integration, from another chart that depends on this one."""
-    from tests.helm.chart import chart_copy, parse, validate
+def _engine_chart(tmp_path: Path, template: str) -> Path:
+    """An engine chart with this chart as its `governor` dependency and one template."""
+    from tests.helm.chart import chart_copy
 
     engine = tmp_path / "my-engine"
     (engine / "templates").mkdir(parents=True)
     (engine / "Chart.yaml").write_text(ENGINE_CHART)
-    (engine / "templates" / "router.yaml").write_text(ENGINE_TEMPLATE)
+    (engine / "templates" / "deployment.yaml").write_text(template)
     (engine / "charts").mkdir()
     chart_copy(engine / "charts")
+    return engine
+
+
+def _pod_annotations(objs: list[dict[str, Any]], name: str) -> dict[str, str]:
+    return one(objs, "Deployment", name)["spec"]["template"]["metadata"]["annotations"]  # type: ignore[no-any-return]
+
+
+def test_engine_chart_includes_the_sidecar_through_subcharts(tmp_path: Path) -> None:
+    """The documented sidecar integration, from another chart that depends on this one."""
+    from tests.helm.chart import parse, validate
+
+    engine = _engine_chart(tmp_path, ENGINE_TEMPLATE)
     gov_values = values(mode="sidecar", sidecar={"placement": "router"})
     objs = parse(render_files({"governor": gov_values}, chart=engine, namespace="llm"))
     for obj in objs:
@@ -769,3 +783,51 @@ def test_engine_chart_includes_the_sidecar_through_subcharts(tmp_path: Path) -> 
     # The subchart's scope gives the image its appVersion, not the engine chart's version.
     assert gov["image"] == "llm-governor:0.1.0"
     assert not find(objs, "Deployment", FULLNAME)
+    # The governor reads policy and prometheus only at start: a change rolls the pods.
+    policy = values(mode="sidecar", sidecar={"placement": "router"}, policy={"tick_interval_s": 10})
+    changed = parse(render_files({"governor": policy}, chart=engine, namespace="llm"))
+    assert _pod_annotations(changed, "router") != _pod_annotations(objs, "router")
+
+
+def _docs_engine_template() -> str:
+    """docs/deploy.md's sidecar snippet (a Deployment's pod template) as a whole template."""
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    m = re.search(r"```yaml\n# templates/deployment.yaml \(pod template\)\n(.*?)```", doc, re.S)
+    assert m, "the engine chart's pod template snippet is gone from docs/deploy.md"
+    head = (
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: llama-8b\n"
+        "  namespace: {{ .Release.Namespace }}\nspec:\n  selector:\n    matchLabels:\n"
+        '      {{- include "llm-governor.sidecar.podLabels" .Subcharts.governor | nindent 6 }}\n'
+        "  template:\n"
+    )
+    return head + m.group(1)
+
+
+def test_documented_engine_chart_rolls_on_start_only_settings(tmp_path: Path) -> None:
+    """An engine chart built from docs/deploy.md's snippet: its pods carry the governor, which
+    reads `policy` and `prometheus` only at start, so a change to either must change the
+    pod template (the engine Deployment rolls, as the docs' upgrade table says); an
+    SLA-only change must not (SLAs apply live, no GPU pod restarts)."""
+    from tests.helm.chart import parse, validate
+
+    engine = _engine_chart(tmp_path, _docs_engine_template())
+
+    def rendered(**overrides: Any) -> list[dict[str, Any]]:
+        gov = values(**{"mode": "sidecar", "models": [MODEL_8B], **overrides})
+        return parse(render_files({"governor": gov}, chart=engine, namespace="llm"))
+
+    base = rendered()
+    for obj in base:
+        validate(obj)
+    pod = one(base, "Deployment", "llama-8b")["spec"]["template"]["spec"]
+    assert container(pod, "governor", init=True)["restartPolicy"] == "Always"
+    before = _pod_annotations(base, "llama-8b")
+    assert before, "no pod annotations from the documented snippet"
+    assert _pod_annotations(rendered(policy={"tick_interval_s": 10}), "llama-8b") != before
+    prom = {"url": "http://prometheus.monitoring.svc:9090"}
+    assert _pod_annotations(rendered(prometheus=prom), "llama-8b") != before
+    sla = {**MODEL_8B, "sla": {**MODEL_8B["sla"], "ttft_p95_ms": 400}}
+    sla_only = rendered(models=[sla])
+    template = one(base, "Deployment", "llama-8b")["spec"]["template"]
+    assert one(sla_only, "Deployment", "llama-8b")["spec"]["template"] == template
+    assert sla_only != base  # not vacuous: the targets ConfigMap changed

@@ -6,6 +6,8 @@ then, in the engine's pod template, with `$gov := .Subcharts.governor`:
   metadata:
     labels:
       {{- include "llm-governor.sidecar.podLabels" $gov | nindent 8 }}
+    annotations:
+      {{- include "llm-governor.sidecar.podAnnotations" $gov | nindent 8 }}
   spec:
     {{- include "llm-governor.sidecar.podAccount" $gov | nindent 4 }}
     initContainers:
@@ -38,6 +40,16 @@ engine chart that includes them through .Subcharts.
 
 {{- define "llm-governor.sidecar.podLabels" -}}
 {{ include "llm-governor.selectorLabels" . }}
+{{- end -}}
+
+{{/* The pod template's annotations: a checksum of what the governor reads only at start
+(policy, prometheus: llm-governor.restartChecksum), so changing them rolls the pods and
+restarts their governors; SLA and other target changes apply live and leave it as it is.
+Renders nothing outside sidecar mode (the engine then runs no governor). */}}
+{{- define "llm-governor.sidecar.podAnnotations" -}}
+{{- if eq .Values.mode "sidecar" -}}
+llm-governor.io/config-checksum: {{ include "llm-governor.restartChecksum" . }}
+{{- end -}}
 {{- end -}}
 
 {{/* The pod's account: the governor's ServiceAccount (its RBAC: store ConfigMaps, Lease,
