@@ -193,7 +193,9 @@ gate, otherwise dropped). Through KEDA it must also be in the ScaledObject CRD: 
 has it, 2.17's does not, and Helm 4 applies with strict field validation, so an unknown
 field fails the install. auto therefore reads the installed CRD (lookup) and renders the
 field only when its schema has it; without cluster access (`helm template`, --dry-run)
-lookup finds nothing and the field is left out, the safe side.
+lookup finds nothing, and with scaling.keda.lookupCRD=false nothing is looked up: the
+field is left out, the safe side. A forbidden lookup fails the render (Helm returns empty
+only for NotFound).
 Argument: dict "root" $ "keda" <bool>. Renders "true" or nothing. */}}
 {{- define "llm-governor.renderTolerance" -}}
 {{- $want := .root.Values.scaling.zeroTolerance -}}
@@ -202,14 +204,14 @@ Argument: dict "root" $ "keda" <bool>. Renders "true" or nothing. */}}
 {{- else if semverCompare ">=1.33.0-0" .root.Capabilities.KubeVersion.Version -}}
 {{- if not .keda -}}
 true
-{{- else -}}
+{{- else if .root.Values.scaling.keda.lookupCRD -}}
 {{- include "llm-governor.crdHasTolerance" (lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "scaledobjects.keda.sh") -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when `.`, the scaledobjects.keda.sh CRD object (empty when not installed or
-not readable), has `tolerance` in its v1alpha1 HPA scaling rules. */}}
+{{/* "true" when `.`, the scaledobjects.keda.sh CRD object (empty when not installed or not
+looked up), has `tolerance` in its v1alpha1 HPA scaling rules. */}}
 {{- define "llm-governor.crdHasTolerance" -}}
 {{- range (dig "spec" "versions" list (default dict .)) -}}
 {{- if eq .name "v1alpha1" -}}
