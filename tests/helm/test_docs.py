@@ -68,3 +68,38 @@ def test_deploy_doc_says_what_each_mode_does_without_the_governor() -> None:
         "sidecar (any path)",
     ]
     assert "release: kube-prometheus-stack" in DOC
+
+
+def _rbac_bullets() -> list[str]:
+    """The sub-bullets of the Security section's RBAC item, one per scope."""
+    m = re.search(r"\n- RBAC is namespaced.*?(?=\n- )", DOC, re.S)
+    assert m, "the RBAC item is gone from the Security section"
+    return m.group(0).split("\n  - ")[1:]
+
+
+def test_rbac_doc_lists_every_rule_the_chart_grants() -> None:
+    """Every Role rule the chart renders (any scaling path, either store mode) is in one
+    of the RBAC item's sub-bullets with its resource and verbs; the pod rule that
+    actuation.drainScaleIn adds is named with the value that removes it."""
+    bullets = _rbac_bullets()
+    assert bullets
+    cases = [
+        {},
+        {"scaling": {"via": "kubernetes"}, "targets": {"managedByHelm": False}},
+    ]
+    seen = set()
+    for over in cases:
+        for role in (o for o in render(deep_merge(_values_block(), over)) if o["kind"] == "Role"):
+            for rule in role["rules"]:
+                words = [f"`{w}`" for w in (*rule["resources"], *rule["verbs"])]
+                assert any(all(w in b for w in words) for b in bullets), (
+                    f"docs/deploy.md's RBAC item does not list {rule}"
+                )
+                seen |= set(rule["resources"])
+    assert "pods" in seen and "deployments/scale" in seen
+    assert any("`actuation.drainScaleIn: false` removes the `pods` rule" in b for b in bullets)
+    no_drain = render(deep_merge(_values_block(), {"actuation": {"drainScaleIn": False}}))
+    pod_rules = [
+        r for o in no_drain if o["kind"] == "Role" for r in o["rules"] if "pods" in r["resources"]
+    ]
+    assert not pod_rules
