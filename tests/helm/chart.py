@@ -77,11 +77,11 @@ def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def render_files(
-    vals: Mapping[str, Any], chart: Path = CHART, namespace: str = NAMESPACE
+    vals: Mapping[str, Any], chart: Path = CHART, namespace: str = NAMESPACE, name: str = RELEASE
 ) -> dict[str, str]:
     """Template path -> rendered text (raises helm.HelmError on bad values)."""
     with helm.Chart.load(str(chart)) as c:
-        return c.render(dict(vals), name=RELEASE, namespace=namespace, is_install=True)
+        return c.render(dict(vals), name=name, namespace=namespace, is_install=True)
 
 
 def parse(files: Mapping[str, str]) -> list[dict[str, Any]]:

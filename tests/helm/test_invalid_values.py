@@ -139,6 +139,17 @@ CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         "/scaling/zeroTolerance",
         "scaling.zeroTolerance: must be auto, true or false (got yes)",
     ),
+    "example-engine-deployment-starts-with-a-digit": (
+        values(models=[_with(MODEL_8B, deployment="8b-llama")], exampleEngine={"enabled": True}),
+        None,
+        'exampleEngine: model meta-llama/Llama-3.1-8B-Instruct\'s deployment "8b-llama" names '
+        "the example engine's Service",
+    ),
+    "example-engine-deployment-over-63-characters": (
+        values(models=[_with(MODEL_8B, deployment="d" * 64)], exampleEngine={"enabled": True}),
+        None,
+        "at most 63 characters (RFC 1035); got 64 characters",
+    ),
     "unknown-trigger-type": (
         values(scaling={"keda": {"triggerType": "prometheus"}}),
         "/scaling/keda/triggerType",
@@ -188,8 +199,10 @@ def schemaless_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return chart_copy(tmp_path_factory.mktemp("chart"), drop_schema=True)
 
 
-def _error(vals: dict[str, Any], chart: Path | None = None, namespace: str = "llm") -> str:
-    kw: dict[str, Any] = {"namespace": namespace}
+def _error(
+    vals: dict[str, Any], chart: Path | None = None, namespace: str = "llm", name: str = "gov"
+) -> str:
+    kw: dict[str, Any] = {"namespace": namespace, "name": name}
     if chart is not None:
         kw["chart"] = chart
     with pytest.raises(helm.HelmError) as err:
@@ -237,3 +250,21 @@ def test_valid_values_render() -> None:
     """The baseline every case above changes one thing of."""
     files = render_files(values())
     assert any(path.endswith("scaledobject.yaml") and text.strip() for path, text in files.items())
+
+
+@pytest.mark.parametrize(
+    ("release", "override"),
+    [("1gov", {}), ("gov", {"fullnameOverride": "1-governor"}), ("gov", {"nameOverride": "Gov"})],
+)
+def test_release_name_that_is_no_service_name_is_refused(
+    release: str, override: dict[str, Any]
+) -> None:
+    """The governor's Service is named after the release (or fullnameOverride): a Service
+    name must start with a letter (RFC 1035), which Helm's release names need not."""
+    message = _error(values(**override), name=release)
+    assert f'the release name "{release}"' in message, message
+    assert "not a valid Service name" in message, message
+
+
+def test_release_name_with_digits_after_a_letter_renders() -> None:
+    assert render_files(values(), name="gov1")

@@ -15,6 +15,10 @@ nothing when the values are good.
 {{- if not (has $v.scaling.keda.triggerType (list "external" "external-push")) -}}
 {{- fail (printf "scaling.keda.triggerType: must be external or external-push (got %v)" $v.scaling.keda.triggerType) -}}
 {{- end -}}
+{{- $full := include "llm-governor.fullname" . -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $full) -}}
+{{- fail (printf "the release name %q (with nameOverride/fullnameOverride) names the governor's Service %q, which is not a valid Service name: a DNS label that starts with a letter (RFC 1035: lowercase letters, digits and '-'). Use a release name that starts with a letter, or set fullnameOverride" .Release.Name $full) -}}
+{{- end -}}
 {{- if not $v.models -}}
 {{- fail "models: at least one model is required (name, deployment, sla; see values.yaml)" -}}
 {{- end -}}
@@ -88,6 +92,9 @@ nothing when the values are good.
 {{- $model := include "llm-governor.exampleModel" . | fromYaml -}}
 {{- if not $model.name -}}
 {{- fail (printf "exampleEngine.model: %q is not the name of a model in models" $v.exampleEngine.model) -}}
+{{- end -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$" $model.deployment) -}}
+{{- fail (printf "exampleEngine: model %s's deployment %q names the example engine's Service and is its pods' label value, so it must be a DNS label that starts with a letter, at most 63 characters (RFC 1035); got %d characters" $model.name $model.deployment (len $model.deployment)) -}}
 {{- end -}}
 {{- if and (eq $v.mode "sidecar") (ne (include "llm-governor.modelNamespace" $model) .Release.Namespace) -}}
 {{- fail (printf "exampleEngine: in sidecar mode the engine pods carry the governor, whose ServiceAccount and ConfigMaps are in the release namespace %s; model %s is in namespace %s. Install the release there" .Release.Namespace $model.name (include "llm-governor.modelNamespace" $model)) -}}
