@@ -12,9 +12,23 @@
   count or time that is not finite is None, and the Observation's own construction turns
   every optional number that is not finite, or negative, into None).
 
-A sample is malformed (SourceError naming the query) unless it is {"metric": {labels},
-"value": [timestamp, number or string]} and the value parses as a float; "NaN", "+Inf"
+A sample is well formed when it is {"metric": {labels}, "value": [timestamp, value]}
+with `value` a string or a number (not a boolean) that parses as a float; "NaN", "+Inf"
 and "-Inf" come back as such. Series without the model label or the tag are skipped.
+Bad data stays with its model (`Faults`, model -> signal -> what was wrong):
+
+- a malformed sample whose labels name a model (a value that is no [timestamp, number]
+  pair, such as a bare "90", which must not read as 9 and 0; a boolean; text that is no
+  number) is recorded against that model, whose outcome is then no data
+  (`estimators.prometheus`); the other models are read as usual. A malformed sample that
+  names no model (or an answer that is not a list) fails the whole answer: SourceError
+  naming the query;
+- a second value for one (model, signal) in a query group (two series where the query
+  means one per model: an ingress expression grouped by more labels than the model's,
+  a proxy merging two answers) is neither of them: the signal reads NaN (no data, never
+  the last series or 0) and is recorded as `DUPLICATED`; the source fails the model
+  when the signal is one it decides on (`estimators.prometheus.DECISIVE`);
+- a repeated (model, histogram, `le` text) bucket voids that histogram of that model.
 
 Cost (benchmarks/bench_tick.py, 1,000 models, ~43 series each): the rows replace the
 per-signal columns the source used to build and then clean, one dict comprehension per
@@ -29,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from estimators.histogram import fraction_le
 from estimators.promql import DIST_QUANTILES, SIGNAL_LABEL, Signal, quantile_signal
@@ -39,10 +53,22 @@ Buckets = list[tuple[float, float]]
 """Cumulative (upper bound, per-second rate) pairs sorted by bound."""
 Rows = dict[str, dict[str, float]]
 """model -> signal -> value as answered (NaN and infinities included), one query group."""
+Faults = dict[str, dict[str, str]]
+"""model -> signal -> what was wrong with its series this tick (`DUPLICATED`, or the
+detail of a malformed sample): one dict per tick, usually empty."""
+BucketIndex = dict[str, dict[str, dict[str, float]]]
+"""histogram tag -> model -> {`le` as answered: rate}, an SLA-edge answer indexed."""
+
+DUPLICATED: Final = "duplicated series: more than one value for one model"
+"""The `Faults` detail of a (model, signal) answered twice (module doc)."""
+UNTAGGED: Final = "untagged"
+"""The signal a malformed sample without the tag is recorded under."""
+NAN: Final = math.nan
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})
 _NUMBER = (str, int, float)
 LE_CACHE: dict[str, float | None] = {}
+_INF = math.inf
 LE_CACHE_MAX = 4096  # distinct `le` strings are few (tens); bound it anyway
 
 # Signal names as plain strings: a dict lookup by a `StrEnum` member hashes through
@@ -115,11 +141,27 @@ def _attainment(by_model: Mapping[str, Buckets], name: str, sla_s: float | None)
 
 class Answers:
     """One tick's answers, indexed: the rows of each query group (`demand`, `state`,
-    `rates`, `quantiles`) and the SLA-edge buckets per histogram tag."""
+    `rates`, `quantiles`), the SLA-edge buckets per histogram tag, and the faults of the
+    tick's series per model (`Faults`)."""
 
-    __slots__ = ("demand", "itl_edges", "quantiles", "rates", "state", "tpot_edges", "ttft_edges")
+    __slots__ = (
+        "demand",
+        "faults",
+        "itl_edges",
+        "quantiles",
+        "rates",
+        "state",
+        "tpot_edges",
+        "ttft_edges",
+    )
 
-    def __init__(self, rows: Mapping[str, Rows], edges: Mapping[str, dict[str, Buckets]]) -> None:
+    def __init__(
+        self,
+        rows: Mapping[str, Rows],
+        edges: Mapping[str, dict[str, Buckets]],
+        faults: Mapping[str, Mapping[str, str]] = EMPTY,
+    ) -> None:
+        self.faults: Mapping[str, Mapping[str, str]] = faults
         self.demand: Mapping[str, Mapping[str, float]] = rows.get("demand", EMPTY)
         self.state: Mapping[str, Mapping[str, float]] = rows.get("state", EMPTY)
         self.rates: Mapping[str, Mapping[str, float]] = rows.get("rates", EMPTY)
@@ -225,11 +267,43 @@ def _malformed(item: Any, exc: Exception, query: str) -> SourceError:
     )
 
 
-def parse_tagged(raw: Any, query: str, model_label: str, into: Rows | None = None) -> Rows:
+def not_a_number(value: Any) -> str:
+    """The fault detail of a sample whose value is not a number (both decoders)."""
+    return f"malformed sample: value {repr(value)[:80]} is not a number"
+
+
+def note_fault(item: Any, exc: Exception, query: str, model_label: str, faults: Faults) -> None:
+    """Record malformed sample `item` against the model its labels name (module doc);
+    SourceError naming `query` when it names none (its labels unreadable or no model)."""
+    metric = item.get("metric") if isinstance(item, dict) else None
+    model = metric.get(model_label) if isinstance(metric, dict) else None
+    if model is None:
+        raise _malformed(item, exc, query) from exc
+    signal = metric.get(SIGNAL_LABEL)
+    pair = item.get("value")
+    if pair is None:
+        detail = "malformed sample: no value"
+    elif not isinstance(pair, list | tuple) or len(pair) != 2:
+        detail = f"malformed sample: value {repr(pair)[:80]} is not a [timestamp, number] pair"
+    else:
+        detail = not_a_number(pair[1])
+    tag = UNTAGGED if signal is None else str(signal)
+    faults.setdefault(str(model), {})[tag] = detail  # over a DUPLICATED: this one fails
+
+
+def duplicated(faults: Faults, model: str, signal: str) -> None:
+    """Record a second value of (`model`, `signal`) (a malformed one stays the cause)."""
+    faults.setdefault(model, {}).setdefault(signal, DUPLICATED)
+
+
+def parse_tagged(
+    raw: Any, query: str, model_label: str, faults: Faults, into: Rows | None = None
+) -> Rows:
     """Validate a query API `data.result` as an instant vector (module doc) and index a
     tagged (multi-signal) answer into rows, model -> signal -> value, added to `into`
-    when given (a later answer's value wins). The validation is inlined: this runs once
-    per series (about 40 per model per tick)."""
+    when given (a signal already there is duplicated: NaN, recorded in `faults`, as is
+    a malformed sample naming a model). The validation is inlined: this runs once per
+    series (about 40 per model per tick)."""
     if not isinstance(raw, list):
         raise _not_a_vector(raw, query)
     rows: Rows = {} if into is None else into
@@ -237,14 +311,20 @@ def parse_tagged(raw: Any, query: str, model_label: str, into: Rows | None = Non
     for item in raw:
         try:
             metric = item["metric"]
-            _ts, value = item["value"]
+            pair = item["value"]
+            if pair.__class__ is not list and not isinstance(pair, tuple):
+                raise TypeError("value must be a [timestamp, number] pair")
+            _ts, value = pair
             if (metric.__class__ is not dict or value.__class__ is not str) and (
-                not isinstance(metric, dict) or not isinstance(value, _NUMBER)
+                not isinstance(metric, dict)
+                or not isinstance(value, _NUMBER)
+                or isinstance(value, bool)
             ):
                 raise TypeError("metric must be an object and value a number")
             value = float(value)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _malformed(item, exc, query) from exc
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            note_fault(item, exc, query, model_label, faults)
+            continue
         model = metric.get(model_label)
         signal = metric.get(tag)
         if model is None or signal is None:
@@ -255,8 +335,12 @@ def parse_tagged(raw: Any, query: str, model_label: str, into: Rows | None = Non
             signal = str(signal)
         row = rows.get(model)
         if row is None:
-            row = rows[model] = {}
-        row[signal] = value
+            rows[model] = {signal: value}
+        elif signal in row:
+            row[signal] = NAN
+            duplicated(faults, model, signal)
+        else:
+            row[signal] = value
     return rows
 
 
@@ -277,23 +361,30 @@ def le_bound(le: str) -> float | None:
     return parsed
 
 
-def index_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str, Any]]:
-    """The pass over a bucket answer: tag -> model -> {bucket bound: summed value} (series
-    without a numeric `le` skipped; validated as `parse_tagged`)."""
+def index_buckets(raw: Any, query: str, model_label: str, faults: Faults) -> BucketIndex:
+    """The pass over a bucket answer: tag -> model -> {`le` text: value}, validated as
+    `parse_tagged` (a malformed sample naming a model recorded in `faults`); a repeated
+    (model, tag, `le` text) reads NaN, which voids that histogram of that model."""
     if not isinstance(raw, list):
         raise _not_a_vector(raw, query)
-    table: dict[str, dict[str, Any]] = {}
+    table: BucketIndex = {}
     for item in raw:
         try:
             metric = item["metric"]
-            _ts, value = item["value"]
+            pair = item["value"]
+            if pair.__class__ is not list and not isinstance(pair, tuple):
+                raise TypeError("value must be a [timestamp, number] pair")
+            _ts, value = pair
             if (metric.__class__ is not dict or value.__class__ is not str) and (
-                not isinstance(metric, dict) or not isinstance(value, _NUMBER)
+                not isinstance(metric, dict)
+                or not isinstance(value, _NUMBER)
+                or isinstance(value, bool)
             ):
                 raise TypeError("metric must be an object and value a number")
             value = float(value)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _malformed(item, exc, query) from exc
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            note_fault(item, exc, query, model_label, faults)
+            continue
         model = metric.get(model_label)
         signal = metric.get(SIGNAL_LABEL)
         le = metric.get("le")
@@ -303,51 +394,73 @@ def index_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str,
             model = str(model)
         if signal.__class__ is not str:
             signal = str(signal)
-        bound = LE_CACHE.get(le, LE_CACHE) if le.__class__ is str else LE_CACHE
-        if bound is LE_CACHE:
-            bound = le_bound(str(le))
-        if bound is None:
-            continue
+        if le.__class__ is not str:
+            le = str(le)
         column = table.get(signal)
         if column is None:
             column = table[signal] = {}
-        by_bound = column.get(model)
-        if by_bound is None:
-            by_bound = column[model] = {}
-        by_bound[bound] = by_bound.get(bound, 0.0) + value
+        by_le = column.get(model)
+        if by_le is None:
+            column[model] = {le: value}
+        else:
+            by_le[le] = NAN if le in by_le else value
     return table
 
 
-def parse_edge_buckets(raw: Any, query: str, model_label: str) -> dict[str, dict[str, Buckets]]:
-    """Validate a tagged bucket-rate answer (as `parse_tagged`) and index it: histogram
-    tag -> model -> cumulative buckets (bound, rate) sorted by bound, PromQL-style cleaned.
-
-    Buckets with the same bound are summed; counts are made monotonic (running maximum,
-    as PromQL does against float noise in rates). A model with any non-finite bucket of
-    a histogram gets no buckets of it at all (no data, not a wrong attainment). Series
-    without the model label, the tag or a numeric `le` are skipped.
-    """
-    return edge_buckets(index_buckets(raw, query, model_label))
-
-
-def edge_buckets(
-    acc: Mapping[str, Mapping[str, Mapping[float, float]]],
+def parse_edge_buckets(
+    raw: Any, query: str, model_label: str, faults: Faults
 ) -> dict[str, dict[str, Buckets]]:
+    """Validate a tagged bucket-rate answer (as `parse_tagged`) and index it: histogram
+    tag -> model -> cumulative buckets (bound, rate) sorted by bound, PromQL-style cleaned
+    (`edge_buckets`). A malformed sample naming a model is recorded in `faults`.
+    """
+    return edge_buckets(index_buckets(raw, query, model_label, faults))
+
+
+def edge_buckets(acc: BucketIndex) -> dict[str, dict[str, Buckets]]:
     """Histogram tag -> model -> cumulative buckets from an index of bucket rates (tag ->
-    model -> {bound: summed rate}), cleaned as `parse_edge_buckets` says."""
+    model -> {`le` text: rate}).
+
+    Buckets of one bound spelled differently are summed: `le` "1.0" (Python's client)
+    and "1" (Go's) are two series under `sum by (<model>, le)`, each counting its own
+    engines (`estimators.promql.le_spellings`); a non-numeric `le` is skipped. Counts
+    are made monotonic (running maximum, as PromQL does against float noise in rates).
+    A model with any bucket of a histogram that is not a finite count >= 0 (NaN,
+    infinite, negative, or a repeated `le`, indexed as NaN) gets no buckets of it at
+    all: no data, not a wrong attainment.
+    """
+    cache = LE_CACHE
     out: dict[str, dict[str, Buckets]] = {}
     for hist, by_model in acc.items():
         column = out[hist] = {}
-        for model, by_bound in by_model.items():
+        for model, by_le in by_model.items():
+            pairs: list[tuple[float, float]] = []  # (bound, rate), then sorted by bound
+            for le, c in by_le.items():
+                bound = cache.get(le, cache)
+                if bound is cache:
+                    bound = le_bound(le)
+                if bound is not None:
+                    pairs.append((bound, c))  # type: ignore[arg-type]
+            if not pairs:
+                continue
+            pairs.sort()
             buckets: Buckets = []
             running_max = 0.0
-            for bound in sorted(by_bound):
-                c = by_bound[bound]
-                if c - c != 0.0:  # NaN or +-Inf
-                    break
-                if c > running_max:
-                    running_max = c
-                buckets.append((bound, running_max))
+            prev: float | None = None  # the bound summed into `raw`
+            raw = 0.0
+            for bound, c in pairs:
+                if bound == prev:  # one bound spelled another way: summed
+                    raw += c
+                    continue
+                if prev is not None:
+                    if not 0.0 <= raw < _INF:  # NaN, +-Inf or negative
+                        break
+                    if raw > running_max:
+                        running_max = raw
+                    buckets.append((prev, running_max))
+                prev, raw = bound, c
             else:
-                column[model] = buckets
+                if 0.0 <= raw < _INF:
+                    buckets.append((prev, max(running_max, raw)))  # type: ignore[arg-type]
+                    column[model] = buckets
     return out

@@ -8,15 +8,18 @@ client offers `query_body` (the default client does). This module owns the fast 
   signal tag, `le`, the value's text): no dict per series and no label that is not read,
   and the records are not tracked by the cyclic collector;
 - `rows_from_samples` / `buckets_from_samples` index them as `parse_tagged` /
-  `parse_edge_buckets` do the decoded JSON (same rows, same buckets, same values:
-  each value goes through the same `float()` of its text).
+  `index_buckets` do the decoded JSON (same rows, same buckets, same values: each
+  value goes through the same `float()` of its text; the same faults: a duplicated
+  signal NaN and `DUPLICATED`, a repeated bucket NaN, a value that is no number
+  recorded against the model its sample names, with the same detail).
 
 The fast path takes only answers of the exact shape Prometheus writes (every label a
 string, `value` a pair [number, string]); anything else (a body that is not JSON, no
 `data`, a scalar or matrix result, a label that is not a string, a value that is not a
-number) makes it answer None, and the source then decodes the body with orjson and
-parses it generically, so a malformed answer fails with the same `SourceError` as before
-this path existed (`estimators.prometheus`).
+number, such as a bare "90" or a boolean) makes it answer None, and the source then
+decodes the body with orjson and parses it generically (`estimators.answers`: such a
+sample naming a model makes that model no data, one naming none a `SourceError`), so
+every answer reads as it does through `custom_query` (`estimators.prometheus`).
 
 Cost (benchmarks/bench_tick.py, 1,000 models, ~43,000 series per tick): decoding into
 records takes about two thirds of orjson's time into dicts and lists, and the index pass
@@ -31,7 +34,15 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from estimators.answers import LE_CACHE, Rows, le_bound
+from estimators.answers import (
+    NAN,
+    UNTAGGED,
+    BucketIndex,
+    Faults,
+    Rows,
+    duplicated,
+    not_a_number,
+)
 from estimators.promql import (
     EDGE_HISTOGRAMS,
     QUANTILES,
@@ -91,56 +102,64 @@ class AnswerDecoder:
         return result
 
 
-def rows_from_samples(samples: list[Any], into: Rows | None = None) -> Rows | None:
+def rows_from_samples(samples: list[Any], faults: Faults, into: Rows | None = None) -> Rows | None:
     """Index decoded samples into rows, model -> signal -> value, added to `into` when
-    given (a later answer's value wins), as `estimators.answers.parse_tagged` does.
-    None when a value's text is not a float (the caller then parses generically, which
-    names the sample in its error)."""
+    given, as `estimators.answers.parse_tagged` does (a duplicated signal NaN and
+    recorded in `faults`, as is a value that is not a number of a sample naming a
+    model). None when a sample naming no model has a value that is not a number: the
+    caller then parses generically, which fails the answer with the sample named (the
+    rows written so far do not matter then)."""
     rows: Rows = {} if into is None else into
-    try:
-        for s in samples:
+    for s in samples:
+        m = s.metric
+        model = m.model
+        try:
             value = float(s.value.text)
-            m = s.metric
-            model = m.model
-            signal = m.signal
-            if model is None or signal is None:
-                continue
-            row = rows.get(model)
-            if row is None:
-                row = rows[model] = {}
+        except ValueError:
+            if model is None:
+                return None
+            faults.setdefault(model, {})[m.signal or UNTAGGED] = not_a_number(s.value.text)
+            continue
+        signal = m.signal
+        if model is None or signal is None:
+            continue
+        row = rows.get(model)
+        if row is None:
+            rows[model] = {signal: value}
+        elif signal in row:
+            row[signal] = NAN
+            duplicated(faults, model, signal)
+        else:
             row[signal] = value
-    except ValueError:
-        return None
     return rows
 
 
-def buckets_from_samples(samples: list[Any]) -> dict[str, dict[str, dict[float, float]]] | None:
-    """Index decoded bucket samples: tag -> model -> {bound: summed value}, as
+def buckets_from_samples(samples: list[Any], faults: Faults) -> BucketIndex | None:
+    """Index decoded bucket samples: tag -> model -> {`le` text: value}, as
     `estimators.answers.index_buckets` does (series without the model label, the tag or
-    a numeric `le` skipped). None when a value's text is not a float."""
-    table: dict[str, dict[str, dict[float, float]]] = {}
-    cache = LE_CACHE
-    try:
-        for s in samples:
+    `le` skipped; a repeated `le` NaN; a value that is not a number recorded in `faults`
+    against the model its sample names). None as `rows_from_samples` says."""
+    table: BucketIndex = {}
+    for s in samples:
+        m = s.metric
+        model = m.model
+        try:
             value = float(s.value.text)
-            m = s.metric
-            model = m.model
-            signal = m.signal
-            le = m.le
-            if model is None or signal is None or le is None:
-                continue
-            bound = cache.get(le, cache)
-            if bound is cache:
-                bound = le_bound(le)
-            if bound is None:
-                continue
-            column = table.get(signal)
-            if column is None:
-                column = table[signal] = {}
-            by_bound = column.get(model)
-            if by_bound is None:
-                by_bound = column[model] = {}
-            by_bound[bound] = by_bound.get(bound, 0.0) + value
-    except ValueError:
-        return None
+        except ValueError:
+            if model is None:
+                return None
+            faults.setdefault(model, {})[m.signal or UNTAGGED] = not_a_number(s.value.text)
+            continue
+        signal = m.signal
+        le = m.le
+        if model is None or signal is None or le is None:
+            continue
+        column = table.get(signal)
+        if column is None:
+            column = table[signal] = {}
+        by_le = column.get(model)
+        if by_le is None:
+            column[model] = {le: value}
+        else:
+            by_le[le] = NAN if le in by_le else value
     return table

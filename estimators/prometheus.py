@@ -10,7 +10,12 @@ answers into typed per-model outcomes:
 - the number of queries per tick is constant in the number of models
   (`len(list(source.queries.items()))`, eight), recorded in `queries_last_tick`;
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
-  that is not an instant vector of numbers) -> `SourceError` carrying the query;
+  that is not an instant vector, a malformed sample that names no model) ->
+  `SourceError` carrying the query;
+- a model with a malformed sample (estimators.answers), or a second series of a signal
+  the outcome is decided on (`DECISIVE`: demand, targets, sample times) ->
+  `NoDataError(model, <signal>, <what was wrong>)`, checked first; a duplicated optional
+  signal reads as absent. Other models are observed as usual;
 - a model whose engine scrape targets (seen within the lookback) are all down (no
   successful scrape within two scrape intervals: one missed scrape is not a dead target)
   or gone from service discovery -> `NoDataError(model, "targets_up")` (checked first, so
@@ -45,6 +50,7 @@ import orjson
 from estimators.answers import (
     ARRIVAL,
     COUNTER_TS,
+    DUPLICATED,
     EMPTY,
     GAUGE_TS,
     INGRESS,
@@ -53,6 +59,7 @@ from estimators.answers import (
     TARGETS_UP,
     Answers,
     Buckets,
+    Faults,
     Rows,
     count,
     edge_buckets,
@@ -90,6 +97,13 @@ TARGETS_SIGNAL: Final = "targets_up"
 """The signal named in the `NoDataError` of a model whose engine targets are all down."""
 STALENESS_SIGNAL: Final = "staleness"
 """The signal named in the `NoDataError` of a model without a current sample."""
+DECISIVE: Final = frozenset(
+    (ARRIVAL, INGRESS, TARGETS_UP, TARGETS_KNOWN, TARGETS_SEEN, GAUGE_TS, COUNTER_TS)
+)
+"""The signals `_outcome` decides on: the demand (an ingress rate raises it), the
+targets (their absence passes a dead fleet on to a decaying demand) and the sample
+times. A duplicated one fails its model (`NoDataError` naming it); any other duplicated
+signal reads as absent (NaN -> None), as when its series is missing."""
 
 
 class PrometheusSettingsLike(Protocol):
@@ -386,25 +400,27 @@ class PrometheusSource:
         returns bodies."""
         return getattr(self._client, "query_body", None) is not None
 
-    def _parse_rows(self, raw: Any, query: str, into: Rows | None) -> Rows:
-        """A tagged answer (body or decoded) indexed into rows (`parse_tagged`)."""
+    def _parse_rows(self, raw: Any, query: str, into: Rows | None, faults: Faults) -> Rows:
+        """A tagged answer (body or decoded) indexed into rows (`parse_tagged`), its
+        models' faults recorded in `faults`."""
         if self._reads_bodies:  # `raw` is the HTTP body
             samples = self._decoder.samples(raw)
-            rows = None if samples is None else rows_from_samples(samples, into)
+            rows = None if samples is None else rows_from_samples(samples, faults, into)
             if rows is not None:
                 return rows
             raw = _decoded_result(raw, query)
-        return parse_tagged(raw, query, self.model_label, into)
+        return parse_tagged(raw, query, self.model_label, faults, into)
 
-    def _parse_edges(self, raw: Any, query: str) -> dict[str, dict[str, Buckets]]:
-        """An SLA-edge bucket answer (body or decoded) indexed (`parse_edge_buckets`)."""
+    def _parse_edges(self, raw: Any, query: str, faults: Faults) -> dict[str, dict[str, Buckets]]:
+        """An SLA-edge bucket answer (body or decoded) indexed (`parse_edge_buckets`),
+        its models' faults recorded in `faults`."""
         if self._reads_bodies:  # `raw` is the HTTP body
             samples = self._decoder.samples(raw)
-            table = None if samples is None else buckets_from_samples(samples)
+            table = None if samples is None else buckets_from_samples(samples, faults)
             if table is not None:
                 return edge_buckets(table)
             raw = _decoded_result(raw, query)
-        return parse_edge_buckets(raw, query, self.model_label)
+        return parse_edge_buckets(raw, query, self.model_label, faults)
 
     def _follow_slas(self, models: Sequence[ModelQuery]) -> None:
         """Rebuild the SLA-edge query when the set of SLA thresholds changed: TTFT
@@ -438,10 +454,10 @@ class PrometheusSource:
         """Observe `models` as of `now_s` (unix seconds; every query is evaluated there).
 
         Returns one entry per requested model: an `Observation`, or a `NoDataError` when
-        its demand signal is missing or not finite, its engine targets are all down, or
-        its data is stale (module docstring). Raises `SourceError` when any query cannot
-        be read (the tick then has no trustworthy data at all). Series of models not in
-        `models` are ignored.
+        its demand signal is missing or not finite, its engine targets are all down, its
+        data is stale, or a series of it is malformed or duplicated (module docstring).
+        Raises `SourceError` when any query cannot be read (the tick then has no
+        trustworthy data at all). Series of models not in `models` are ignored.
         """
         if not math.isfinite(now_s):
             raise ValueError(f"now_s must be finite, got {now_s}")
@@ -452,20 +468,21 @@ class PrometheusSource:
         self._follow_slas(models)
         rows: dict[str, Rows] = {}
         edges: dict[str, dict[str, Buckets]] = {}
+        faults: Faults = {}  # model -> signal -> what was wrong (estimators.answers)
         # Each answer is parsed as soon as it arrives (and dropped): a malformed one stops
         # the tick before the next query, and only one decoded answer is alive at a time.
         for name in [name for name, _query in self.queries.items()]:  # demand first
             query = getattr(self.queries, name)  # after demand: as `_follow_rules` says
             raw = self._query(query, now_s)
             if name == "sla_buckets":
-                edges = self._parse_edges(raw, query)
+                edges = self._parse_edges(raw, query, faults)
             else:  # the four quantile answers have distinct tags: one row per model
                 group = "quantiles" if name.endswith("_quantiles") else name
-                rows[group] = self._parse_rows(raw, query, rows.get(group))
+                rows[group] = self._parse_rows(raw, query, rows.get(group), faults)
                 if name == "demand":
                     self._follow_rules(rows[group])
             del raw
-        t = Answers(rows, edges)
+        t = Answers(rows, edges, faults)
         out: dict[str, ObservationResult] = {}
         for name, mq in wanted.items():
             out[name] = self._outcome(mq, now_s, t)
@@ -474,6 +491,11 @@ class PrometheusSource:
     def _outcome(self, mq: ModelQuery, now_s: float, t: Answers) -> ObservationResult:
         """One model's Observation, or the NoDataError that says why there is none."""
         name = mq.name
+        faults = t.faults.get(name)
+        if faults is not None:  # bad series of this model first: nothing else is read
+            for signal, detail in faults.items():
+                if detail != DUPLICATED or signal in DECISIVE:
+                    return NoDataError(name, signal, detail)
         s = t.state.get(name, EMPTY)
         up = count(s.get(TARGETS_UP))
         known = count(s.get(TARGETS_KNOWN))

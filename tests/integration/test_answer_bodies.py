@@ -4,8 +4,10 @@
 (the default client does) and falls back to orjson + the generic parser
 (`estimators.answers`) for any body not of the exact shape Prometheus writes. Contract:
 for every answer set, the same outcomes, bit for bit (compared by `repr`, so -0.0, NaN
-and every float's last bit count), and for every malformed answer the same SourceError
-(message and query) as a client that decodes the body itself (`custom_query`).
+and every float's last bit count, and the detail of every NoDataError: a malformed or
+duplicated series of one model), and for every malformed answer the same SourceError
+(message and query) as a client that decodes the body itself (`custom_query`). The
+answers are crafted and fed through fake clients: the parsers are what is checked.
 """
 
 from __future__ import annotations
@@ -68,6 +70,22 @@ def outcome(client_type: type[FakeClient], answers: Mapping[str, Any], **kw: Any
         return f"SourceError({exc!s}, query={exc.query is not None})"
 
 
+def _added(group: str, *samples: dict[str, Any]) -> Callable[[], dict[str, Any]]:
+    """The healthy answers with `samples` added to answer `group`."""
+
+    def build() -> dict[str, Any]:
+        answers = healthy_answers()
+        answers[group] = [*answers[group], *samples]
+        return answers
+
+    return build
+
+
+def _a(signal: str, value: Any, key: str = "value") -> dict[str, Any]:
+    """A sample of model A's `signal` whose `key` is `value` (any shape)."""
+    return {"metric": {"model_name": A, SIGNAL_LABEL: signal}, key: value}
+
+
 def _with(**changes: Any) -> Callable[[], dict[str, Any]]:
     def build() -> dict[str, Any]:
         answers = healthy_answers()
@@ -110,9 +128,6 @@ ANSWER_SETS: dict[str, Callable[[], dict[str, Any]]] = {
     "numbers, not strings": _with(
         demand=[{"metric": {"model_name": A, SIGNAL_LABEL: "arrival_rps"}, "value": [NOW, 2]}]
     ),
-    "a boolean value": _with(
-        demand=[{"metric": {"model_name": A, SIGNAL_LABEL: "arrival_rps"}, "value": [NOW, True]}]
-    ),
     "a timestamp that is a string": _with(
         demand=[{"metric": {"model_name": A, SIGNAL_LABEL: "arrival_rps"}, "value": ["x", "2"]}]
     ),
@@ -138,9 +153,11 @@ ANSWER_SETS: dict[str, Callable[[], dict[str, Any]]] = {
         ]
     ),
     "an empty model": _with(demand=[tagged("", Signal.ARRIVAL_RPS, 2)]),
-    "a later answer wins": _with(
+    "a tag in two answers of a group": _with(
         itl_quantiles=[tagged(A, "ttft_p95", 1)], ttft_quantiles=[tagged(A, "ttft_p95", 2)]
     ),
+    "a duplicated optional signal": _added("state", tagged(A, Signal.WAITING, 300)),
+    "a duplicated bucket": _added("sla_buckets", *buckets(A, [("0.05", 1.0)])),
     "buckets summed, unsorted, noisy": _with(
         sla_buckets=buckets(A, [("+Inf", 10), ("0.05", 4), ("5e-2", 5), ("0.1", 3)])
     ),
@@ -161,18 +178,36 @@ ANSWER_SETS: dict[str, Callable[[], dict[str, Any]]] = {
     "buckets: of another tag": _with(
         sla_buckets=buckets(A, ITL_OK, hist="ttft") + buckets(B, ITL_OK, hist="tpot")
     ),
+}
+
+MODEL_FAULTS: dict[str, Callable[[], dict[str, Any]]] = {
+    # model A no data (the same detail on both paths), model B observed
+    "a value that is not a number": _added("state", tagged(A, Signal.RUNNING, "abc")),
+    "a bucket value that is not a number": _added("sla_buckets", *buckets(A, [("0.1", "abc")])),
+    "a null value": _added("rates", _a("waiting", [NOW, None])),
+    "three-part value": _added("rates", _a("waiting", [NOW, "1", "2"])),
+    "a bare string value": _added("demand", _a("arrival_rps", "90")),
+    "a bare number value": _added("demand", _a("arrival_rps", 90)),
+    "a boolean value": _added("demand", _a("arrival_rps", [NOW, True])),
+    "a matrix": _added("state", _a("running", [[NOW, "1"]], key="values")),
+    "an untagged sample that is not a number": _added(
+        "state", {"metric": {"model_name": A}, "value": [NOW, "x"]}
+    ),
+    "a duplicated demand": _added("demand", tagged(A, Signal.ARRIVAL_RPS, 0)),
+    "a duplicated target count": _added("state", tagged(A, Signal.TARGETS_UP, 0)),
+}
+
+SOURCE_ERRORS: dict[str, Callable[[], dict[str, Any]]] = {
     # malformed: a SourceError naming the query, the same message
-    "a value that is not a number": _with(state=[tagged(A, Signal.RUNNING, "abc")]),
-    "a bucket value that is not a number": _with(sla_buckets=buckets(A, [("0.05", "abc")])),
-    "a null value": _with(
-        rates=[{"metric": {"model_name": A, SIGNAL_LABEL: "waiting"}, "value": [NOW, None]}]
+    "a value that is not a number, no model": _with(
+        state=[{"metric": {SIGNAL_LABEL: "running"}, "value": [NOW, "abc"]}]
     ),
-    "three-part value": _with(
-        rates=[{"metric": {"model_name": A, SIGNAL_LABEL: "waiting"}, "value": [NOW, "1", "2"]}]
+    "a bucket value that is not a number, no model": _with(
+        sla_buckets=[{"metric": {"le": "0.05", SIGNAL_LABEL: "itl"}, "value": [NOW, "x"]}]
     ),
+    "a bare value, no model": _with(rates=[{"metric": {"model_name": None}, "value": "1"}]),
     "not a list": _with(state={"resultType": "vector"}),
     "a scalar": _with(state=[NOW, "1"]),
-    "a matrix": _with(state=[{"metric": {"model_name": A}, "values": [[NOW, "1"]]}]),
     "no labels": _with(state=[{"value": [NOW, "1"]}]),
     "labels not an object": _with(state=[{"metric": "x", "value": [NOW, "1"]}]),
     "null result": _with(state=None),
@@ -186,15 +221,15 @@ ANSWER_SETS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(ANSWER_SETS))
+@pytest.mark.parametrize("name", [*ANSWER_SETS, *MODEL_FAULTS, *SOURCE_ERRORS])
 def test_body_path_reads_every_answer_as_the_generic_path(name: str) -> None:
-    answers = ANSWER_SETS[name]()
+    answers = (ANSWER_SETS | MODEL_FAULTS | SOURCE_ERRORS)[name]()
     body = outcome(BodyClient, answers, window_s=30)
     assert body == outcome(DecodingClient, answers, window_s=30)
-    malformed = list(ANSWER_SETS).index(name) >= list(ANSWER_SETS).index(
-        "a value that is not a number"
-    )
-    assert body.startswith("SourceError") == malformed, body
+    assert body.startswith("SourceError") == (name in SOURCE_ERRORS), body
+    if name in MODEL_FAULTS:
+        assert body.startswith("[('model-a', NoDataError("), body
+        assert "('model-b', Observation(" in body, body
 
 
 def test_the_fast_path_takes_prometheus_bodies(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -319,20 +319,128 @@ def test_models_not_asked_for_are_ignored_and_empty_asks_nothing() -> None:
     [
         {"resultType": "vector"},  # not a list
         [NOW, "1"],  # a scalar's result
-        [{"metric": {"model_name": A}, "values": [[NOW, "1"]]}],  # a matrix
-        [{"metric": {"model_name": A}, "value": [NOW, "abc"]}],  # not a number
+        [{"metric": {"job": "j"}, "value": [NOW, "abc"]}],  # not a number, no model named
+        [{"metric": {"model_name": None}, "value": "90"}],  # no pair, no model named
         [{"value": [NOW, "1"]}],  # no labels
         [{"metric": "x", "value": [NOW, "1"]}],
         None,
     ],
 )
 def test_malformed_results_are_source_errors(answer: Any) -> None:
+    """An answer that is not a vector, or a malformed sample that names no model: the
+    answer as a whole is unreadable."""
     answers = healthy_answers()
     answers["state"] = answer
     src, _ = fake_source(answers)
     with pytest.raises(SourceError) as info:
         src.observe(MODELS, NOW)
     assert info.value.query == src.queries.state
+
+
+def _sample(signal: Signal, value: Any, key: str = "value") -> dict[str, Any]:
+    return {"metric": {"model_name": A, SIGNAL_LABEL: signal.value}, key: value}
+
+
+@pytest.mark.parametrize(
+    ("group", "sample", "wrong"),
+    [
+        ("demand", _sample(Signal.ARRIVAL_RPS, "90"), "'90' is not a [timestamp, number] pair"),
+        ("demand", _sample(Signal.ARRIVAL_RPS, 90), "90 is not a [timestamp, number] pair"),
+        ("demand", _sample(Signal.ARRIVAL_RPS, [NOW, True]), "True is not a number"),
+        ("demand", _sample(Signal.ARRIVAL_RPS, [NOW, "abc"]), "'abc' is not a number"),
+        ("state", _sample(Signal.WAITING, [NOW, None]), "None is not a number"),
+        ("state", _sample(Signal.WAITING, [NOW, "1", "2"]), "is not a [timestamp, number] pair"),
+        ("state", _sample(Signal.RUNNING, [[NOW, "1"]], key="values"), "no value"),  # a matrix
+        ("sla_buckets", {**buckets(A, [("0.05", "x")])[0]}, "'x' is not a number"),
+    ],
+    ids=["bare-string", "bare-number", "boolean", "text", "null", "three", "matrix", "bucket"],
+)
+def test_a_malformed_sample_is_no_data_for_its_model_only(
+    group: str, sample: dict[str, Any], wrong: str
+) -> None:
+    """A sample naming a model but malformed fails that model, never reads as a number
+    (a bare "90" was unpacked as "9", "0" and read 0 req/s: an 8-replica fleet scaled
+    to 1; `[ts, true]` read 1.0), and never fails the tick of the other models (it was a
+    SourceError for all). Crafted answers through the fake client: a real Prometheus
+    never writes these; the parser is what is checked."""
+    answers = healthy_answers()
+    answers[group] = [*answers[group], sample]
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    err = results[A]
+    assert isinstance(err, NoDataError), err
+    signal = sample["metric"][SIGNAL_LABEL]
+    assert err.signal == signal and "malformed sample" in err.detail and wrong in err.detail
+    assert isinstance(results[B], Observation) and results[B].arrival_rate_rps == 12.5
+
+
+@pytest.mark.parametrize(
+    "signal",
+    [
+        Signal.ARRIVAL_RPS,
+        Signal.INGRESS_RPS,
+        Signal.TARGETS_UP,
+        Signal.TARGETS_KNOWN,
+        Signal.TARGETS_SEEN,
+        Signal.GAUGE_SAMPLE_TS,
+        Signal.COUNTER_SAMPLE_TS,
+    ],
+)
+def test_a_duplicated_decisive_signal_is_no_data_never_the_last_series(signal: Signal) -> None:
+    """Two series of one signal the outcome is decided on (two answers where the query
+    aggregates to one): neither is read (the last one won: arrival 40 and 0 read 0 req/s)
+    and the model is no data naming the signal; the other model is observed. Fake
+    client, crafted answers (the parser is what is checked)."""
+    answers = healthy_answers()
+    group = "demand" if signal in (Signal.ARRIVAL_RPS, Signal.INGRESS_RPS) else "state"
+    own = {"model_name": A, SIGNAL_LABEL: signal.value}
+    answers[group] = [s for s in answers[group] if s["metric"] != own]
+    answers[group] += [tagged(A, signal, 40.0), tagged(A, signal, 0)]
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    err = results[A]
+    assert isinstance(err, NoDataError) and err.signal == signal.value, err
+    assert "duplicated series" in str(err)
+    assert isinstance(results[B], Observation) and results[B].arrival_rate_rps == 12.5
+
+
+def test_a_duplicated_optional_signal_reads_as_absent() -> None:
+    """A second series of an optional signal: that signal is None (not the last one's
+    value: a backlog of 300 read as 0), the rest of the model is observed."""
+    answers = healthy_answers()
+    answers["state"] += [tagged(A, Signal.WAITING, 300), tagged(A, Signal.WAITING, 0)]
+    answers["itl_quantiles"] += [tagged(A, "itl_p95", 0.5)]
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    obs, other = results[A], results[B]
+    assert isinstance(obs, Observation) and isinstance(other, Observation)
+    assert obs.waiting is None and obs.itl_p95_ms is None and obs.itl_dist is None
+    assert (obs.arrival_rate_rps, obs.running) == (12.5, 8)
+    assert (other.waiting, other.itl_p95_ms) == (1, pytest.approx(65.625))
+
+
+def test_a_repeated_bucket_voids_the_histogram_and_spellings_are_summed() -> None:
+    """A repeated (model, histogram, `le`) bucket: no attainment (summed, 90 % read
+    100 %); one bound spelled two ways ("0.05", "5e-2": the name policies' spellings)
+    is still summed. Fake client, crafted answers (the parser is what is checked)."""
+    answers = healthy_answers()
+    answers["sla_buckets"] += buckets(A, [("0.05", 9.0)])
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    obs = results[A]
+    assert isinstance(obs, Observation) and obs.itl_attainment_frac is None
+    answers["sla_buckets"] = buckets(A, [("0.05", 4.0), ("5e-2", 5.0), ("+Inf", 10.0)])
+    answers["sla_buckets"] += buckets(B, ITL_OK)
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    obs = results[A]
+    assert isinstance(obs, Observation) and obs.itl_attainment_frac == pytest.approx(0.9)
+
+
+def test_a_negative_bucket_rate_is_no_attainment_never_zero() -> None:
+    """A negative SLA-bucket rate (no rate of a counter is: broken data) is no data, not
+    the running maximum's 0 (attainment 0 %). Fake client, crafted answer."""
+    answers = healthy_answers()
+    answers["sla_buckets"] = buckets(A, [("0.05", -3.0), ("+Inf", 10.0)]) + buckets(B, ITL_OK)
+    results = fake_source(answers)[0].observe(MODELS, NOW)
+    obs = results[A]
+    assert isinstance(obs, Observation) and obs.itl_attainment_frac is None
+    assert isinstance(results[B], Observation)
 
 
 def test_client_exceptions_are_source_errors_with_the_query() -> None:

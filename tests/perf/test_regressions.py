@@ -2,7 +2,8 @@
 
 - the answer parsers of `PrometheusSource` give what straightforward parse-then-group
   code gives (a reference copy below), on randomized answers with NaN, infinities,
-  duplicate buckets, missing labels and noise;
+  duplicated series and buckets, malformed samples, missing labels and noise (the
+  same values and the same faults per model);
 - observing the replayed recording gives the recorded fleet's known values;
 - the inlined capacity bisection returns the same float as a `feasible(lam)` bisection,
   and the galloping search the same integer as a bisection;
@@ -42,51 +43,67 @@ LABEL = "model_name"
 
 
 # --- reference parsers: the straightforward code the one-pass parsers replaced ---------
-def _ref_vector(raw: Any) -> list[tuple[dict[str, str], float]]:
+Faults = dict[str, set[str]]
+"""model -> the signals with a fault (a malformed sample, or a duplicated series)."""
+
+
+def _ref_vector(raw: Any, faults: Faults) -> list[tuple[dict[str, str], float]]:
     if not isinstance(raw, list):
         raise SourceError("not a vector")
     out = []
     for item in raw:
         try:
-            metric = item["metric"]
-            _ts, value = item["value"]
+            metric, pair = item["metric"], item["value"]
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise TypeError("bad value")
+            value = pair[1]
             if not isinstance(metric, dict) or not isinstance(value, str | int | float):
+                raise TypeError("bad sample")
+            if isinstance(value, bool):
                 raise TypeError("bad sample")
             out.append(({str(k): str(v) for k, v in metric.items()}, float(value)))
         except (KeyError, TypeError, ValueError) as exc:
-            raise SourceError("malformed") from exc
+            metric = item.get("metric") if isinstance(item, dict) else None
+            model = metric.get(LABEL) if isinstance(metric, dict) else None
+            if model is None:
+                raise SourceError("malformed") from exc
+            faults.setdefault(str(model), set()).add(str(metric.get(SIGNAL_LABEL, "untagged")))
     return out
 
 
-def _ref_tagged(raw: Any) -> dict[str, dict[str, float]]:
-    """model -> signal -> value (the last series of a pair wins)."""
+def _ref_tagged(raw: Any, faults: Faults) -> dict[str, dict[str, float]]:
+    """model -> signal -> value (NaN, and a fault, for a signal answered twice)."""
     rows: defaultdict[str, dict[str, float]] = defaultdict(dict)
-    for labels, value in _ref_vector(raw):
+    for labels, value in _ref_vector(raw, faults):
         model, signal = labels.get(LABEL), labels.get(SIGNAL_LABEL)
         if model is not None and signal is not None:
+            if signal in rows[model]:
+                value = math.nan
+                faults.setdefault(model, set()).add(signal)
             rows[model][signal] = value
     return dict(rows)
 
 
-def _ref_buckets(raw: Any) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    acc: defaultdict[tuple[str, str], defaultdict[float, float]] = defaultdict(
-        lambda: defaultdict(float)
+def _ref_buckets(raw: Any, faults: Faults) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    acc: defaultdict[tuple[str, str], defaultdict[str, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
     )
-    for labels, value in _ref_vector(raw):
+    for labels, value in _ref_vector(raw, faults):
         model, le, hist = labels.get(LABEL), labels.get("le"), labels.get(SIGNAL_LABEL)
-        if model is None or le is None or hist is None:
-            continue
-        try:
-            bound = float(le)
-        except ValueError:
-            continue
-        if math.isnan(bound):
-            continue
-        acc[(hist, model)][bound] += value
+        if model is not None and le is not None and hist is not None:
+            acc[(hist, model)][le].append(value)
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for (hist, model), by_bound in acc.items():
+    for (hist, model), by_le in acc.items():
         column = out.setdefault(hist, {})
-        if not all(math.isfinite(v) for v in by_bound.values()):
+        by_bound: defaultdict[float, float] = defaultdict(float)
+        for le, values in by_le.items():
+            try:
+                bound = float(le)
+            except ValueError:
+                continue
+            if not math.isnan(bound):  # a repeated `le` voids the histogram
+                by_bound[bound] += values[0] if len(values) == 1 else math.nan
+        if not by_bound or not all(0 <= v < math.inf for v in by_bound.values()):
             continue
         running, buckets = 0.0, []
         for bound in sorted(by_bound):
@@ -126,6 +143,8 @@ def _mutated(rng: random.Random, result: list[dict[str, Any]]) -> list[dict[str,
             item["metric"].pop(LABEL, None)
         elif x < 0.30:
             item["metric"].pop(SIGNAL_LABEL, None)
+        elif x < 0.31 and LABEL in item["metric"]:  # malformed, its model named
+            item["value"] = rng.choice(["90", [1, True], [1, "x"], [1, "2", "3"]])
         out.append(item)
         if rng.random() < 0.05:
             out.append({"metric": dict(item["metric"]), "value": list(item["value"])})
@@ -139,10 +158,14 @@ def test_one_pass_parsers_equal_the_reference_on_randomized_answers() -> None:
     for _ in range(60):
         for name, result in rec["answers"].items():
             raw = _mutated(rng, result)
+            got: dict[str, dict[str, str]] = {}
+            want: Faults = {}
             if name == "sla_buckets":
-                assert _same(parse_edge_buckets(raw, name, LABEL), _ref_buckets(raw)), name
+                parsed = parse_edge_buckets(raw, name, LABEL, got)
+                assert _same(parsed, _ref_buckets(raw, want)), name
             else:
-                assert _same(parse_tagged(raw, name, LABEL), _ref_tagged(raw)), name
+                assert _same(parse_tagged(raw, name, LABEL, got), _ref_tagged(raw, want)), name
+            assert {m: set(d) for m, d in got.items()} == want, name
 
 
 @pytest.mark.parametrize(
@@ -151,19 +174,19 @@ def test_one_pass_parsers_equal_the_reference_on_randomized_answers() -> None:
         None,
         {"resultType": "vector"},
         [1.0, "2"],
-        [{"metric": {LABEL: "a"}}],
+        [{"metric": {"job": "a"}}],
         [{"metric": "x", "value": [1, "2"]}],
-        [{"metric": {LABEL: "a"}, "value": [1, "abc"]}],
-        [{"metric": {LABEL: "a"}, "value": [1, None]}],
+        [{"metric": {"job": "a"}, "value": [1, "abc"]}],
+        [{"metric": {LABEL: None}, "value": [1, None]}],
     ],
 )
 def test_malformed_answers_are_refused_like_the_reference(raw: Any) -> None:
     with pytest.raises(SourceError):
-        _ref_vector(raw)
+        _ref_vector(raw, {})
     with pytest.raises(SourceError):
-        parse_tagged(raw, "q", LABEL)
+        parse_tagged(raw, "q", LABEL, {})
     with pytest.raises(SourceError):
-        parse_edge_buckets(raw, "q", LABEL)
+        parse_edge_buckets(raw, "q", LABEL, {})
 
 
 def test_replayed_recording_gives_the_recorded_fleets_values() -> None:
