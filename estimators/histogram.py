@@ -4,7 +4,9 @@
 the bucket, the lowest bucket interpolated from 0 when its bound is positive, the +Inf
 bucket answered with the highest finite bound). `fraction_le` is the exact attainment
 `bucket(le=x) / count` when `x` is a bucket edge. Buckets are (upper bound, cumulative
-count) pairs sorted by bound, the last one +Inf.
+count) pairs sorted by bound, the last one +Inf. A histogram with any count that is not
+a finite number >= 0 (NaN, an infinity, a negative rate) is unknown: both answer None,
+never a quantile or fraction read past the bad count.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ import math
 from collections.abc import Sequence
 
 Buckets = Sequence[tuple[float, float]]
+_INF = math.inf
+
+
+def _counts_ok(buckets: Buckets) -> bool:
+    """Every count a finite number >= 0 (NaN fails the comparison)."""
+    return all(0.0 <= c < _INF for _b, c in buckets)
 
 
 def histogram_quantile(q: float, buckets: Buckets) -> float | None:
@@ -25,7 +33,7 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
     if not math.isinf(buckets[-1][0]):
         return None  # PromQL returns NaN without a +Inf bucket
     total = buckets[-1][1]
-    if not math.isfinite(total) or total <= 0:
+    if not math.isfinite(total) or total <= 0 or not _counts_ok(buckets):
         return None
     rank = q * total
     prev_bound, prev_count = 0.0, 0.0
@@ -47,11 +55,12 @@ def histogram_quantile(q: float, buckets: Buckets) -> float | None:
 def fraction_le(threshold: float, buckets: Buckets, rel_tol: float = 1e-9) -> float | None:
     """Exact fraction of observations <= `threshold` when it is a bucket edge, else None
     (also None without the `+Inf` bucket as the last: its count is the total, and any
-    other bucket as the total reads the observations past it as within)."""
+    other bucket as the total reads the observations past it as within; and None with
+    any count that is not a finite number >= 0: the module doc)."""
     if not buckets or not math.isinf(buckets[-1][0]):
         return None
     total = buckets[-1][1]
-    if not math.isfinite(total) or total <= 0:
+    if not math.isfinite(total) or total <= 0 or not _counts_ok(buckets):
         return None
     for bound, count in buckets:
         if math.isclose(bound, threshold, rel_tol=rel_tol):

@@ -24,6 +24,10 @@ INF = math.inf
         pytest.param(0.5, [(0.1, 0), (INF, 0)], None, id="no-observations"),
         pytest.param(0.5, [(0.1, 5), (0.2, 10)], None, id="no-inf-bucket"),
         pytest.param(1.5, [(0.1, 5), (INF, 10)], None, id="q-out-of-range"),
+        # a count that is no finite number >= 0: unknown, not read past (was 0.1)
+        pytest.param(0.5, [(0.1, math.nan), (INF, 10)], None, id="nan-count"),
+        pytest.param(0.5, [(0.1, -3.0), (INF, 10)], None, id="negative-count"),
+        pytest.param(0.5, [(0.1, 5), (0.2, INF), (INF, 10)], None, id="infinite-count"),
     ],
 )
 def test_histogram_quantile(q: float, buckets: list, want: float | None) -> None:
@@ -41,6 +45,14 @@ def test_fraction_le_only_on_bucket_edges() -> None:
     assert fraction_le(0.5, [(0.5, 3.0)]) is None
     assert fraction_le(0.25, [(0.25, 1.0), (0.5, 3.0)]) is None
     assert fraction_le(0.5, [(0.5, 3.0), (INF, 10.0)]) == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("bad", [math.nan, -3.0, INF])
+def test_fraction_le_of_a_bad_count_is_unknown(bad: float) -> None:
+    """NaN read 0.0 (`max(0.0, nan)`), a negative count was clamped to 0.0: an
+    attainment of 0 % from no data. Any count that is no finite number >= 0 -> None."""
+    assert fraction_le(0.5, [(0.5, bad), (INF, 10.0)]) is None
+    assert fraction_le(1.0, [(0.5, bad), (1.0, 9.0), (INF, 10.0)]) is None
 
 
 def test_vllm_buckets() -> None:
