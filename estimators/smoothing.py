@@ -54,9 +54,21 @@ def ewma(previous: float | None, value: float, dt_s: float, half_life_s: float) 
     """Exponentially weighted moving average with a half-life in seconds.
 
     The weight of the old value after `dt_s` is 0.5 ** (dt_s / half_life_s), so the
-    result does not depend on how often it is sampled.
+    result does not depend on how often it is sampled. The edges are that weight's
+    limits, never a division by zero:
+
+    - `dt_s` <= 0 (a second sample at the same instant, or the clock stepped back):
+      no time has passed, the old value keeps its whole weight -> `previous`, unchanged,
+      whatever the half-life (a repeated instant adds no evidence);
+    - `half_life_s` <= 0 (or NaN) with time passed: nothing is remembered -> `value`.
+
+    Example: previous 2,000, value 4,000, 5 s later, half-life 300 s -> about 2,023.
     """
     if previous is None:
         return value
-    keep = 0.5 ** (max(0.0, dt_s) / half_life_s)
+    if not dt_s > 0.0:  # also NaN
+        return previous
+    if not half_life_s > 0.0:
+        return value
+    keep = 0.5 ** (dt_s / half_life_s)
     return keep * previous + (1 - keep) * value

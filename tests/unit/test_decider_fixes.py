@@ -227,6 +227,20 @@ def test_early_length_windows_are_not_held_for_a_half_life() -> None:
     assert s.forecast.lengths.prompt_p95 > 30_000.0
 
 
+def test_a_second_tick_at_the_first_good_ticks_instant_decides() -> None:
+    """Two decisions at the same instant as the first good tick (a retried tick, a clock
+    stepped back and returned): the lengths' half-life, capped at the history's age, was
+    0 there and the EWMA divided by it (ZeroDivisionError). The repeated instant adds no
+    evidence: the lengths stay as they were."""
+    d = Decider(make_model(max_replicas=50), make_policy())
+    s = d.initial_state(4, ORIGIN_S)
+    t = ORIGIN_S
+    first, s = d.decide(obs(t=t, rate=40.0, ready_replicas=4), s, t)
+    again, s2 = d.decide(obs(t=t, rate=40.0, prompt_tokens_mean=9000.0, ready_replicas=4), s, t)
+    assert again.replicas == first.replicas
+    assert s2.forecast.lengths == s.forecast.lengths
+
+
 def test_a_cold_start_slower_than_configured_is_not_read_as_a_slow_engine() -> None:
     """The SLA judges the capacity model only on a fleet seen whole for a window: new
     replicas that take twice the configured cold start to be ready, and the window of

@@ -85,6 +85,18 @@ def test_ewma_is_sampling_rate_independent() -> None:
     assert a == pytest.approx(b)
 
 
+def test_ewma_edges_are_the_weights_limits_not_a_division_by_zero() -> None:
+    """No time passed (a repeated instant, the clock stepped back): the old value,
+    whatever the half-life (a zero half-life at dt 0 raised ZeroDivisionError). A zero
+    or negative half-life with time passed remembers nothing: the new value."""
+    for dt in (0.0, -5.0, math.nan):
+        for hl in (0.0, 300.0, -1.0):
+            assert ewma(2000.0, 4000.0, dt, hl) == 2000.0
+    assert ewma(2000.0, 4000.0, 5.0, 0.0) == 4000.0
+    assert ewma(2000.0, 4000.0, 5.0, -1.0) == 4000.0
+    assert ewma(2000.0, 4000.0, 5.0, 300.0) == pytest.approx(2022.97, abs=0.01)
+
+
 def test_profile_worked_examples() -> None:
     p = load_profile()
     m = p.step_model()
