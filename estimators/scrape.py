@@ -53,12 +53,20 @@ def engine_scrape_interval_s(
         targets = fetch(
             f"{base}/api/v1/targets", params={"state": "active"}, timeout=timeout_s
         ).json()["data"]["activeTargets"]
+        intervals = [_interval_s(t, jobs) for t in targets]  # None: a TypeError
+        known = [i for i in intervals if i is not None]
     except (requests.RequestException, ValueError, KeyError, TypeError, AttributeError):
         return None
-    intervals = [
-        parse_duration_s(t.get("scrapeInterval", ""))
-        for t in targets
-        if isinstance(t, dict) and t.get("labels", {}).get("job") in jobs
-    ]
-    known = [i for i in intervals if i is not None]
     return max(known) if known else None
+
+
+def _interval_s(target: Any, jobs: set[Any]) -> float | None:
+    """The scrape interval of one active target (seconds) when it belongs to one of
+    `jobs`; None for anything else (not an object, no or null `labels`, no interval)."""
+    if not isinstance(target, dict):
+        return None
+    labels = target.get("labels")
+    job = labels.get("job") if isinstance(labels, dict) else None
+    if not isinstance(job, str) or job not in jobs:
+        return None
+    return parse_duration_s(target.get("scrapeInterval", ""))

@@ -4,6 +4,8 @@ start-up check that raises the short (panic) window to two of them. Real Prometh
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller.config import GovernorConfig, PrometheusSettings
@@ -20,6 +22,45 @@ def test_real_prometheus_reports_the_engine_targets_interval(vllm_world: VllmWor
 
 def test_unreachable_prometheus_is_no_answer() -> None:
     assert engine_scrape_interval_s(f"http://127.0.0.1:{free_port()}", timeout_s=1.0) is None
+
+
+class _Answer:
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+    def json(self) -> Any:
+        return self.body
+
+
+def _answers(targets: Any) -> Any:
+    """A `get` answering the jobs query with job "vllm" and the targets API with
+    `targets` as `activeTargets` (crafted answers: a fake `get`, no Prometheus)."""
+    jobs = {"data": {"result": [{"metric": {"job": "vllm"}, "value": [1, "2"]}]}}
+
+    def get(url: str, **_kw: Any) -> _Answer:
+        return _Answer(jobs if url.endswith("/query") else {"data": {"activeTargets": targets}})
+
+    return get
+
+
+@pytest.mark.parametrize(
+    ("targets", "seconds"),
+    [
+        (None, None),  # AttributeError/TypeError at start-up before
+        ("x", None),
+        ([{"labels": None, "scrapeInterval": "15s"}], None),
+        ([None, {"labels": {"job": "vllm"}, "scrapeInterval": "15s"}], 15.0),
+        ([{"labels": None}, {"labels": {"job": "vllm"}, "scrapeInterval": "30s"}], 30.0),
+        ([{"labels": {"job": ["vllm"]}, "scrapeInterval": "5s"}], None),
+        ([{"labels": {"job": "vllm"}, "scrapeInterval": None}], None),
+    ],
+)
+def test_odd_targets_answers_are_no_answer_never_a_raise(
+    targets: Any, seconds: float | None
+) -> None:
+    """The docstring's promise: every failure is None (a target without labels is
+    skipped, the others still read)."""
+    assert engine_scrape_interval_s("http://p", get=_answers(targets)) == seconds
 
 
 @pytest.mark.parametrize(
