@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from actuators.kubeapi import KubeCallError, call_with_retries
+from actuators.kubeapi import KubeCallError, call_with_retries, write_allowed
 from controller.types import Decision
 from estimators.promql import RUNNING_METRICS
 
@@ -238,6 +238,10 @@ class DrainBeforeScaleDown:
 
     `drain(model, namespace, deployment) -> detail` (`PodDrainer.prepare`); `targets()`:
     model -> (namespace, deployment); `background`: False in tests (drain in `apply`).
+
+    Only a leader drains: the write check (`set_write_check`, ServiceCore sets the
+    elector's `is_leader`) is asked before each model's drain; once it says no, the
+    rest of that batch is skipped (a drain already started finishes its pods).
     """
 
     def __init__(
@@ -251,6 +255,12 @@ class DrainBeforeScaleDown:
         self._last: dict[str, int] = {}
         self._status: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._may_write: Callable[[], bool] | None = None
+        self._log = structlog.get_logger("actuator.drain")
+
+    def set_write_check(self, may_write: Callable[[], bool] | None) -> None:
+        """Set `may_write()`, asked before each model's drain (None: always drain)."""
+        self._may_write = may_write
 
     def apply(self, decisions: Sequence[Decision]) -> None:
         lowered = []
@@ -270,7 +280,11 @@ class DrainBeforeScaleDown:
 
     def _run(self, models: list[str]) -> None:
         targets = self.targets()
-        for model in models:
+        for i, model in enumerate(models):
+            check = self._may_write
+            if check is not None and not write_allowed(check, self._log):
+                self._log.info("drain_skipped_not_leader", skipped=models[i:])
+                return
             if model in targets:
                 detail = self.drain(model, *targets[model])
                 with self._lock:

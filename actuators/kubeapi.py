@@ -7,7 +7,8 @@ transient failures (5xx, 429, timeouts, connection errors) with capped exponenti
 backoff and turns every failure into a `KubeCallError` carrying the HTTP status; an
 answer the client cannot read (a 200 with a wrong body, e.g. a proxy's HTML page) is a
 `KubeCallError` that is not retried (`malformed`). A caller that may lose the right to
-call (an actuator that stood down) passes `abandon`, asked before every attempt.
+call (an actuator that stood down, or whose write check says it no longer leads) passes
+`abandon`, asked before every attempt.
 """
 
 from __future__ import annotations
@@ -127,6 +128,15 @@ def call_with_retries(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def write_allowed(may_write: Callable[[], bool], log: Any) -> bool:
+    """`may_write()`, where a raise counts as no (logged): never write on a doubt."""
+    try:
+        return bool(may_write())
+    except Exception as exc:
+        log.error("write_check_failed", error=repr(exc))
+        return False
+
+
 class QueuedActuatorBase:
     """Plumbing shared by the Kubernetes actuators (scale, knob roll-outs): per-model
     pending intents and last outcomes under one condition lock, the error hook, the
@@ -149,6 +159,14 @@ class QueuedActuatorBase:
     backoff_s: float
     _sleep: Callable[[float], None]
     _stood_down: bool = False
+    _may_write: Callable[[], bool] | None = None
+
+    def set_write_check(self, may_write: Callable[[], bool] | None) -> None:
+        """Set `may_write()`, asked before every API call besides the stand-down and stop
+        flags: False (or a raise) halts like a stand-down, for that call (ServiceCore
+        sets it to the elector's `is_leader`, deadline-based: a lapsed lease stops the
+        writes at once, not at the next tick's `stand_down`). None: the flags only."""
+        self._may_write = may_write
 
     def stand_down(self) -> int:
         """This instance lost the leadership: forget every queued intent (a write that
@@ -165,9 +183,13 @@ class QueuedActuatorBase:
             return dropped
 
     def _halted(self) -> bool:
-        """Whether no API call may start now: stood down or stopped."""
+        """Whether no API call may start now: stood down, stopped, or the write check
+        (`set_write_check`) says no (asked outside the lock)."""
         with self._lock:
-            return self._stood_down or self._stopped
+            if self._stood_down or self._stopped:
+                return True
+            may_write = self._may_write
+        return may_write is not None and not write_allowed(may_write, self._log)
 
     def _report_error(self, reason: str) -> None:
         """Call the error hook with `reason`; a failing hook is logged, never raised."""

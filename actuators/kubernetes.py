@@ -36,9 +36,11 @@ answer the client cannot read (a 200 with a wrong body) fails that model's attem
 else one model's attempt raises is reported (`exception`) and retried like a transient
 failure, and the other models of the batch are still written.
 
-Only a leader writes: after `stand_down()` (leadership lost) or `close()`, no read or
-patch starts any more, a write in hand included (409 re-reads and retries ask first);
-such a write is recorded as ABANDONED, neither an error nor retried.
+Only a leader writes: after `stand_down()` (leadership lost) or `close()`, and whenever
+the write check says no (`set_write_check`: the elector's deadline-based `is_leader`, so
+a lapsed lease stops the writes at once, not at the next tick), no read or patch starts
+any more, a write in hand included (409 re-reads and retries ask first); such a write is
+recorded as ABANDONED, neither an error nor retried.
 """
 
 from __future__ import annotations

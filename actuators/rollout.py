@@ -24,8 +24,10 @@ Rules, per model:
   nothing on record;
 - the patch carries the resourceVersion it read (409 on a concurrent write: re-read and
   retry, `retries` times; still conflicting: FAILED, kept for the next tick);
-- only a leader patches: after `stand_down()` (leadership lost) or `close()` no read or
-  patch starts (ABANDONED), and the take-over check runs again when it leads again.
+- only a leader patches: after `stand_down()` (leadership lost) or `close()`, and
+  whenever the write check (`set_write_check`, the elector's `is_leader`) says no, no
+  read or patch starts (ABANDONED), and the take-over check runs again when it leads
+  again.
 Works the same whether KEDA or the governor scales the Deployment: the roll-out only
 touches the pod template, never spec.replicas.
 

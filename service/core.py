@@ -46,6 +46,7 @@ from controller.types import Decision
 from estimators.types import MetricSource, NoDataError, Observation, SourceError
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
+from service.leadership import stand_down, takeover_states, wire_write_checks
 from service.publications import latency_doc, published_entries, slots, within_bounds
 from service.store import (
     ConflictError,
@@ -144,6 +145,8 @@ class ServiceCore:
         self._install_metrics()
         for act in self.extra_actuators:
             self._wire_error_hook(act)
+        # each API call of an actuator asks the elector first, not only the next tick
+        wire_write_checks(self.extra_actuators, self.elector.is_leader)
         self.config: GovernorConfig = base_config
         self.targets: TargetsDoc = config_to_targets(base_config)
         self.targets_revision = ""
@@ -297,7 +300,7 @@ class ServiceCore:
             if leader and not self._was_leader:
                 self._take_over()
             if self._was_leader and not leader:
-                self._stand_down()
+                stand_down(self.extra_actuators, self.log)
             self._was_leader = leader
             self.counters.ticks += 1
             if not leader:
@@ -322,36 +325,13 @@ class ServiceCore:
                     latencies[name] = dist
         self.board.set_latency(latencies)
 
-    def _stand_down(self) -> None:
-        """We just lost the leadership: the actuators forget what they still meant to
-        write (QueuedActuatorBase.stand_down); the new leader decides from here."""
-        dropped = 0
-        for act in self.extra_actuators:
-            stand_down = getattr(act, "stand_down", None)
-            if callable(stand_down):
-                dropped += stand_down()
-        self.log.warning("leadership_lost", dropped_intents=dropped)
-
     def _take_over(self) -> None:
         """We just became leader: continue from the leader's last saved state."""
         with self._targets_lock:  # no admin change may land on the loop being replaced
             self._take_over_locked()
 
     def _take_over_locked(self) -> None:
-        try:
-            doc = self.store.load_state()
-        except StoreError as exc:
-            self.log.error("takeover_state_unreadable", error=str(exc))
-            doc = None
-        states = {}
-        if doc is not None:
-            offset = restore_offset(self.clock.wall(), self.clock.monotonic(), doc.saved_at_unix_s)
-            for name, raw in doc.models.items():
-                if name in {m.name for m in self.config.models}:
-                    try:
-                        states[name] = from_wall(raw, offset, name)
-                    except StoreError as exc:
-                        self.log.error("takeover_state_invalid", model=name, error=str(exc))
+        states = takeover_states(self.store, self.clock, self.config, self.log)
         paused = self.loop.paused()
         loop = ControlLoop(
             self.config,

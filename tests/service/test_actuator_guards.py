@@ -3,7 +3,8 @@
 contract (resourceVersion conflicts -> 409, injected 5xx, and a 200 whose body is no API
 object, as a misrouting proxy answers):
 
-- only a leader writes: after `stand_down()` or `close()` no read or patch starts, a
+- only a leader writes: after `stand_down()` or `close()`, or once the write check (the
+  elector's `is_leader`, wired by the service) says no, no read or patch starts, a
   write in hand included (409 re-reads and 5xx retries ask first), and the service
   stops its actuators before it releases the lease;
 - one model's malformed answer or surprise fails that model only, reported and counted.
@@ -20,13 +21,13 @@ import pytest
 from kubernetes import client as k8s
 
 from actuators import kubeapi
-from actuators.drain import PodDrainer
+from actuators.drain import DrainBeforeScaleDown, PodDrainer
 from actuators.kubeapi import KubeCallError, api_client, call_with_retries
 from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
 from actuators.rollout import KnobRolloutActuator, RolloutReason
 from controller.types import Decision, Knobs, Reason
 from service.core import ServiceCore
-from service.leader import AlwaysLeader
+from service.leader import AlwaysLeader, LeaseElector
 from service.store import MemoryStore
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
@@ -177,6 +178,128 @@ def test_the_service_stops_its_actuators_before_it_releases_the_lease() -> None:
     )
     core.close()
     assert events == ["stand_down", "close", "release"]
+
+
+class _Toggle(AlwaysLeader):
+    """An elector whose leadership the test sets."""
+
+    leader = True
+
+    def is_leader(self) -> bool:
+        return self.leader
+
+
+def test_a_lapsed_lease_stops_a_queued_retry_before_the_next_tick(api: FakeKubeAPI) -> None:
+    """The scale write fails (503) and waits for its retry; the lease lapses (no renewal
+    for 8 s > the 7 s renew deadline: an API brownout, or the elector thread hung). The
+    worker's retry comes before the next tick: it must not patch, as another instance
+    may lead by now (the tick's `stand_down` alone came up to a tick late)."""
+    clock = FakeClock()
+    api.add_deployment(NS, "demo", 1)
+    elector = LeaseElector(
+        api_client(api.url),
+        NS,
+        "governor-leader",
+        "a",
+        monotonic=clock.monotonic,
+        wall=clock.wall,
+        request_timeout_s=REQUEST_TIMEOUT_S,
+        logger=quiet_logger(),
+    )
+    act = _scaler(api, Sleeps(), [], retries=0, monotonic=clock.monotonic)
+    core = ServiceCore(
+        make_config(model_entry("demo", namespace=NS)),
+        FakeSource({"demo": 40.0}),
+        MemoryStore(),
+        actuators=[act],
+        clock=clock,
+        elector=elector,
+        logger=quiet_logger(),
+    )
+    assert elector.step() is True
+    api.inject("PATCH", "/deployments/demo/scale", 503)
+    core.tick(clock.monotonic())
+    assert act.status()["demo"].transient and act.pending() == {"demo": 3}  # its retry
+    clock.advance(8)
+    assert not elector.is_leader()
+    act.run_pending()  # what the worker does once the retry is due
+    assert api.count("PATCH", "/deployments/demo/scale") == 1
+    assert api.replicas(NS, "demo") == 1
+
+
+def test_a_write_check_that_says_no_mid_write_stops_the_reread(api: FakeKubeAPI) -> None:
+    """No stand-down at all: the check alone stops the 409 re-read and patch."""
+    api.add_deployment(NS, "demo", 8)
+    api.inject("PATCH", "/deployments/demo/scale", 409)
+    leading = [True]
+    errors: list[str] = []
+    act = _scaler(api, Sleeps(lambda: leading.__setitem__(0, False)), errors)
+    act.set_write_check(lambda: leading[0])
+    act.apply([_decision("demo", 3)])
+    assert api.count("GET", "/deployments/demo/scale") == 1
+    assert api.count("PATCH", "/deployments/demo/scale") == 1
+    st = act.status()["demo"]
+    assert st.reason == ScaleReason.ABANDONED and "not the leader" in st.detail
+    assert errors == [] and api.replicas(NS, "demo") == 8
+
+
+def test_a_raising_write_check_counts_as_no(api: FakeKubeAPI) -> None:
+    api.add_deployment(NS, "demo", 8)
+    act = _scaler(api, Sleeps(), [])
+
+    def broken() -> bool:
+        raise RuntimeError("elector gone")
+
+    act.set_write_check(broken)
+    act.apply([_decision("demo", 3)])
+    assert api.count("GET") == 0 and api.replicas(NS, "demo") == 8
+
+
+def test_a_rollout_waits_while_the_write_check_says_no(api: FakeKubeAPI) -> None:
+    api.add_deployment(NS, "demo", 2)
+    leading = [False]
+    act = KnobRolloutActuator(
+        api_client(api.url),
+        lambda: {"demo": (NS, "demo")},
+        lambda model: 0.0,
+        background=False,
+        sleep=Sleeps(),
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    act.set_write_check(lambda: leading[0])
+    act.apply([_decision("demo", 2, rollout=True)])
+    assert api.count("GET", "/deployments/demo") == 0 and "demo" in act.pending()
+    leading[0] = True
+    act.run_pending()
+    assert act.status()["demo"].reason == RolloutReason.STARTED
+
+
+def test_the_keda_mode_drain_runs_only_while_leading() -> None:
+    """DrainBeforeScaleDown (no stand-down of its own) asks the service's elector."""
+    drained: list[str] = []
+
+    def drain(model: str, namespace: str, deployment: str) -> str:
+        drained.append(model)
+        return "drain: ok"
+
+    act = DrainBeforeScaleDown(drain, lambda: {"demo": (NS, "demo")}, background=False)
+    elector = _Toggle()
+    ServiceCore(
+        make_config(model_entry("demo")),
+        FakeSource({"demo": 30.0}),
+        MemoryStore(),
+        actuators=[act],
+        clock=FakeClock(),
+        elector=elector,
+        logger=quiet_logger(),
+    )
+    elector.leader = False
+    act.apply([_decision("demo", 5)])
+    act.apply([_decision("demo", 3)])  # a scale-down
+    assert drained == []
+    elector.leader = True
+    act.apply([_decision("demo", 2)])
+    assert drained == ["demo"]
 
 
 # ---------------------------------------------------------------------- one model's trouble
