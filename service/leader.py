@@ -13,6 +13,19 @@ LeaseElector, one `step()` per `retry_period_s` (default 2 s) on its own thread:
   `renew_deadline_s` (default 7 s < lease_duration_s) we stop acting as leader before
   anyone else may take over, so two leaders never actuate at once.
 
+Timing (defaults: lease 10 s, renew deadline 7 s, request timeout 2 s). Both sides
+count from a monotonic time taken at the start of a step, before its requests: the
+leader's renew deadline from the start of the step whose renewal (or create)
+succeeded, so it stops acting at most 7 s after that renewal was committed on the API
+server; a follower's lease from the start of the step whose GET first showed that
+renewal. That GET was served after the commit and answered within its 2 s timeout, so
+it started at most 2 s before the commit, and the follower takes over no earlier than
+commit - 2 + 10 = commit + 8 s: at least 1 s after the leader stopped, however slow the
+answers (up to the timeout). This needs request timeout < lease - renew deadline (2 < 3 s).
+(Counting the leader's deadline from the PUT's answer instead, up to 2 s after the
+commit, let both be leaders for up to 1 s.) The Lease's leaseDurationSeconds (an
+integer) is `lease_duration_s` rounded up, never down.
+
 Failover: a dead leader's last renewal is seen by a follower within one retry period and
 expires `lease_duration_s` later; the follower's next step takes over: at most
 10 + 2 + 2 = 14 s < 15 s with the defaults. A leader shutting down gracefully releases
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -125,6 +139,7 @@ class LeaseElector:
         self.name = name
         self.identity = identity
         self.lease_duration_s = lease_duration_s
+        self._lease_seconds = math.ceil(lease_duration_s)  # the Lease's integer field
         self.renew_deadline_s = renew_deadline_s
         self.retry_period_s = retry_period_s
         self.timeout_s = request_timeout_s
@@ -180,13 +195,16 @@ class LeaseElector:
             self.release()
 
     # ------------------------------------------------------------------ algorithm
-    def _set(self, leader: bool, holder: str, renewed: bool = False) -> None:
+    def _set(self, leader: bool, holder: str, renewed_at: float | None = None) -> None:
+        """Record the outcome of a step; `renewed_at`: the monotonic time (s) taken at the
+        start of the step whose renewal or create succeeded (before its requests, see
+        the module doc), from which the renew deadline counts."""
         with self._lock:
             was = self._leader
             self._leader = leader
             self._holder = holder
-            if renewed:
-                self._last_renew = self._mono()
+            if renewed_at is not None:
+                self._last_renew = renewed_at
         if was != leader:
             self._log.info(
                 "leadership_changed", identity=self.identity, leader=leader, holder=holder
@@ -214,7 +232,9 @@ class LeaseElector:
         }
 
     def step(self) -> bool:
-        """One attempt to acquire or renew; returns whether we are the leader now."""
+        """One attempt to acquire or renew; returns whether we are the leader now.
+        `now` is taken before any request: the renew deadline and a follower's view of
+        the lease both count from it (module doc)."""
         now = self._mono()
         wall = self._wall()
         where = f"lease {self.namespace}/{self.name}"
@@ -224,13 +244,13 @@ class LeaseElector:
             if exc.status != 404:
                 self._log.warning("lease_read_failed", error=str(exc))
                 return self.is_leader()
-            return self._create(where, wall)
+            return self._create(where, wall, now)
 
         spec = lease.spec
         holder = (spec.holder_identity or "") if spec is not None else ""
-        duration = (spec.lease_duration_seconds if spec is not None else None) or round(
-            self.lease_duration_s
-        )
+        duration = (
+            spec.lease_duration_seconds if spec is not None else None
+        ) or self._lease_seconds
         record = (
             holder,
             _as_micro(spec.renew_time) if spec is not None else None,
@@ -249,7 +269,7 @@ class LeaseElector:
         ours = holder == self.identity
         new_spec = {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": round(self.lease_duration_s),
+            "leaseDurationSeconds": self._lease_seconds,
             "acquireTime": (_as_micro(spec.acquire_time) if ours and spec else None)
             or _micro_time(wall),
             "renewTime": _micro_time(wall),
@@ -274,19 +294,20 @@ class LeaseElector:
         self._observed = (
             self.identity,
             _as_micro(o.renew_time) if o is not None else new_spec["renewTime"],
-            round(self.lease_duration_s),
+            self._lease_seconds,
             new_spec["leaseTransitions"],
         )
         self._observed_at = now
-        self._set(True, self.identity, renewed=True)
+        self._set(True, self.identity, renewed_at=now)
         return True
 
-    def _create(self, where: str, wall: float) -> bool:
+    def _create(self, where: str, wall: float, now: float) -> bool:
         """No Lease yet: create it holding it ourselves; whether we are the leader now
-        (another instance may have created it first)."""
+        (another instance may have created it first). `now`: the step's monotonic start
+        time (s), from which the renew deadline counts."""
         spec = {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": round(self.lease_duration_s),
+            "leaseDurationSeconds": self._lease_seconds,
             "acquireTime": _micro_time(wall),
             "renewTime": _micro_time(wall),
             "leaseTransitions": 0,
@@ -301,7 +322,7 @@ class LeaseElector:
         except KubeCallError as exc:
             self._log.info("lease_create_lost", error=str(exc))
             return self.is_leader()
-        self._set(True, self.identity, renewed=True)
+        self._set(True, self.identity, renewed_at=now)
         return True
 
     def release(self) -> None:
