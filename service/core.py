@@ -10,7 +10,9 @@ wrong (`AdminError` with a gRPC status code).
 
 Restart safety: state is saved after every tick with monotonic times converted to wall
 time (service.store.to_wall) and restored at start, so the stabilization windows
-continue across a restart and a restart never causes a scale-down burst.
+continue across a restart and a restart never causes a scale-down burst. Only the
+leader saves, asked again right before each write: a tick that lost the leadership
+while it ran does not write over the new leader's state.
 """
 
 from __future__ import annotations
@@ -386,15 +388,23 @@ class ServiceCore:
         )
 
     def _save_state(self) -> None:
+        """Save the state, if this instance still leads: asked right before the write, as
+        a tick or flush may lose the leadership while it runs (the lease lapsed, or
+        `close()` released it) and must not write over the new leader's state."""
+        doc = self._state_doc()
+        if not self.elector.is_leader():
+            self.log.warning("state_save_skipped", why="not the leader any more")
+            return
         try:
-            self.store.save_state(self._state_doc())
+            self.store.save_state(doc)
         except StoreError as exc:
             self.counters.state_save_failures += 1
             self.m_store_errors.labels("save_state").inc()
             self.log.error("state_save_failed", error=str(exc))
 
     def flush(self) -> None:
-        """Save the state now (graceful shutdown), if this instance is the leader."""
+        """Save the state now (graceful shutdown), if this instance is the leader (asked
+        again right before the write, `_save_state`)."""
         with self._tick_lock:
             if self.elector.is_leader() and self.counters.ticks > 0:
                 self._save_state()
