@@ -26,7 +26,11 @@ Failure handling. The child exits when the parent is gone (EOF on the feed), wit
 its short grace, so it never serves stale decisions for long; KEDA then sees the
 governor gone (docs/deploy.md). When the child dies, the parent starts another on the
 same ports (back-off `RESTART_BACKOFF_S` doubling to `RESTART_BACKOFF_MAX_S`, reset
-after a child served `RESTART_RESET_S`) and sends the full snapshot again; the child
+after a child served `RESTART_RESET_S`) and sends the full snapshot again; a start
+that fails (fork/exec refused: EAGAIN, EMFILE, ENOMEM; the spec not delivered) is
+logged and tried again after the next back-off, until a child starts or the governor
+stops, so one failure never ends the restarts (nothing else would ever start one: in
+sidecar mode no probe restarts the pod). The child
 binds its listeners only after it holds that snapshot, so it never answers from an
 empty board. Ticks, the store, leader election and the actuators stay in the parent;
 decider state never crosses the boundary.
@@ -228,6 +232,9 @@ class ServingProcess:
     (None: no heartbeat thread, the caller calls `beat()`: tests);
     `heartbeat_misses`: unanswered beats in a row before the child is killed;
     `ready_timeout_s`: how long a child may take to listen; `clock`: monotonic seconds.
+    `popen`: starts the child process (`subprocess.Popen`; tests inject failures).
+    `sleep(s)`: waits `s` seconds between restart attempts, True when stopping (default:
+    a wait on the stop; tests record the back-off instead of waiting).
     """
 
     def __init__(
@@ -245,6 +252,8 @@ class ServingProcess:
         heartbeat_misses: int = HEARTBEAT_MISSES,
         ready_timeout_s: float = READY_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+        sleep: Callable[[float], bool] | None = None,
         logger: Any = None,
     ) -> None:
         if heartbeat_misses < 1 or (heartbeat_s is not None and heartbeat_s <= 0):
@@ -261,11 +270,13 @@ class ServingProcess:
         self.heartbeat_misses = heartbeat_misses
         self.ready_timeout_s = ready_timeout_s
         self.clock = clock
+        self.popen = popen
         self.log = logger or structlog.get_logger("governor.serving")
         self.restarts = 0
         self._link: _Link | None = None
         self._lock = threading.Condition()
         self._stopping = threading.Event()
+        self._sleep = sleep or self._stopping.wait
         self._unsubscribe = board.subscribe(self._poke, quiet=True)
 
     # ------------------------------------------------------------------ public
@@ -401,26 +412,38 @@ class ServingProcess:
             link.send(message)
 
     def _spawn(self, ports: tuple[int, int | None] | None = None) -> _Link:
-        """Start a child (`ports`: those a restarted child binds again)."""
+        """Start a child (`ports`: those a restarted child binds again). OSError or
+        ValueError when it cannot be started or sent its spec: nothing is left behind
+        (the process killed, the sockets closed) and the current link is unchanged."""
         parent_end, child_end = socket.socketpair()
         root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
         try:
-            proc = subprocess.Popen(
+            proc = self.popen(
                 [sys.executable, "-m", "service.serving_child", str(child_end.fileno())],
                 pass_fds=(child_end.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
+        except BaseException:
+            parent_end.close()
+            raise
         finally:
             child_end.close()
         link = _Link(proc, Connection(parent_end.detach()), self.clock())
         link.ports = ports
         spec = ServingSpec(self.spec, self.admin, self.log_level, self.spec.max_message_bytes)
+        try:
+            link.send(("spec", spec))
+        except BaseException:
+            link.gone = True
+            self._kill(link)
+            with contextlib.suppress(OSError):
+                link.conn.close()
+            raise
         with self._lock:
             self._link = link
-        link.send(("spec", spec))
         link.dirty.set()  # the first feed message: the full snapshot
         threading.Thread(target=self._feed, args=(link,), name="serving-feed", daemon=True).start()
         threading.Thread(
@@ -495,15 +518,32 @@ class ServingProcess:
         self._restart(link, reason)
 
     def _restart(self, dead: _Link, reason: str) -> None:
+        """Start a child in place of `dead` on its ports, after the back-off; a start
+        that fails is logged and tried again after the next back-off (doubling to
+        `RESTART_BACKOFF_MAX_S` seconds) until one starts or the governor stops."""
         served_s = self.clock() - dead.started_mono
         delay = RESTART_BACKOFF_S if served_s >= RESTART_RESET_S else self._backoff
-        if self._stopping.wait(delay):
-            return
-        self._backoff = min(RESTART_BACKOFF_MAX_S, delay * 2)
-        self.restarts += 1
-        with contextlib.suppress(Exception):
-            self.on_restart(reason)
-        self._spawn(dead.ports)  # the same ports (if taken: `failed`, and a restart)
+        counted = False
+        while True:
+            if self._stopping.is_set() or self._sleep(delay):
+                return
+            self._backoff = min(RESTART_BACKOFF_MAX_S, delay * 2)
+            if not counted:
+                counted = True
+                self.restarts += 1
+                with contextlib.suppress(Exception):
+                    self.on_restart(reason)
+            try:
+                self._spawn(dead.ports)  # the same ports (if taken: `failed`, and a restart)
+                return
+            except Exception as exc:  # fork/exec refused, the spec not delivered
+                delay = self._backoff
+                self.log.error(
+                    "serving_process_start_failed",
+                    error=repr(exc),
+                    retry_in_s=delay,
+                    action="retrying until a serving process starts",
+                )
 
     _backoff = RESTART_BACKOFF_S
 

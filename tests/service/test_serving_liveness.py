@@ -1,13 +1,15 @@
 """The serving process's liveness check (service.serving, "Liveness"): a child that hangs
 without dying (SIGSTOP) is killed and restarted, serving the current board again; a child
 that answers late but answers is never killed; a tick that holds the governor's
-interpreter longer than the whole threshold does not count as missed beats. Real
+interpreter longer than the whole threshold does not count as missed beats; a child that
+cannot be started (fork/exec refused) is started again after the back-off. Real
 processes, real gRPC on loopback."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import signal
 import subprocess
@@ -18,12 +20,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from actuators.publisher import DecisionBoard
 from governor_api import externalscaler_pb2 as es
 from governor_api import externalscaler_pb2_grpc as es_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from service.core import ServiceCore
-from service.serving import ServingProcess
+from service.listeners import ListenerSpec
+from service.serving import RESTART_BACKOFF_S, InternalAdmin, ServingProcess
 from service.store import MemoryStore
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
 from tests.service.harness import ServerThread, wait_until
@@ -196,3 +200,65 @@ def test_a_tick_holding_the_interpreter_past_the_threshold_kills_nothing() -> No
         wait_until(lambda: proc.beats_answered >= after + 12, 30, "beats after the hold")
         assert proc.pid == pid
         assert s.restarts("unresponsive") == 0 and s.restarts("exited") == 0
+
+
+class _Events:
+    """A logger that keeps the events it was given, by level."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.seen.append((level, event, kw))
+
+
+def test_a_failed_start_is_retried_with_the_back_off_until_a_child_serves(
+    tmp_path: Any,
+) -> None:
+    """The child dies while fork/exec fails (EAGAIN, 3 times): each failure is logged and
+    tried again after the next back-off (0.5, 1, 2, 4 s: recorded by an injected sleeper,
+    not waited) until a child starts on the same port and serves; one restart counted."""
+    real = subprocess.Popen
+    failing = [0]
+    attempts: list[int] = []
+
+    def popen(*args: Any, **kw: Any) -> Any:
+        attempts.append(failing[0])
+        if failing[0] > 0:
+            failing[0] -= 1
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        return real(*args, **kw)
+
+    waits: list[float] = []
+    log = _Events()
+    admin = InternalAdmin(f"unix:{tmp_path / 'none.sock'}", "token")
+    proc = ServingProcess(
+        DecisionBoard(),
+        ListenerSpec(grpc_listen="127.0.0.1:0"),
+        admin,
+        log_level="error",
+        heartbeat_s=None,
+        popen=popen,
+        sleep=lambda s: bool(waits.append(s)),
+        logger=log,
+    )
+    port, _ = proc.start()
+    proc.spec = ListenerSpec(grpc_listen=f"127.0.0.1:{port}")  # as the server does
+    try:
+        first = proc.pid
+        assert first is not None
+        failing[0] = 3
+        os.kill(first, signal.SIGKILL)
+        second = proc.wait_serving(first, 60)
+        assert second is not None and second != first
+        assert _health(f"127.0.0.1:{port}", 10) == health_pb2.HealthCheckResponse.SERVING
+        assert proc.up
+        assert len(attempts) == 5  # the first start, 3 refused, the restart
+        b = RESTART_BACKOFF_S
+        assert waits == [b, 2 * b, 4 * b, 8 * b]
+        failed = [kw for level, event, kw in log.seen if event == "serving_process_start_failed"]
+        assert [kw["retry_in_s"] for kw in failed] == [2 * b, 4 * b, 8 * b]
+        assert all(level == "error" for level, event, _ in log.seen if "failed" in event)
+        assert proc.restarts == 1
+    finally:
+        proc.stop(1)
