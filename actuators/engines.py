@@ -4,14 +4,17 @@ It sits beside KEDA's servicer (`actuators.keda`): both are read-only faces of t
 `DecisionBoard` (actuators.publisher) and answer from its last-known values without
 waiting for a tick. Neither needs the service core: `BatchingServicer` gets the board,
 an optional stream limit (`StreamSlots`), an optional `on_engine(model, engine_id)`
-callback that records which engines asked (for status), and an optional
+callback that records which engines asked (for status; an engine that holds a watch
+stream is told again every `SEEN_REFRESH_S` while the stream is open, so it stays
+counted as one that polls does), and an optional
 `ceilings(model)` that gives the largest knobs the governor may choose for a model (the
 start values of an engine that follows the knobs live).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,6 +26,9 @@ from governor_api import governor_v1_pb2, governor_v1_pb2_grpc
 
 pb = governor_v1_pb2
 MAX_NAME_CHARS = 253  # model and engine names (Kubernetes object names)
+SEEN_REFRESH_S = 60.0
+"""Seconds between two `on_engine` calls for an open WatchBatchingConfig stream (status
+forgets an engine after service.engines_seen.ENGINE_EXPIRY_S, 600 s, without one)."""
 
 
 def _model_arg(name: str, what: str = "model") -> str | None:
@@ -37,7 +43,9 @@ def _model_arg(name: str, what: str = "model") -> str | None:
 class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
     """Engines' API: knobs from `board` (last-known values, never waits).
     `streams` bounds the open WatchBatchingConfig streams (shared with KEDA's);
-    `on_engine(model, engine_id)` is told of every engine that asks (status)."""
+    `on_engine(model, engine_id)` is told of every engine that asks (status), and again
+    every `seen_refresh_s` seconds while its watch stream is open; `sleep`: the waits
+    between (asyncio.sleep; tests inject their own)."""
 
     def __init__(
         self,
@@ -46,11 +54,23 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
         *,
         on_engine: Callable[[str, str], None] | None = None,
         ceilings: Callable[[str], Knobs | None] | None = None,
+        seen_refresh_s: float = SEEN_REFRESH_S,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         self.board = board
         self.streams = streams
         self.on_engine = on_engine
         self.ceilings = ceilings or (lambda model: None)
+        self.seen_refresh_s = seen_refresh_s
+        self.sleep = sleep
+
+    async def _keep_seen(self, model: str, engine_id: str) -> None:
+        """Tell `on_engine` of a watching engine every `seen_refresh_s` seconds (until
+        cancelled at the end of its stream)."""
+        assert self.on_engine is not None
+        while True:
+            await self.sleep(self.seen_refresh_s)
+            self.on_engine(model, engine_id)
 
     async def _entry(
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
@@ -94,6 +114,9 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.message("WatchBatchingConfig")
             )
+        keep_seen = None
+        if self.on_engine is not None and request.engine_id:
+            keep_seen = asyncio.ensure_future(self._keep_seen(request.model, request.engine_id))
         try:
             last: tuple[int, Knobs] | None = None
             async for _ in self.board.watch():
@@ -108,6 +131,8 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
                     last = key
                     yield batching_to_pb(entry, self.ceilings(entry.model))
         finally:
+            if keep_seen is not None:
+                keep_seen.cancel()
             if self.streams is not None:
                 self.streams.release()
 

@@ -46,6 +46,7 @@ from controller.targets import (
 )
 from controller.types import Decision
 from estimators.types import MetricSource, NoDataError, Observation, SourceError
+from service.engines_seen import EngineTracker
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
 from service.leadership import stand_down, takeover_states, wire_write_checks
@@ -64,7 +65,6 @@ from service.store import (
 )
 
 MAX_MODELS = 2000  # models a target set may hold after an admin addition
-MAX_ENGINES_TRACKED = 10_000  # per model, for status
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +141,7 @@ class ServiceCore:
         # (lock order: tick, then targets), else a tick begun under the old target could
         # publish its knobs after the edit's (seen on a real engine as 4 -> 32 -> 4).
         self._tick_lock = threading.RLock()
-        self._engines: dict[str, dict[str, float]] = {}
-        self._engines_lock = threading.Lock()
+        self._engines = EngineTracker(self.clock.monotonic)  # for status (engines_seen)
         self.counters = _Counters()
         self._install_metrics()
         for act in self.extra_actuators:
@@ -468,6 +467,7 @@ class ServiceCore:
     def _apply(self, cfg: GovernorConfig, doc: TargetsDoc, revision: str) -> None:
         self.loop.set_config(cfg)
         self.board.configure(slots(cfg))
+        self._engines.retain(m.name for m in cfg.models)
         for m in cfg.models:
             if m.name in doc.paused:
                 self.loop.pause(m.name)
@@ -627,12 +627,8 @@ class ServiceCore:
         return {m.name: (m.namespace, m.deployment) for m in self.config.models}
 
     def record_engine(self, model: str, engine_id: str) -> None:
-        if not engine_id:
-            return
-        with self._engines_lock:
-            seen = self._engines.setdefault(model, {})
-            if engine_id in seen or len(seen) < MAX_ENGINES_TRACKED:
-                seen[engine_id] = self.clock.wall()
+        """An engine asked for `model`'s knobs (service.engines_seen)."""
+        self._engines.record(model, engine_id)
 
     def explain(self, name: str, last: int = 0) -> tuple[Decision, ...]:
         self._require(name)
@@ -663,8 +659,7 @@ class ServiceCore:
                 published = self.board.get(m.name)
             except KeyError:
                 continue
-            with self._engines_lock:
-                engines = len(self._engines.get(m.name, {}))
+            engines = self._engines.count(m.name)
             models.append(
                 ModelStatusView(
                     model=m.name,

@@ -16,7 +16,8 @@ inline mode) over a mirror of the decision board, and keeps that mirror current:
 - Reports (child -> parent): `ready` with the bound ports (or `failed` naming why it
   cannot listen), then `stats`: admin calls refused for credentials and watch streams
   refused (running totals, counted into the parent's metrics by difference), open
-  watch streams, and the engines seen since the last report (GetStatus). /metrics stays
+  watch streams, and the engines seen since the last report (new ones, and each active
+  one again every minute: service.engines_seen; GetStatus). /metrics stays
   in the parent and exports them under the same names.
 - Admin calls: the child passes them, after its own authentication, to the parent's
   AdminService on a private Unix socket (a 0700 directory) with a per-start secret

@@ -17,6 +17,8 @@ import asyncio
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -25,11 +27,11 @@ import structlog
 
 from actuators.publisher import DecisionBoard
 from governor_api import governor_v1_pb2
+from service.engines_seen import REPORT_REFRESH_S, EngineTracker
 from service.listeners import PublicListeners
 from service.security import StreamLimiter
 from service.serving import InternalAdmin, ServingSpec, decode_entry
 
-MAX_ENGINES_REPORTED = 10_000  # per model (service.core tracks as many)
 PARENT_GONE_GRACE_S = 2.0
 
 
@@ -78,16 +80,20 @@ class AdminProxy(grpc.GenericRpcHandler):
 
 
 class _Reporter:
-    """Sends the child's counters, newly seen engines and heartbeat answers to the
-    parent from a thread of its own (the event loop never waits on the feed)."""
+    """Sends the child's counters, the engines seen and heartbeat answers to the parent
+    from a thread of its own (the event loop never waits on the feed). An engine is
+    reported when it first asks and again at most every `REPORT_REFRESH_S` seconds
+    while it keeps asking (service.engines_seen); `clock`: monotonic seconds."""
 
-    def __init__(self, conn: Connection, lock: threading.Lock) -> None:
+    def __init__(
+        self, conn: Connection, lock: threading.Lock, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.conn = conn
         self.lock = lock
         self.denied = 0
         self.refused = 0
         self.streams: StreamLimiter | None = None
-        self._engines: dict[str, set[str]] = {}
+        self.engines = EngineTracker(clock)
         self._new: list[tuple[str, str]] = []
         self._mutex = threading.Lock()
         self._poked = threading.Event()
@@ -97,13 +103,9 @@ class _Reporter:
         self.closed = False
 
     def engine(self, model: str, engine_id: str) -> None:
-        if not engine_id:
+        if not self.engines.record(model, engine_id, REPORT_REFRESH_S):
             return
         with self._mutex:
-            seen = self._engines.setdefault(model, set())
-            if engine_id in seen or len(seen) >= MAX_ENGINES_REPORTED:
-                return
-            seen.add(engine_id)
             self._new.append((model, engine_id))
         self.poke()
 
@@ -171,6 +173,8 @@ def _read_feed(
             message = conn.recv()
             if message[0] == "board":
                 _mirror(board, message)
+                if message[3]:  # models removed: forget their engines
+                    reporter.engines.retain(board.models())
             elif message[0] == "ping":
                 loop.call_soon_threadsafe(reporter.pong, int(message[1]))
             elif message[0] == "stop":
