@@ -12,17 +12,26 @@ list-then-watch contract:
 3. when the resourceVersion has expired (`410 Gone`, as an ERROR event in the stream or
    as the answer), go back to 1: a fresh LIST, then WATCH from its resourceVersion.
    A connection failure waits `backoff_s` (doubling, at most `MAX_BACKOFF_S`) and
-   watches again from the last resourceVersion.
+   watches again from the last resourceVersion;
+4. a watch that hears nothing for `read_timeout_s` (`WATCH_READ_TIMEOUT_S`, 90 s: the
+   API server sends a BOOKMARK about every minute to a watch that allows them) is
+   taken for a dead connection (one black-holed without FIN or RST would otherwise
+   look healthy until the server's timeout, minutes): it is closed, the kept object
+   counts as stale from the last thing heard, and the watch starts again at once from
+   the last resourceVersion (a LIST only if that has expired).
 
 `current()` returns (synced, object): `synced` is False until the first LIST answered,
-and while a failure left the kept object possibly stale past `stale_after_s`; callers
-then read the API server directly. `on_change()` is called (from the watch thread)
-after every change of the kept object. The object is the client's `V1ConfigMap`.
+and while a failure (or silence, 4.) left the kept object possibly stale past
+`stale_after_s`; callers then read the API server directly. Anything heard from the
+API server on a watch (its answer to the request, any event, a BOOKMARK) ends that.
+`on_change()` is called (from the watch thread) after every change of the kept object.
+The object is the client's `V1ConfigMap`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -32,10 +41,18 @@ import structlog
 
 HTTP_GONE = 410
 MAX_BACKOFF_S = 30.0
+WATCH_READ_TIMEOUT_S = 90.0
+"""Seconds a watch may hear nothing before its connection is taken for dead: 1.5x the
+API server's BOOKMARK cadence (about one a minute, `allowWatchBookmarks`). A server that
+sends none costs a new watch request (no LIST) per 90 s of silence."""
 
 
 class _Gone(Exception):
     """The watch's resourceVersion has expired: re-list."""
+
+
+class _Silent(Exception):
+    """The watch heard nothing for `read_timeout_s`: watch again."""
 
 
 class ConfigMapWatch:
@@ -49,6 +66,7 @@ class ConfigMapWatch:
         *,
         watch_timeout_s: int = 300,
         request_timeout_s: float = 5.0,
+        read_timeout_s: float = WATCH_READ_TIMEOUT_S,
         backoff_s: float = 0.5,
         stale_after_s: float = 60.0,
         on_change: Callable[[], None] | None = None,
@@ -59,6 +77,7 @@ class ConfigMapWatch:
         self.name = name
         self.watch_timeout_s = watch_timeout_s
         self.request_timeout_s = request_timeout_s
+        self.read_timeout_s = read_timeout_s
         self.backoff_s = backoff_s
         self.stale_after_s = stale_after_s
         self.on_change = on_change
@@ -126,6 +145,16 @@ class ConfigMapWatch:
             except _Gone:
                 self.log.info("configmap_watch_expired", configmap=self.name)
                 rv = None
+            except _Silent:
+                self.log.warning(
+                    "configmap_watch_silent",
+                    configmap=self.name,
+                    silent_s=self.read_timeout_s,
+                    action="connection closed; watching again",
+                )
+                with self._lock:
+                    heard = time.monotonic() - self.read_timeout_s
+                    self._failing_since = self._failing_since or heard
             except Exception as exc:
                 if self._stop.is_set():
                     break
@@ -160,19 +189,30 @@ class ConfigMapWatch:
         """One watch request from `rv` until the server ends it; the last rv seen."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import ReadTimeoutError
+
+        list_fn = self.api.list_namespaced_config_map
+
+        @functools.wraps(list_fn)
+        def answered(*args: Any, **kw: Any) -> Any:
+            resp = list_fn(*args, **kw)
+            if 200 <= int(getattr(resp, "status", 200)) <= 299:
+                self._heard()  # the server answered: nothing since `rv` is missed
+            return resp
 
         w = watch.Watch()
         self._watch = w
         try:
             for event in w.stream(
-                self.api.list_namespaced_config_map,
+                answered,
                 self.namespace,
                 field_selector=f"metadata.name={self.name}",
                 resource_version=rv,
                 allow_watch_bookmarks=True,
                 timeout_seconds=self.watch_timeout_s,
-                _request_timeout=(self.request_timeout_s, self.watch_timeout_s + 30),
+                _request_timeout=(self.request_timeout_s, self.read_timeout_s),
             ):
+                self._heard()
                 kind, obj = event.get("type"), event.get("object")
                 if kind in ("ADDED", "MODIFIED"):
                     self._set(obj)
@@ -184,9 +224,17 @@ class ConfigMapWatch:
             if exc.status == HTTP_GONE:
                 raise _Gone from None
             raise
+        except ReadTimeoutError:
+            raise _Silent from None
         finally:
             self._watch = None
         return str(w.resource_version or rv)
+
+    def _heard(self) -> None:
+        """The API server was heard on the watch: the kept object is current again."""
+        if self._failing_since is not None:
+            with self._lock:
+                self._failing_since = None
 
     def _set(self, obj: Any) -> None:
         with self._lock:

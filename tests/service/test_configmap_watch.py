@@ -1,19 +1,23 @@
 """The targets ConfigMap is watched (list, then watch from its resourceVersion, re-list on
 410 Gone), not read every tick. Against FakeKubeAPI (tests/service/fake_kube.py), a fake
 of the published list/watch contract: no Kubernetes API server can run here. Ticks are
-driven by the test on a fake clock; waits are bounded polls of a condition."""
+driven by the test on a fake clock; waits are bounded polls of a condition. A watch
+that hears nothing is closed after its read timeout; a black-holed one reads stale."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client as k8s
+from urllib3.exceptions import ConnectTimeoutError
 
 from actuators.kubeapi import api_client
 from service.cmstore import ConfigMapStore
+from service.cmwatch import ConfigMapWatch
 from service.core import ServiceCore
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry, quiet_logger
@@ -105,3 +109,53 @@ def test_deleted_configmap_keeps_the_last_valid_targets(
     wait_until(lambda: store._watch.current() == (True, None), 10, "the DELETED event")
     core.tick(core.clock.advance(1.0))  # type: ignore[attr-defined]
     assert _ttft(core) == 800.0
+
+
+class _Network:
+    """The API client's calls, with a switch that black-holes new connections (as a
+    dropped route does: connects time out; an open stream just hears nothing)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.black_hole = False
+        real = api.list_namespaced_config_map
+
+        @functools.wraps(real)
+        def list_namespaced_config_map(*args: Any, **kw: Any) -> Any:
+            if self.black_hole:
+                raise ConnectTimeoutError("black-holed: connect timed out")
+            return real(*args, **kw)
+
+        self.list_namespaced_config_map = list_namespaced_config_map
+
+
+def test_a_silent_watch_is_closed_and_a_black_holed_one_reported_stale() -> None:
+    """A watch that hears nothing for `read_timeout_s` (no event, no BOOKMARK; here
+    0.3 s, the server's own timeout an hour away) is closed and watched again from the
+    same resourceVersion, no LIST: while the server answers, the kept object stays
+    current and edits still arrive. Once nothing answers (a black hole: no FIN, no RST)
+    `current()` says not synced within `stale_after_s` of the last thing heard, so the
+    store reads the API server instead of serving stale targets for minutes; synced
+    again once the server answers."""
+    with FakeKubeAPI() as api:
+        api.edit_configmap(NS, NAME, _targets(1000))
+        net = _Network(k8s.CoreV1Api(api_client(api.url)))
+        w = ConfigMapWatch(
+            net, NS, NAME, watch_timeout_s=3600, read_timeout_s=0.3, stale_after_s=0.5,
+            backoff_s=0.05, logger=quiet_logger(),
+        )  # fmt: skip
+        w.start()
+        try:
+            assert w.wait_synced(10)
+            watches = api.watches
+            wait_until(lambda: api.watches >= watches + 3, 10, "silent watches closed")
+            assert w.current()[0] and w.lists == 1
+            rv = api.edit_configmap(NS, NAME, _targets(700))
+            wait_until(lambda: w.current()[1].metadata.resource_version == rv, 10, "the edit")
+            net.black_hole = True
+            wait_until(lambda: not w.current()[0], 10, "stale reported")
+            net.black_hole = False
+            wait_until(lambda: w.current()[0], 10, "synced again")
+            assert w.lists == 1
+        finally:
+            w.stop()
