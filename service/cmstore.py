@@ -79,6 +79,13 @@ class ConfigMapStore:
         self._lock = threading.Lock()
         self._watch: Any = None
         self._parsed: tuple[str, StoredTargets | TargetsInvalidError] | None = None
+        self._may_write: Callable[[], bool] | None = None
+
+    def set_write_check(self, may_write: Callable[[], bool] | None) -> None:
+        """Set `may_write()`, asked before each attempt to write the state (ServiceCore
+        sets the elector's `is_leader`): a 409 means another writer got there first,
+        and a re-read and retry must not write over a new leader's state."""
+        self._may_write = may_write
 
     # ------------------------------------------------------------------ watch
     def start_watch(self, **watch_kw: Any) -> None:
@@ -255,7 +262,8 @@ class ConfigMapStore:
     def save_state(self, doc: StateDoc) -> None:
         """Write `doc` gzip-compressed to binaryData `state.json.gz` (dropping the plain
         key of earlier versions). StoreError naming the sizes and the limit when even
-        compressed it does not fit a ConfigMap (nothing is written then)."""
+        compressed it does not fit a ConfigMap (nothing is written then), or when the
+        write check (`set_write_check`) says this instance no longer leads."""
         text = json.dumps(doc.model_dump(mode="json"), sort_keys=True).encode()
         packed = gzip.compress(text, compresslevel=6, mtime=0)
         what = (
@@ -264,6 +272,10 @@ class ConfigMapStore:
         )
         with self._lock:
             for attempt in range(2):
+                if self._may_write is not None and not self._may_write():
+                    raise StoreError(
+                        f"{self.description}: state not saved: this instance no longer leads"
+                    )
                 cm = self._get(self.state_name)
                 rv = str(cm.metadata.resource_version) if cm is not None else None
                 try:

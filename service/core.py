@@ -147,7 +147,7 @@ class ServiceCore:
         for act in self.extra_actuators:
             self._wire_error_hook(act)
         # each API call of an actuator asks the elector first, not only the next tick
-        wire_write_checks(self.extra_actuators, self.elector.is_leader)
+        wire_write_checks((*self.extra_actuators, self.store), self.elector.is_leader)
         self.config: GovernorConfig = base_config
         self.targets: TargetsDoc = config_to_targets(base_config)
         self.targets_revision = ""

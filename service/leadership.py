@@ -23,7 +23,7 @@ from service.store import Store, StoreError, from_wall, restore_offset
 
 
 def wire_write_checks(actuators: Iterable[Any], may_write: Callable[[], bool]) -> None:
-    """Give each actuator that has `set_write_check` the check `may_write()`."""
+    """Give each actuator (or store) that has `set_write_check` the check `may_write()`."""
     for act in actuators:
         set_check = getattr(act, "set_write_check", None)
         if callable(set_check):

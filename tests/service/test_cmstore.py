@@ -216,3 +216,19 @@ def test_a_corrupt_compressed_state_names_the_key(api: FakeKubeAPI) -> None:
     with pytest.raises(StoreError) as ei:
         _store(api).load_state()
     assert f"binaryData {STATE_GZ_KEY}" in str(ei.value) and "gzip" in str(ei.value)
+
+
+def test_a_conflicting_state_write_is_not_retried_once_this_instance_no_longer_leads(
+    api: FakeKubeAPI,
+) -> None:
+    """The state's PUT answers 409 (another writer, the new leader, wrote it since our
+    read) and the lease lapsed meanwhile: the re-read and retry do not write over the
+    new leader's state (they did), and the save fails naming why."""
+    store = _store(api)
+    store.save_state(StateDoc(saved_at_unix_s=T0, models={}))
+    leads = iter([True, False])
+    store.set_write_check(lambda: next(leads))
+    api.inject("PUT", STATE_CM, 409)
+    with pytest.raises(StoreError, match="no longer leads"):
+        store.save_state(StateDoc(saved_at_unix_s=T0 + 5.0, models={}))
+    assert store.load_state() == StateDoc(saved_at_unix_s=T0, models={})
