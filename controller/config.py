@@ -240,6 +240,12 @@ class ScalingPolicy(_Strict):
         return self
 
 
+GLOBAL_ONLY_POLICY = frozenset({"tick_interval_s", "window_s", "panic_window_s", "max_staleness_s"})
+"""Policy fields a model cannot override: the loop's tick and the metric source's rate
+windows and staleness limit are one for every model (a model's own value was accepted
+and half applied: its decider read it, the loop and the source did not)."""
+
+
 class ModelConfig(_Strict):
     """One served model: identity, SLA, bounds and policy choices."""
 
@@ -266,10 +272,15 @@ class ModelConfig(_Strict):
 
     @field_validator("policy")
     @classmethod
-    def _finite_policy(cls, v: dict[str, Any]) -> dict[str, Any]:
-        # A NaN or infinity is no setting, and JSON (the state store, the admin API's
-        # Struct) cannot carry it: a dump would turn it into null, another setting.
+    def _policy_overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
         for key, value in v.items():
+            if key in GLOBAL_ONLY_POLICY:
+                raise ValueError(
+                    f"{key} is set in the global policy only: the loop ticks, and the "
+                    "source reads its windows and sample ages, once for every model"
+                )
+            # A NaN or infinity is no setting, and JSON (the state store, the admin API's
+            # Struct) cannot carry it: a dump would turn it into null, another setting.
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{key} must be a finite number (got {value})")
         return v
@@ -344,18 +355,15 @@ class GovernorConfig(_Strict):
                     f"models {other!r} and {m.name!r} both scale deployment "
                     f"{m.namespace}/{m.deployment} (their decisions would fight over it)"
                 )
-        scrape = self.prometheus.scrape_interval_s
-        problems = _scrape_problems(self.policy, scrape, "policy")
         for m in self.models:
             try:
-                merged = self.policy_for(m)
+                self.policy_for(m)
             except ValidationError as exc:
                 msgs = format_validation_error(exc, prefix=f"models[{m.name}].policy")
                 raise ValueError("; ".join(msgs)) from None
-            if m.policy:  # an override of its own (the global policy is checked above)
-                problems += _scrape_problems(merged, scrape, f"models[{m.name}].policy")
+        problems = _scrape_problems(self.policy, self.prometheus.scrape_interval_s)
         if problems:
-            raise ValueError("; ".join(dict.fromkeys(problems)))
+            raise ValueError("; ".join(problems))
         return self
 
     def model(self, name: str) -> ModelConfig:
@@ -381,18 +389,18 @@ class GovernorConfig(_Strict):
         return ScalingPolicy.model_validate(merged)
 
 
-def _scrape_problems(policy: ScalingPolicy, scrape_s: float, where: str) -> list[str]:
-    """What in `policy` (named `where`) the engines' scrape interval (`scrape_s`,
-    seconds) rules out: a rate window or a staleness limit under two scrapes."""
+def _scrape_problems(policy: ScalingPolicy, scrape_s: float) -> list[str]:
+    """What in the global `policy` the engines' scrape interval (`scrape_s`, seconds)
+    rules out: a rate window or a staleness limit under two scrapes."""
     out = []
     if policy.window_s < 2.0 * scrape_s:
         out.append(
-            f"{where}.window_s ({policy.window_s}) must be >= 2 x "
+            f"policy.window_s ({policy.window_s}) must be >= 2 x "
             f"prometheus.scrape_interval_s ({scrape_s}): a rate needs two samples"
         )
     if policy.max_staleness_s < 2.0 * scrape_s:
         out.append(
-            f"{where}.max_staleness_s ({policy.max_staleness_s}) must be >= 2 x "
+            f"policy.max_staleness_s ({policy.max_staleness_s}) must be >= 2 x "
             f"prometheus.scrape_interval_s ({scrape_s}): samples are that old between scrapes"
         )
     return out

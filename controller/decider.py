@@ -138,6 +138,16 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             replicas=r, knobs=self.default_knobs, windows=Hysteresis(recommendations=recs)
         )
 
+    def resumed_state(self, state: ModelState, now_s: float) -> ModelState:
+        """A state restored from the store, as its first tick after a restart uses it:
+        the stabilization window gets the restored size at `now_s`, as `initial_state`
+        seeds a fresh start. The process may have been down longer than the window, and
+        every recommendation remembered from before would have expired: the first good
+        tick could then drop the whole fleet (the rate limit allows 100 % per 15 s)."""
+        w = state.windows
+        recs = (*w.recommendations, (now_s, state.replicas))
+        return replace(state, windows=replace(w, recommendations=recs))
+
     # ------------------------------------------------------------------ decide
     def decide(
         self,
@@ -436,11 +446,12 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         )
         out = clamp(value, lo, bounds.max_replicas)
         stages.append(_stage("clamp", value, out))
-        if partial is not None and out.value < current:
+        held = min(current, bounds.max_replicas)  # a lowered max still applies
+        if partial is not None and out.value < held:
             # Part of the fleet is not seen: its demand is missing, not zero.
             value, out = (
                 out.value,
-                StageOut(current, Reason.NO_DATA_HOLD, f"{partial}: no scale-down"),
+                StageOut(held, Reason.NO_DATA_HOLD, f"{partial}: no scale-down"),
             )
             stages.append(_stage("health", value, out))
         return stages, self._outcome(state, now_s, out.value, recs, panic_until, raw.idle_since)

@@ -2,8 +2,8 @@
 batching knobs by the model's policy, adopted only when the change is material and
 sustained; which replicas still run knobs from before a change.
 
-A mixin of `Decider`: the methods read the decider's `model`, `policy`, `profile` and
-`default_knobs`, and are pure like `decide`.
+A mixin of `Decider`: the methods read the decider's `model`, `policy`, `profile`,
+`default_knobs` and `_max_gap_s`, and are pure like `decide`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class KnobSteps:
     policy: ScalingPolicy
     profile: Profile
     default_knobs: Knobs
+    _max_gap_s: float
 
     def _knob_memory(
         self,
@@ -113,14 +114,17 @@ class KnobSteps:
         policy = self.model.batching_policy
         if policy == "static":
             return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, KnobMemory()
+        current = clamp_knobs(state.knobs, bounds)
+        if current != state.knobs:
+            # The bounds were narrowed (a target edit, a restart on a new config): the
+            # knobs in force move inside them now, data or not (a change short of
+            # knob_min_gain_frac would otherwise never be made).
+            return current, Reason.KNOBS_CHANGED, KnobMemory()
         # Knobs move only on this tick's own length statistics under real demand: not on
-        # remembered lengths, nor on the few requests of an idle window.
+        # remembered lengths, nor on the few requests of an idle window. Such a tick
+        # breaks a candidate's sustain: it starts again at the next tick with data.
         if lengths is None or obs.prompt_tokens_mean is None or obs.arrival_rate_rps <= 0:
-            return (
-                state.knobs,
-                Reason.KNOBS_NO_DATA,
-                state.knob_memory,
-            )
+            return current, Reason.KNOBS_NO_DATA, KnobMemory()
         if policy == "seed":
             seed = seed_policy_knobs(obs, self.model.sla)
             if isinstance(seed, str):
@@ -136,14 +140,15 @@ class KnobSteps:
             candidate = slo_knobs(
                 lengths, self.model.sla, profile, bounds, self.policy.itl_margin_frac
             )
-        current = state.knobs
         if candidate == current:
             return current, Reason.KNOBS_UNCHANGED, KnobMemory()
         if not self._material(candidate, current):
             return current, Reason.KNOBS_NOT_MATERIAL, KnobMemory()
         prev = state.knob_memory.candidate
         since = state.knob_memory.candidate_since_s
-        if prev is None or since is None or self._material(candidate, prev):
+        last = state.health.last_good_s
+        gap = last is None or now_s - last > self._max_gap_s  # no data in between
+        if prev is None or since is None or gap or self._material(candidate, prev):
             since = now_s
         if now_s - since >= self.policy.knob_sustain_s:
             return candidate, Reason.KNOBS_CHANGED, KnobMemory()

@@ -213,6 +213,8 @@ class ControlLoop:
         self._lock = threading.Lock()
         self._listeners: list[Callable[[LoopSnapshot], None]] = []
         self._states: dict[str, ModelState] = dict(states or {})
+        self._resumed: set[str] = set(self._states)
+        """Models whose state was restored and has not been ticked yet (`resumed_state`)."""
         self._paused: set[str] = set()
         self._deciders: dict[str, Decider] = {}
         self._queries: dict[str, ModelQuery] = {}
@@ -369,6 +371,8 @@ class ControlLoop:
             self.metrics.source_errors.labels("no_data").inc()
         state = self._states.get(name)
         size_unknown = False
+        if state is not None and name in self._resumed:
+            state = decider.resumed_state(state, now)
         if state is None:
             start = seen_size(obs) if isinstance(obs, Observation) else None
             if start is None and self._initial_replicas is not None:
@@ -410,6 +414,7 @@ class ControlLoop:
             for name, st in new_states.items():
                 if name in self._deciders:
                     self._states[name] = st
+                    self._resumed.discard(name)
             for d in decisions:
                 if d.model in self._deciders:
                     self._history[d.model] = (

@@ -65,7 +65,7 @@ PARITY: dict[str, tuple[dict[str, Any], bool]] = {
     "valid": ({"models": [_model()]}, True),
     "valid-policy-and-prometheus": (
         {
-            "models": [_model(policy={"tick_interval_s": 2})],
+            "models": [_model(policy={"scale_down_stabilization_s": 600})],
             "policy": {
                 "tick_interval_s": 10,
                 "scale_up_limits": [{"type": "pods", "value": 2, "period_s": 30}],

@@ -98,7 +98,7 @@ def test_profile_path_refused_alike_by_admin_api_and_cli(
         (["--attainment-goal-frac", "1"], "attainment_goal_frac: Input should be less than 1"),
         (["--file", "BINARY"], "not UTF-8 text (byte 0xff at offset 0)"),
         (["--file", "TWICE"], "duplicate key 'sla'"),
-        (["--policy", "tick_interval_s=.nan"], "tick_interval_s must be a finite number (got nan)"),
+        (["--policy", "tolerance_frac=.nan"], "tolerance_frac must be a finite number (got nan)"),
     ],
 )
 def test_target_set_refuses_what_the_governor_cannot_run_on(

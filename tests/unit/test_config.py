@@ -62,18 +62,23 @@ def _problems(data: object) -> list[str]:
             {"fallback_replicas": 50}, "fallback_replicas (50) must be <=", id="fallback-over-max"
         ),
         pytest.param(
-            {"policy": {"max_staleness_s": 5}},
-            "models[m].policy.max_staleness_s (5.0) must be >= 2 x prometheus.scrape_interval_s",
-            id="override-staleness-under-two-scrapes",
+            {"policy": {"max_staleness_s": 60}},
+            "models[m].policy: max_staleness_s is set in the global policy only",
+            id="override-of-the-sources-staleness",
         ),
         pytest.param(
-            {"policy": {"window_s": 20, "panic_window_s": 5}},
-            "models[m].policy.window_s (20.0) must be >= 2 x prometheus.scrape_interval_s",
-            id="override-window-under-two-scrapes",
+            {"policy": {"window_s": 120}},
+            "models[m].policy: window_s is set in the global policy only",
+            id="override-of-the-sources-window",
         ),
         pytest.param(
-            {"policy": {"tick_interval_s": float("nan")}},
-            "models[m].policy: tick_interval_s must be a finite number (got nan)",
+            {"policy": {"tick_interval_s": 2}},
+            "models[m].policy: tick_interval_s is set in the global policy only",
+            id="override-of-the-loops-tick",
+        ),
+        pytest.param(
+            {"policy": {"tolerance_frac": float("nan")}},
+            "models[m].policy: tolerance_frac must be a finite number (got nan)",
             id="override-nan",
         ),
     ],

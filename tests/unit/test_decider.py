@@ -253,6 +253,45 @@ def test_knob_candidate_interrupted_restarts_the_clock() -> None:
     assert dec.knob_reason == Reason.KNOBS_PENDING
 
 
+@pytest.mark.parametrize("gap", ["idle", "no data"])
+def test_a_gap_in_the_data_restarts_a_candidates_sustain(gap: str) -> None:
+    """A candidate seen once, then 150 s of idle windows or of no data, then one more
+    window with data: not sustained for knob_sustain_s (60 s) of data, so pending, not
+    a change and a rolling restart (the gap counted as sustain before)."""
+    d = Decider(make_model(), make_policy(knob_sustain_s=60.0))
+    s = d.initial_state(3)
+    dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S)
+    assert dec.knob_reason == Reason.KNOBS_PENDING
+    for i in range(1, 31):
+        now = ORIGIN_S + 5 * i
+        if gap == "idle":
+            _, s = d.decide(obs(rate=0.0, running=0.0), s, now)
+        else:
+            _, s = d.decide(NoDataError("llama", "arrival_rate"), s, now)
+    dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S + 155)
+    assert dec.knob_reason == Reason.KNOBS_PENDING and not dec.rollout
+    assert s.knob_memory.candidate_since_s == ORIGIN_S + 155
+
+
+def test_knobs_outside_narrowed_bounds_move_inside_at_once() -> None:
+    """Knobs decided under max_num_seqs_max 1024 (152) and the bound lowered to 144
+    (within knob_min_gain_frac of 152, so never material) or 64: the knobs in force are
+    clamped at the next tick, idle or not (they stayed at 152 before)."""
+    decided = Decider(make_model(), make_policy(knob_sustain_s=0.0))
+    _, s = decided.decide(obs(rate=30.0), decided.initial_state(3), ORIGIN_S)
+    assert s.knobs.max_num_seqs == 152
+    for bound in (144, 64):
+        model = make_model()
+        model = model.model_copy(
+            update={"knobs": model.knobs.model_copy(update={"max_num_seqs_max": bound})}
+        )
+        d = Decider(model, make_policy(knob_sustain_s=300.0))
+        for o in (obs(rate=30.0), obs(rate=0.0, running=0.0)):
+            dec, _ = d.decide(o, s, ORIGIN_S + 5)
+            assert dec.knobs.max_num_seqs == bound, (bound, dec.knob_reason)
+            assert dec.knob_reason == Reason.KNOBS_CHANGED
+
+
 def test_static_and_seed_batching_policies() -> None:
     dstatic = Decider(make_model(batching_policy="static"), make_policy())
     dec, _ = dstatic.decide(obs(), dstatic.initial_state(2), ORIGIN_S)

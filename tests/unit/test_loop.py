@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 import structlog
@@ -369,3 +370,46 @@ def test_a_start_never_seeds_past_max_replicas() -> None:
         lambda n, t: obs(model=n, t=t, rate=40.0, ready_replicas=10**6), ticks=1, max_replicas=20
     )
     assert [d.replicas for d in decisions] == [20]
+
+
+def test_a_restored_state_keeps_its_fleet_through_the_stabilization_window() -> None:
+    """A state saved at 6 replicas and restored after the process was down longer than
+    the 300 s scale-down window (its remembered recommendations all expired): the first
+    ticks at no load hold 6, as a fresh start seeded with 6 does, and the fleet steps
+    down only once the window has passed (before: IDLE to min replicas at the first
+    tick, the rate limit allowing 100 % per 15 s)."""
+    from controller.decider import Decider
+
+    config = GovernorConfig(models=(make_model("m", max_replicas=20),))
+    decider = Decider(config.models[0], config.policy_for(config.models[0]))
+    saved = decider.initial_state(6, now_s=-10_000.0)  # its window long expired
+    act, clock = RecordingActuator(), FakeClock()
+    loop = ControlLoop(
+        config,
+        _FixedSource(lambda n, t: obs(model=n, t=t, rate=0.0, running=0.0, ready_replicas=6)),  # type: ignore[arg-type]
+        [act],
+        clock=clock,
+        metrics=GovernorMetrics(CollectorRegistry()),
+        states={"m": saved},
+    )
+    window_s = config.policy.scale_down_stabilization_s
+    for _ in range(int(window_s // 5.0) + 8):
+        loop.tick()
+        clock.advance(5.0)
+    replicas = [(d.at_s - act.batches[0][0].at_s, d.replicas) for b in act.batches for d in b]
+    assert all(r == 6 for t, r in replicas if t < window_s), replicas
+    assert replicas[-1][1] < 6, replicas  # the window passed: the idle fleet steps down
+
+
+def test_a_held_fleet_still_obeys_a_lowered_max_replicas() -> None:
+    """Part of the fleet unseen (an engine target down) holds the current size against a
+    scale-down, but never above max_replicas: an operator who lowered it from 10 to 5
+    gets 5 (the hold lifted it back to 8 before), as the no-data fallback clamps."""
+    from controller.decider import Decider
+    from tests.conftest import make_policy
+
+    decider = Decider(make_model("m", max_replicas=5), make_policy())
+    state = replace(decider.initial_state(5, now_s=0.0), replicas=8)  # decided under max 10
+    down = obs(model="m", t=5.0, rate=20.0, ready_replicas=7, targets_up=7, targets_down=1)
+    decision, _ = decider.decide(down, state, 5.0)
+    assert decision.replicas == 5, [(s.name, s.reason, s.value) for s in decision.stages]
