@@ -121,10 +121,11 @@ class KnobSteps:
             # knob_min_gain_frac would otherwise never be made).
             return current, Reason.KNOBS_CHANGED, KnobMemory()
         # Knobs move only on this tick's own length statistics under real demand: not on
-        # remembered lengths, nor on the few requests of an idle window. Such a tick
-        # breaks a candidate's sustain: it starts again at the next tick with data.
+        # remembered lengths, nor on the few requests of an idle window. Time without
+        # such data does not count towards a candidate's sustain (`_unsustained`).
+        last = state.health.last_good_s
         if lengths is None or obs.prompt_tokens_mean is None or obs.arrival_rate_rps <= 0:
-            return current, Reason.KNOBS_NO_DATA, KnobMemory()
+            return current, Reason.KNOBS_NO_DATA, self._unsustained(state, now_s, last)
         if policy == "seed":
             seed = seed_policy_knobs(obs, self.model.sla)
             if isinstance(seed, str):
@@ -144,15 +145,30 @@ class KnobSteps:
             return current, Reason.KNOBS_UNCHANGED, KnobMemory()
         if not self._material(candidate, current):
             return current, Reason.KNOBS_NOT_MATERIAL, KnobMemory()
-        prev = state.knob_memory.candidate
-        since = state.knob_memory.candidate_since_s
-        last = state.health.last_good_s
-        gap = last is None or now_s - last > self._max_gap_s  # no data in between
-        if prev is None or since is None or gap or self._material(candidate, prev):
+        pending = state.knob_memory
+        if last is None or now_s - last > self._max_gap_s:  # no data in between
+            pending = self._unsustained(state, now_s, last)
+        prev, since = pending.candidate, pending.candidate_since_s
+        if prev is None or since is None or self._material(candidate, prev):
             since = now_s
         if now_s - since >= self.policy.knob_sustain_s:
             return candidate, Reason.KNOBS_CHANGED, KnobMemory()
         return current, Reason.KNOBS_PENDING, KnobMemory(candidate, since)
+
+    def _unsustained(
+        self, state: ModelState, now_s: float, last_good_s: float | None
+    ) -> KnobMemory:
+        """The pending candidate with the time since the last good tick (`last_good_s`,
+        seconds) not counted towards its sustain: an idle window or a gap in the data
+        says nothing of it. Example: a candidate since 1,000 s, idle ticks to 1,150 s:
+        since 1,150 s, and one window with data at 1,155 s is 5 s sustained, not 155 s
+        (a stale candidate rolled the fleet out of one window)."""
+        mem = state.knob_memory
+        if mem.candidate is None or mem.candidate_since_s is None:
+            return KnobMemory()
+        if last_good_s is None:
+            return KnobMemory(mem.candidate, now_s)
+        return KnobMemory(mem.candidate, mem.candidate_since_s + max(0.0, now_s - last_good_s))
 
     def _material(self, a: Knobs, b: Knobs, gain_frac: float | None = None) -> bool:
         """Whether `a` differs from `b` by at least `gain_frac` (default knob_min_gain_frac)

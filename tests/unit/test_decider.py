@@ -257,7 +257,8 @@ def test_knob_candidate_interrupted_restarts_the_clock() -> None:
 def test_a_gap_in_the_data_restarts_a_candidates_sustain(gap: str) -> None:
     """A candidate seen once, then 150 s of idle windows or of no data, then one more
     window with data: not sustained for knob_sustain_s (60 s) of data, so pending, not
-    a change and a rolling restart (the gap counted as sustain before)."""
+    a change and a rolling restart (the gap counted as sustain before); the time without
+    data does not count, the candidate is kept."""
     d = Decider(make_model(), make_policy(knob_sustain_s=60.0))
     s = d.initial_state(3)
     dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S)
@@ -270,7 +271,8 @@ def test_a_gap_in_the_data_restarts_a_candidates_sustain(gap: str) -> None:
             _, s = d.decide(NoDataError("llama", "arrival_rate"), s, now)
     dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S + 155)
     assert dec.knob_reason == Reason.KNOBS_PENDING and not dec.rollout
-    assert s.knob_memory.candidate_since_s == ORIGIN_S + 155
+    assert s.knob_memory.candidate is not None
+    assert s.knob_memory.candidate_since_s >= ORIGIN_S + 150  # at most one tick counted
 
 
 def test_knobs_outside_narrowed_bounds_move_inside_at_once() -> None:
