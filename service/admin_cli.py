@@ -294,6 +294,9 @@ def _cmd_target_delete(args: argparse.Namespace) -> int:
     from governor_api import governor_v1_pb2 as pb
 
     resp = _rpc(args, "DeleteTarget", pb.DeleteTargetRequest(model=args.model))
+    if args.output == "json":
+        _print_json(resp)
+        return EXIT_OK
     print(f"target {args.model!r} deleted; targets revision {resp.revision}")
     return EXIT_OK
 
@@ -382,6 +385,9 @@ def _cmd_pause(args: argparse.Namespace) -> int:
 
     method = "PauseActuation" if args.command == "pause" else "ResumeActuation"
     resp = _rpc(args, method, pb.PauseRequest(model=args.model))
+    if args.output == "json":
+        _print_json(resp)
+        return EXIT_OK
     state = "paused (shadow mode: decide and log, no actuation)" if resp.paused else "actuating"
     print(f"{resp.model}: {state}")
     return EXIT_OK
@@ -600,12 +606,21 @@ def register(sub: Any) -> None:
         p.set_defaults(func=_wrap(_cmd_pause))
 
 
+def _server_address(text: str) -> str:
+    """--server: a non-empty address (an empty one reached gRPC's resolver, which
+    printed its own error lines and then failed to create the channel)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be HOST:PORT, not empty")
+    return text.strip()
+
+
 def _client_parser() -> argparse.ArgumentParser:
     """The options every client command shares: server, deadline, output, credentials."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument(
         "--server",
-        default=os.environ.get("GOVERNOR_SERVER", DEFAULT_SERVER),
+        type=_server_address,
+        default=os.environ.get("GOVERNOR_SERVER") or DEFAULT_SERVER,
         metavar="HOST:PORT",
         help=f"the governor's gRPC address (default $GOVERNOR_SERVER or {DEFAULT_SERVER})",
     )

@@ -35,6 +35,7 @@ import numpy as np
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
 from simulator.fleet import Fleet
+from simulator.outputs import output_problem
 from simulator.plant import Plant
 from simulator.traces import Trace
 
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile name or YAML path")
     parser.add_argument("--out", default=None, help="write the markdown table here")
     args = parser.parse_args(argv)
+    if bad := output_problem("--out", args.out):
+        print(f"calibrate: {bad}", file=sys.stderr)
+        return 2
     try:
         profile = load_profile(args.profile)
     except (FileNotFoundError, ValueError) as exc:

@@ -36,6 +36,7 @@ from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, load_profile
 from simulator.fleet import Fleet
 from simulator.matrix import TRACES, MatrixTrace
+from simulator.outputs import output_problem
 from simulator.pool import process_pool
 from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
 from simulator.traces import Trace, load_trace
@@ -224,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the markdown table here")
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     args = parser.parse_args(argv)
+    if bad := output_problem("--out", args.out):
+        print(f"capacity_check: {bad}", file=sys.stderr)
+        return 2
     if args.workers < 1:
         print(f"capacity_check: --workers must be >= 1, got {args.workers}", file=sys.stderr)
         return 2

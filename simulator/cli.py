@@ -19,6 +19,7 @@ from simulator.autoscalers import POLICY_NAMES
 from simulator.calibrate import main as calibrate_main
 from simulator.capacity_check import main as capacity_main
 from simulator.oracle import scenario_oracle
+from simulator.outputs import output_problem
 from simulator.plant import Plant
 from simulator.report import document, plot, table
 from simulator.scenario import (
@@ -318,6 +319,8 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
 
     problems = []
     if args.matrix or args.matrix_quick:
+        if bad := output_problem("--json", args.json_out):
+            problems.append(bad)
         if ignored := given(SINGLE_RUN_FLAGS):
             problems.append(
                 f"{', '.join(ignored)}: not read with --matrix (each cell sets its own trace, "
@@ -327,6 +330,11 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
     if ignored := given(MATRIX_FLAGS):
         problems.append(f"{', '.join(ignored)}: read only with --matrix or --matrix-quick")
     lo, hi, start = args.min_replicas, args.max_replicas, args.start_replicas
+    problems += [
+        x
+        for x in (output_problem("--json", args.json_out), output_problem("--plot", args.plot_out))
+        if x
+    ]
     if lo > hi:
         problems.append(f"--min-replicas {lo} is above --max-replicas {hi}")
     if start is not None and not lo <= start <= hi:
@@ -485,6 +493,9 @@ def demo_goals(doc: dict) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if bad := output_problem("--out", args.out, folder=True):
+        print(f"governor demo: {bad}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         trace = load_trace(
             args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed

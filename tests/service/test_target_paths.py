@@ -217,3 +217,48 @@ def test_counts_out_of_range_are_usage_errors(
         cli_main(args)
     assert exc.value.code == 2
     assert "must be in [" in capsys.readouterr().err
+
+
+def test_pause_resume_and_delete_print_the_api_messages_in_json(
+    served: tuple[ServiceCore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`-o json` (the API's messages) was accepted and ignored by pause, resume and
+    target delete, which printed their text lines into a script's JSON parser."""
+    _core, address = served
+    server = ["--server", address, "-o", "json"]
+    assert cli_main(["pause", "demo", *server]) == 0
+    assert json.loads(capsys.readouterr().out) == {"model": "demo", "paused": True}
+    assert cli_main(["resume", "demo", *server]) == 0
+    assert json.loads(capsys.readouterr().out)["paused"] is False
+    new = ["target", "set", "other", "--deployment", "other", "--ttft-p95-ms", "500"]
+    assert cli_main([*new, "--itl-p95-ms", "50", "--server", address]) == 0
+    capsys.readouterr()
+    assert cli_main(["target", "delete", "other", *server]) == 0
+    assert "revision" in json.loads(capsys.readouterr().out)
+
+
+def test_an_empty_server_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """--server "" (or an empty $GOVERNOR_SERVER as the default) reached gRPC's resolver,
+    which logged its own errors before the channel failed."""
+    with pytest.raises(SystemExit) as ei:
+        cli_main(["status", "--server", " "])
+    assert ei.value.code == 2 and "--server: must be HOST:PORT" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_cli_quietly() -> None:
+    """`governor ... | head -c 1`: the pipe closed before the output was written gave a
+    BrokenPipeError traceback; now exit 1 and nothing on stderr."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "check-config", str(root / "examples/governor.yaml")],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the interpreter has started, so before any write
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 1 and "Traceback" not in err, err

@@ -4,6 +4,7 @@ resolution, and the calibration signals SimulatedSource fills, against ground tr
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,3 +230,27 @@ def test_long_prompts_are_bounded_by_the_kv_cache() -> None:
     attention_ms = prof.step_time.prefill_attention_ms_per_token2 * 40_000**2 / 2
     linear_ms = prof.step_time.per_token_ms * 40_000
     assert alone.log.first_token_s[0] * 1000 > attention_ms + linear_ms
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A results path under a file, or a directory where the file goes, is a usage
+    error naming it before anything runs (it was a traceback after the whole run, the
+    results lost); missing folders below a writable one are still made."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cases = [
+        (["simulate", "--json", str(blocker / "out.json")], "is a file, not a directory"),
+        (["simulate", "--plot", str(tmp_path)], "is a directory"),
+        (["simulate", "--matrix-quick", "--json", str(tmp_path)], "is a directory"),
+        (["calibrate", "--out", str(blocker / "c.md")], "is a file, not a directory"),
+        (["demo", "--out", str(blocker)], "is a file"),
+    ]
+    for args, needle in cases:
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, (args, err)
+    from simulator.outputs import output_problem
+
+    assert output_problem("--json", str(tmp_path / "new" / "dir" / "x.json")) is None
