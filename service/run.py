@@ -510,8 +510,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return serve(server, args.shutdown_grace_s)
     except OSError as exc:
-        listens = ", ".join(f"{flag} {value}" for flag, value in _listens(args))
-        raise _RunError(f"cannot serve on {listens}: {exc}", 1) from None
+        message = str(exc)
+        if not message.startswith("cannot listen on "):  # names no listener: list them all
+            listens = ", ".join(f"{flag} {value}" for flag, value in _listens(args))
+            message = f"cannot serve on {listens}: {message}"
+        raise _RunError(message, 1) from None
 
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}

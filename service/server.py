@@ -167,8 +167,20 @@ class GovernorServer:
             parse_listen(metrics_listen, "--metrics-listen")
 
     async def start(self) -> None:
-        """Start the listeners (inline or in the serving process), /metrics, the
-        elector and the ticker. OSError when a listener cannot bind."""
+        """Start /metrics, the listeners (inline or in the serving process), the elector
+        and the ticker. OSError naming the listener (address and flag) when one cannot
+        bind; what was started before it is stopped again."""
+        self._start_metrics()
+        try:
+            await self._start_listeners()
+        except BaseException:
+            self._stop_metrics()
+            raise
+        self._start_ticks()
+        self._log_serving()
+
+    async def _start_listeners(self) -> None:
+        """The public listeners: inline, or in the serving process."""
         if self.serving == "process":
             await self._start_serving_process()
         else:
@@ -185,8 +197,6 @@ class GovernorServer:
             await self._listeners.start()
             self.core.m_serving_up.set(1)
             self.port, self.admin_port = self._listeners.port, self._listeners.admin_port
-        self._start_metrics_and_ticks()
-        self._log_serving()
 
     async def _start_serving_process(self) -> None:
         """The internal admin server (a private Unix socket) and the serving process."""
@@ -221,16 +231,33 @@ class GovernorServer:
             spec = replace(spec, admin_listen=_port_of(spec.admin_listen, self.admin_port))
         proc.spec = spec
 
-    def _start_metrics_and_ticks(self) -> None:
-        """The /metrics HTTP server, the elector and (with `autotick`) the ticker."""
-        if self.metrics_listen is not None:
-            from prometheus_client import start_http_server
+    def _start_metrics(self) -> None:
+        """The /metrics HTTP server (first: a busy port then leaves nothing started).
+        OSError "cannot listen on HOST:PORT for /metrics (--metrics-listen): ..."."""
+        if self.metrics_listen is None:
+            return
+        from prometheus_client import start_http_server
 
-            mhost, mport = parse_listen(self.metrics_listen, "--metrics-listen")
+        mhost, mport = parse_listen(self.metrics_listen, "--metrics-listen")
+        try:
             self._httpd, _ = start_http_server(
                 mport, addr=mhost, registry=self.core.metrics.registry
             )
-            self.metrics_port = self._httpd.server_address[1]
+        except OSError as exc:
+            raise OSError(
+                f"cannot listen on {self.metrics_listen} for /metrics (--metrics-listen): {exc}"
+            ) from None
+        self.metrics_port = self._httpd.server_address[1]
+
+    def _stop_metrics(self) -> None:
+        """Stop and close the /metrics HTTP server, if started."""
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def _start_ticks(self) -> None:
+        """The elector and (with `autotick`) the ticker."""
         self.core.elector.start()
         if self.autotick:
             self._ticker = TickScheduler(
@@ -287,9 +314,7 @@ class GovernorServer:
         except TimeoutError:
             self.log.error("final_flush_timed_out", grace_s=grace_s)
         await asyncio.to_thread(self.core.close)
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+        self._stop_metrics()
         self.log.info("stopped", seconds=round(time.monotonic() - started, 3))
 
     async def _stop_serving_process(self, grace_s: float) -> None:

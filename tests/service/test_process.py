@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -300,3 +303,33 @@ def test_engine_args_from_a_live_server(capsys: pytest.CaptureFixture[str]) -> N
         out, err = capsys.readouterr()
         assert code == 0 and "NOT_FOUND" in err
         assert out.strip() == "--max-num-seqs 256 --max-num-batched-tokens 8192"
+
+
+@pytest.mark.parametrize(
+    ("busy_flag", "other_flag", "serving"),
+    [
+        ("--metrics-listen", "--grpc-listen", "process"),
+        ("--metrics-listen", "--grpc-listen", "inline"),
+        ("--grpc-listen", "--metrics-listen", "process"),
+    ],
+)
+def test_governor_run_busy_port_names_that_listener_and_exits_1(
+    busy_flag: str, other_flag: str, serving: str
+) -> None:
+    """A port already taken: exit 1, the message names exactly the listener that failed
+    (address and flag), and nothing half-started is left to complain at exit."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = f"127.0.0.1:{holder.getsockname()[1]}"
+        argv = [sys.executable, "-m", "service.cli", "run", "--simulated-fleet"]
+        argv += ["synthetic:poisson", "--store", "memory", "--serving", serving]
+        argv += [busy_flag, busy, other_flag, "127.0.0.1:0"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    err = done.stderr
+    assert done.returncode == 1, err
+    assert f"cannot listen on {busy} for " in err and f"({busy_flag})" in err, err
+    assert other_flag not in err, err
+    for noise in ("Traceback", "never awaited", "Exception ignored"):
+        assert noise not in err, err
