@@ -176,6 +176,10 @@ def test_engine_actuation_rbac_and_flags() -> None:
     args = container(one(objs, "Deployment")["spec"]["template"]["spec"], "governor")["args"]
     assert arg_value(args, "--knob-rollouts") == "on"
     assert arg_value(args, "--drain-scale-in") == "on"
+    drain_only = render(values(actuation={"knobRollouts": False, "drainScaleIn": True}))
+    deps, pods = one(drain_only, "Role", "gov-llm-governor-engines")["rules"]
+    assert deps["verbs"] == ["get"]  # the drain only reads the Deployments' selectors
+    assert pods["verbs"] == ["list", "patch"]
     off = render(values(actuation={"knobRollouts": False, "drainScaleIn": False}))
     assert not find(off, "Role", "gov-llm-governor-engines")
     args = container(one(off, "Deployment")["spec"]["template"]["spec"], "governor")["args"]
