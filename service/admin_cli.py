@@ -551,10 +551,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("run", help="run the governor service (gRPC API, KEDA scaler, /metrics)")
     add_run_arguments(p)
     p.set_defaults(func=run_service)
-    client = _client_parser()
+    connection = _connection_parser()
+    client = _client_parser(connection)
     p = sub.add_parser(
         "engine-args",
-        parents=[client],
+        parents=[connection],
         help="print vLLM batching flags for an engine's start command (exit 0 unless its "
         "own flags are invalid)",
     )
@@ -614,8 +615,10 @@ def _server_address(text: str) -> str:
     return text.strip()
 
 
-def _client_parser() -> argparse.ArgumentParser:
-    """The options every client command shares: server, deadline, output, credentials."""
+def _connection_parser() -> argparse.ArgumentParser:
+    """The options every command that calls the governor shares: server, deadline, TLS.
+    `engine-args` takes only these (the engines' read-only API needs no admin token, and
+    its output is the engine's flags)."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument(
         "--server",
@@ -626,19 +629,6 @@ def _client_parser() -> argparse.ArgumentParser:
     )
     client.add_argument(
         "--timeout-s", type=_positive_timeout, default=ADMIN_TIMEOUT_S, help="call deadline"
-    )
-    client.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="json: the API's messages, zero values included",
-    )
-    client.add_argument(
-        "--token-file",
-        default=os.environ.get(TOKEN_FILE_ENV) or None,
-        metavar="FILE",
-        help=f"admin bearer token file (default ${TOKEN_FILE_ENV})",
     )
     client.add_argument("--tls", action="store_true", help="use TLS (system root CAs)")
     client.add_argument(
@@ -651,6 +641,26 @@ def _client_parser() -> argparse.ArgumentParser:
     client.add_argument("--tls-key-file", metavar="PEM", help="client key (mTLS)")
     client.add_argument(
         "--tls-server-name", metavar="NAME", help="expected name in the server's certificate"
+    )
+    return client
+
+
+def _client_parser(connection: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The admin commands' options: the connection's, plus output format and the admin
+    token."""
+    client = argparse.ArgumentParser(add_help=False, parents=[connection])
+    client.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="json: the API's messages, zero values included",
+    )
+    client.add_argument(
+        "--token-file",
+        default=os.environ.get(TOKEN_FILE_ENV) or None,
+        metavar="FILE",
+        help=f"admin bearer token file (default ${TOKEN_FILE_ENV})",
     )
     return client
 

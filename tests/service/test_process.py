@@ -281,6 +281,19 @@ def test_engine_args_prints_flags_and_falls_back(
     assert code == 0 and out.strip() == "--max-num-seqs 256 --max-num-batched-tokens 8192"
 
 
+@pytest.mark.parametrize("flag", [["-o", "json"], ["--token-file", "t"]])
+def test_engine_args_refuses_the_admin_flags(
+    flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """engine-args prints the engine's flags and calls the read-only BatchingService:
+    an output format or an admin token would be accepted and ignored, so they are refused
+    (exit 2, naming the flag) rather than silently dropped."""
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["engine-args", "--model", "m", "--server", "127.0.0.1:1", *flag])
+    assert exc.value.code == 2
+    assert flag[0] in capsys.readouterr().err
+
+
 def test_engine_args_from_a_live_server(capsys: pytest.CaptureFixture[str]) -> None:
     from service.core import ServiceCore
     from tests.service.fakes import FakeClock, FakeSource, make_config, quiet_logger
