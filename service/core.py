@@ -50,7 +50,13 @@ from service.engines_seen import EngineTracker
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
 from service.leadership import stand_down, takeover_states, wire_write_checks
-from service.publications import latency_doc, published_entries, slots, within_bounds
+from service.publications import (
+    BoundsProblem,
+    latency_doc,
+    published_entries,
+    slots,
+    within_bounds,
+)
 from service.store import (
     ConflictError,
     FileStore,
@@ -153,6 +159,7 @@ class ServiceCore:
         self.targets_revision = ""
         self.targets_problem = ""
         self._refused_revision: str | None = None
+        self._refused_leader_values: dict[str, BoundsProblem] = {}  # _follow: logged once each
         self._was_leader = True
         self.loop = self._restore()
 
@@ -351,7 +358,9 @@ class ServiceCore:
 
     def _follow(self) -> None:
         """Mirror the leader's published values (engines and KEDA get the leader's
-        decisions whichever instance they reach)."""
+        decisions whichever instance they reach), each within this instance's model
+        bounds: a value outside them (an edited state document, a leader on other
+        targets) is refused with a warning and the model keeps what it served."""
         try:
             doc = self.store.load_state()
         except StoreError as exc:
@@ -360,7 +369,14 @@ class ServiceCore:
             return
         if doc is None:
             return
-        self.board.restore(published_entries(doc.published), origin=ORIGIN_LEADER)
+        kept = within_bounds(
+            doc.published,
+            self.config,
+            self.log,
+            event="leader_publication_refused",
+            refused=self._refused_leader_values,
+        )
+        self.board.restore(published_entries(kept), origin=ORIGIN_LEADER)
 
     def _state_doc(self) -> Any:
         from service.store import StateDoc

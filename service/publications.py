@@ -84,9 +84,14 @@ def published_entries(
     }
 
 
-def _out_of_bounds(p: PublishedDoc, m: ModelConfig) -> tuple[str, int, tuple[int, int]] | None:
+BoundsProblem = tuple[str, int, tuple[int, int]]
+"""A saved publication's field outside its model's bounds: (field, value, (lowest,
+highest)); knobs in tokens or sequences, replicas in pods."""
+
+
+def _out_of_bounds(p: PublishedDoc, m: ModelConfig) -> BoundsProblem | None:
     """The first field of saved publication `p` outside model `m`'s knob or replica
-    bounds, as (field, value, (lowest, highest)); None when every field lies within."""
+    bounds; None when every field lies within."""
     k, r = m.knobs, m.replicas
     checks = (
         ("max_num_seqs", p.max_num_seqs, (k.max_num_seqs_min, k.max_num_seqs_max)),
@@ -104,13 +109,23 @@ def _out_of_bounds(p: PublishedDoc, m: ModelConfig) -> tuple[str, int, tuple[int
 
 
 def within_bounds(
-    saved: Mapping[str, PublishedDoc], cfg: GovernorConfig, log: Any
+    saved: Mapping[str, PublishedDoc],
+    cfg: GovernorConfig,
+    log: Any,
+    *,
+    event: str = "restored_publication_dropped",
+    refused: dict[str, BoundsProblem] | None = None,
 ) -> dict[str, PublishedDoc]:
     """The saved publications of configured models that lie within their model's bounds.
-    One outside them (bounds narrowed while the service was down, or an edited document)
-    is dropped with a warning naming the model and the field: the model starts from its
-    configured defaults, as if nothing had been saved for it, and its first tick decides.
-    Engines and KEDA are never served a value the model's bounds forbid."""
+    One outside them is dropped with a warning `event` naming the model, the field, its
+    value and the bounds: engines and KEDA are never served a value the model's bounds
+    forbid. At start-up (bounds narrowed while the service was down, or an edited
+    document) the model then starts from its configured defaults, as if nothing had been
+    saved for it, and its first tick decides; a follower mirroring the leader keeps
+    serving what it served before.
+
+    `refused` (a follower's, kept across calls, updated in place): each model's refusal
+    is logged once while the same field and value stay refused, not at every tick."""
     models = {m.name: m for m in cfg.models}
     kept = {}
     for name, p in saved.items():
@@ -120,13 +135,16 @@ def within_bounds(
         problem = _out_of_bounds(p, m)
         if problem is None:
             kept[name] = p
+            if refused is not None:
+                refused.pop(name, None)
             continue
+        if refused is not None:
+            if refused.get(name) == problem:
+                continue
+            refused[name] = problem
         field, value, (lo, hi) = problem
-        log.warning(
-            "restored_publication_dropped",
-            model=name,
-            field=field,
-            value=value,
-            bounds=[lo, hi],
-        )
+        log.warning(event, model=name, field=field, value=value, bounds=[lo, hi])
+    if refused is not None:
+        for gone in set(refused) - set(saved):
+            del refused[gone]
     return kept
