@@ -49,7 +49,7 @@ from estimators.types import MetricSource, NoDataError, Observation, SourceError
 from service.engines_seen import EngineTracker
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
-from service.leadership import stand_down, takeover_states, wire_write_checks
+from service.leadership import saved_states, stand_down, takeover_states, wire_write_checks
 from service.publications import (
     BoundsProblem,
     latency_doc,
@@ -64,9 +64,7 @@ from service.store import (
     Store,
     StoreError,
     TargetsInvalidError,
-    from_wall,
     published_doc,
-    restore_offset,
     to_wall,
 )
 
@@ -267,15 +265,10 @@ class ServiceCore:
                 self.log.error("targets_seed_failed", error=str(exc))
         self.config, self.targets, self.targets_revision = cfg, doc, revision
         self.board.configure(slots(cfg))
-        states = {}
+        states = saved_states(
+            state_doc, self.clock, cfg, self.log, strict=True, where=self.store.description
+        )
         if state_doc is not None:
-            offset = restore_offset(
-                self.clock.wall(), self.clock.monotonic(), state_doc.saved_at_unix_s
-            )
-            names = {m.name for m in cfg.models}
-            for name, raw in state_doc.models.items():
-                if name in names:
-                    states[name] = from_wall(raw, offset, f"{self.store.description}: {name}")
             saved = within_bounds(state_doc.published, cfg, self.log)
             self.board.restore(published_entries(saved))
             self.log.info(

@@ -4,6 +4,7 @@ targets and hysteresis memory (no scale-down burst). Fake clocks, no sleeps."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from controller.types import Knobs, Lengths, ModelState, RuleState, SavedState
 from estimators.smoothing import HoltState
 from service.core import ServiceCore
 from service.errors import AdminError
+from service.leader import AlwaysLeader
 from service.store import (
     NESTED_TIME_FIELDS,
     PLAIN_FIELDS,
@@ -325,3 +327,65 @@ def test_saved_publication_outside_the_model_bounds_is_dropped_with_a_warning(
     (warning,) = [e for e in logs if e["event"] == "restored_publication_dropped"]
     assert (warning["model"], warning["field"], warning["value"]) == ("demo", field, value)
     assert warning["log_level"] == "warning"
+
+
+# ---------------------------------------------------------------------- saved model states
+class _Toggle(AlwaysLeader):
+    """Leads while `leader` is set (the test flips it)."""
+
+    leader = False
+
+    def is_leader(self) -> bool:
+        return self.leader
+
+
+def test_an_invalid_saved_model_state_refuses_to_start(tmp_path: Path) -> None:
+    """At start-up (strict) one invalid model state refuses the start, named with the
+    store; nothing is written over."""
+    path, data = _saved_file(tmp_path)
+    data["state"]["models"]["demo"]["replicas"] = -1
+    path.write_text(json.dumps(data))
+    content = path.read_text()
+    with pytest.raises(StoreError, match=re.escape(f"file {path}: demo.replicas")):
+        ServiceCore(_config(), FakeSource(), FileStore(path), clock=FakeClock())
+    assert path.read_text() == content
+
+
+def _followed(tmp_path: Path) -> tuple[Path, ServiceCore, _Toggle, FakeClock]:
+    """A follower that mirrored a leader's first tick in state file `path` (returned
+    with the follower, its elector and the shared clock)."""
+    path = tmp_path / "state.json"
+    clock, source, elector = FakeClock(), FakeSource({"demo": 5.0, "other": 5.0}), _Toggle("b")
+    follower = ServiceCore(_config(), source, FileStore(path), clock=clock, elector=elector)
+    leader = ServiceCore(_config(), source, FileStore(path), clock=clock)
+    leader.tick(clock.advance(5))
+    follower.tick(clock.monotonic())
+    return path, follower, elector, clock
+
+
+def test_a_takeover_leaves_out_an_invalid_saved_model_state(tmp_path: Path) -> None:
+    """At a takeover the service runs on: an invalid model state is logged and that
+    model starts fresh; the valid one is continued from."""
+    path, follower, elector, clock = _followed(tmp_path)
+    data = json.loads(path.read_text())
+    data["state"]["models"]["demo"]["replicas"] = -1
+    path.write_text(json.dumps(data))
+    elector.leader = True
+    with structlog.testing.capture_logs() as logs:
+        follower.tick(clock.advance(5))
+    (invalid,) = [e for e in logs if e["event"] == "takeover_state_invalid"]
+    assert invalid["model"] == "demo" and "demo.replicas" in invalid["error"]
+    (took,) = [e for e in logs if e["event"] == "took_over"]
+    assert took["models"] == ["other"]
+
+
+def test_an_unreadable_state_at_a_takeover_starts_fresh(tmp_path: Path) -> None:
+    path, follower, elector, clock = _followed(tmp_path)
+    path.write_text("{not json")
+    elector.leader = True
+    with structlog.testing.capture_logs() as logs:
+        follower.tick(clock.advance(5))
+    (unreadable,) = [e for e in logs if e["event"] == "takeover_state_unreadable"]
+    assert "corrupt state file" in unreadable["error"]
+    (took,) = [e for e in logs if e["event"] == "took_over"]
+    assert took["models"] == []
