@@ -5,8 +5,9 @@ This owns serving `benchmarks.promreplay` answers over HTTP, so a real `governor
 (its PrometheusConnect client, HTTP and JSON decoding included) can be benchmarked at N
 models without a Prometheus holding N models' series. It is started with the governor
 config of the benchmark (`--config`; its URL is not read) and answers exactly the
-queries a governor with that config sends, no others: they are listed by building the
-governor's own source (`service.run.prometheus_source`, windows and the short window's
+queries a governor with that config sends (and `time()`, its clock probe, at the time
+asked, else its own now), no others: they are listed by building the governor's own
+source (`service.run.prometheus_source`, windows and the short window's
 start-up check included) over a capturing client and running one tick for the config's
 models (`controller.loop.model_query`, so the SLA-edge query is the governor's too).
 
@@ -46,6 +47,7 @@ from benchmarks.promreplay import (
 )
 from controller.config import GovernorConfig, load_config
 from controller.loop import model_query
+from estimators.prometheus import SERVER_TIME_QUERY
 from estimators.promql import TickQueries
 from estimators.scrape import ENGINE_JOBS_QUERY
 
@@ -117,6 +119,8 @@ class Answers:
         """The answer to `query` at `eval_time_s` (Unix s); None for an unknown query."""
         if query == ENGINE_JOBS_QUERY:
             return self.jobs
+        if query == SERVER_TIME_QUERY:  # the source's clock probe (service.promclock)
+            return _ok({"resultType": "scalar", "result": [eval_time_s, f"{eval_time_s:.3f}"]})
         try:
             name = self.name_of(query)
         except KeyError:

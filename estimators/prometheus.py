@@ -6,7 +6,9 @@ body decoded by `estimators.decode` when the client hands it over) and turning t
 answers into typed per-model outcomes:
 
 - every query of a tick is evaluated at ONE evaluation time (`time=now_s`), so the
-  signals of an observation describe the same instant;
+  signals of an observation describe the same instant; `server_time_s` asks Prometheus
+  its own now (`time()` with no `time`), which `governor run` evaluates at (the host's
+  clock may be off: service.promclock);
 - the number of queries per tick is constant in the number of models
   (`len(list(source.queries.items()))`, eight), recorded in `queries_last_tick`;
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
@@ -91,6 +93,8 @@ from estimators.types import (
 DEFAULT_TIMEOUT_S: Final = 3.0
 DEFAULT_SCRAPE_INTERVAL_S: Final = 15.0
 """How often Prometheus scrapes the engines when nothing says (its common setting), s."""
+SERVER_TIME_QUERY: Final = "time()"
+"""The query `server_time_s` asks, without a `time` parameter: Prometheus's own now."""
 DEMAND_SIGNAL: Final = "arrival_rate"
 """The signal named in the `NoDataError` of a model without demand data."""
 TARGETS_SIGNAL: Final = "targets_up"
@@ -384,6 +388,12 @@ class PrometheusSource:
         params = {"time": f"{eval_time_s:.3f}", "timeout": f"{self.timeout_s:g}"}
         self.queries_last_tick += 1
         self.queries_total += 1
+        return self._send(query, params)
+
+    def _send(self, query: str, params: dict[str, str]) -> Any:
+        """Send instant query `query` with `params` through the client: the HTTP body
+        (bytes) from a `BodyQueryClient`, else the decoded `data.result`. Raises
+        SourceError when the client fails."""
         query_body = getattr(self._client, "query_body", None)
         try:
             if query_body is not None:
@@ -393,6 +403,29 @@ class PrometheusSource:
             return self._client.custom_query(query, params=params)
         except Exception as exc:  # any failure of the client means "cannot read the source"
             raise _query_failed(exc, query) from exc
+
+    def server_time_s(self) -> float:
+        """Prometheus's own current time, unix seconds: the instant query `time()` sent
+        without a `time` parameter, so Prometheus evaluates it at its clock's now (the
+        `service.promclock` offset is measured with it). Counted in `queries_total`, not
+        in `queries_last_tick` (a tick's data queries). Raises SourceError when it
+        cannot be read or the answer is not a finite, positive scalar."""
+        self.queries_total += 1
+        raw = self._send(SERVER_TIME_QUERY, {"timeout": f"{self.timeout_s:g}"})
+        try:
+            if isinstance(raw, bytes):  # the body of a `BodyQueryClient`
+                data = orjson.loads(raw)["data"]
+                if data.get("resultType", "scalar") != "scalar":
+                    raise ValueError(f"resultType {data.get('resultType')!r}, not scalar")
+                raw = data["result"]
+            at_s = float(raw[1])  # a scalar: [evaluation time, "value"]
+        except Exception as exc:
+            raise SourceError(
+                f"not a scalar answer: {type(exc).__name__}: {exc}", query=SERVER_TIME_QUERY
+            ) from exc
+        if not math.isfinite(at_s) or at_s <= 0.0:
+            raise SourceError(f"not a time: {at_s!r}", query=SERVER_TIME_QUERY)
+        return at_s
 
     @property
     def _reads_bodies(self) -> bool:

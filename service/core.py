@@ -50,6 +50,7 @@ from service.engines_seen import EngineTracker
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
 from service.leadership import saved_states, stand_down, takeover_states, wire_write_checks
+from service.promclock import install_skew_gauge
 from service.publications import (
     BoundsProblem,
     latency_doc,
@@ -210,6 +211,7 @@ class ServiceCore:
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.m_clock_skew = install_skew_gauge(r, self.source)  # service.promclock
 
     def _wire_error_hook(self, act: Actuator) -> None:
         """Count an actuator's own failure reports (e.g. the Kubernetes actuator's 403,

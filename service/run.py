@@ -4,8 +4,10 @@
 started), then builds the metric source (Prometheus, or the simulated fleet), the store,
 the leader elector and the actuators, and serves until SIGTERM/SIGINT.
 
-`WallClockSource`: the loop measures windows on the monotonic clock; Prometheus is
-queried at wall time. The adapter gives the source the wall time of each tick.
+`WallClockSource` (service.promclock): the loop measures windows on the monotonic
+clock; Prometheus is queried at Prometheus's own current time (its offset from the
+host's wall clock measured by asking it), so a skewed or stepped host clock never reads
+old data as fresh.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import structlog
 
 from controller.actuation import Actuator
 from controller.config import ConfigError, GovernorConfig, load_config
-from controller.loop import Clock, SystemClock
+from controller.loop import SystemClock
 from controller.types import Knobs
-from estimators.types import MetricSource
 from service.core import MAX_MODELS, ServiceCore
 from service.demo import demo_config, simulated_fleet_factory
 from service.errors import SimulatorUnavailableError
 from service.leader import AlwaysLeader, Elector
+from service.promclock import WallClockSource
 from service.security import AdminToken, SecurityConfigError, TlsFiles, server_credentials
 from service.server import (
     DEFAULT_GRPC_LISTEN,
@@ -49,26 +51,6 @@ if TYPE_CHECKING:
     from estimators.prometheus import PrometheusSource
 
 ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
-
-
-class WallClockSource:
-    """Feeds a wall-time metric source from the monotonic control loop.
-
-    The loop's `now_s` is monotonic seconds (windows must not jump with the wall
-    clock); Prometheus evaluates queries at a Unix time. `observe(models, now_s)` asks
-    `inner` at `clock.wall()` instead. Example: a loop tick at monotonic 8123.4 s on a
-    host whose wall clock reads 1,764,400,000.0 queries Prometheus at time=1764400000.
-    """
-
-    def __init__(self, inner: MetricSource, clock: Clock) -> None:
-        self.inner = inner
-        self.clock = clock
-
-    def observe(self, models: Any, now_s: float) -> Any:
-        return self.inner.observe(models, self.clock.wall())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 MAX_SIM_SPEED = 100.0
@@ -300,7 +282,7 @@ def _source(args: argparse.Namespace, config: GovernorConfig) -> tuple[Any, list
         except SimulatorUnavailableError as exc:
             raise _RunError(str(exc), 2) from None
         return source, [fleet]
-    # Prometheus evaluates at Unix time; the loop's clock is monotonic.
+    # Prometheus evaluates at Unix time (its own clock's); the loop's clock is monotonic.
     return WallClockSource(prometheus_source(config), SystemClock()), []
 
 

@@ -71,6 +71,7 @@ class PrometheusServer:
         targets: Mapping[str, Sequence[str]],
         rule_files: Sequence[Path] = (),
         target_labels: Mapping[str, Mapping[str, str]] | None = None,
+        honor_labels: Sequence[str] = (),
     ) -> None:
         self.binary = binary
         self.workdir = workdir
@@ -78,6 +79,9 @@ class PrometheusServer:
         self.target_labels = dict(target_labels or {})
         """Labels a target's series get (host:port -> labels; `instance` overrides the
         address, as a service discovery's relabeling does)."""
+        self.honor_labels = frozenset(honor_labels)
+        """Jobs whose scraped `job` and `instance` labels are kept (`honor_labels: true`):
+        an exporter that speaks for other targets, e.g. with their own `up` series."""
         self.rule_files = tuple(rule_files)
         """Rule files (Prometheus rule-group YAML) the server loads, evaluated every
         scrape interval unless a group sets its own."""
@@ -103,7 +107,10 @@ class PrometheusServer:
         lines.append("scrape_configs:")
         for job, targets in self.targets.items():
             plain = [t for t in targets if t not in self.target_labels]
-            lines += [f"  - job_name: {job}", "    static_configs:"]
+            lines.append(f"  - job_name: {job}")
+            if job in self.honor_labels:
+                lines.append("    honor_labels: true")
+            lines.append("    static_configs:")
             if plain or not targets:
                 lines.append(f"      - targets: [{', '.join(f'{t!r}' for t in plain)}]")
             for t in targets:
