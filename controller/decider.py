@@ -6,7 +6,8 @@ can be replayed from its trace. Steps, in order:
 
 1. missing data -> hold (`valid=False`, NO_DATA_HOLD); after N consecutive failed ticks,
    re-assert the last good replicas or the configured fallback if higher
-   (NO_DATA_FALLBACK). Missing data never lowers replicas.
+   (NO_DATA_FALLBACK), within the bounds configured now (knobs too). Missing data
+   never lowers replicas.
 2. knobs by the model's batching policy (`seed`, `slo`, `static`), adopted only when
    the change is material (>= knob_min_gain_frac) and sustained (knob_sustain_s).
 3. per-replica capacity at the SLA with the knobs the replicas run (controller.capacity:
@@ -168,10 +169,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             return d, replace(s, rules=RuleMemory())
         lengths = self._lengths(obs, state, now_s)
         knobs, knob_reason, pending = self._knobs(obs, lengths, state, now_s)  # step 2
-        rollout = knob_reason == Reason.KNOBS_CHANGED and self._material(
-            knobs, state.knobs, self.policy.knob_rollout_gain_frac
-        )
-        knob_memory = self._knob_memory(state, knobs, knob_reason, pending, rollout, now_s)
+        rollout, knob_memory = self._knob_change(state, knobs, knob_reason, pending, now_s)
         demand = self._demand(obs, state, now_s)  # step 4
         sizing = self._sizing_demand(state, now_s, demand)
         caps, plant, hard = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)

@@ -59,6 +59,38 @@ class KnobSteps:
             running_until_s=until,
         )
 
+    def _knob_change(
+        self, state: ModelState, knobs: Knobs, reason: Reason, pending: KnobMemory, now_s: float
+    ) -> tuple[bool, KnobMemory]:
+        """Whether publishing `knobs` (for `reason`) asks for a rolling restart (a change
+        of at least knob_rollout_gain_frac from the knobs in force), and step 2's memory
+        after it (`_knob_memory`)."""
+        rollout = reason == Reason.KNOBS_CHANGED and self._material(
+            knobs, state.knobs, self.policy.knob_rollout_gain_frac
+        )
+        return rollout, self._knob_memory(state, knobs, reason, pending, rollout, now_s)
+
+    def _bounded(self, state: ModelState) -> Knobs:
+        """The knobs in force moved inside the model's knob bounds configured now (they
+        lie outside after the bounds were narrowed: a target edit, a restart or a
+        takeover on a new config)."""
+        return clamp_knobs(state.knobs, self.model.knobs)
+
+    def _no_data_knobs(
+        self, state: ModelState, now_s: float
+    ) -> tuple[Knobs, Reason, KnobMemory, bool]:
+        """Step 2 without data, for a valid decision (the no-data fallback): the knobs in
+        force, their memory unchanged (KNOBS_NO_DATA, no roll-out); once the bounds were
+        narrowed, moved inside them as a good tick would (`_knobs`: KNOBS_CHANGED, the
+        pending candidate dropped, the replicas still on the old knobs remembered).
+        Returns (knobs, reason, memory, rollout)."""
+        bounded = self._bounded(state)
+        if bounded == state.knobs:
+            return state.knobs, Reason.KNOBS_NO_DATA, state.knob_memory, False
+        reason = Reason.KNOBS_CHANGED
+        rollout, memory = self._knob_change(state, bounded, reason, KnobMemory(), now_s)
+        return bounded, reason, memory, rollout
+
     def _lengths(self, obs: Observation, state: ModelState, now_s: float) -> Lengths | None:
         """Smoothed length statistics: this tick's, blended into the last known ones with
         a half-life of `lengths_half_life_s`; the last known when this tick has none.
@@ -114,7 +146,7 @@ class KnobSteps:
         policy = self.model.batching_policy
         if policy == "static":
             return clamp_knobs(self.default_knobs, bounds), Reason.KNOBS_STATIC, KnobMemory()
-        current = clamp_knobs(state.knobs, bounds)
+        current = self._bounded(state)
         if current != state.knobs:
             # The bounds were narrowed (a target edit, a restart on a new config): the
             # knobs in force move inside them now, data or not (a change short of

@@ -1,19 +1,22 @@
 """Step 1 of the decider (controller.decider): missing data and a dead fleet. Hold;
 after N failed ticks re-assert the last good replicas or the configured fallback if
-higher. Missing data never lowers replicas.
+higher, and the knobs in force. Missing data never lowers replicas; the re-asserted
+replicas and knobs keep to the model's bounds configured now (narrowed while the data
+was gone, or since the state was saved).
 
-A mixin of `Decider`: the methods read the decider's `model` and `policy`, and are pure
-like `decide`.
+A mixin of `Decider`: the methods read the decider's `model` and `policy` (and step 2's
+`_no_data_knobs`), and are pure like `decide`.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from controller.config import ModelConfig, ScalingPolicy
 from controller.stages import clamp
-from controller.types import Decision, Hysteresis, ModelState, Reason, Stage
+from controller.types import Decision, Hysteresis, KnobMemory, Knobs, ModelState, Reason, Stage
 from estimators.types import NoDataError, Observation, SourceError
 
 
@@ -22,6 +25,8 @@ class NoDataSteps:
 
     model: ModelConfig
     policy: ScalingPolicy
+    _no_data_knobs: Callable[[ModelState, float], tuple[Knobs, Reason, KnobMemory, bool]]
+    """`KnobSteps._no_data_knobs`: the knobs a valid decision without data publishes."""
 
     def _unusable(self, obs: Observation, state: ModelState) -> str | None:
         """Why an observation is no data although it parsed, or None.
@@ -104,15 +109,21 @@ class NoDataSteps:
             # within the stabilization window.
             idle_since_s=None if target > state.replicas else w.idle_since_s,
         )
-        new_state = replace(new_state, replicas=target, windows=windows)
+        # A valid decision is served to engines: its knobs keep to the bounds configured
+        # now, as the replicas do.
+        knobs, knob_reason, memory, rollout = self._no_data_knobs(state, now_s)
+        new_state = replace(
+            new_state, replicas=target, windows=windows, knobs=knobs, knob_memory=memory
+        )
         d = Decision(
             model=self.model.name,
             at_s=now_s,
             valid=True,
             replicas=target,
-            knobs=state.knobs,
+            knobs=knobs,
             stages=(stage,),
-            knob_reason=Reason.KNOBS_NO_DATA,
+            knob_reason=knob_reason,
             detail=why,
+            rollout=rollout,
         )
         return d, new_state

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from controller.config import SLA, ModelConfig
+from controller.config import SLA, KnobBounds, ModelConfig
 from controller.decider import Decider
 from controller.types import Knobs, PlantBelief, Reason
 from estimators.types import NoDataError, SourceError
@@ -143,6 +143,34 @@ def test_fallback_keeps_to_the_bounds_configured_now() -> None:
     d1, _ = lowered.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S + 5)
     assert d1.valid and d1.replicas == 4 and d1.reasons == (Reason.NO_DATA_FALLBACK,)
     assert "clamped to [1, 4]" in d1.stages[0].detail
+
+
+def test_fallback_knobs_keep_to_the_knob_bounds_configured_now() -> None:
+    """Knobs of 256 seqs / 8192 tokens in force when an operator narrowed the knob bounds
+    to at most 64 / 4096 while the data was gone: the fallback (a valid decision, which
+    the board serves to engines) publishes them moved inside the bounds, as the next good
+    tick would, and records the change (replicas started before still run the old ones)."""
+    policy = make_policy(no_data_ticks_before_fallback=1)
+    d = Decider(make_model(), policy)
+    s = replace(d.initial_state(4), knobs=Knobs(256, 8192))
+    _, s = d.decide(obs(rate=60.0, ready_replicas=4), s, ORIGIN_S)
+    assert s.knobs.max_num_seqs > 64  # the wide bounds kept them high
+    narrow = KnobBounds(
+        max_num_seqs_max=64,
+        max_num_batched_tokens_max=4096,
+        default_max_num_seqs=64,
+        default_max_num_batched_tokens=4096,
+    )
+    narrowed = Decider(make_model(knobs=narrow), policy)
+    d1, s1 = narrowed.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S + 5)
+    assert d1.valid and d1.reasons == (Reason.NO_DATA_FALLBACK,)
+    assert d1.knobs == Knobs(64, 4096) and s1.knobs == d1.knobs
+    assert d1.knob_reason == Reason.KNOBS_CHANGED
+    assert s1.knob_memory.running == s.knobs and s1.knob_memory.running_replicas == s.replicas
+    # Bounds unchanged: the fallback publishes the knobs in force, as before.
+    d2, s2 = narrowed.decide(NoDataError("llama", "arrival_rate"), s1, ORIGIN_S + 10)
+    assert d2.valid and d2.knobs == s1.knobs and d2.knob_reason == Reason.KNOBS_NO_DATA
+    assert s2.knob_memory == s1.knob_memory
 
 
 def test_no_data_before_any_good_tick_only_holds() -> None:
