@@ -14,8 +14,10 @@ from it without waiting on anything else. It owns:
 - `close()`: wakes every watcher for good (graceful shutdown ends streams with OK).
 
 Invariants: an invalid decision never changes the board (missing data never reads as
-zero); generations never decrease, also across restarts (`restore`) and leader changes
-(`follow`: a follower mirrors the leader's published values, generations included).
+zero); a value served lies within the model's bounds as configured now (`configure`
+moves a kept value inside narrowed ones); generations never decrease, also across
+restarts (`restore`) and leader changes (`follow`: a follower mirrors the leader's
+published values, generations included).
 Thread-safe: one lock guards the entries; readers get immutable `Published` values.
 """
 
@@ -31,7 +33,7 @@ from typing import Protocol
 
 import structlog
 
-from controller.types import Decision, Knobs
+from controller.types import Decision, Knobs, Reason
 from estimators.types import LatencyQuantiles, Observation, latency_quantiles
 
 ORIGIN_DEFAULT = "default"  # configured default knobs, nothing decided yet
@@ -50,6 +52,37 @@ class ModelSlot:
     ceiling: Knobs | None = None
     """The largest knobs the governor may choose (the knob bounds' maxima), served to
     engines that follow the knobs live; None: not known."""
+    floor: Knobs | None = None
+    """The smallest knobs the governor may choose (the knob bounds' minima); None: not
+    known."""
+    replicas: tuple[int, int] | None = None
+    """The model's replica bounds (min, max), pods; None: not known."""
+
+    def bound(self, p: Published) -> tuple[Published, list[tuple[str, int, int]]]:
+        """`p` with its knobs and replicas moved inside this slot's bounds (`Knobs.within`
+        floor and ceiling, replicas within (min, max)), a knob change in a new generation
+        with reason KNOBS_CHANGED (as the decider's next tick names it); and each field
+        moved as (field, old, new). Bounds not known are not applied; no replicas (None)
+        stay None."""
+        moved: list[tuple[str, int, int]] = []
+        knobs, replicas = p.knobs, p.replicas
+        if self.floor is not None and self.ceiling is not None:
+            knobs = knobs.within(self.floor, self.ceiling)
+            for field in ("max_num_seqs", "max_num_batched_tokens"):
+                before, after = getattr(p.knobs, field), getattr(knobs, field)
+                if before != after:
+                    moved.append((field, before, after))
+        if replicas is not None and self.replicas is not None:
+            lo, hi = self.replicas
+            replicas = min(max(replicas, lo), hi)
+            if replicas != p.replicas:
+                moved.append(("replicas", p.replicas, replicas))
+        if not moved:
+            return p, moved
+        if knobs != p.knobs:
+            reason = Reason.KNOBS_CHANGED.value
+            p = replace(p, knobs=knobs, generation=p.generation + 1, reason=reason)
+        return replace(p, replicas=replicas), moved
 
 
 LATENCY_SIGNALS = ("ttft", "itl", "e2e")
@@ -191,8 +224,13 @@ class DecisionBoard:
     # ------------------------------------------------------------------ writers
     def configure(self, models: Iterable[ModelSlot]) -> None:
         """Set the configured models: new ones start at their default knobs, removed
-        ones are dropped (their watchers see KeyError), kept ones keep their values."""
+        ones are dropped (their watchers see KeyError), kept ones keep their values,
+        moved inside their bounds (`ModelSlot.bound`) when those were narrowed: engines
+        and KEDA get a value the new bounds allow at once, not at the next decision
+        (which a stretch without data can put off). Each value moved is logged
+        (`board_value_clamped`: model, field, old, new)."""
         slots = {m.name: m for m in models}
+        clamped: list[tuple[str, str, int, int]] = []
         with self._cond:
             changed = set(slots) != set(self._slots)
             quiet = slots != self._slots
@@ -224,10 +262,16 @@ class DecisionBoard:
                         entries[name], knobs=slot.default_knobs, generation=old.generation + 1
                     )
                     changed = True
+                if old is not None:
+                    entries[name], moved = slot.bound(entries[name])
+                    clamped += [(name, *m) for m in moved]
+                    changed |= bool(moved)
             self._slots = slots
             self._entries = entries
             if changed:
                 self._bump()
+        for model, field, before, after in clamped:
+            self._log.info("board_value_clamped", model=model, field=field, old=before, new=after)
         if changed:
             self._notify()
         elif quiet:

@@ -93,14 +93,11 @@ def seed_policy_knobs(obs: Observation, sla: SLA) -> Knobs | str:
 
 
 def clamp_knobs(knobs: Knobs, bounds: KnobBounds) -> Knobs:
-    """Knobs within the configured bounds; the token budget is at least max_num_seqs
-    (vLLM refuses a budget below max_num_seqs)."""
-    seqs = min(max(knobs.max_num_seqs, bounds.max_num_seqs_min), bounds.max_num_seqs_max)
-    tokens = min(
-        max(knobs.max_num_batched_tokens, bounds.max_num_batched_tokens_min, seqs),
-        bounds.max_num_batched_tokens_max,
-    )
-    return Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens)
+    """Knobs within the configured bounds (`Knobs.within` the bounds' minima and
+    maxima); the token budget is at least max_num_seqs."""
+    floor = Knobs(bounds.max_num_seqs_min, bounds.max_num_batched_tokens_min)
+    ceiling = Knobs(bounds.max_num_seqs_max, bounds.max_num_batched_tokens_max)
+    return knobs.within(floor, ceiling)
 
 
 def _step_model(profile: Profile) -> StepTimeModel:

@@ -80,6 +80,17 @@ class Knobs:
             >= frac * other.max_num_batched_tokens
         )
 
+    def within(self, floor: Knobs, ceiling: Knobs) -> Knobs:
+        """These knobs moved inside [`floor`, `ceiling`] (sequences, tokens), the token
+        budget at least max_num_seqs (vLLM refuses a budget below max_num_seqs).
+        Example: 512 / 300 within 8 / 256 .. 1024 / 65536 -> 512 / 512."""
+        seqs = min(max(self.max_num_seqs, floor.max_num_seqs), ceiling.max_num_seqs)
+        tokens = min(
+            max(self.max_num_batched_tokens, floor.max_num_batched_tokens, seqs),
+            ceiling.max_num_batched_tokens,
+        )
+        return Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens)
+
     def engine_args(self) -> list[str]:
         """The vLLM command-line flags for these knobs."""
         return [

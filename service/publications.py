@@ -15,14 +15,17 @@ from service.store import LatencyDoc, PublishedDoc, Quantiles
 
 
 def slots(cfg: GovernorConfig) -> list[ModelSlot]:
-    """The board's slot of each configured model (its default knobs, and its knob bounds'
-    maxima as the ceiling served to engines that follow the knobs live)."""
+    """The board's slot of each configured model: its default knobs, its knob bounds'
+    maxima (the ceiling served to engines that follow the knobs live) and minima, and
+    its replica bounds (the board keeps its served values within them)."""
     return [
         ModelSlot(
             m.name,
             m.namespace,
             Knobs(m.knobs.default_max_num_seqs, m.knobs.default_max_num_batched_tokens),
             Knobs(m.knobs.max_num_seqs_max, m.knobs.max_num_batched_tokens_max),
+            floor=Knobs(m.knobs.max_num_seqs_min, m.knobs.max_num_batched_tokens_min),
+            replicas=(m.replicas.min_replicas, m.replicas.max_replicas),
         )
         for m in cfg.models
     ]
