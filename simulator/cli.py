@@ -195,6 +195,12 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--matrix-quick", action="store_true", help="a small, fast matrix (smoke run)")
     p.add_argument(
+        "--matrix-combined",
+        action="store_true",
+        help="the matrix's traces under several factors changed at once (slower or faster "
+        "plant, 30 s scrape, 2x cold start; simulator.matrix.COMBINED_CONDITIONS)",
+    )
+    p.add_argument(
         "--matrix-traces",
         default=None,
         help="comma-separated trace keys of the matrix to run (default: all), "
@@ -222,6 +228,11 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _matrix_mode(args: argparse.Namespace) -> bool:
+    """Whether `simulate` runs a matrix (--matrix, --matrix-quick or --matrix-combined)."""
+    return bool(args.matrix or args.matrix_quick or args.matrix_combined)
+
+
 def cmd_matrix(args: argparse.Namespace) -> int:
     """`governor simulate --matrix[-quick]`: print the table, write the JSON."""
     from simulator.matrix import (
@@ -240,7 +251,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "plots_dir": args.matrix_plots,
     }
-    spec = MatrixSpec.quick(**kw) if args.matrix_quick else MatrixSpec(**kw)
+    if args.matrix_quick:
+        spec = MatrixSpec.quick(**kw)
+    elif args.matrix_combined:
+        spec = MatrixSpec.combined(**kw)
+    else:
+        spec = MatrixSpec(**kw)
     if args.matrix_traces:
         keys = [k.strip() for k in args.matrix_traces.split(",") if k.strip()]
         known = [t.key for t in spec.traces]
@@ -318,7 +334,12 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
         ]
 
     problems = []
-    if args.matrix or args.matrix_quick:
+    modes = [f for f in ("matrix", "matrix_quick", "matrix_combined") if getattr(args, f)]
+    if len(modes) > 1:
+        problems.append(
+            f"{' and '.join('--' + m.replace('_', '-') for m in modes)}: choose one matrix"
+        )
+    if _matrix_mode(args):
         if bad := output_problem("--json", args.json_out):
             problems.append(bad)
         if ignored := given(SINGLE_RUN_FLAGS):
@@ -328,7 +349,9 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
             )
         return problems
     if ignored := given(MATRIX_FLAGS):
-        problems.append(f"{', '.join(ignored)}: read only with --matrix or --matrix-quick")
+        problems.append(
+            f"{', '.join(ignored)}: read only with --matrix, --matrix-quick or --matrix-combined"
+        )
     lo, hi, start = args.min_replicas, args.max_replicas, args.start_replicas
     problems += [
         x
@@ -350,7 +373,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"governor simulate: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    if args.matrix or args.matrix_quick:
+    if _matrix_mode(args):
         return cmd_matrix(args)
     try:
         trace = load_trace(

@@ -10,7 +10,9 @@ cold start 2x the configured one. A cell is (SLO attainment, GPU-hours / oracle,
 Cost: cells run in parallel worker processes (default 2); the oracle is computed once per
 trace and plant speed (neither the start, the scrape nor the cold start changes it), and
 `static` holds that oracle's peak. `--matrix-quick` runs short slices of the same traces
-under two conditions (a smoke run for tests).
+under two conditions (a smoke run for tests). `--matrix-combined` runs the full traces
+under several factors changed at once (COMBINED_CONDITIONS: slower or faster plants with
+a 30 s scrape and a 2x cold start), the same cells, goals and columns.
 
 Goals checked per row (issue "Control that holds off its tuning point"): smooth traces
 (conv, long-context, diurnal): governor attainment >= 99 %, GPU-h <= 1.3x the oracle, 0
@@ -102,6 +104,19 @@ def _quarter(t: MatrixTrace) -> MatrixTrace:
 
 QUICK_TRACES: tuple[MatrixTrace, ...] = tuple(_quarter(t) for t in TRACES)
 QUICK_CONDITIONS: tuple[Condition, ...] = (CONDITIONS[0], CONDITIONS[5])
+COMBINED_CONDITIONS: tuple[Condition, ...] = (
+    Condition("slow + 30 s", scrape_interval_s=30.0, plant_speed=1.3),
+    Condition("slow + cold 2x", plant_speed=1.3, cold_start_factor=2.0),
+    Condition(
+        "slow + 30 s + cold 2x", scrape_interval_s=30.0, plant_speed=1.3, cold_start_factor=2.0
+    ),
+    Condition(
+        "fast + 30 s + cold 2x", scrape_interval_s=30.0, plant_speed=0.7, cold_start_factor=2.0
+    ),
+)
+"""`--matrix-combined`: the one-factor conditions' worst factors together (a cluster that
+scrapes every 30 s, engines 30 % slower or faster than the profile, cold starts twice the
+configured one), where no single factor is the tuning point's."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,11 @@ class MatrixSpec:
     def quick(**kw: Any) -> MatrixSpec:
         """The smoke matrix: 5-minute slices at a quarter of the rate, two conditions."""
         return MatrixSpec(traces=QUICK_TRACES, conditions=QUICK_CONDITIONS, **kw)
+
+    @staticmethod
+    def combined(**kw: Any) -> MatrixSpec:
+        """The full traces under the combined conditions (COMBINED_CONDITIONS)."""
+        return MatrixSpec(conditions=COMBINED_CONDITIONS, **kw)
 
 
 def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario:

@@ -1,13 +1,15 @@
 """The README's result tables are the committed matrix runs (docs/matrix-quick.json, and
-docs/matrix.json when the full matrix is committed), and seeded reruns reproduce that JSON
-within a stated tolerance, so neither the README nor the JSON can drift from the code.
+docs/matrix.json and docs/matrix-combined.json when the full and combined matrices are
+committed), and seeded reruns reproduce that JSON within a stated tolerance, so neither
+the README nor the JSON can drift from the code.
 
 Tolerance: SLO attainment within 0.5 percentage points, GPU-hours within 5 %, flaps within
 1, the governor's learned speed within 0.02. The runs are seeded and deterministic; the
 slack absorbs floating-point differences across platforms, not behaviour changes. After
 a change that moves these numbers, rerun `governor simulate --matrix-quick --json
-docs/matrix-quick.json` (and the full matrix, `--matrix --json docs/matrix.json`) and
-paste the printed tables into the README.
+docs/matrix-quick.json` (and the full and combined matrices, `--matrix --json
+docs/matrix.json`, `--matrix-combined --json docs/matrix-combined.json`) and paste the
+printed tables into the README.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 
 from service.cli import main
 from simulator.matrix import (
+    COMBINED_CONDITIONS,
     CONDITIONS,
     TRACES,
     MatrixSpec,
@@ -34,6 +37,7 @@ from simulator.scenario import run_policy
 ROOT = Path(__file__).resolve().parents[2]
 QUICK_JSON = ROOT / "docs" / "matrix-quick.json"
 FULL_JSON = ROOT / "docs" / "matrix.json"
+COMBINED_JSON = ROOT / "docs" / "matrix-combined.json"
 README = ROOT / "README.md"
 # The cheapest cells of the full matrix (the others take minutes of CPU each).
 FULL_RERUN = (
@@ -41,6 +45,8 @@ FULL_RERUN = (
     ("long-context", "default", "hpa-queue"),
     ("diurnal", "default", "governor"),
 )
+COMBINED_RERUN = (("diurnal", "slow + cold 2x", "governor"),)
+"""A cheap cell of the combined matrix."""
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -60,12 +66,14 @@ def _same(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
 def test_readme_shows_the_committed_matrices() -> None:
     text = README.read_text()
     assert matrix_table(_load(QUICK_JSON)) in text
-    if FULL_JSON.exists():
-        assert matrix_table(_load(FULL_JSON)) in text
+    for path in (FULL_JSON, COMBINED_JSON):
+        if path.exists():
+            assert matrix_table(_load(path)) in text, path
 
 
 SUMMARY = re.compile(r"<!-- results-summary.*?-->(.*?)<!-- /results-summary -->", re.S)
-"""The README's prose on each matrix: the full one's block first, then the quick one's."""
+"""The README's prose on each matrix, in README order: the full one's block, the combined
+one's, the quick one's."""
 NUMBER = re.compile(r"\b\d+\.\d+(?: %|x)")
 """An attainment ("98.01 %") or a multiple ("1.26x") as the tables print them."""
 
@@ -75,8 +83,8 @@ def test_readme_summaries_quote_only_the_tables() -> None:
     matrix's table, so the prose beside a table cannot drift from it either (a changed
     decision that moves a quoted cell fails here until the prose is rewritten)."""
     blocks = SUMMARY.findall(README.read_text())
-    assert len(blocks) == 2
-    for block, path in zip(blocks, (FULL_JSON, QUICK_JSON), strict=True):
+    assert len(blocks) == 3
+    for block, path in zip(blocks, (FULL_JSON, COMBINED_JSON, QUICK_JSON), strict=True):
         cells = set(NUMBER.findall(matrix_table(_load(path))))
         quoted = NUMBER.findall(block)
         assert quoted, path
@@ -85,7 +93,7 @@ def test_readme_summaries_quote_only_the_tables() -> None:
 
 def test_readme_goals_met_lines_count_the_tables() -> None:
     text = " ".join(README.read_text().split())
-    for path in (FULL_JSON, QUICK_JSON):
+    for path in (FULL_JSON, COMBINED_JSON, QUICK_JSON):
         s = MatrixSummary.of(_load(path))
         assert f"Goals met: {s.met} of {s.goals} over {s.rows} rows, {s.out_of_reach} of" in text
 
@@ -93,7 +101,12 @@ def test_readme_goals_met_lines_count_the_tables() -> None:
 def test_committed_matrices_are_the_current_specs() -> None:
     """The full matrix may be committed for some of its traces (`--matrix-traces`), in the
     spec's order, each under every condition."""
-    for path, spec in ((QUICK_JSON, MatrixSpec.quick()), (FULL_JSON, MatrixSpec())):
+    specs = (
+        (QUICK_JSON, MatrixSpec.quick()),
+        (FULL_JSON, MatrixSpec()),
+        (COMBINED_JSON, MatrixSpec.combined()),
+    )
+    for path, spec in specs:
         if not path.exists():
             continue
         doc = _load(path)
@@ -124,16 +137,19 @@ def test_seeded_quick_matrix_reproduces_the_readme(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("trace", "condition", "policy"), FULL_RERUN)
-def test_seeded_rerun_reproduces_a_full_matrix_cell(
-    trace: str, condition: str, policy: str
+@pytest.mark.parametrize(
+    ("path", "trace", "condition", "policy"),
+    [(FULL_JSON, *c) for c in FULL_RERUN] + [(COMBINED_JSON, *c) for c in COMBINED_RERUN],
+)
+def test_seeded_rerun_reproduces_a_committed_matrix_cell(
+    path: Path, trace: str, condition: str, policy: str
 ) -> None:
-    if not FULL_JSON.exists():
-        pytest.skip("the full matrix is not committed")
+    if not path.exists():
+        pytest.skip(f"{path.name} is not committed")
     row = next(
-        r for r in _load(FULL_JSON)["rows"] if r["trace"] == trace and r["condition"] == condition
+        r for r in _load(path)["rows"] if r["trace"] == trace and r["condition"] == condition
     )
     tr = next(t for t in TRACES if t.key == trace)
-    cond = next(c for c in CONDITIONS if c.name == condition)
+    cond = next(c for c in (*CONDITIONS, *COMBINED_CONDITIONS) if c.name == condition)
     got = run_policy(policy, scenario_for(MatrixSpec(), tr, cond)).summary()
     _same(got, row["policies"][policy], f"{trace}/{condition}/{policy}")

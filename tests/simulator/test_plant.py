@@ -197,6 +197,8 @@ def test_simulate_plant_flags_refuse_bad_values(
         (["--matrix-quick", "--plot", "p.png"], "--plot: not read with --matrix"),
         (["--workers", "3"], "--workers: read only with --matrix"),
         (["--matrix-traces", "conv x16"], "--matrix-traces: read only with --matrix"),
+        (["--matrix-combined", "--trace", "azure:code"], "--trace: not read with --matrix"),
+        (["--matrix", "--matrix-combined"], "--matrix and --matrix-combined: choose one"),
     ],
 )
 def test_simulate_refuses_what_it_would_ignore_or_contradict(
