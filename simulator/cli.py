@@ -186,7 +186,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_matrix_args(p: argparse.ArgumentParser) -> None:
-    """The flags of `simulate --matrix[-quick]` (simulator.matrix)."""
+    """The flags of `simulate --matrix[-quick|-combined]` (simulator.matrix)."""
     p.add_argument(
         "--matrix",
         action="store_true",
@@ -216,7 +216,7 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
         "--matrix-base",
         default=None,
         metavar="FILE",
-        help="with --matrix[-quick]: rerun the governor's cells only and take every other "
+        help="with a matrix flag: rerun the governor's cells only and take every other "
         "cell, the oracles and the bounds from FILE, a matrix JSON of this simulator and "
         "spec (for iterating on the decider; no plots)",
     )
@@ -224,17 +224,21 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
         "--matrix-plots",
         default=None,
         metavar="DIR",
-        help="with --matrix[-quick]: a PNG per row with a goal missed, written to DIR",
+        help="with a matrix flag: a PNG per row with a goal missed, written to DIR",
     )
 
 
-def _matrix_mode(args: argparse.Namespace) -> bool:
-    """Whether `simulate` runs a matrix (--matrix, --matrix-quick or --matrix-combined)."""
-    return bool(args.matrix or args.matrix_quick or args.matrix_combined)
+MATRIX_MODES = ("matrix", "matrix_quick", "matrix_combined")
+"""The flags (argparse dests) that make `simulate` run a matrix; at most one is given."""
+
+
+def _matrix_modes(args: argparse.Namespace) -> list[str]:
+    """The matrix flags given, as `--flag` names (empty: a single run)."""
+    return ["--" + m.replace("_", "-") for m in MATRIX_MODES if getattr(args, m)]
 
 
 def cmd_matrix(args: argparse.Namespace) -> int:
-    """`governor simulate --matrix[-quick]`: print the table, write the JSON."""
+    """`governor simulate --matrix[-quick|-combined]`: print the table, write the JSON."""
     from simulator.matrix import (
         MatrixSpec,
         MatrixSummary,
@@ -334,12 +338,10 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
         ]
 
     problems = []
-    modes = [f for f in ("matrix", "matrix_quick", "matrix_combined") if getattr(args, f)]
+    modes = _matrix_modes(args)
     if len(modes) > 1:
-        problems.append(
-            f"{' and '.join('--' + m.replace('_', '-') for m in modes)}: choose one matrix"
-        )
-    if _matrix_mode(args):
+        problems.append(f"{' and '.join(modes)}: choose one matrix")
+    if modes:
         if bad := output_problem("--json", args.json_out):
             problems.append(bad)
         if ignored := given(SINGLE_RUN_FLAGS):
@@ -373,7 +375,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"governor simulate: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    if _matrix_mode(args):
+    if _matrix_modes(args):
         return cmd_matrix(args)
     try:
         trace = load_trace(
