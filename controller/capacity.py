@@ -18,8 +18,11 @@ L-token prompt, ms):
 1. Mean step T (ms), a fixed point: B = lam Lout T decoding sequences; a decode-only
    step takes Td = max(floor, base + per_token B) + fixed + B (per_seq + per_kv ctx);
    prompts add their prefill work, minus the floor slack of the steps that carry a
-   chunk (fraction f = 1 - exp(-lam T), or more where chunks are budget-bound):
-   T = Td + lam T E[w] - f (slack - per_seq).
+   chunk (fraction f = 1 - exp(-lam T), or more where chunks are budget-bound), at most
+   all of that work: T = Td + lam T E[w] - min(f slack, lam T E[w]) + f per_seq. (A
+   chunk step is never faster than the floor: short prompts, whose work fits within
+   the slack, leave a step at the floor; with the slack subtracted whole, 32-token
+   prompts read a step 10-25 % shorter than the plant's at 20-90 req/s.)
 2. ITL at the goal quantile: a request decoding Lout tokens (the output median) over
    D = Lout T shares its steps with N ~ Poisson(lam D) prompts' prefills; its mean ITL
    is Td + sum(w(L_i)) / Lout. The quantile of that sum: the larger of a normal
@@ -358,7 +361,8 @@ class _Model:
         slack = max(0.0, m.floor - m.base - pt * b)
         a = lam * t / 1000.0  # arrivals per step
         f = self._chunk_frac(a, room)
-        return td + a * self.e_w - f * slack + f * self.per_seq
+        work = a * self.e_w
+        return td + work - min(f * slack, work) + f * self.per_seq
 
     def _step_map(self, lam: float) -> Callable[[float], float]:
         """`_next_step_ms` at rate `lam` as a closure over plain locals (the same
@@ -389,7 +393,9 @@ class _Model:
             x = 1.0 - exp(-a * (x if x > 1.0 else 1.0))
             x = need if need > x else x
             f = x if x < 1.0 else 1.0
-            return td + a * e_w - f * slack + f * per_seq
+            work = a * e_w
+            x = f * slack
+            return td + work - (x if x < work else work) + f * per_seq
 
         return step
 
