@@ -22,13 +22,16 @@ bounded and smoothed:
   all ready, sampled when a fleet seen short turns whole; it sets the dead time after
   a scale-up (no speed or correction learned from the window that holds it).
 
-Worked example of one speed sample (default profile: base 2.3, per token 0.0218, fixed
-0.7, per sampled seq 0.05, per KV token 1.6e-6 ms; floor 6.1 ms): 40 sequences per
-replica at 1,260 tokens of context and 2.6 req/s per replica with 1,155-token prompts.
-Decode part D = 2.3 + 0.7 + 40 x (0.0218 + 0.05 + 1.6e-6 x 1,260) = 5.95 ms; prefill
-load p = 2.6 x 1,155 x 0.0218 / 1000 = 0.065 of each step; the profile predicts
-T = D / (1 - p) = 6.37 ms. An observed ITL mean of 8.3 ms gives
-speed = 8.3 / (5.95 + 8.3 x 0.065) = 1.28.
+Worked example of one speed sample (window_parts, default profile: floor 6.6, base
+2.3, per token 0.0218, fixed 0.7, per sampled sequence 0.015, per KV token 5e-5 ms): 40
+sequences per replica on conversation lengths (prompts 1,155 mean / 4,083 p95, outputs
+211 mean: 1,260 tokens of context) and 2.6 req/s per replica, budget 8,192. A decode
+step is max(2.3 + 0.0218 x 40, 6.6) + 0.7 = 7.3 ms; a step carrying a whole prompt
+max(2.3 + 0.0218 x 1,195, 6.6) + 0.7 + its attention (1.31e-6 x 1,155^2 x E[L^2] /
+mean^2 / 2) = 32.7 ms; with an observed ITL mean of 15.0 ms, 2.6 x 15.0 / 1000 = 0.039
+of the steps carry one, so the rest is 0.961 x 7.3 + 0.039 x 32.7 = 8.29 ms and the
+per-sequence part (40 + 0.039) x (0.015 + 5e-5 x 1,260) = 3.12 ms: speed =
+15.0 / (8.29 + 3.12) = 1.31.
 """
 
 from __future__ import annotations

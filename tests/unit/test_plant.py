@@ -65,6 +65,20 @@ def test_sample_is_monotone_and_reads_the_step_time_factor() -> None:
     assert s == pytest.approx(2.5, rel=1e-6)
 
 
+def test_the_module_docs_worked_example() -> None:
+    """controller.plant's worked example: 40 sequences per replica on conversation
+    lengths at 2.6 req/s per replica and a mean ITL of 15.0 ms read rest 8.29 ms,
+    per-sequence part 3.12 ms, speed 1.31."""
+    from controller.plant import window_parts
+
+    o = obs(rate=10.4, running=160.0, waiting=0.0, ready_replicas=4, itl_mean_ms=15.0)
+    parts = window_parts(o, LENGTHS, PROFILE, 60.0, BUDGET)
+    assert parts is not None
+    itl, seqs, rest = parts
+    assert (itl, round(seqs, 2), round(rest, 2)) == (15.0, 3.12, 8.29)
+    assert round(itl / (rest + seqs), 2) == 1.31
+
+
 @pytest.mark.parametrize(
     "thin",
     [
