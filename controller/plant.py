@@ -94,10 +94,11 @@ SEQ_RATIO_MIN = 0.25
 SEQ_RATIO_MAX = 64.0
 """Bounds of the learned per-sequence ratio (next_seq_ratio)."""
 SEQ_FIT_MIN_SPEED = 2.0
-"""The per-sequence ratio is learned only on engines learned at least this far off the
-profile (next_seq_ratio). vLLM's CPU build serving a tiny model reads 2.5-4.3x on a
-quiet 2-core machine and 4-25x on a loaded one; the simulated plants, the profile's own
-shape at 0.7-1.3x, are learned within 0.7-1.4x."""
+"""The per-sequence ratio is learned only on engines believed at least this far off the
+profile at a window's batch (next_seq_ratio: the speed with the per-sequence part at the
+learned ratio, against the profile's step). vLLM's CPU build serving a tiny model reads
+2.5-4.3x on a quiet 2-core machine and 4-25x on a loaded one; the simulated plants, the
+profile's own shape at 0.7-1.3x, are learned within 0.7-1.4x."""
 SEQ_FIT_MIN_SPREAD = 0.05
 """1 - cos^2 of the angle between the windows' rest and per-sequence parts that the
 per-sequence fit needs (0: every window at one batch shape)."""
@@ -195,18 +196,25 @@ def next_seq_ratio(
     different batch shapes to tell x from y (their rest/seqs vectors at least
     SEQ_FIT_MIN_SPREAD from collinear): windows at one batch size say nothing about
     the split and leave r where it is. Within [SEQ_RATIO_MIN, SEQ_RATIO_MAX], and only
-    on engines learned at least SEQ_FIT_MIN_SPEED off the profile (other hardware).
+    on engines believed at least SEQ_FIT_MIN_SPEED off the profile at this window's
+    batch (other hardware).
     """
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
         return belief
-    if 1.0 / SEQ_FIT_MIN_SPEED < belief.speed < SEQ_FIT_MIN_SPEED:
+    itl, seqs, rest = parts
+    # How far off the profile the belief puts this window's step: the speed with the
+    # per-sequence part at the learned ratio (the speed alone, priced with a large
+    # ratio, reads low: 1.77 at a ratio of 22.9 on the real engine, which switched the
+    # fit off and left the ratio at 22.9 for the rest of the run, 0.93x; x1.62 at 39.4,
+    # 0.48x).
+    off = belief.speed * (rest + belief.seq_ratio * seqs) / (rest + seqs)
+    if 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED:
         # Engines within 2x of the profile run the hardware it was measured on, shape
         # included: there the fit only learns the step model's own approximations (the
         # simulated plant, whose shape is the profile's, read r from 0.25 to 19 over one
         # conversation hour and cost 1.6x the GPU-hours; its learned speeds stay within
         # 0.7-1.4 in every matrix cell, so the fit never runs there).
         return belief
-    itl, seqs, rest = parts
     keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)
     new = (rest * rest, rest * seqs, seqs * seqs, itl * rest, itl * seqs)
     fit = tuple(keep * old + (1.0 - keep) * v for old, v in zip(belief.seq_fit, new, strict=True))
