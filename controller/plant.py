@@ -84,7 +84,14 @@ SPEED_HALF_LIFE_S = 60.0
 """Half-life of the learned speed's average, seconds of evidence."""
 MIN_REQUESTS_PER_WINDOW = 30.0
 """A window with fewer arrivals teaches nothing (its means are a handful of requests)."""
-MIN_RUNNING_PER_REPLICA = 2.0
+MIN_RUNNING_PER_REPLICA = 1.0
+"""A window with fewer sequences running per replica (on average) teaches nothing. At
+2 (before) the long-context trace's fleets, which run 0.5-2 sequences per replica around
+the clock (a 12k-token prompt is the whole of a replica's ITL budget), learned from a
+few start-up windows only: with the 2x cold start two queued ones read the plant at
+1.34 and no later window qualified, so the fleet was sized 34 % slow for the whole half
+hour (3.64x the oracle's GPU-hours; 2.24x at 1). A batch of one still says how long a
+step takes; at 0.5 the matrix gained three flaps (docs/decider-history.md)."""
 MAX_WAITING_PER_REPLICA = 1.0
 STEADY_FRAC = 0.25
 """A window whose short-window rate is off its mean by more than this is not steady."""

@@ -12,11 +12,13 @@ import dataclasses
 
 import pytest
 
-from simulator.matrix import CONDITIONS, MatrixSpec, scenario_for
+from simulator.matrix import CONDITIONS, Condition, MatrixSpec, scenario_for
 from simulator.scenario import run_policy
 
 DIURNAL = next(t for t in MatrixSpec().traces if t.key == "diurnal")
+LONG = next(t for t in MatrixSpec().traces if t.key == "long-context")
 DEFAULT = CONDITIONS[0]
+COLD_2X = next(c for c in CONDITIONS if c.cold_start_factor == 2.0)
 
 
 @pytest.mark.parametrize("speed", [0.7, 1.0, 1.3])
@@ -25,6 +27,13 @@ def test_the_governor_learns_the_plant_speed_on_diurnal(speed: float) -> None:
     res = run_policy("governor", scenario_for(MatrixSpec(), DIURNAL, cond))
     assert res.learned_speed is not None
     assert res.learned_speed == pytest.approx(speed, rel=0.05)
+
+
+@pytest.mark.parametrize("cond", [DEFAULT, COLD_2X], ids=lambda c: c.name)
+def test_the_governor_learns_the_plant_speed_on_long_context(cond: Condition) -> None:
+    res = run_policy("governor", scenario_for(MatrixSpec(), LONG, cond))
+    assert res.learned_speed is not None
+    assert res.learned_speed == pytest.approx(1.0, rel=0.15)
 
 
 def test_baselines_learn_no_speed() -> None:

@@ -82,7 +82,7 @@ def test_the_module_docs_worked_example() -> None:
 @pytest.mark.parametrize(
     "thin",
     [
-        pytest.param({"running": 4.0}, id="one-running-per-replica"),
+        pytest.param({"running": 2.0}, id="half-a-sequence-per-replica"),
         pytest.param({"waiting": 40.0}, id="queued"),
         pytest.param({"rate": 0.3}, id="few-requests"),
         pytest.param({"arrival_rate_short_rps": 80.0}, id="unsteady"),
