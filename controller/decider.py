@@ -170,7 +170,10 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         lengths = self._lengths(obs, state, now_s)
         knobs, knob_reason, pending = self._knobs(obs, lengths, state, now_s)  # step 2
         rollout, knob_memory = self._knob_change(state, knobs, knob_reason, pending, now_s)
-        demand = self._demand(obs, state, now_s)  # step 4
+        # The sequence slots of a replica: the most that any knobs in force allow.
+        old = knob_memory.running
+        slots = max(knobs.max_num_seqs, old.max_num_seqs if old is not None else 0)
+        demand = self._demand(obs, state, now_s, slots)  # step 4
         sizing = self._sizing_demand(state, now_s, demand)
         caps, plant, hard = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
         if lengths is None and not demand.idle and state.replicas > 0:
@@ -242,6 +245,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             short_rps=short,
             short_at_s=now_s if short is not None else None,
             short_waiting=obs.waiting if short is not None else None,
+            short_sample_s=now_s - obs.staleness_s if short is not None else None,
         )
 
     def _capacity(

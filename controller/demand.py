@@ -33,6 +33,12 @@ NOISE_HALF_LIFE_S = 600.0
 # arrivals are burstier (6 to 12 met the same matrix goals; 16 lost two diurnal rows).
 # Risen is the mirror, at the same threshold.
 FALLING_Z = 10.0
+# A queue that grows counts as the load outpacing the fleet's capacity (QUEUE_GROWTH)
+# only while the replicas run at least this share of their sequence slots on average:
+# with most slots empty it waits on chunked prefill (long prompts) or the KV cache, and
+# what the fleet serves then is not its capacity at the SLA. vLLM's CPU engine (32
+# slots), a step to 2x its capacity: RUNNING 25-32 on the ticks its queue grew.
+SATURATED_SLOTS_FRAC = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,9 @@ class Demand:
     rising: bool = False
     """Whether the load rose far past its noise over the scale-down window (the mirror
     of `falling`, DemandSteps._fall_or_rise): no step down then."""
+    outpaced_rps: float | None = None
+    """How fast the queue grew since the last reading (req/s) on a whole fleet that fell
+    behind the load (DemandSteps._outpaced_by); None otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +98,11 @@ class DemandSteps:
     policy: ScalingPolicy
     _max_gap_s: float
 
-    def _demand(self, obs: Observation, state: ModelState, now_s: float) -> Demand:
-        """Step 4: demand from the smoothed level, its trend and the backlog (req/s)."""
+    def _demand(
+        self, obs: Observation, state: ModelState, now_s: float, slots: int | None = None
+    ) -> Demand:
+        """Step 4: demand from the smoothed level, its trend and the backlog (req/s);
+        `slots` the sequences a replica runs at most (max_num_seqs; None: unknown)."""
         p = self.policy
         prev = state.forecast.load
         if prev is not None and now_s - prev.at_s > self._max_gap_s:
@@ -151,6 +163,7 @@ class DemandSteps:
             marks,
             noise,
             rising,
+            self._outpaced_by(obs, state, now_s, slots),
         )
 
     def _fall_or_rise(
@@ -244,6 +257,34 @@ class DemandSteps:
             return short + backlog
         return min(short, f.short_rps) + backlog
 
+    def _outpaced_by(
+        self, obs: Observation, state: ModelState, now_s: float, slots: int | None
+    ) -> float | None:
+        """How fast the queue grew since the last reading (req/s, over the time between
+        their samples) when the fleet fell behind the load (`_outpaced`), else None.
+
+        An engine queues only what it cannot admit, so such a fleet serves what it can
+        and the load is that plus the growth; the short window's rate, a regression over
+        a window mostly before a step, shows it ticks later. Example (vLLM's CPU engine,
+        1 s scrapes and ticks, a step to 2x its capacity): WAITING 99 -> 177 while the
+        short window reads 64 req/s against a capacity of 78: 78 req/s more than served.
+        """
+        f = state.forecast
+        if obs.waiting is None or f.short_waiting is None or f.short_sample_s is None:
+            return None
+        if f.short_at_s is None or slots is None or obs.running is None:
+            return None
+        n = obs.ready_replicas if obs.ready_replicas is not None else state.replicas
+        if obs.running < SATURATED_SLOTS_FRAC * slots * n:
+            return None
+        dt = now_s - f.short_at_s
+        if dt > 2.0 * self.policy.tick_interval_s + 1e-9 or not self._outpaced(obs, state, dt):
+            return None
+        # Between the samples, not the ticks: at a 15 s scrape and 5 s ticks a gauge
+        # moves by 15 s of growth in one tick.
+        span = now_s - obs.staleness_s - f.short_sample_s
+        return (obs.waiting - f.short_waiting) / span if span > 0 else None
+
     def _outpaced(self, obs: Observation, state: ModelState, dt_s: float) -> bool:
         """Whether the fleet fell behind the load since the last reading (`dt_s` ago):
         every replica asked for is ready (readiness not reported counts as ready; a
@@ -289,15 +330,21 @@ class DemandSteps:
         correction = plant.capacity_correction
         capacity, current = caps[0] * correction, caps[1] * correction
         level = demand.demand
-        rise = demand.rise
+        rise, reason = demand.rise, Reason.SHORT_WINDOW
+        if demand.outpaced_rps is not None:
+            # A fleet whose queue grows serves at least its capacity at the SLA (a
+            # belief, the learned speed's), and the load is that plus the growth.
+            floor = current * state.replicas + demand.outpaced_rps + demand.backlog
+            if rise is None or floor > rise:
+                rise, reason = floor, Reason.QUEUE_GROWTH
         if rise is not None and rise / current > state.replicas:
-            level = rise  # a confirmed rise on the short window: scale up for it now
+            level = rise  # a confirmed rise: scale up for it now
         if (remembered := self._burst_memory(state, now_s)) > level:
             # Bursts that needed panic recur faster than a cold start can follow:
             # keep capacity for them (decaying) instead of chasing each one.
             return Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None, current)
         if level is rise:
-            return Raw(level / capacity, Reason.SHORT_WINDOW, capacity, None, current)
+            return Raw(level / capacity, reason, capacity, None, current)
         reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
         if infeasible:
             reason = Reason.SLA_INFEASIBLE

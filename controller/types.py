@@ -26,6 +26,7 @@ class Reason(StrEnum):
     SCALE_FROM_ZERO = "SCALE_FROM_ZERO"  # demand at zero replicas, no lengths yet: one
     BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
     SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed (two ticks, or a queue)
+    QUEUE_GROWTH = "QUEUE_GROWTH"  # every slot full, the queue growing: served + its growth
     SLA_INFEASIBLE = "SLA_INFEASIBLE"  # no replica meets the SLA: sized for a relaxed one
     # deadband
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
@@ -264,6 +265,9 @@ class Forecast:
     short_at_s: float | None = None
     short_waiting: float | None = None
     """The waiting gauge on the tick of `short_rps` (requests; None: not reported)."""
+    short_sample_s: float | None = None
+    """When the newest sample behind that tick's observation was taken (s, the tick's
+    time less the observation's staleness): a gauge moves only between samples."""
     short_noise_z2: float | None = None
     """The short window's spread: a mean (600 s half-life) of its squared z over the
     base (dimensionless; 1 for Poisson arrivals; see controller.demand)."""
@@ -431,6 +435,7 @@ class SavedState:
     short_rps: float | None = None
     short_at_s: float | None = None
     short_waiting: float | None = None
+    short_sample_s: float | None = None
     short_noise_z2: float | None = None
     load_marks: tuple[tuple[float, float], ...] = ()
     long_noise_z2: float | None = None
@@ -476,6 +481,7 @@ class SavedState:
             short_rps=f.short_rps,
             short_at_s=f.short_at_s,
             short_waiting=f.short_waiting,
+            short_sample_s=f.short_sample_s,
             short_noise_z2=f.short_noise_z2,
             load_marks=f.load_marks,
             long_noise_z2=f.long_noise_z2,
@@ -508,6 +514,7 @@ class SavedState:
                 short_rps=self.short_rps,
                 short_at_s=self.short_at_s,
                 short_waiting=self.short_waiting,
+                short_sample_s=self.short_sample_s,
                 short_noise_z2=self.short_noise_z2,
                 load_marks=self.load_marks,
                 long_noise_z2=self.long_noise_z2,

@@ -76,6 +76,7 @@ TIME_FIELDS = (
     "burst_at_s",
     "knob_running_until_s",
     "short_at_s",
+    "short_sample_s",
     "plant_speed_jump_since_s",
     "fleet_full_since_s",
     "fleet_calm_since_s",

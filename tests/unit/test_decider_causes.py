@@ -224,16 +224,23 @@ def test_one_noisy_short_window_does_not_scale_up() -> None:
         assert dec.replicas == 6, dec.explain()
 
 
-def _spike(ready: int, waiting: tuple[float, float]) -> Decision:
-    """6 replicas asked for, settled at 90 req/s; then one tick where the short window
-    reads 170 (the tick before it read 90) with WAITING going `waiting[0]` ->
-    `waiting[1]` between those two ticks, `ready` replicas ready."""
+def _settled(ready: int, waiting: float) -> tuple[Decider, ModelState]:
+    """A decider and its state after a minute of 5 s ticks with 6 replicas asked for,
+    `ready` of them ready, settled at 90 req/s (both windows) and WAITING `waiting`."""
     d = Decider(make_model(max_replicas=40), make_policy())
     s = d.initial_state(6, now_s=ORIGIN_S - 1000)
     for k in range(12):
         t = ORIGIN_S - 60 + 5 * k
         o = obs(t=t, rate=90.0, arrival_rate_short_rps=90.0, ready_replicas=ready)
-        _, s = d.decide(replace(o, waiting=waiting[0]), s, t)
+        _, s = d.decide(replace(o, waiting=waiting), s, t)
+    return d, s
+
+
+def _spike(ready: int, waiting: tuple[float, float]) -> Decision:
+    """6 replicas asked for, settled at 90 req/s; then one tick where the short window
+    reads 170 (the tick before it read 90) with WAITING going `waiting[0]` ->
+    `waiting[1]` between those two ticks, `ready` replicas ready."""
+    d, s = _settled(ready, waiting[0])
     o = obs(t=ORIGIN_S, rate=92.0, arrival_rate_short_rps=170.0, ready_replicas=ready)
     dec, _ = d.decide(replace(o, waiting=waiting[1]), s, ORIGIN_S)
     return dec
@@ -252,6 +259,48 @@ def test_a_queue_growing_on_a_whole_fleet_confirms_a_rise_at_once() -> None:
     assert _spike(6, (60.0, 60.0)).replicas == 6
     assert _spike(6, (0.0, 5.0)).replicas == 6  # one request more per replica: noise
     assert _spike(4, (0.0, 60.0)).replicas == 6  # 2 of 6 still starting
+
+
+def _queued(
+    ready: int, waiting: tuple[float, float], stale_s: float = 0.0, running_frac: float = 1.0
+) -> Decision:
+    """6 replicas asked for, settled at 90 req/s with the short window reading 90 too;
+    then one tick, 5 s later, on which it still reads 92 (a rate over a window mostly
+    before a step) with `ready` replicas ready, `running_frac` of their sequence slots
+    running and WAITING going `waiting[0]` -> `waiting[1]`, its newest sample `stale_s`
+    old (the one before was fresh)."""
+    d, s = _settled(ready, waiting[0])
+    o = obs(t=ORIGIN_S, rate=90.0, arrival_rate_short_rps=92.0, ready_replicas=ready)
+    running = running_frac * ready * s.knobs.max_num_seqs
+    o = replace(o, running=running, waiting=waiting[1], staleness_s=stale_s)
+    dec, _ = d.decide(o, s, ORIGIN_S)
+    return dec
+
+
+def test_a_growing_queue_scales_up_before_the_rate_shows_it() -> None:
+    """The queue grown by 300 in 5 s on a whole fleet: the fleet serves what it can (at
+    least its capacity at the SLA, ~6 replicas' worth) and the load is that plus 60
+    req/s, whatever the short window reads yet (92 against 90; vLLM's CPU engine read
+    64 req/s of a step to 188 on the tick its queue went 99 -> 177). A queue that did
+    not grow, or one that grows while replicas are still starting, leaves it to the
+    short window, and so does one that grows while most slots are empty (it waits on
+    chunked prefill or the KV cache, and what the fleet serves then is not its
+    capacity). The growth is over the time between the gauge's samples: the same jump
+    4 s after the last sample (a sample 1 s after the tick before) is 75 req/s."""
+    dec = _queued(6, (0.0, 300.0))
+    assert Reason.QUEUE_GROWTH in dec.reasons and not dec.panic, dec.explain()
+    cap = dec.capacity_rps_per_replica
+    assert cap is not None
+    # Sized for 6 replicas' capacity + 60 req/s of growth + the backlog's drain.
+    assert dec.replicas >= math.ceil((6 * cap + 60.0) / cap) > 6, dec.explain()
+    still = _queued(6, (300.0, 300.0))
+    assert Reason.QUEUE_GROWTH not in still.reasons and still.replicas <= 7, still.explain()
+    assert _queued(4, (0.0, 300.0)).replicas == 6  # 2 of 6 still starting
+    empty = _queued(6, (0.0, 300.0), running_frac=0.4)
+    assert Reason.QUEUE_GROWTH not in empty.reasons, empty.explain()
+    sooner = _queued(6, (0.0, 300.0), stale_s=1.0)
+    assert sooner.raw_replicas is not None and dec.raw_replicas is not None
+    assert sooner.raw_replicas - dec.raw_replicas == pytest.approx(15.0 / cap, rel=0.1)
 
 
 def test_no_burst_memory_while_the_first_window_fills() -> None:
