@@ -170,9 +170,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         lengths = self._lengths(obs, state, now_s)
         knobs, knob_reason, pending = self._knobs(obs, lengths, state, now_s)  # step 2
         rollout, knob_memory = self._knob_change(state, knobs, knob_reason, pending, now_s)
-        # The sequence slots of a replica: the most that any knobs in force allow.
-        old = knob_memory.running
-        slots = max(knobs.max_num_seqs, old.max_num_seqs if old is not None else 0)
+        slots = knob_memory.largest(knobs).max_num_seqs  # a replica's sequence slots
         demand = self._demand(obs, state, now_s, slots)  # step 4
         sizing = self._sizing_demand(state, now_s, demand)
         caps, plant, hard = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
@@ -357,9 +355,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         # The token budget the engines ran: replicas still on knobs from before a change
         # run theirs (a bigger budget makes bigger chunk steps; the new knobs' budget
         # read them as a 4.8x slower plant when 256/8192 -> 16/1536 on long prompts).
-        budget = knobs.max_num_batched_tokens
-        if memory.running is not None:
-            budget = max(budget, memory.running.max_num_batched_tokens)
+        budget = memory.largest(knobs).max_num_batched_tokens
         # A jump to a much slower belief needs a window past the last scale-up's dead
         # time (one holding the burst that asked for it read code x4 at a 30 s scrape
         # 5.1x slow), confirmed by windows half a window apart (new scrapes).

@@ -141,7 +141,8 @@ class DemandSteps:
         # first few samples of a surge overshoots, and the overshoot later unwinds.
         long_demand = obs.arrival_rate_rps + backlog
         observed = max(long_demand, short_demand)
-        confirmed = self._confirmed(obs, state, now_s, backlog)
+        outpaced = self._outpaced(obs, state, now_s)
+        confirmed = self._confirmed(obs, state, now_s, backlog, outpaced)
         rise = confirmed
         if rise is not None and rise <= (1.0 + p.tolerance_frac) * demand:
             rise = None  # within the deadband of the demand: not a rise
@@ -163,7 +164,7 @@ class DemandSteps:
             marks,
             noise,
             rising,
-            self._outpaced_by(obs, state, now_s, slots),
+            self._outpaced_by(obs, state, now_s, slots) if outpaced else None,
         )
 
     def _fall_or_rise(
@@ -227,10 +228,11 @@ class DemandSteps:
         return falling, rising, marks, noise
 
     def _confirmed(
-        self, obs: Observation, state: ModelState, now_s: float, backlog: float
+        self, obs: Observation, state: ModelState, now_s: float, backlog: float, outpaced: bool
     ) -> float | None:
         """What the short window shows on two ticks in a row: the smaller of this
-        tick's reading and the last one (+ backlog, req/s), or None without both.
+        tick's reading and the last one (+ backlog, req/s), or None without both;
+        `outpaced` this tick's `_outpaced`.
 
         The smoothed level follows a step over several windows; the short window shows
         it within one. Where this reads over (1 + tolerance) x the demand, it is the
@@ -247,21 +249,27 @@ class DemandSteps:
         then 76 req/s while WAITING goes 89 -> 166: demand 76 + the backlog, one tick
         sooner.
         """
-        f = state.forecast
-        short = obs.arrival_rate_short_rps
-        if short is None or f.short_rps is None or f.short_at_s is None:
+        short, last = obs.arrival_rate_short_rps, state.forecast.short_rps
+        if short is None or last is None or self._since_reading(state, now_s) is None:
             return None
-        if now_s - f.short_at_s > 2.0 * self.policy.tick_interval_s + 1e-9:
-            return None
-        if self._outpaced(obs, state, now_s - f.short_at_s):
+        if outpaced:
             return short + backlog
-        return min(short, f.short_rps) + backlog
+        return min(short, last) + backlog
+
+    def _since_reading(self, state: ModelState, now_s: float) -> float | None:
+        """Seconds since the last tick's short-window reading, or None without one
+        within two ticks (an older one is not the tick before)."""
+        at = state.forecast.short_at_s
+        if at is None or now_s - at > 2.0 * self.policy.tick_interval_s + 1e-9:
+            return None
+        return now_s - at
 
     def _outpaced_by(
         self, obs: Observation, state: ModelState, now_s: float, slots: int | None
     ) -> float | None:
         """How fast the queue grew since the last reading (req/s, over the time between
-        their samples) when the fleet fell behind the load (`_outpaced`), else None.
+        their samples) on a fleet that fell behind the load (the caller checked
+        `_outpaced`) with its sequence slots busy, else None.
 
         An engine queues only what it cannot admit, so such a fleet serves what it can
         and the load is that plus the growth; the short window's rate, a regression over
@@ -272,31 +280,29 @@ class DemandSteps:
         f = state.forecast
         if obs.waiting is None or f.short_waiting is None or f.short_sample_s is None:
             return None
-        if f.short_at_s is None or slots is None or obs.running is None:
+        if slots is None or obs.running is None:
             return None
         n = obs.ready_replicas if obs.ready_replicas is not None else state.replicas
         if obs.running < SATURATED_SLOTS_FRAC * slots * n:
-            return None
-        dt = now_s - f.short_at_s
-        if dt > 2.0 * self.policy.tick_interval_s + 1e-9 or not self._outpaced(obs, state, dt):
             return None
         # Between the samples, not the ticks: at a 15 s scrape and 5 s ticks a gauge
         # moves by 15 s of growth in one tick.
         span = now_s - obs.staleness_s - f.short_sample_s
         return (obs.waiting - f.short_waiting) / span if span > 0 else None
 
-    def _outpaced(self, obs: Observation, state: ModelState, dt_s: float) -> bool:
-        """Whether the fleet fell behind the load since the last reading (`dt_s` ago):
-        every replica asked for is ready (readiness not reported counts as ready; a
-        queue that grows while replicas start is theirs to serve) and the queue grew by
-        more than one request per replica, at more than the deadband's share of the
-        smoothed level. Example: 6 replicas at 90 req/s, WAITING 0 -> 60 in 5 s: 12
-        req/s more than served, over 9."""
+    def _outpaced(self, obs: Observation, state: ModelState, now_s: float) -> bool:
+        """Whether the fleet fell behind the load since the last reading (within two
+        ticks, `_since_reading`): every replica asked for is ready (readiness not
+        reported counts as ready; a queue that grows while replicas start is theirs to
+        serve) and the queue grew by more than one request per replica, at more than the
+        deadband's share of the smoothed level. Example: 6 replicas at 90 req/s, WAITING
+        0 -> 60 in 5 s: 12 req/s more than served, over 9."""
         before = state.forecast.short_waiting
         level = state.forecast.load.level if state.forecast.load is not None else None
-        if obs.waiting is None or before is None or level is None or dt_s <= 0:
+        dt_s = self._since_reading(state, now_s)
+        if obs.waiting is None or before is None or level is None or dt_s is None:
             return False
-        if not DataHealth.whole(obs.ready_replicas, state.replicas):
+        if dt_s <= 0 or not DataHealth.whole(obs.ready_replicas, state.replicas):
             return False
         n = obs.ready_replicas if obs.ready_replicas is not None else state.replicas
         grew = obs.waiting - before

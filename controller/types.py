@@ -26,7 +26,7 @@ class Reason(StrEnum):
     SCALE_FROM_ZERO = "SCALE_FROM_ZERO"  # demand at zero replicas, no lengths yet: one
     BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
     SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed (two ticks, or a queue)
-    QUEUE_GROWTH = "QUEUE_GROWTH"  # every slot full, the queue growing: served + its growth
+    QUEUE_GROWTH = "QUEUE_GROWTH"  # slots busy, the queue growing: served + its growth
     SLA_INFEASIBLE = "SLA_INFEASIBLE"  # no replica meets the SLA: sized for a relaxed one
     # deadband
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
@@ -293,6 +293,17 @@ class KnobMemory:
     """How many replicas run `running` (at most the fleet's size)."""
     running_until_s: float | None = None
     """When a rolling restart is expected to have replaced them (None: no roll-out)."""
+
+    def largest(self, knobs: Knobs) -> Knobs:
+        """The largest of each knob in force: the published `knobs` and those that
+        replicas started before the last change still run."""
+        old = self.running
+        if old is None:
+            return knobs
+        return Knobs(
+            max(knobs.max_num_seqs, old.max_num_seqs),
+            max(knobs.max_num_batched_tokens, old.max_num_batched_tokens),
+        )
 
 
 @dataclass(frozen=True, slots=True)
