@@ -9,7 +9,9 @@ tick's time, as `governor run` does), and prints, per rung, the live governor's 
 per replica next to the replayed one, then the replayed capacity at the end of the last
 rung within the SLA against the measured capacity, and the ticks from the step to the
 first scale-up. With `--rungs` it also prints where each rung's time went, from the
-engine's own histograms over the rung (`rung_means`).
+engine's own histograms over the rung (`rung_means`). `make test`'s out/engine.json
+replays too (its `capacity_at_sla`; the world's folder is pytest's tmp folder, which
+pytest keeps for its last three runs).
 
 What it is for: a change to the plant learning (controller/plant.py) judged over every
 kept run, in seconds each, instead of one 6-minute engine run per change on a machine
@@ -234,6 +236,7 @@ def replay_kept(path: Path) -> Replay:
     """`replay` of the run whose `capacity` JSON is `path`, on a Prometheus started on a
     copy of its kept TSDB (the kept folder is not written)."""
     result = json.loads(path.read_text())
+    result = result.get("capacity_at_sla", result)  # `make test`'s out/engine.json
     binary = find_prometheus()
     if binary is None:
         raise SystemExit("no Prometheus server binary (`make prometheus`)")

@@ -316,6 +316,8 @@ def test_the_governor_learns_how_much_slower_the_engine_is_than_its_profile(
     finally:
         set_knobs(engine_world, LOW_CAP)
     data = res.as_dict()
+    # `python -m tests.engine.replay out/engine.json` while pytest keeps its tmp folder
+    data["workdir"] = str(engine_world.workdir)
     learned, measured = res.learned_capacity_rps, res.measured_capacity_rps
     if learned is not None and measured:
         data["learned_over_measured"] = round(learned / measured, 2)

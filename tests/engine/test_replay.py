@@ -3,6 +3,7 @@ engine world's config, today's decider and a source that plays a ladder and a st
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -130,3 +131,46 @@ def test_rung_means_split_the_time_and_never_read_an_empty_window_as_zero() -> N
     got = rung_means(query, 500.0, 12.0)
     assert got["prefill_ms"] is None
     assert got["frontend_ms"] is None and got["little_running"] is None
+
+
+class EarlierWorkload(PlayedRun):
+    """PlayedRun whose ticks before `until_s` carry another workload's lengths
+    (16-token prompts, 64-token outputs), as the world's earlier tests leave them in
+    `make test`."""
+
+    def __init__(self, until_s: float) -> None:
+        super().__init__()
+        self.until_s = until_s
+
+    def observe(self, models: Sequence[ModelQuery], now_s: float) -> dict[str, ObservationResult]:
+        out = super().observe(models, now_s)
+        if now_s >= self.until_s:
+            return out
+        return {
+            name: dataclasses.replace(
+                obs,
+                prompt_tokens_mean=16.0,
+                prompt_tokens_p95=16.0,
+                output_tokens_mean=64.0,
+                output_tokens_p95=64.0,
+            )
+            for name, obs in out.items()
+            if isinstance(obs, Observation)
+        }
+
+
+def test_the_ladder_prices_its_own_requests_not_an_earlier_workloads(tmp_path: Path) -> None:
+    """LADDER_POLICY smooths the lengths over one window: the capacity read at the
+    ladder's end is that of the ladder's requests (16-token outputs), not of the
+    workload before it (fails at the default 300 s half-life: half a minute of 64-token
+    outputs before a two-minute ladder read 42.0 req/s where its own requests give
+    79.5)."""
+    (tmp_path / "governor.yaml").write_text(yaml.safe_dump(governor_config("http://kept:9090")))
+    config = replay_config(tmp_path, "http://replayed:9090")
+    ends = [LADDER_END_S - 12.0 * k for k in range(10, -1, -1)]  # two minutes of rungs
+    result = {"rungs": [_rung(3.0, end) for end in ends], "step_started_unix_s": None}
+    clean = replay(result, config, PlayedRun()).capacity_rps
+    start = ends[0] - FIRST_RUNG_S - LEAD_S  # the replay's first tick
+    after = replay(result, config, EarlierWorkload(until_s=start + 30.0)).capacity_rps
+    assert clean is not None and after is not None
+    assert after == pytest.approx(clean, rel=0.03)
