@@ -109,6 +109,12 @@ class DemandSteps:
             # After a gap the trend is not extrapolated over it: the filter resumes as if
             # the last good sample were MAX_GAP_TICKS ago.
             prev = replace(prev, at_s=now_s - self._max_gap_s)
+        elif prev is not None and now_s - prev.at_s < p.tick_interval_s / 2.0:
+            # A tick right after the last one (a new leader ticking just after the old
+            # one's last saved tick) re-reads the same windows: its change over a few ms
+            # is noise, not a slope (3 % over 20 ms was a trend of 2.25 req/s per second,
+            # 14 replicas for a flat load 7 served). It moves the level, not the trend.
+            prev = replace(prev, at_s=now_s)
         load = holt_update(prev, obs.arrival_rate_rps, now_s, p.forecast_alpha, p.forecast_beta)
         backlog = (obs.waiting or 0.0) / p.backlog_drain_s
         short = obs.arrival_rate_short_rps

@@ -89,6 +89,19 @@ def test_gap_in_data_does_not_extrapolate_the_trend_over_the_gap() -> None:
     assert s.forecast.load is not None and s.forecast.load.level < 12.0
 
 
+def test_a_tick_right_after_the_last_one_moves_no_trend() -> None:
+    """Found in review (session 15): two ticks 20 ms apart (a new leader ticking just
+    after the old one's last saved tick) read a 3 % difference as a slope of 2.25 req/s
+    per second, and the forecast doubled the fleet on a flat load."""
+    d = Decider(make_model(max_replicas=50), make_policy())
+    flat = HoltState(level=100.0, trend=0.0, at_s=ORIGIN_S)
+    s = replace(d.initial_state(7), health=long_history(), forecast=Forecast(load=flat))
+    t = ORIGIN_S + 0.02
+    dec, s = d.decide(obs(t=t, rate=103.0, ready_replicas=7, running=140.0), s, t)
+    assert s.forecast.load is not None and s.forecast.load.trend == 0.0
+    assert dec.replicas == 7
+
+
 def test_scale_to_zero_waits_for_the_down_stabilization_window() -> None:
     policy = make_policy(scale_to_zero_idle_s=10.0, scale_down_stabilization_s=300.0)
     d = Decider(make_model(min_replicas=0), policy)
