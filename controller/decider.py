@@ -61,7 +61,16 @@ from controller.plant import (
     window_parts,
 )
 from controller.rules import rules_stage
-from controller.stages import StageOut, clamp, cooldown, deadband, panic, rate_limit, stabilize
+from controller.stages import (
+    StageOut,
+    clamp,
+    cooldown,
+    deadband,
+    next_memory,
+    panic,
+    rate_limit,
+    stabilize,
+)
 from controller.types import (
     Decision,
     Forecast,
@@ -492,31 +501,12 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         idle_since: float | None,
     ) -> _Outcome:
         """The final replicas and the stage memory they leave (windows pruned)."""
-        p, w = self.policy, state.windows
-        actions, last_up = w.actions, w.last_scale_up_s
-        if final != state.replicas:
-            actions = (*actions, (now_s, final - state.replicas))
-        if final > state.replicas:
-            last_up = now_s
-        longest_limit = max(lim.period_s for lim in (*p.scale_up_limits, *p.scale_down_limits))
-        memory = Hysteresis(
-            recommendations=self._prune(
-                recs, now_s, max(p.scale_up_stabilization_s, p.scale_down_stabilization_s)
-            ),
-            actions=self._prune(actions, now_s, longest_limit),
-            last_scale_up_s=last_up,
-            panic_until_s=panic_until,
-            idle_since_s=idle_since,
+        memory = next_memory(
+            self.policy, state.windows, state.replicas, final, now_s, recs, panic_until, idle_since
         )
         return _Outcome(final, memory)
 
     # ------------------------------------------------------------------ parts
-    @staticmethod
-    def _prune(
-        items: tuple[tuple[float, int], ...], now_s: float, keep_s: float
-    ) -> tuple[tuple[float, int], ...]:
-        return tuple(it for it in items if now_s - it[0] < keep_s)
-
     def _judge(self, obs: Observation, state: ModelState, now_s: float) -> bool:
         """Whether the SLA seen now may judge the capacity model (see controller.plant).
 

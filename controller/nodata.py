@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from controller.config import ModelConfig, ScalingPolicy
-from controller.stages import clamp
-from controller.types import Decision, Hysteresis, KnobMemory, Knobs, ModelState, Reason, Stage
+from controller.stages import clamp, next_memory
+from controller.types import Decision, KnobMemory, Knobs, ModelState, Reason, Stage
 from estimators.types import NoDataError, Observation, SourceError
 
 
@@ -93,21 +93,19 @@ class NoDataSteps:
             detail += f"; clamped to [{bounds.min_replicas}, {bounds.max_replicas}]"
         stage = Stage("raw", state.replicas, target, Reason.NO_DATA_FALLBACK, detail)
         w = state.windows
-        actions = (
-            w.actions
-            if target == state.replicas
-            else (*w.actions, (now_s, target - state.replicas))
-        )
-        windows = Hysteresis(
-            actions=actions,
-            last_scale_up_s=now_s if target > state.replicas else w.last_scale_up_s,
+        windows = next_memory(
+            self.policy,
+            w,
+            state.replicas,
+            target,
+            now_s,
             # The fallback is a recommendation like any other: the down-stabilization
             # window must see it, or the next good tick could drop below it at once.
-            recommendations=(*w.recommendations, (now_s, target)),
-            panic_until_s=w.panic_until_s,
+            (*w.recommendations, (now_s, target)),
+            w.panic_until_s,
             # A fallback raise restarts the idle clock, so scale-to-zero cannot follow it
             # within the stabilization window.
-            idle_since_s=None if target > state.replicas else w.idle_since_s,
+            None if target > state.replicas else w.idle_since_s,
         )
         # A valid decision is served to engines: its knobs keep to the bounds configured
         # now, as the replicas do.

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controller.config import RateLimit
-from controller.types import Reason
+from controller.config import RateLimit, ScalingPolicy
+from controller.types import Hysteresis, Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,3 +174,34 @@ def panic(
     if panic_until_s is not None and now_s < panic_until_s:
         return True, panic_until_s, Reason.PANIC_HOLD
     return False, None, Reason.NO_PANIC
+
+
+def next_memory(
+    p: ScalingPolicy,
+    w: Hysteresis,
+    current: int,
+    final: int,
+    now_s: float,
+    recs: tuple[tuple[float, int], ...],
+    panic_until_s: float | None,
+    idle_since_s: float | None,
+) -> Hysteresis:
+    """The stage memory a tick that moved `current` replicas to `final` at `now_s` leaves:
+    its action and scale-up time recorded, and the recommendations (`recs`, this tick's
+    included) and actions pruned to the longest window that reads them (the
+    stabilization windows, the rate limits' periods), so the saved state stays bounded
+    however long a stretch lasts (24 h without data grew 17,279 recommendations)."""
+    actions, last_up = w.actions, w.last_scale_up_s
+    if final != current:
+        actions = (*actions, (now_s, final - current))
+    if final > current:
+        last_up = now_s
+    longest_limit = max(lim.period_s for lim in (*p.scale_up_limits, *p.scale_down_limits))
+    keep_recs_s = max(p.scale_up_stabilization_s, p.scale_down_stabilization_s)
+    return Hysteresis(
+        recommendations=tuple(r for r in recs if now_s - r[0] < keep_recs_s),
+        actions=tuple(a for a in actions if now_s - a[0] < longest_limit),
+        last_scale_up_s=last_up,
+        panic_until_s=panic_until_s,
+        idle_since_s=idle_since_s,
+    )

@@ -18,7 +18,7 @@ from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics
 from controller.types import Forecast, ModelState, Reason
 from estimators.smoothing import HoltState
-from estimators.types import NoDataError
+from estimators.types import NoDataError, SourceError
 from tests.conftest import ORIGIN_S, FakeClock, make_model, make_policy
 from tests.unit.helpers import long_history, obs
 from tests.unit.test_decider import run
@@ -100,6 +100,23 @@ def test_a_tick_right_after_the_last_one_moves_no_trend() -> None:
     dec, s = d.decide(obs(t=t, rate=103.0, ready_replicas=7, running=140.0), s, t)
     assert s.forecast.load is not None and s.forecast.load.trend == 0.0
     assert dec.replicas == 7
+
+
+def test_a_long_outage_keeps_the_saved_memory_bounded() -> None:
+    """Found in review (session 15): each no-data fallback tick added a stabilization
+    recommendation that nothing pruned until data came back: a day of 5 s ticks without
+    Prometheus left 17,279 of them (322 KiB of saved state for one model). Now pruned
+    to the windows that read them, the fallback held all along."""
+    d = Decider(make_model(), make_policy())
+    _, s = d.decide(obs(t=ORIGIN_S, rate=52.0, ready_replicas=4), d.initial_state(4), ORIGIN_S)
+    t = ORIGIN_S
+    for _ in range(2_000):  # 2.8 h of 5 s ticks
+        t += 5.0
+        dec, s = d.decide(SourceError("prometheus down"), s, t)
+        assert dec.replicas == 4
+    keep_s = d.policy.scale_down_stabilization_s
+    assert len(s.windows.recommendations) == keep_s / 5.0
+    assert all(t - at < keep_s for at, _ in s.windows.recommendations)
 
 
 def test_scale_to_zero_waits_for_the_down_stabilization_window() -> None:
