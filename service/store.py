@@ -52,8 +52,9 @@ from pydantic import (
 )
 
 from controller.config import INT32_MAX, format_validation_error, load_yaml
+from controller.plant import CORRECTION_MIN, SEQ_RATIO_MAX, SEQ_RATIO_MIN, SPEED_MAX, SPEED_MIN
 from controller.targets import TargetError, TargetsDoc, targets_doc
-from controller.types import Knobs, ModelState, SavedState
+from controller.types import Knobs, ModelState, PlantBelief, SavedState
 
 STATE_FORMAT = "llm-governor/state/v1"
 FILE_FORMAT = "llm-governor/store/v1"
@@ -288,7 +289,26 @@ def from_wall(data: Mapping[str, Any], offset_s: float, where: str = "state") ->
         raise StoreError(f"{where}.replicas: must be >= 0 (got {state.replicas})")
     if state.knobs.max_num_seqs <= 0 or state.knobs.max_num_batched_tokens <= 0:
         raise StoreError(f"{where}.knobs: must be positive (got {state.knobs})")
+    _check_plant(state.plant, where)
     return state
+
+
+def _check_plant(plant: PlantBelief, where: str) -> None:
+    """StoreError unless every learned factor is within the bounds the decider keeps it
+    in (controller.plant): a hand-edited or corrupt document with a correction or speed
+    of 0 loaded, and every tick of that model then raised ZeroDivisionError."""
+    bounds = (
+        ("capacity_correction", plant.capacity_correction, CORRECTION_MIN, 1.0),
+        ("plant_speed", plant.speed, SPEED_MIN, SPEED_MAX),
+        ("plant_speed_jump", plant.speed_jump, SPEED_MIN, SPEED_MAX),
+        ("plant_seq_ratio", plant.seq_ratio, SEQ_RATIO_MIN, SEQ_RATIO_MAX),
+        ("plant_cold_start_s", plant.cold_start_s, 1e-3, math.inf),
+    )
+    for name, value, lo, hi in bounds:
+        if value is not None and not lo <= value <= hi:
+            raise StoreError(f"{where}.{name}: must be within [{lo:g}, {hi:g}] (got {value})")
+    if plant.speed_samples < 0:
+        raise StoreError(f"{where}.plant_speed_samples: must be >= 0 (got {plant.speed_samples})")
 
 
 def _record_from_wall(

@@ -105,6 +105,16 @@ def test_saved_form_holds_every_state_field_and_round_trips() -> None:
         ({"knobs": {"max_num_seqs": 0, "max_num_batched_tokens": 5}}, "knobs"),
         ({"last_scale_up_s": "NaN"}, "last_scale_up_s"),
         ({"recommendations": [[1.0, "x"]]}, "recommendations"),
+        # learned factors the decider divides by (a correction or speed of 0 loaded, and
+        # every tick of the model raised ZeroDivisionError), outside their bounds
+        ({"capacity_correction": 0.0}, "capacity_correction"),
+        ({"capacity_correction": -1.0}, "capacity_correction"),
+        ({"capacity_correction": 1.5}, "capacity_correction"),
+        ({"plant_speed": 1e-9}, "plant_speed"),
+        ({"plant_speed_jump": 1000.0}, "plant_speed_jump"),
+        ({"plant_seq_ratio": 0.0}, "plant_seq_ratio"),
+        ({"plant_cold_start_s": 0.0}, "plant_cold_start_s"),
+        ({"plant_speed_samples": -3}, "plant_speed_samples"),
     ],
 )
 def test_invalid_stored_state_is_a_clear_error(patch: dict, text: str) -> None:
