@@ -90,6 +90,14 @@ def lognormal_sigma(mean: float, p95: float) -> float:
     return SIGMA_MAX if disc < 0 else min(SIGMA_MAX, _Z95 - math.sqrt(disc))
 
 
+def _z(q: float) -> float:
+    """The standard normal's `q`-quantile, `q` kept within [1e-9, 1 - 1e-9]: a goal the
+    config accepts (< 1) can still round a quantile to 1.0 (0.9999999999999999's
+    p99.75-style cut: 1 - (1 - goal) / 4 == 1.0), where inv_cdf raises and the tick
+    of every model would fail."""
+    return _NORMAL.inv_cdf(min(max(q, 1e-9), 1.0 - 1e-9))
+
+
 @dataclass(frozen=True, slots=True)
 class _Prompts:
     """Prompt-length statistics the model needs (tokens; moments truncated at cap)."""
@@ -109,7 +117,7 @@ class _Prompts:
         mu = math.log(max(mean, 1e-9)) - s * s / 2.0
         log_cap = math.log(cap)
         if s > 0:
-            log_cap = min(log_cap, mu + s * _NORMAL.inv_cdf(top_q))
+            log_cap = min(log_cap, mu + s * _z(top_q))
 
         def moment(k: int) -> float:
             raw = math.exp(k * mu + k * k * s * s / 2.0)
@@ -120,7 +128,7 @@ class _Prompts:
     def quantile(self, q: float) -> float:
         if self.sigma == 0:
             return self.m1
-        return min(math.exp(self.mu + self.sigma * _NORMAL.inv_cdf(q)), self.cap)
+        return min(math.exp(self.mu + self.sigma * _z(q)), self.cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +343,7 @@ class _Model:
         self.kv_cap = profile.kv_capacity_tokens * KV_RESERVE_FRAC
         self.budget = float(knobs.max_num_batched_tokens)
         self.max_seqs = knobs.max_num_seqs
-        self.z = _NORMAL.inv_cdf(min(self.goal, 1.0 - 1e-9))
+        self.z = _z(self.goal)
         self.overhead_ms = profile.request_overhead_ms
         self.own_l = lengths.prompt_p95
         self.own_w = pt * self.own_l + attn / 2.0 * self.own_l * self.own_l

@@ -159,3 +159,14 @@ def test_capacity_cache_keys_on_rounded_lengths_and_checks_the_profile() -> None
     assert capacity_rps(KNOBS, CONV, SLA_STD, slower, 1.0) < capacity_rps(
         KNOBS, CONV, SLA_STD, p, 1.0
     )
+
+
+@pytest.mark.parametrize("goal", [0.999999, 0.99999999999, 0.9999999999999999])
+def test_a_goal_the_config_accepts_never_breaks_the_model(goal: float) -> None:
+    """Found in review (session 15): a goal just under 1 (which the config accepts)
+    rounded the tail cut 1 - (1 - goal) / 4 to 1.0 and inv_cdf raised, failing the tick
+    of every model. A stricter goal serves less, never an exception."""
+    p = load_profile()
+    sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0, attainment_goal_frac=goal)
+    cap = capacity_rps(KNOBS, CONV, sla, p, 1.0)
+    assert math.isfinite(cap) and 0 < cap <= capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0)
