@@ -433,15 +433,20 @@ def next_cold_start(
     since that scale-up (the replicas asked last, the slowest to come) is a sample,
     averaged with the belief (weight COLD_START_WEIGHT) and kept within [configured / 4,
     configured x 8]. A fleet never seen short (a replica still draining from a
-    scale-down covers the new one) gives no sample. It includes the actuator's sync and
-    the scrape that shows the replicas ready: the time until the decider sees the
-    capacity. Example: configured 45 s, replicas asked at t = 100 s seen all ready at t = 195 s ->
-    95 s (no belief yet), then a 85 s sample -> 90 s."""
+    scale-down covers the new one) gives no sample, nor one seen whole since the scale-up
+    (`DataHealth.whole_at_s`: a replica restarting later is no cold start). It includes
+    the actuator's sync and the scrape that shows the replicas ready: the time until
+    the decider sees the capacity. Example: configured 45 s, replicas asked at t = 100 s
+    seen all ready at t = 195 s -> 95 s (no belief yet), then a 85 s sample -> 90 s."""
     learned_s = state.plant.cold_start_s
     health, ready, last_up = state.health, obs.ready_replicas, state.windows.last_scale_up_s
     was_short = health.full_since_s is None and health.no_data_ticks == 0
     whole = ready is not None and ready >= state.replicas
     if not (was_short and whole and health.last_good_s is not None) or last_up is None:
+        return learned_s
+    if health.whole_at_s is not None and health.whole_at_s > last_up:
+        # Seen whole since the scale-up: the fleet went short for another reason (a
+        # replica restarting, a node drained); its return says nothing of a cold start.
         return learned_s
     sample = min(max(now_s - last_up, configured_s / 4.0), configured_s * 8.0)
     if learned_s is None:

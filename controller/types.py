@@ -325,6 +325,11 @@ class DataHealth:
     this: a queue left from a stretch the fleet was short for (a start-up ramp, a slow
     cold start) drains with violations that say nothing of the capacity model, while
     one that builds on a whole fleet is what the model is judged on."""
+    whole_at_s: float | None = None
+    """The last good tick that saw the fleet whole (None: none yet). A fleet seen short
+    and then whole again samples the cold start only if it was not seen whole since the
+    last scale-up (controller.plant.next_cold_start): a replica that restarts an hour
+    later is not a cold start of an hour."""
 
     @staticmethod
     def whole(ready: int | None, asked: int) -> bool:
@@ -353,6 +358,7 @@ class DataHealth:
             first,
             (now_s if self.full_since_s is None else self.full_since_s) if whole else None,
             calm if whole else None,
+            now_s if whole else self.whole_at_s,
         )
 
 
@@ -459,6 +465,7 @@ class SavedState:
     fleet_full_since_s: float | None = None
     plant_cold_start_s: float | None = None
     fleet_calm_since_s: float | None = None
+    fleet_whole_at_s: float | None = None
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -479,6 +486,7 @@ class SavedState:
             first_good_s=h.first_good_s,
             fleet_full_since_s=h.full_since_s,
             fleet_calm_since_s=h.calm_since_s,
+            fleet_whole_at_s=h.whole_at_s,
             load=f.load,
             capacity_correction=s.plant.capacity_correction,
             knob_candidate=k.candidate,
@@ -544,6 +552,7 @@ class SavedState:
                 first_good_s=self.first_good_s,
                 full_since_s=self.fleet_full_since_s,
                 calm_since_s=self.fleet_calm_since_s,
+                whole_at_s=self.fleet_whole_at_s,
             ),
             plant=PlantBelief(
                 capacity_correction=self.capacity_correction,

@@ -81,6 +81,7 @@ TIME_FIELDS = (
     "plant_speed_jump_since_s",
     "fleet_full_since_s",
     "fleet_calm_since_s",
+    "fleet_whole_at_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions", "load_marks")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s

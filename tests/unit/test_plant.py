@@ -365,10 +365,16 @@ def test_a_large_ratio_does_not_switch_its_own_fit_off() -> None:
 
 
 def _cold_state(
-    *, asked: int, short: bool, no_data_ticks: int = 0, learned: float | None = None
+    *,
+    asked: int,
+    short: bool,
+    no_data_ticks: int = 0,
+    learned: float | None = None,
+    whole_at_s: float = ORIGIN_S,
 ) -> ModelState:
     """A state that asked for `asked` replicas at ORIGIN_S, its fleet seen short of them
-    on the previous good tick (`short`) or whole since long ago, with `learned` s."""
+    on the previous good tick (`short`) or whole since long ago, with `learned` s; last
+    seen whole at `whole_at_s` (default: the scale-up's tick)."""
     return ModelState(
         replicas=asked,
         knobs=Knobs(64, 2048),
@@ -379,6 +385,7 @@ def _cold_state(
             last_good_s=ORIGIN_S + 85.0,
             first_good_s=ORIGIN_S - 1000.0,
             full_since_s=None if short else ORIGIN_S - 1000.0,
+            whole_at_s=whole_at_s,
         ),
     )
 
@@ -405,6 +412,9 @@ def test_cold_start_is_learned_from_the_ask_to_all_ready() -> None:
         (_cold_state(asked=6, short=False), 6),  # never seen short (a draining replica)
         (_cold_state(asked=6, short=True, no_data_ticks=2), 6),  # whole after a data gap
         (_cold_state(asked=6, short=True), None),  # readiness not reported
+        # seen whole after the scale-up, then short (a replica restarting; found in
+        # review, session 15: an hour later it was learned as a cold start of 8x)
+        (_cold_state(asked=6, short=True, whole_at_s=ORIGIN_S + 40.0), 6),
     ],
 )
 def test_cold_start_is_not_learned_without_a_short_fleet_turning_whole(
