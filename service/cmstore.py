@@ -79,6 +79,8 @@ class ConfigMapStore:
         self._lock = threading.Lock()
         self._watch: Any = None
         self._parsed: tuple[str, StoredTargets | TargetsInvalidError] | None = None
+        self._replaced_rv: str | None = None
+        """The targets' resourceVersion our last write replaced (`watched_targets`)."""
         self._may_write: Callable[[], bool] | None = None
 
     def set_write_check(self, may_write: Callable[[], bool] | None) -> None:
@@ -108,6 +110,12 @@ class ConfigMapStore:
         server instead while the watch is not running or not synced."""
         synced, cm = self._watch.current() if self._watch is not None else (False, None)
         if not synced:
+            return self.load_targets()
+        seen_rv = str(cm.metadata.resource_version) if cm is not None else None
+        if seen_rv is not None and seen_rv == self._replaced_rv:
+            # Our own write has not reached the watch yet: what it shows is the set that
+            # write replaced, and applying it would roll the edit back for a tick (a model
+            # just added gone from the board, the old knobs published again).
             return self.load_targets()
         return self._targets_of(cm)
 
@@ -231,7 +239,9 @@ class ConfigMapStore:
                 )
             text = yaml.safe_dump(doc.model_dump(mode="json"), sort_keys=False)
             what = f"{TARGETS_KEY} ({len(doc.models)} models, {len(text.encode()):,} bytes)"
-            return self._put(self.name, cm, rv or None, data={TARGETS_KEY: text}, what=what)
+            new_rv = self._put(self.name, cm, rv or None, data={TARGETS_KEY: text}, what=what)
+            self._replaced_rv = rv or None
+            return new_rv
 
     # ------------------------------------------------------------------ state
     def load_state(self) -> StateDoc | None:

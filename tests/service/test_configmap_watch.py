@@ -159,3 +159,42 @@ def test_a_silent_watch_is_closed_and_a_black_holed_one_reported_stale() -> None
             assert w.lists == 1
         finally:
             w.stop()
+
+
+class _Lagging:
+    """The store's watch with a MODIFIED event still in flight: `current()` answers what
+    the watch held when this was made (the fake API server delivers events at once, so
+    the lag is this stub's)."""
+
+    def __init__(self, watch: ConfigMapWatch) -> None:
+        self.watch = watch
+        self.frozen = watch.current()
+
+    def current(self) -> tuple[bool, Any]:
+        return self.frozen
+
+    def stop(self) -> None:
+        self.watch.stop()
+
+
+def test_an_admin_edit_is_not_rolled_back_by_a_watch_that_lags_it(
+    watched: tuple[FakeKubeAPI, ConfigMapStore, ServiceCore],
+) -> None:
+    """Found in review (session 15): SetTarget writes the ConfigMap and applies the new
+    set, but the next tick read the targets from the watch, which still held the object
+    the write replaced, and applied that (a model just added left the board, an old SLA
+    or knobs came back) until the event arrived. While the watch shows the version our
+    own write replaced, the store reads the API server."""
+    _api, store, core = watched
+    real = store._watch
+    store._watch = _Lagging(real)
+    core.set_target(model_entry("demo", sla={"ttft_p95_ms": 600, "itl_p95_ms": 50}))
+    assert _ttft(core) == 600.0
+    for _ in range(3):
+        core.tick(core.clock.advance(1.0))  # type: ignore[attr-defined]
+        assert _ttft(core) == 600.0
+    store._watch = real  # the event arrives
+    wait_until(lambda: store.watched_targets() is not None, 10, "the watch synced")
+    for _ in range(3):
+        core.tick(core.clock.advance(1.0))  # type: ignore[attr-defined]
+        assert _ttft(core) == 600.0
