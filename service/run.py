@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from controller.actuation import Actuator
-from controller.config import ConfigError, GovernorConfig, load_config
+from controller.config import INT32_MAX, ConfigError, GovernorConfig, load_config
 from controller.loop import SystemClock
 from controller.types import Knobs
 from service.core import MAX_MODELS, ServiceCore
@@ -245,8 +245,15 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     if not math.isfinite(args.shutdown_grace_s) or args.shutdown_grace_s <= 0:
         raise _RunError(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
-    if args.max_concurrent_rpcs < 1:
-        raise _RunError(f"--max-concurrent-rpcs must be >= 1 (got {args.max_concurrent_rpcs})", 2)
+    # gRPC's limiter takes a C int: past it the server failed to build after the store
+    # was opened, exit 1 with a traceback (or "did not start" in process mode).
+    for flag, value in (
+        ("--max-concurrent-rpcs", args.max_concurrent_rpcs),
+        ("--max-watch-streams", args.max_watch_streams),
+        ("--max-models", args.max_models),
+    ):
+        if value is not None and not 1 <= value <= INT32_MAX:
+            raise _RunError(f"{flag} must be within [1, {INT32_MAX}] (got {value})", 2)
     if args.max_watch_streams is None:
         args.max_watch_streams = min(MAX_WATCH_STREAMS, max(1, args.max_concurrent_rpcs // 2))
     if not 1 <= args.max_watch_streams < max(2, args.max_concurrent_rpcs):
@@ -256,8 +263,6 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"(got {args.max_watch_streams})",
             2,
         )
-    if args.max_models < 1:
-        raise _RunError(f"--max-models must be >= 1 (got {args.max_models})", 2)
     for flag, value in (("--sim-rate-scale", args.sim_rate_scale), ("--sim-speed", args.sim_speed)):
         if not math.isfinite(value) or value <= 0:
             raise _RunError(f"{flag} must be > 0 (got {value})", 2)

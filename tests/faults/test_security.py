@@ -529,7 +529,7 @@ def test_governor_run_with_token_tls_and_mtls(tmp_path: Path, pki: Path, fault_n
     "exit 2 and a message naming the flag or file (never a token's content) for: a missing, "
     "empty or short token file, --insecure-admin on a non-loopback listener, TLS cert "
     "without key, a non-PEM certificate, a client CA without a server certificate, "
-    "--max-watch-streams not below --max-concurrent-rpcs",
+    "--max-watch-streams not below --max-concurrent-rpcs, a limit past a C int",
 )
 def test_bad_security_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _config_file(tmp_path)
@@ -552,6 +552,9 @@ def test_bad_security_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--tls-client-ca-file", str(notpem)], "needs --tls-cert-file"),
         (["--max-concurrent-rpcs", "10", "--max-watch-streams", "10"], "--max-watch-streams"),
         (["--max-models", "0"], "--max-models"),
+        # past gRPC's C int: the server failed to build after the store was opened
+        (["--max-concurrent-rpcs", "2147483648"], "--max-concurrent-rpcs must be within"),
+        (["--max-models", "2147483648"], "--max-models must be within"),
         (["--sim-speed", "3"], "--sim-speed is read only with --simulated-fleet"),
         (["--simulated-fleet", "azure:conv", "--sim-speed", "1e6"], "--sim-speed must be <= 100"),
         (
