@@ -418,6 +418,15 @@ class MemoryStore:
             self._state = doc
 
 
+def _file_revision(raw: Any) -> str:
+    """The revision of a file store's `targets` entry as `save_targets` compares it: its
+    `revision` as a string ("" when it has none). A broken entry (a string or missing
+    revision, which `load_targets` refuses) is replaced by an admin edit that builds on
+    this same string; before, load and save spelled it differently ("?" against "7"), so
+    every such edit retried five times and answered ABORTED "targets kept changing"."""
+    return str(raw["revision"]) if isinstance(raw, dict) and "revision" in raw else ""
+
+
 class FileStore:
     """Targets and state in one local JSON file, written atomically (temp file in the
     same directory, fsync, rename, fsync of the directory): a crash leaves either the
@@ -491,7 +500,9 @@ class FileStore:
             return None
         where = f"{self.path}: targets"
         if not isinstance(raw, dict) or not isinstance(raw.get("revision"), int):
-            raise TargetsInvalidError(where, "?", ["targets: needs an integer 'revision'"])
+            # The revision an admin edit then builds on (`save_targets` compares it).
+            rev = _file_revision(raw)
+            raise TargetsInvalidError(where, rev, ["targets: needs an integer 'revision'"])
         rev = str(raw["revision"])
         body = {k: v for k, v in raw.items() if k != "revision"}
         return StoredTargets(rev, _targets_doc(body, where, rev))
@@ -502,13 +513,12 @@ class FileStore:
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
         with self._lock:
             data = self._read()
-            raw = data.get("targets")
-            current = str(raw["revision"]) if isinstance(raw, dict) and "revision" in raw else ""
+            current = _file_revision(data.get("targets"))
             if expected_revision is not None and expected_revision != current:
                 raise ConflictError(
                     f"targets changed: at revision {current or 'none'}, not {expected_revision}"
                 )
-            rev = int(current or 0) + 1
+            rev = int(current) + 1 if current.isdigit() else 1
             data["targets"] = {"revision": rev, **doc.model_dump(mode="json")}
             self._write(data)
             return str(rev)

@@ -168,6 +168,29 @@ def test_invalid_targets_in_file_refuse_to_start(tmp_path: Path) -> None:
         ServiceCore(make_config(), FakeSource(), store, clock=FakeClock())
 
 
+@pytest.mark.parametrize("revision", ["7", None])
+def test_an_admin_edit_replaces_a_file_whose_revision_broke(
+    tmp_path: Path, revision: str | None
+) -> None:
+    """Found in review (session 15): a targets entry edited by hand while the governor
+    runs, its revision a string or gone, is refused by load_targets, and an admin edit
+    builds on the last valid set, replacing it. Load and save spelled the broken
+    revision differently ("?" against "7"), so the edit retried five times and answered
+    "targets kept changing"."""
+    path = tmp_path / "state.json"
+    store = FileStore(path)
+    core = ServiceCore(make_config(), FakeSource(), store, clock=FakeClock())
+    data = json.loads(path.read_text())
+    del data["targets"]["revision"]
+    if revision is not None:
+        data["targets"]["revision"] = revision
+    path.write_text(json.dumps(data))
+    core.set_target(model_entry("added"))
+    stored = store.load_targets()
+    assert stored is not None and "added" in [m.name for m in stored.doc.models]
+    assert stored.revision == ("8" if revision == "7" else "1")
+
+
 # ---------------------------------------------------------------------- restart
 def _policy() -> dict:
     # The ramp to 100 req/s panics; burst memory (its own restored state) would then hold
