@@ -52,8 +52,6 @@ from collections import deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
 
-import numpy as np
-
 from controller.types import Knobs
 from estimators.histogram import E2E_BUCKETS_S, QUEUE_BUCKETS_S, TTFT_BUCKETS_S
 from estimators.stepmodel import Profile
@@ -64,6 +62,7 @@ from simulator.engine_metrics import (
     TPOT_BUCKETS_S,
     EngineMetrics,
 )
+from simulator.requests import RequestLog
 
 INF = math.inf
 
@@ -84,141 +83,6 @@ class StepRecord:
     decodes: tuple[int, ...]
     chunks: tuple[tuple[int, int, int], ...]
     preempted: tuple[int, ...]
-
-
-class RequestLog:
-    """Per-request ground truth, indexed by request id (the order of `add`/`extend`).
-
-    Columns (seconds on the simulation clock unless stated; NaN/-1 = not happened):
-    `arrival_s` (arrival at the fleet), `prompt_tokens`, `output_tokens` (as requested;
-    once dispatched, capped so prompt + output <= max_model_len),
-    `replica` (-1 until dispatched), `dispatch_s` (handed to an engine; later than the
-    arrival when it queued at the router), `sched_s` (first scheduled), `first_token_s`,
-    `finish_s`, `preemptions`, `refused`.
-    """
-
-    def __init__(self) -> None:
-        self.arrival_s: list[float] = []
-        self.prompt_tokens: list[int] = []
-        self.output_tokens: list[int] = []
-        self.replica: list[int] = []
-        self.dispatch_s: list[float] = []
-        self.sched_s: list[float] = []
-        self.first_token_s: list[float] = []
-        self.finish_s: list[float] = []
-        self.preemptions: list[int] = []
-        self.refused: list[bool] = []
-
-    def __len__(self) -> int:
-        return len(self.arrival_s)
-
-    def add(self, arrival_s: float, prompt_tokens: int, output_tokens: int) -> int:
-        """Register one request; returns its id."""
-        return self.extend([arrival_s], [prompt_tokens], [output_tokens]).start
-
-    def extend(
-        self,
-        arrival_s: list[float] | np.ndarray,
-        prompt_tokens: list[int] | np.ndarray,
-        output_tokens: list[int] | np.ndarray,
-    ) -> range:
-        """Register many requests; returns their ids."""
-        a = [float(x) for x in arrival_s]
-        n = len(a)
-        if len(prompt_tokens) != n or len(output_tokens) != n:
-            raise ValueError("arrival_s, prompt_tokens and output_tokens differ in length")
-        start = len(self.arrival_s)
-        nan = [math.nan] * n
-        self.arrival_s.extend(a)
-        self.prompt_tokens.extend(int(x) for x in prompt_tokens)
-        self.output_tokens.extend(int(x) for x in output_tokens)
-        self.replica.extend([-1] * n)
-        self.dispatch_s.extend(nan)
-        self.sched_s.extend(nan)
-        self.first_token_s.extend(nan)
-        self.finish_s.extend(nan)
-        self.preemptions.extend([0] * n)
-        self.refused.extend([False] * n)
-        return range(start, start + n)
-
-    def arrays(self) -> RequestRecords:
-        """The columns as numpy arrays, with derived latencies."""
-        return RequestRecords(
-            arrival_s=np.asarray(self.arrival_s, dtype=np.float64),
-            prompt_tokens=np.asarray(self.prompt_tokens, dtype=np.int64),
-            output_tokens=np.asarray(self.output_tokens, dtype=np.int64),
-            replica=np.asarray(self.replica, dtype=np.int64),
-            dispatch_s=np.asarray(self.dispatch_s, dtype=np.float64),
-            sched_s=np.asarray(self.sched_s, dtype=np.float64),
-            first_token_s=np.asarray(self.first_token_s, dtype=np.float64),
-            finish_s=np.asarray(self.finish_s, dtype=np.float64),
-            preemptions=np.asarray(self.preemptions, dtype=np.int64),
-            refused=np.asarray(self.refused, dtype=bool),
-        )
-
-
-class RequestRecords:
-    """Numpy view of a `RequestLog` (see there for columns) plus derived latencies."""
-
-    def __init__(
-        self,
-        *,
-        arrival_s: np.ndarray,
-        prompt_tokens: np.ndarray,
-        output_tokens: np.ndarray,
-        replica: np.ndarray,
-        dispatch_s: np.ndarray,
-        sched_s: np.ndarray,
-        first_token_s: np.ndarray,
-        finish_s: np.ndarray,
-        preemptions: np.ndarray,
-        refused: np.ndarray,
-    ) -> None:
-        self.arrival_s = arrival_s
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.replica = replica
-        self.dispatch_s = dispatch_s
-        self.sched_s = sched_s
-        self.first_token_s = first_token_s
-        self.finish_s = finish_s
-        self.preemptions = preemptions
-        self.refused = refused
-
-    def __len__(self) -> int:
-        return len(self.arrival_s)
-
-    @property
-    def done(self) -> np.ndarray:
-        """Mask of requests that finished (not refused, finish time known)."""
-        mask: np.ndarray = ~np.isnan(self.finish_s) & ~self.refused
-        return mask
-
-    @property
-    def ttft_s(self) -> np.ndarray:
-        """First token - arrival at the fleet (router wait included), seconds."""
-        out: np.ndarray = self.first_token_s - self.arrival_s
-        return out
-
-    @property
-    def e2e_s(self) -> np.ndarray:
-        """Finish - arrival at the fleet, seconds."""
-        out: np.ndarray = self.finish_s - self.arrival_s
-        return out
-
-    @property
-    def queue_s(self) -> np.ndarray:
-        """First scheduled - arrival at the fleet, seconds."""
-        out: np.ndarray = self.sched_s - self.arrival_s
-        return out
-
-    @property
-    def mean_itl_s(self) -> np.ndarray:
-        """(finish - first token) / (output - 1), seconds; NaN for 1-token outputs."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out = (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
-        res: np.ndarray = np.where(self.output_tokens > 1, out, np.nan)
-        return res
 
 
 class _Req:
@@ -533,39 +397,10 @@ class Engine:
                         self.partial = None
                         n_samp += 1
         if not preempted:
-            mns = self.mns
-            mt = self.metrics
-            while waiting and budget > 0 and n_run < mns:
-                r = waiting[0]
-                if r.arr > t0:
-                    break
-                need_r = r.need
-                c = need_r if need_r < budget else budget
-                nb = -(-c // bs)
-                if nb > free:
-                    break
-                waiting.popleft()
-                free -= nb
-                r.blocks = nb
-                r.comp = c
-                if r.sched < 0.0:
-                    r.sched = t0
-                    q = t0 - r.arr
-                    mt.queue[bisect_left(QUEUE_BUCKETS_S, q)] += 1
-                    mt.queue_sum += q
-                    self.log.sched_s[r.rid] = t0
-                mt.prefix_queries += need_r
-                if self.step_log is not None:
-                    self._log_chunks.append((r.rid, c, 0))
-                units += c * c * 0.5
-                n_tok += c
-                budget -= c
-                n_run += 1
-                if c == need_r:
-                    first.append(r)
-                    n_samp += 1
-                else:
-                    self.partial = r
+            free, tok, samp, units_new = self._admit(t0, free, budget, n_run, first)
+            n_tok += tok
+            n_samp += samp
+            units += units_new
         self.free = free
         if n_tok == 0:
             # Only possible when this step preempted everything it had: nothing runs,
@@ -576,6 +411,15 @@ class Engine:
             if self.step_log is not None:
                 self._log_step(t0, t0, k, 0)
             return
+        self._start_step(t0, k, nd, n_tok, n_samp, units, first)
+
+    def _start_step(
+        self, t0: float, k: int, nd: int, n_tok: int, n_samp: int, units: float, first: list[_Req]
+    ) -> None:
+        """Put the step starting at `t0` in flight: `nd` decodes and `n_tok` tokens in all,
+        `n_samp` sequences sampled, prefill attention `units` (tokens^2), the requests
+        whose prefill completes in it `first`; its duration from the step-time model
+        (ms)."""
         lin = self._base + self._per_token * n_tok
         if lin < self._floor:
             lin = self._floor
@@ -594,6 +438,51 @@ class Engine:
         self.t_end = t0 + d / 1000.0
         if self.step_log is not None:
             self._log_step(t0, self.t_end, k, 1)
+
+    def _admit(
+        self, t0: float, free: int, budget: int, n_run: int, first: list[_Req]
+    ) -> tuple[int, int, int, float]:
+        """Step 2 of the module doc: admit waiting requests that arrived by `t0` in FCFS
+        order while `budget` tokens, `free` KV blocks and sequence slots (`n_run` run)
+        remain; the last one admitted may be chunked (it becomes the partial prefill),
+        the others complete their prefill this step (appended to `first`). Returns the
+        blocks left free, the tokens and sampled sequences the admissions add to the
+        step, and their attention units (tokens^2 / 2)."""
+        waiting, bs, mns, mt = self.waiting, self.bs, self.mns, self.metrics
+        n_tok = n_samp = 0
+        units = 0.0
+        while waiting and budget > 0 and n_run < mns:
+            r = waiting[0]
+            if r.arr > t0:
+                break
+            need_r = r.need
+            c = need_r if need_r < budget else budget
+            nb = -(-c // bs)
+            if nb > free:
+                break
+            waiting.popleft()
+            free -= nb
+            r.blocks = nb
+            r.comp = c
+            if r.sched < 0.0:
+                r.sched = t0
+                q = t0 - r.arr
+                mt.queue[bisect_left(QUEUE_BUCKETS_S, q)] += 1
+                mt.queue_sum += q
+                self.log.sched_s[r.rid] = t0
+            mt.prefix_queries += need_r
+            if self.step_log is not None:
+                self._log_chunks.append((r.rid, c, 0))
+            units += c * c * 0.5
+            n_tok += c
+            budget -= c
+            n_run += 1
+            if c == need_r:
+                first.append(r)
+                n_samp += 1
+            else:
+                self.partial = r
+        return free, n_tok, n_samp, units
 
     def _log_step(self, t0: float, t1: float, k: int, steps: int) -> None:
         assert self.step_log is not None

@@ -41,7 +41,8 @@ import numpy as np
 
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
-from simulator.engine import INF, Engine, RequestLog, RequestRecords
+from simulator.engine import INF, Engine
+from simulator.requests import RequestLog, RequestRecords
 from simulator.traces import Trace
 
 

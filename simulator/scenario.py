@@ -47,10 +47,10 @@ from simulator.autoscalers import (
     Kpa,
     Static,
 )
-from simulator.engine import RequestRecords
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
 from simulator.plant import Plant
+from simulator.requests import RequestRecords
 from simulator.traces import Trace
 
 FLAP_WINDOW_S = 600.0

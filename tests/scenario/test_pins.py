@@ -17,10 +17,10 @@ from controller.types import Knobs, Reason
 from estimators.stepmodel import load_profile
 from estimators.types import Observation
 from simulator.autoscalers import HpaGpu, HpaQueue, Keda
-from simulator.engine import RequestLog
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
 from simulator.oracle import window_replicas
+from simulator.requests import RequestLog
 from simulator.scenario import slo_met
 from simulator.traces import load_trace
 from tests.conftest import ORIGIN_S, make_model, make_policy

@@ -30,8 +30,8 @@ from controller.config import SLA
 from controller.plant import scaled_profile
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, load_profile
-from simulator.engine import RequestRecords
 from simulator.fleet import Fleet
+from simulator.requests import RequestRecords
 from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
 from simulator.traces import Trace, synthetic
 

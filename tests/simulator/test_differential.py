@@ -15,7 +15,8 @@ import pytest
 
 from controller.types import Knobs
 from estimators.stepmodel import Profile, load_profile
-from simulator.engine import Engine, RequestLog
+from simulator.engine import Engine
+from simulator.requests import RequestLog
 from tests.simulator.reference_engine import simulate
 
 PROFILE = load_profile()

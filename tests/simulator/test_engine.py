@@ -8,7 +8,8 @@ import pytest
 
 from controller.types import Knobs
 from estimators.stepmodel import load_profile
-from simulator.engine import Engine, RequestLog, StepRecord
+from simulator.engine import Engine, StepRecord
+from simulator.requests import RequestLog
 
 PROFILE = load_profile()
 ST = PROFILE.step_model()
