@@ -286,7 +286,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
         belief = self._speed(obs, state, memory, knobs, lengths, now_s, dt)
-        cold = next_cold_start(self.model.cold_start_s, state, obs, now_s)
+        cold = next_cold_start(self.model.cold_start_s, state, obs, now_s, self._max_gap_s)
         belief = replace(belief, cold_start_s=cold)
         profile = scaled_profile(
             self.profile, model_speed(belief.speed), model_speed(belief.seq_ratio)

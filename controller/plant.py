@@ -424,7 +424,11 @@ def _past_chance(attainment: float, goal: float, requests: float) -> bool:
 
 
 def next_cold_start(
-    configured_s: float, state: ModelState, obs: Observation, now_s: float
+    configured_s: float,
+    state: ModelState,
+    obs: Observation,
+    now_s: float,
+    max_gap_s: float = math.inf,
 ) -> float | None:
     """The learned cold start (s; `state.plant.cold_start_s` before) after a tick that
     sees `obs.ready_replicas` of the `state.replicas` asked for ready. When the fleet
@@ -434,7 +438,9 @@ def next_cold_start(
     averaged with the belief (weight COLD_START_WEIGHT) and kept within [configured / 4,
     configured x 8]. A fleet never seen short (a replica still draining from a
     scale-down covers the new one) gives no sample, nor one seen whole since the scale-up
-    (`DataHealth.whole_at_s`: a replica restarting later is no cold start). It includes
+    (`DataHealth.whole_at_s`: a replica restarting later is no cold start), nor one whose
+    previous good tick is over `max_gap_s` old (a controller restarted mid scale-up: when
+    the fleet turned whole within its downtime is unknown). It includes
     the actuator's sync and the scrape that shows the replicas ready: the time until
     the decider sees the capacity. Example: configured 45 s, replicas asked at t = 100 s
     seen all ready at t = 195 s -> 95 s (no belief yet), then a 85 s sample -> 90 s."""
@@ -443,6 +449,8 @@ def next_cold_start(
     was_short = health.full_since_s is None and health.no_data_ticks == 0
     whole = ready is not None and ready >= state.replicas
     if not (was_short and whole and health.last_good_s is not None) or last_up is None:
+        return learned_s
+    if now_s - health.last_good_s > max_gap_s:
         return learned_s
     if health.whole_at_s is not None and health.whole_at_s > last_up:
         # Seen whole since the scale-up: the fleet went short for another reason (a

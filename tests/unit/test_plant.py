@@ -403,6 +403,10 @@ def test_cold_start_is_learned_from_the_ask_to_all_ready() -> None:
     # Bounded: [configured / 4, configured x 8].
     assert next_cold_start(45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 5) == 11.25
     assert next_cold_start(45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 900) == 360.0
+    # ... unless the previous good tick is over the decider's longest gap old: a
+    # controller restarted mid scale-up cannot tell when the fleet turned whole
+    restarted = next_cold_start(45.0, _cold_state(asked=6, short=True), ready, ORIGIN_S + 900, 45.0)
+    assert restarted is None
 
 
 @pytest.mark.parametrize(
