@@ -161,6 +161,19 @@ class KnobBounds(_Strict):
                 f"default_max_num_batched_tokens ({self.default_max_num_batched_tokens}) "
                 f"must lie in [{lo}, {hi}]"
             )
+        # vLLM refuses a token budget below max_num_seqs: some pair must be valid, and
+        # the defaults must be one (they are what engines start on).
+        if self.max_num_batched_tokens_max < self.max_num_seqs_min:
+            problems.append(
+                f"max_num_batched_tokens_max ({hi}) must be >= max_num_seqs_min "
+                f"({self.max_num_seqs_min}): vLLM refuses a token budget below max_num_seqs"
+            )
+        if self.default_max_num_batched_tokens < self.default_max_num_seqs:
+            problems.append(
+                f"default_max_num_batched_tokens ({self.default_max_num_batched_tokens}) must "
+                f"be >= default_max_num_seqs ({self.default_max_num_seqs}): vLLM refuses a "
+                "token budget below max_num_seqs"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

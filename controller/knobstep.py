@@ -156,7 +156,8 @@ class KnobSteps:
         # remembered lengths, nor on the few requests of an idle window. Time without
         # such data does not count towards a candidate's sustain (`_unsustained`).
         last = state.health.last_good_s
-        if lengths is None or obs.prompt_tokens_mean is None or obs.arrival_rate_rps <= 0:
+        own = obs.prompt_tokens_mean is not None and obs.output_tokens_mean is not None
+        if lengths is None or not own or obs.arrival_rate_rps <= 0:
             return current, Reason.KNOBS_NO_DATA, self._unsustained(state, now_s, last)
         if policy == "seed":
             seed = seed_policy_knobs(obs, self.model.sla)

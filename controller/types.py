@@ -74,8 +74,9 @@ class Knobs:
 
     def differs_by(self, other: Knobs, frac: float) -> bool:
         """Whether these knobs differ from `other` by at least `frac` of `other` in either
-        knob (e.g. 0.25: 160 seqs vs 128 differs, 150 does not)."""
-        return (
+        knob (e.g. 0.25: 160 seqs vs 128 differs, 150 does not). Equal knobs never differ
+        (at `frac` 0 every change is material, and no non-change is one)."""
+        return self != other and (
             abs(self.max_num_seqs - other.max_num_seqs) >= frac * other.max_num_seqs
             or abs(self.max_num_batched_tokens - other.max_num_batched_tokens)
             >= frac * other.max_num_batched_tokens
@@ -85,7 +86,12 @@ class Knobs:
         """These knobs moved inside [`floor`, `ceiling`] (sequences, tokens), the token
         budget at least max_num_seqs (vLLM refuses a budget below max_num_seqs).
         Example: 512 / 300 within 8 / 256 .. 1024 / 65536 -> 512 / 512."""
-        seqs = min(max(self.max_num_seqs, floor.max_num_seqs), ceiling.max_num_seqs)
+        # ... and so at most the token ceiling (the config keeps that >= the seqs floor)
+        seqs = min(
+            max(self.max_num_seqs, floor.max_num_seqs),
+            ceiling.max_num_seqs,
+            ceiling.max_num_batched_tokens,
+        )
         tokens = min(
             max(self.max_num_batched_tokens, floor.max_num_batched_tokens, seqs),
             ceiling.max_num_batched_tokens,

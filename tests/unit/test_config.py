@@ -76,6 +76,25 @@ def _problems(data: object) -> list[str]:
             "models[m].policy: tick_interval_s is set in the global policy only",
             id="override-of-the-loops-tick",
         ),
+        # vLLM refuses a token budget below max_num_seqs (found in review, session 15:
+        # such bounds validated and the governor published 512 seqs / 384 tokens)
+        pytest.param(
+            {
+                "knobs": {
+                    "max_num_seqs_min": 512,
+                    "default_max_num_seqs": 512,
+                    "max_num_batched_tokens_max": 384,
+                    "default_max_num_batched_tokens": 384,
+                }
+            },
+            "max_num_batched_tokens_max (384) must be >= max_num_seqs_min (512)",
+            id="no-valid-knob-pair",
+        ),
+        pytest.param(
+            {"knobs": {"default_max_num_seqs": 512, "default_max_num_batched_tokens": 384}},
+            "default_max_num_batched_tokens (384) must be >= default_max_num_seqs (512)",
+            id="default-budget-below-seqs",
+        ),
         pytest.param(
             {"policy": {"tolerance_frac": float("nan")}},
             "models[m].policy: tolerance_frac must be a finite number (got nan)",

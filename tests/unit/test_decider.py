@@ -266,6 +266,32 @@ def test_knobs_change_only_when_material_and_sustained() -> None:
     assert dec.knob_reason in (Reason.KNOBS_UNCHANGED, Reason.KNOBS_NOT_MATERIAL)
 
 
+def test_knobs_change_at_a_zero_material_gain() -> None:
+    """Found in review (session 15): knob_min_gain_frac 0 validates, but equal knobs
+    then "differed", the sustained candidate restarted its clock every tick and the
+    knobs never changed (KNOBS_PENDING for ever)."""
+    d = Decider(make_model(), make_policy(knob_sustain_s=30.0, knob_min_gain_frac=0.0))
+    s = d.initial_state(3)
+    for i in range(13):
+        _, s = d.decide(obs(rate=30.0), s, ORIGIN_S + 5 * i)
+    assert s.knobs == Knobs(152, 2560) and s.knob_memory.changes == 1
+
+
+@pytest.mark.parametrize("missing", ["prompt_tokens_mean", "output_tokens_mean"])
+def test_knobs_never_move_on_remembered_lengths(missing: str) -> None:
+    """A window without either mean leaves the knobs and pauses the candidate's sustain
+    (found in review, session 15: without the output mean the candidate sustained on
+    remembered lengths and a roll-out followed)."""
+    d = Decider(make_model(), make_policy(knob_sustain_s=60.0))
+    s = d.initial_state(3)
+    dec, s = d.decide(obs(rate=30.0), s, ORIGIN_S)
+    assert dec.knob_reason == Reason.KNOBS_PENDING
+    for i in range(1, 30):
+        dec, s = d.decide(obs(rate=30.0, **{missing: None}), s, ORIGIN_S + 5 * i)
+        assert dec.knob_reason == Reason.KNOBS_NO_DATA, i
+    assert s.knobs == Knobs(256, 8192)
+
+
 def test_knob_candidate_interrupted_restarts_the_clock() -> None:
     d = Decider(make_model(), make_policy(knob_sustain_s=60.0))
     s = d.initial_state(3)
