@@ -13,10 +13,14 @@ Baselines, faithful to their published algorithms and defaults (docs/ARCHITECTUR
   panic threshold 200 %, target 100 x 70 % per pod, max scale-up rate 1000, max
   scale-down rate 2, 2 s tick; never scales down in panic.
 - `static`: a fixed replica count.
-HPA arithmetic: desired = ceil(current * metric / target) unless within tolerance 0.1,
-then default behavior: scale-up max(+100 %, +4 pods) per 15 s, scale-down stabilization
-300 s (max of recommendations), -100 % per 15 s. The stabilization and rate-limit steps
-reuse `controller.stages`, which implement exactly the HPA's rules.
+HPA arithmetic (Kubernetes' replica calculator): desired = ceil(ready * metric / target)
+for a utilization or Value target, the ready replicas (not those still starting: they
+report no metric yet; counting them doubled the simulated HPAs' fleets at every sync of
+a cold start until 2026-12-02), ceil(metric / target) for KEDA's AverageValue; the
+current count unless the ratio is outside the tolerance 0.1; then default behavior:
+scale-up max(+100 %, +4 pods) per 15 s, scale-down stabilization 300 s (max of
+recommendations), -100 % per 15 s. The stabilization and rate-limit steps reuse
+`controller.stages`, which implement exactly the HPA's rules.
 """
 
 from __future__ import annotations
@@ -92,10 +96,15 @@ class _HpaCore:
     last_recommendation: int | None = None
     last_out: int | None = None
 
-    def desired(self, ratio: float | None, current: int, now_s: float) -> int | None:
-        if ratio is None or not math.isfinite(ratio):
-            return None  # missing metric: the HPA does not act
-        rec = current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(ratio * current - 1e-9)
+    def desired(self, ratio: float | None, current: int, now_s: float, pods: int) -> int | None:
+        """The HPA's output at `now_s` for usage `ratio` on a fleet of `current` replicas,
+        the ratio multiplying `pods`: the ready ones for a utilization or Value target
+        (Kubernetes' replica calculator, `ceil(usageRatio * readyPodCount)`: replicas
+        still starting do not multiply a metric they do not report yet), `current` for an
+        AverageValue one (KEDA), where ratio x current is the metric over its target."""
+        if ratio is None or not math.isfinite(ratio) or pods <= 0:
+            return None  # missing metric (or no ready pod to read it): the HPA does not act
+        rec = current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(ratio * pods - 1e-9)
         rec = min(max(rec, self.min_replicas), self.max_replicas)
         self.last_recommendation = rec
         self.recommendations = [
@@ -153,11 +162,15 @@ class _MetricHpa(_Base):
     def ratio(self, o: Observation, current: int) -> float | None:
         raise NotImplementedError
 
+    def pods(self, current: int) -> int:
+        """What the usage ratio multiplies (_HpaCore.desired): the ready replicas."""
+        return self.fleet.ready_replicas
+
     def evaluate(self, now_s: float) -> int | None:
         o = self.source.observe([ModelQuery(self.model)], now_s)[self.model]
         current = self.fleet.active_replicas
         ratio = self.ratio(o, current) if isinstance(o, Observation) else None
-        return self.hpa.desired(ratio, current, now_s)
+        return self.hpa.desired(ratio, current, now_s, self.pods(current))
 
     def scale_down_pending(self) -> bool:
         return self.hpa.scale_down_pending()
@@ -202,6 +215,10 @@ class Keda(_MetricHpa):
         waiting = o.waiting + o.extra.get("router_queue", 0.0)
         # AverageValue: usage ratio = value / (target * current replicas)
         return waiting / (self.target * max(1, current))
+
+    def pods(self, current: int) -> int:
+        """AverageValue: the desired count is ceil(value / target) whatever is ready."""
+        return max(1, current)
 
 
 class Kpa(_Base):

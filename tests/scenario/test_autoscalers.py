@@ -31,15 +31,30 @@ SLA_STD = SLA(ttft_p95_ms=500, itl_p95_ms=50)
     ],
 )
 def test_hpa_core_first_sync(ratio: float | None, current: int, want: int | None) -> None:
-    assert _HpaCore(1, 20).desired(ratio, current, 100.0) == want
+    assert _HpaCore(1, 20).desired(ratio, current, 100.0, current) == want
 
 
 def test_hpa_core_scale_down_waits_300s_for_max_of_window() -> None:
     hpa = _HpaCore(1, 20)
-    assert hpa.desired(2.0, 4, 0.0) == 8
-    assert hpa.desired(0.25, 8, 15.0) == 8  # recommendation 8 from t=0 still in window
-    assert hpa.desired(0.25, 8, 299.0) == 8
-    assert hpa.desired(0.25, 8, 316.0) == 2  # window passed; -100 % per 15 s allows it
+    assert hpa.desired(2.0, 4, 0.0, 4) == 8
+    assert hpa.desired(0.25, 8, 15.0, 8) == 8  # recommendation 8 from t=0 still in window
+    assert hpa.desired(0.25, 8, 299.0, 8) == 8
+    assert hpa.desired(0.25, 8, 316.0, 8) == 2  # window passed; -100 % per 15 s allows it
+
+
+def test_hpa_core_multiplies_the_ready_pods_not_those_starting() -> None:
+    """Kubernetes' replica calculator: ceil(usageRatio x readyPodCount). Found in review
+    (session 15): the simulated HPAs multiplied every replica, starting ones included,
+    so a metric that stays high while new replicas start doubled the fleet at each
+    15 s sync (hpa-gpu on conversation x4: 2 -> 3 -> 5 -> 8 -> ... -> 64)."""
+    hpa = _HpaCore(1, 64)
+    assert hpa.desired(2.0, 2, 0.0, 2) == 4
+    # 15 s later the two new replicas still start: the same ratio on 2 ready pods
+    assert hpa.desired(2.0, 4, 15.0, 2) == 4
+    # once they serve and the metric is still 2x, the four ready pods ask for 8
+    assert hpa.desired(2.0, 4, 30.0, 4) == 8
+    # no ready pod reports the metric: no action
+    assert hpa.desired(2.0, 4, 45.0, 0) is None
 
 
 class _FakeEngine:
@@ -311,3 +326,15 @@ def test_oracle_held_through_a_scale_down_window(hold_s: float, want: float) -> 
     orc = OracleResult(gpu_hours=5 / 60, window_s=60.0, replicas=[3, 1, 1])
     assert orc.held_ratio(hold_s) == pytest.approx(want)
     assert OracleResult(gpu_hours=0.0, window_s=60.0, replicas=[0, 0]).held_ratio(300.0) is None
+
+
+def test_the_demo_judges_gpu_hours_as_the_matrix_does() -> None:
+    """Over the trace's minutes (`oracle_ratio_trace`), not the whole run with its drain
+    tail (found in review, session 15: the same run met the goal in the matrix and
+    missed it in the demo)."""
+    from simulator.cli import demo_goals
+
+    row = {"slo_attainment": 0.995, "flaps": 0, "oracle_ratio": 1.36, "oracle_ratio_trace": 1.16}
+    assert "GPU-h <= 1.3x oracle met" in demo_goals({"policies": {"governor": row}})
+    row |= {"oracle_ratio": 1.16, "oracle_ratio_trace": 1.36}
+    assert "GPU-h <= 1.3x oracle MISSED" in demo_goals({"policies": {"governor": row}})

@@ -43,19 +43,20 @@ def test_keda_threshold_is_5_waiting_per_replica(fleet_source) -> None:  # type:
     """KEDA's AverageValue 5: 60 waiting on 2 replicas is 6x the target."""
     keda = Keda(*fleet_source, "m", 1, 64)
     assert keda.ratio(_o(waiting=60.0), current=2) == pytest.approx(6.0)
-    assert keda.hpa.desired(keda.ratio(_o(waiting=60.0), 2), 2, 0.0) == 6  # +4 pods cap
+    ratio = keda.ratio(_o(waiting=60.0), 2)
+    assert keda.hpa.desired(ratio, 2, 0.0, keda.pods(2)) == 6  # +4 pods cap
 
 
 def test_hpa_queue_target_is_500_ms(fleet_source) -> None:  # type: ignore[no-untyped-def]
     q = HpaQueue(*fleet_source, "m", 1, 64)
     assert q.ratio(_o(queue_time_p95_ms=1000.0), current=3) == pytest.approx(2.0)
-    assert q.hpa.desired(q.ratio(_o(queue_time_p95_ms=1000.0), 3), 3, 0.0) == 6
+    assert q.hpa.desired(q.ratio(_o(queue_time_p95_ms=1000.0), 3), 3, 0.0, 3) == 6
 
 
 def test_hpa_gpu_target_is_70_percent(fleet_source) -> None:  # type: ignore[no-untyped-def]
     g = HpaGpu(*fleet_source, "m", 1, 64)
     assert g.ratio(_o(gpu_busy_frac=0.84), current=5) == pytest.approx(1.2)
-    assert g.hpa.desired(g.ratio(_o(gpu_busy_frac=0.84), 5), 5, 0.0) == 6
+    assert g.hpa.desired(g.ratio(_o(gpu_busy_frac=0.84), 5), 5, 0.0, 5) == 6
 
 
 def test_oracle_goal_is_99_percent() -> None:
