@@ -306,9 +306,10 @@ def test_the_governor_learns_how_much_slower_the_engine_is_than_its_profile(
     than its profile, so its capacity belief fell below the profile's (fails with
     learning disabled: speed 1, belief ~230 req/s where the engine serves 4-9). The goal
     itself (belief within 25 % of the measured capacity, a scale-up within 3 ticks) is
-    recorded, not held: the capacity read 0.72-1.23x in the runs of 2026-12-02's
-    sessions 13-14 (the per-sequence fit is the unstable part), the first scale-up came
-    at ticks 1-2 with QUEUE_GROWTH and 3-5 before it (README "Real engine";
+    recorded, not held: the capacity read 0.55-1.23x in the runs of 2026-12-02's
+    sessions 13-15 (the per-sequence fit is the unstable part; in this suite the ladder
+    also priced the earlier tests' lengths until session 15: 0.86x after), the first
+    scale-up came at ticks 1-2 with QUEUE_GROWTH and 3-5 before it (README "Real engine";
     docs/real-engine-runs.md)."""
     set_knobs(engine_world, HIGH_CAP)
     try:
