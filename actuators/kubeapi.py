@@ -18,8 +18,10 @@ import json
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from controller.types import Decision
 
 RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_BACKOFF_S = 5.0
@@ -142,9 +144,9 @@ class QueuedActuatorBase:
     pending intents and last outcomes under one condition lock, the error hook, the
     worker's stop, and API calls with this actuator's timeout and retries.
 
-    Subclasses set `_lock` (a Condition), `_pending`, `_status`, `_stopped`, `_worker`,
-    `_on_error`, `_log`, `timeout_s`, `retries`, `backoff_s` and `_sleep` in their
-    constructor.
+    Subclasses set `_lock` (a Condition), `_pending`, `_status`, `_forgotten` (an empty
+    set), `_stopped`, `_worker`, `_on_error`, `_log`, `timeout_s`, `retries`, `backoff_s`
+    and `_sleep` in their constructor.
     """
 
     _lock: threading.Condition
@@ -159,6 +161,8 @@ class QueuedActuatorBase:
     backoff_s: float
     _sleep: Callable[[float], None]
     _stood_down: bool = False
+    _forgotten: set[str]
+    """Models paused since their last decision (`forget`): nothing of theirs is queued."""
     _may_write: Callable[[], bool] | None = None
 
     def set_write_check(self, may_write: Callable[[], bool] | None) -> None:
@@ -181,6 +185,26 @@ class QueuedActuatorBase:
             self._stood_down = True
             self._lock.notify_all()
             return dropped
+
+    def forget(self, model: str) -> bool:
+        """`model` went into shadow mode (ControlLoop.pause): drop its queued intent (a
+        failed write waiting for its retry included) and never queue the write in hand
+        again, until `apply` brings a decision for it (the loop hands over none while it
+        is paused). A write already under way finishes or fails. True if one was dropped."""
+        with self._lock:
+            self._forgotten.add(model)
+            dropped = self._pending.pop(model, None) is not None
+            self._forget_locked(model)
+            self._lock.notify_all()
+            return dropped
+
+    def _forget_locked(self, model: str) -> None:
+        """Subclasses drop their own per-model retry or catch-up state (lock held)."""
+
+    def _remember(self, decisions: Sequence[Decision]) -> None:
+        """A decision for a model lifts its `forget` (called by `apply`, lock held)."""
+        for d in decisions:
+            self._forgotten.discard(d.model)
 
     def _halted(self) -> bool:
         """Whether no API call may start now: stood down, stopped, or the write check

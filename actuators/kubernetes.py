@@ -156,6 +156,7 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         self.drain = drain
         """`drain(model, namespace, deployment) -> detail`, called before a scale-down
         (actuators/drain.py: pod-deletion-cost from running requests); never raises."""
+        self._forgotten: set[str] = set()
         self._failures: dict[str, int] = {}  # consecutive transient failures per model
         self._retry_at: dict[str, float] = {}  # monotonic s before which it is not retried
         self._stopped = False
@@ -169,6 +170,7 @@ class KubernetesScaleActuator(QueuedActuatorBase):
         """Record each valid decision's replicas; the worker (or `run_pending`) applies."""
         with self._lock:
             self._stood_down = False
+            self._remember(decisions)
             for d in decisions:
                 if d.valid:
                     self._pending[d.model] = d.replicas
@@ -199,17 +201,22 @@ class KubernetesScaleActuator(QueuedActuatorBase):
             out[model] = st
             with self._lock:
                 if st.reason is ScaleReason.FAILED and st.transient:
+                    if self._stood_down or model in self._forgotten:
+                        continue  # stood down or paused meanwhile: not queued again
                     n = self._failures.get(model, 0) + 1
                     self._failures[model] = n
-                    delay = min(MAX_RETRY_DELAY_S, self.backoff_s * 2**n)
+                    delay = min(MAX_RETRY_DELAY_S, self.backoff_s * 2.0 ** min(n, 30))
                     self._retry_at[model] = self._monotonic() + delay * random.uniform(0.9, 1.1)
-                    if not self._stood_down:  # unless a newer one came, or we stood down
-                        self._pending.setdefault(model, replicas)
+                    self._pending.setdefault(model, replicas)  # unless a newer one came
                     self._lock.notify_all()
                 else:
                     self._failures.pop(model, None)
                     self._retry_at.pop(model, None)
         return out
+
+    def _forget_locked(self, model: str) -> None:
+        self._failures.pop(model, None)
+        self._retry_at.pop(model, None)
 
     def _scale_isolated(
         self, model: str, namespace: str, deployment: str, replicas: int
@@ -302,7 +309,8 @@ class KubernetesScaleActuator(QueuedActuatorBase):
                     deployment,
                     namespace,
                 )
-                observed = scale.spec.replicas if scale.spec is not None else None
+                # ScaleSpec.replicas is `omitempty`: the API leaves it out at 0
+                observed = (scale.spec.replicas or 0) if scale.spec is not None else None
                 version = getattr(scale.metadata, "resource_version", None)
                 if not version:
                     raise malformed_answer(f"read scale of {where}", "no resourceVersion")

@@ -104,7 +104,10 @@ class RolloutStatus:
 
 
 def rollout_in_progress(dep: Any) -> bool:
-    """Whether a Deployment is still rolling out (kubectl rollout status's test)."""
+    """Whether a Deployment is still rolling out, as `kubectl rollout status` tests it: its
+    controller has not seen the latest spec, fewer replicas are updated than wanted, old
+    ones are still terminating, or updated ones are not all available yet (pods of a
+    fresh scale-up still loading the model: a roll-out now would replace them)."""
     status, spec = dep.status, dep.spec
     if status is None:
         return True
@@ -112,7 +115,8 @@ def rollout_in_progress(dep: Any) -> bool:
         return True
     want = spec.replicas if spec is not None and spec.replicas is not None else 0
     updated = status.updated_replicas or 0
-    return updated < want or (status.replicas or 0) > updated
+    available = status.available_replicas or 0
+    return updated < want or (status.replicas or 0) > updated or available < updated
 
 
 class KnobRolloutActuator(QueuedActuatorBase):
@@ -146,6 +150,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
         self.apps = k8s.AppsV1Api(client)
         self.worth = worth
         self._seen: set[str] = set()
+        self._forgotten: set[str] = set()
         self._catch_up: set[str] = set()  # pending entries that are a take-over check
         self.targets, self.min_interval_s = targets, min_interval_s
         self.timeout_s, self.retries, self.backoff_s = request_timeout_s, retries, backoff_s
@@ -167,6 +172,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
     def apply(self, decisions: Sequence[Decision]) -> None:
         with self._lock:
             self._stood_down = False
+            self._remember(decisions)
             for d in decisions:
                 if not d.valid:
                     continue
@@ -190,6 +196,12 @@ class KnobRolloutActuator(QueuedActuatorBase):
             self._seen.clear()
             self._catch_up.clear()
             return super().stand_down()
+
+    def _forget_locked(self, model: str) -> None:
+        """Paused: its first decision after the pause compares the template with the
+        decided knobs again, as after a take-over (a roll-out dropped here is caught up)."""
+        self._seen.discard(model)
+        self._catch_up.discard(model)
 
     def _run(self) -> None:
         while True:

@@ -272,11 +272,19 @@ class ControlLoop:
             self._apply_config(config)
 
     def pause(self, model: str) -> None:
-        """Shadow mode for `model`: decide and log, do not actuate. KeyError if unknown."""
+        """Shadow mode for `model`: decide and log, do not actuate. KeyError if unknown.
+
+        Actuators that queue writes (an optional `forget(model)`, e.g. a scale write
+        waiting for its retry, a knob roll-out waiting for the last one) drop what they
+        still meant to write for it: nothing reaches a paused model's Deployment."""
         with self._lock:
             if model not in self._deciders:
                 raise KeyError(model)
             self._paused.add(model)
+        for act in self.actuators:
+            forget = getattr(act, "forget", None)
+            if callable(forget):
+                forget(model)
 
     def resume(self, model: str) -> None:
         """Leave shadow mode. KeyError if unknown."""

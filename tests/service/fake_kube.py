@@ -331,6 +331,17 @@ class FakeKubeAPI:
             d["updated"] = min(d["updated"], replicas)
             self._resize(namespace, name, replicas)
 
+    def set_available(self, namespace: str, name: str, available: int | None) -> None:
+        """`available` of the Deployment's pods are ready (e.g. the rest of a scale-up
+        still loading the model); None: all of them."""
+        with self._lock:
+            d = self.deployments[(namespace, name)]
+            if available is None:
+                d.pop("available", None)
+            else:
+                d["available"] = available
+            d["rv"] = self._next_rv()
+
     def template_annotations(self, namespace: str, name: str) -> dict[str, str]:
         with self._lock:
             return dict(self.deployments[(namespace, name)]["annotations"])
@@ -529,7 +540,8 @@ class FakeKubeAPI:
             "apiVersion": "autoscaling/v1",
             "kind": "Scale",
             "metadata": {"name": name, "namespace": ns, "resourceVersion": d["rv"]},
-            "spec": {"replicas": d["replicas"]},
+            # ScaleSpec.replicas is `omitempty`: the API server leaves it out at 0
+            "spec": {"replicas": d["replicas"]} if d["replicas"] else {},
             "status": {"replicas": d["replicas"]},
         }
 
@@ -594,8 +606,8 @@ class FakeKubeAPI:
                 "observedGeneration": d["observed_generation"],
                 "replicas": d["replicas"],
                 "updatedReplicas": d["updated"],
-                "readyReplicas": d["replicas"],
-                "availableReplicas": d["replicas"],
+                "readyReplicas": d.get("available", d["replicas"]),
+                "availableReplicas": d.get("available", d["replicas"]),
             },
         }
 

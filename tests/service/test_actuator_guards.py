@@ -25,6 +25,7 @@ from actuators.drain import DrainBeforeScaleDown, PodDrainer
 from actuators.kubeapi import KubeCallError, api_client, call_with_retries
 from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
 from actuators.rollout import KnobRolloutActuator, RolloutReason
+from controller.loop import ControlLoop
 from controller.types import Decision, Knobs, Reason
 from service.core import ServiceCore
 from service.leader import AlwaysLeader, LeaseElector
@@ -136,6 +137,55 @@ def test_a_rollout_in_hand_is_abandoned_when_the_leader_stands_down(api: FakeKub
     assert api.count("PATCH", "/deployments/demo") == 1
     assert api.template_annotations(NS, "demo") == {} and errors == []
     assert act.status()["demo"].reason == RolloutReason.ABANDONED
+
+
+# ---------------------------------------------------------------------- a paused model
+def test_pausing_a_model_drops_the_writes_its_actuators_still_had_queued(
+    api: FakeKubeAPI,
+) -> None:
+    """Shadow mode means nothing reaches the model's Deployment. Before the pause the
+    model decided 9 replicas (the PATCH got 503: queued for its retry) and a knob
+    roll-out (waiting for a roll-out in progress). After `ControlLoop.pause` the API
+    recovers and the roll-out ends; the loop's ticks (the other model's decisions wake
+    the actuators) must write neither. After `resume` its decisions are written again."""
+    api.add_deployment(NS, "demo", 4)
+    api.add_deployment(NS, "other", 2)
+    api.inject("PATCH", "/deployments/demo/scale", 503)
+    api.start_rollout(NS, "demo")
+    now = [0.0]
+    targets = lambda: {"demo": (NS, "demo"), "other": (NS, "other")}  # noqa: E731
+    scaler = _scaler(api, Sleeps(), [], retries=0, monotonic=lambda: now[0])
+    roller = KnobRolloutActuator(
+        api_client(api.url), targets, lambda model: 0.0, background=False,
+        sleep=Sleeps(), request_timeout_s=REQUEST_TIMEOUT_S, monotonic=lambda: now[0],
+    )  # fmt: skip
+    before = [_decision("demo", 9, rollout=True)]
+    scaler.apply(before)
+    roller.apply(before)
+    assert scaler.pending() == {"demo": 9} and roller.pending() == {"demo": Knobs(8, 256)}
+    clock = FakeClock()
+    loop = ControlLoop(
+        make_config(model_entry("demo"), model_entry("other")),
+        FakeSource(rates={"demo": 5.0, "other": 5.0}),
+        [scaler, roller],
+        clock=clock,
+        logger=quiet_logger(),
+    )
+    loop.pause("demo")
+    assert scaler.pending() == {} and roller.pending() == {}
+    api.finish_rollout(NS, "demo")
+    for _ in range(3):
+        clock.advance(15.0)
+        now[0] += 100.0  # every retry due
+        loop.tick()
+    assert api.replicas(NS, "demo") == 4
+    assert api.count("PATCH", "/deployments/demo/scale") == 1  # the 503, nothing since
+    assert api.template_annotations(NS, "demo") == {}
+    assert "other" in scaler.status()
+    loop.resume("demo")
+    clock.advance(15.0)
+    decided = next(d for d in loop.tick() if d.model == "demo")
+    assert decided.replicas != 4 and api.replicas(NS, "demo") == decided.replicas
 
 
 class _Recorder:

@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client as k8s
 
 from actuators.kubeapi import KubeCallError, api_client, call_with_retries
-from actuators.kubernetes import KubernetesScaleActuator, ScaleReason
+from actuators.kubernetes import MAX_RETRY_DELAY_S, KubernetesScaleActuator, ScaleReason
 from controller.targets import config_to_targets
 from controller.types import Decision, Knobs, Reason
 from service.cmstore import ConfigMapStore
@@ -88,6 +88,42 @@ def test_scales_and_is_a_no_op_when_equal(api: FakeKubeAPI) -> None:
     assert act.status()["demo"].reason == ScaleReason.UNCHANGED
     act.apply([_decision("demo", 1, valid=False)])  # "no decision" never acts
     assert api.replicas(NS, "demo") == 5
+
+
+def test_a_deployment_at_zero_reads_as_zero_not_unknown(api: FakeKubeAPI) -> None:
+    """Fake of the published API contract: autoscaling/v1 ScaleSpec.replicas is
+    `omitempty`, so the scale of a Deployment at 0 comes back as `"spec": {}`. That is
+    0 replicas: no write per tick for an idle model, and "was 0" when it scales up."""
+    api.add_deployment(NS, "demo", 0)
+    act = _actuator(api, Sleeps())
+    for _ in range(3):
+        act.apply([_decision("demo", 0)])
+        assert act.status()["demo"].reason == ScaleReason.UNCHANGED
+        assert act.status()["demo"].observed == 0
+    assert api.count("PATCH") == 0
+    act.apply([_decision("demo", 2)])
+    assert act.status()["demo"].describe() == "SCALED: desired 2, was 0"
+    assert api.replicas(NS, "demo") == 2
+
+
+def test_a_model_failing_for_hours_keeps_a_capped_retry_and_the_others_scale(
+    api: FakeKubeAPI,
+) -> None:
+    """Against FakeKubeAPI, a fake of the published API contract. A Deployment whose
+    writes fail for hours (a broken admission webhook) has failed thousands of times in
+    a row: its retry delay stays capped at MAX_RETRY_DELAY_S (2 ** n past 1,023 does not
+    fit a float), it stays queued, and the other models of the same pass are written."""
+    api.add_deployment(NS, "demo", 1)
+    api.add_deployment(NS, "other", 1)
+    api.inject("PATCH", "/deployments/demo/scale", 500, times=10)
+    now = [0.0]
+    act = _actuator(api, Sleeps(), retries=0, monotonic=lambda: now[0])
+    act._failures["demo"] = 5000  # about 40 hours of 30 s retries
+    act.apply([_decision("demo", 3), _decision("other", 4)])
+    assert act.status()["demo"].reason == ScaleReason.FAILED
+    assert act.pending() == {"demo": 3}
+    assert 0 < act._retry_at["demo"] <= MAX_RETRY_DELAY_S * 1.1
+    assert api.replicas(NS, "other") == 4
 
 
 def test_conflict_is_retried_after_rereading(api: FakeKubeAPI) -> None:

@@ -91,6 +91,22 @@ def test_someone_elses_rollout_in_progress_is_waited_for(api: FakeKubeAPI) -> No
     assert api.count("PATCH", "/deployments/demo") == 0
 
 
+def test_a_scale_ups_pods_still_starting_hold_the_rollout(api: FakeKubeAPI) -> None:
+    """kubectl rollout status's last test: updated replicas that are not all available
+    (a fresh scale-up's pods still loading the model) are a roll-out in progress; a
+    template patch now would replace pods minutes from serving."""
+    api.scale_to(NS, "demo", 8)
+    api.finish_rollout(NS, "demo")  # every pod of the current template, 4 not ready yet
+    api.set_available(NS, "demo", 4)
+    act = _rollouts(api, Clock())
+    act.apply([_decision(K1)])
+    assert _reason(act) == RolloutReason.WAITING_ROLLOUT
+    assert api.count("PATCH", "/deployments/demo") == 0
+    api.set_available(NS, "demo", None)
+    act.apply([_decision(K1, rollout=False)])
+    assert _reason(act) == RolloutReason.STARTED
+
+
 def test_rollouts_are_rate_limited_per_model(api: FakeKubeAPI) -> None:
     clock = Clock()
     act = _rollouts(api, clock, interval_s=600.0)
