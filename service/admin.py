@@ -183,12 +183,12 @@ class AdminServicer(governor_v1_pb2_grpc.AdminServiceServicer):
                 observation=observation_to_pb(m.observation),
                 published=pb.PublishedStatus(
                     has_replicas=p.replicas is not None,
-                    replicas=p.replicas or 0,
+                    replicas=p.replicas,  # None: unset (no decision yet), never 0
                     max_num_seqs=p.knobs.max_num_seqs,
                     max_num_batched_tokens=p.knobs.max_num_batched_tokens,
                     generation=p.generation,
                     reason=p.reason,
-                    decided_at_unix_s=p.decided_at_unix_s or 0.0,
+                    decided_at_unix_s=p.decided_at_unix_s,
                     origin=p.origin,
                     engines_seen=m.engines_seen,
                 ),

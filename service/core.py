@@ -160,6 +160,7 @@ class ServiceCore:
         self._refused_revision: str | None = None
         self._refused_leader_values: dict[str, BoundsProblem] = {}  # _follow: logged once each
         self._was_leader = True
+        self._seed_pending = False  # nothing stored: `seed_targets` writes the config's
         self.loop = self._restore()
 
     # ------------------------------------------------------------------ metrics
@@ -257,14 +258,7 @@ class ServiceCore:
                 self._refuse(stored.revision, str(exc))
                 revision = stored.revision
         elif not revision:
-            # Nothing stored yet: seed the store with the config file's models.
-            try:
-                revision = self.store.save_targets(doc, "")
-            except ConflictError:
-                revision = ""  # someone else seeded it; the first poll picks it up
-            except StoreError as exc:
-                self.m_store_errors.labels("save_targets").inc()
-                self.log.error("targets_seed_failed", error=str(exc))
+            self._seed_pending = True  # nothing stored yet: seeded once the service runs
         self.config, self.targets, self.targets_revision = cfg, doc, revision
         self.board.configure(slots(cfg))
         states = saved_states(
@@ -293,10 +287,29 @@ class ServiceCore:
                 loop.pause(name)
         return loop
 
+    def seed_targets(self) -> None:
+        """Seed an empty store with the config file's models, once. Called when the
+        service runs (GovernorServer.start, right after its listeners bound) and by the
+        first tick, not at construction: a start that fails (a port taken, a listen
+        address not on this host) leaves the store as it was, so the corrected config of
+        the next start is the one seeded."""
+        with self._targets_lock:
+            if not self._seed_pending:
+                return
+            self._seed_pending = False
+            try:
+                self.targets_revision = self.store.save_targets(self.targets, "")
+            except ConflictError:
+                pass  # someone else seeded it (or an admin wrote first): the poll reads it
+            except StoreError as exc:
+                self.m_store_errors.labels("save_targets").inc()
+                self.log.error("targets_seed_failed", error=str(exc))
+
     # ------------------------------------------------------------------ tick
     def tick(self, now_s: float | None = None) -> list[Decision]:
         """One service tick at `now_s` (monotonic seconds; default the clock's)."""
         with self._tick_lock:
+            self.seed_targets()
             self.poll_targets()
             leader = self.elector.is_leader()
             self.m_leader.set(1 if leader else 0)

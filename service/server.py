@@ -176,6 +176,7 @@ class GovernorServer:
         except BaseException:
             self._stop_metrics()
             raise
+        self.core.seed_targets()  # only a start that binds writes the store
         self._start_ticks()
         self._log_serving()
 

@@ -304,6 +304,7 @@ def test_configmap_without_key_is_seeded_and_writable(api: FaultyKubeAPI) -> Non
     cfg = make_config(model_entry("demo", namespace=NS))
     core = ServiceCore(cfg, FakeSource({"demo": 10.0}), _store(api), clock=clock,
                        logger=quiet_logger())  # fmt: skip
+    core.seed_targets()  # the start-up (GovernorServer.start, once bound)
     cm = api.configmaps[(NS, "governor-targets")]
     assert "targets.yaml" in cm["data"], cm
     assert cm["data"]["notes"] == "created by hand" and cm["metadata"]["labels"] == {"team": "ml"}
@@ -344,6 +345,7 @@ def test_configmap_store_bursts_keep_the_loop_running(api: FaultyKubeAPI) -> Non
         clock=clock,
         logger=quiet_logger(),
     )
+    core.seed_targets()  # the start-up (GovernorServer.start, once bound)
     targets_before = api.configmaps[(NS, "governor-targets")]["data"]["targets.yaml"]
     core.tick(clock.advance(5))
     api.inject("PUT", "/configmaps/governor-targets-state", 500, times=12)

@@ -46,7 +46,7 @@ class SlowFileStore(FileStore):
         super().__init__(path)
         self.delay_s = delay_s
         self.marker = marker
-        self.armed = False  # set after start-up, which seeds the targets through this store
+        self.armed = False  # set after the targets are seeded through this store
 
     def save_targets(self, doc: TargetsDoc, expected_revision: str | None) -> str:
         if self.armed and self.delay_s > 0 and self.marker is not None:
@@ -72,6 +72,7 @@ def main() -> int:
         Path(args.state_file), args.slow_save_s, Path(args.marker) if args.marker else None
     )
     core = ServiceCore(cfg, FileRates(Path(args.rates_file)), store)
+    core.seed_targets()  # the start-up's save, before the store is slowed
     store.armed = True
     server = GovernorServer(
         core,

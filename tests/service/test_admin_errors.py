@@ -85,6 +85,7 @@ def test_a_state_save_that_cannot_write_is_counted_and_the_tick_goes_on(
     core = ServiceCore(
         make_config(), FakeSource({"demo": 5.0}), store, clock=clock, logger=quiet_logger()
     )
+    core.seed_targets()  # the start-up's write, with room on the disk
     monkeypatch.setattr("service.store.os.replace", _disk_full)
     with pytest.raises(StoreError, match=r"state\.json: cannot write: No space left on device"):
         store.save_targets(core.targets, None)

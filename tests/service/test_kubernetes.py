@@ -393,8 +393,9 @@ def test_operator_edits_apply_within_one_tick_and_invalid_ones_are_refused(
     """Against FakeKubeAPI, a fake of the published API contract."""
     clock = FakeClock()
     core = _core(api, clock)
-    assert (NS, "governor-targets") in api.configmaps  # seeded from the config file
+    assert (NS, "governor-targets") not in api.configmaps  # seeded once it runs:
     core.tick(clock.advance(5))
+    assert (NS, "governor-targets") in api.configmaps  # from the config file
     # a valid edit, e.g. `kubectl edit configmap governor-targets`
     edited = model_entry("demo", namespace=NS, sla={"ttft_p95_ms": 700, "itl_p95_ms": 30})
     api.edit_configmap(NS, "governor-targets", _targets([edited]))

@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from service.cli import main as cli_main
+from service.store import FileStore
 from tests.service.harness import ServiceProcess, keda_replicas, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -346,3 +347,22 @@ def test_governor_run_busy_port_names_that_listener_and_exits_1(
     assert other_flag not in err, err
     for noise in ("Traceback", "never awaited", "Exception ignored"):
         assert noise not in err, err
+
+
+def test_a_start_that_cannot_bind_leaves_the_store_unseeded(tmp_path: Path) -> None:
+    """A refused start changes nothing: the store is seeded with the config's models
+    only once the listeners are bound, so the corrected config of the next start (the
+    operator fixed a typo and a port) is the one the store gets, not the failed one's."""
+    state = tmp_path / "state.json"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        busy = f"127.0.0.1:{holder.getsockname()[1]}"
+        argv = [sys.executable, "-m", "service.cli", "run", "--simulated-fleet"]
+        argv += ["synthetic:poisson", "--store", "file", "--state-file", str(state)]
+        argv += ["--grpc-listen", busy, "--metrics-listen", "127.0.0.1:0"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert f"cannot listen on {busy}" in done.stderr
+    assert FileStore(state).load_targets() is None

@@ -180,6 +180,7 @@ def test_an_admin_edit_replaces_a_file_whose_revision_broke(
     path = tmp_path / "state.json"
     store = FileStore(path)
     core = ServiceCore(make_config(), FakeSource(), store, clock=FakeClock())
+    core.seed_targets()  # the start-up (GovernorServer.start, once bound)
     data = json.loads(path.read_text())
     del data["targets"]["revision"]
     if revision is not None:
@@ -275,6 +276,7 @@ def test_without_restored_state_the_same_restart_would_scale_down(tmp_path: Path
 def test_admin_validation_changes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     core = ServiceCore(_config(), FakeSource(), FileStore(path), clock=FakeClock())
+    core.seed_targets()  # the start-up (GovernorServer.start, once bound)
     before = path.read_bytes()
     for bad in (
         model_entry("demo", sla={"ttft_p95_ms": -1, "itl_p95_ms": 50}),

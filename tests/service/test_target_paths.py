@@ -200,6 +200,29 @@ def test_status_json_shows_zero_values_of_an_idle_model(
     assert "ready_replicas" not in obs or obs["ready_replicas"] >= 0
 
 
+def test_status_json_shows_no_zero_for_what_does_not_exist(
+    served: tuple[ServiceCore, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Missing metrics never read as zero, in `-o json` too: before the first decision
+    there are no published replicas and no decision time, and a model without data has
+    no arrival rate, staleness or observation time (`jq .arrival_rate_rps` read 0)."""
+    core, address = served
+    assert cli_main(["status", "demo", "-o", "json", "--server", address]) == 0
+    (model,) = json.loads(capsys.readouterr().out)["models"]
+    assert model["published"]["has_replicas"] is False
+    assert "replicas" not in model["published"]
+    assert "decided_at_unix_s" not in model["published"]
+    assert isinstance(core.source, FakeSource)
+    core.source.set("demo", None)  # no data
+    core.tick(5.0)
+    assert cli_main(["status", "demo", "-o", "json", "--server", address]) == 0
+    (model,) = json.loads(capsys.readouterr().out)["models"]
+    obs = model["observation"]
+    assert obs["present"] is False and obs["no_data"]
+    for absent in ("arrival_rate_rps", "staleness_s", "observed_at_s"):
+        assert absent not in obs, absent
+
+
 @pytest.mark.parametrize(
     "args",
     [
