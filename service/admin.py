@@ -26,8 +26,9 @@ from service.convert import (
     target_to_pb,
     trace_to_pb,
 )
-from service.core import ServiceCore, StatusView
+from service.core import ServiceCore
 from service.errors import AdminError
+from service.views import StatusView
 
 pb = governor_v1_pb2
 

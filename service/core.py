@@ -30,7 +30,6 @@ from actuators.publisher import (
     ORIGIN_LEADER,
     DecisionBoard,
     LatencyDistribution,
-    Published,
 )
 from controller.actuation import Actuator
 from controller.config import ConfigError, GovernorConfig, ModelConfig
@@ -45,7 +44,7 @@ from controller.targets import (
     validate_target,
 )
 from controller.types import Decision
-from estimators.types import MetricSource, NoDataError, Observation, SourceError
+from estimators.types import MetricSource, Observation
 from service.engines_seen import EngineTracker
 from service.errors import AdminError
 from service.leader import AlwaysLeader, Elector
@@ -68,33 +67,9 @@ from service.store import (
     published_doc,
     to_wall,
 )
+from service.views import ModelStatusView, StatusView
 
 MAX_MODELS = 2000  # models a target set may hold after an admin addition
-
-
-@dataclass(frozen=True, slots=True)
-class ModelStatusView:
-    """Everything GetStatus reports about one model (plain data, no protobuf)."""
-
-    model: str
-    paused: bool
-    observation: Observation | NoDataError | SourceError | None
-    decision: Decision | None
-    published: Published
-    engines_seen: int
-    actuation: str
-
-
-@dataclass(frozen=True, slots=True)
-class StatusView:
-    models: tuple[ModelStatusView, ...]
-    instance: str
-    leader: bool
-    leader_identity: str
-    last_tick_unix_s: float | None
-    store: str
-    targets_revision: str
-    targets_problem: str
 
 
 @dataclass
