@@ -38,6 +38,7 @@ from controller.config import (
     read_config_text,
 )
 from controller.types import Knobs, live_engine_args
+from service.listeners import parse_listen
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -46,6 +47,7 @@ DEFAULT_SERVER = "localhost:50051"
 ENGINE_ARGS_TIMEOUT_S = 3.0
 ADMIN_TIMEOUT_S = 10.0
 TOKEN_FILE_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
+SERVER_ENV = "GOVERNOR_SERVER"
 
 # gRPC codes that mean "your request is wrong" (exit 2), not "the service failed" (exit 1).
 _USER_ERRORS = {
@@ -607,12 +609,38 @@ def register(sub: Any) -> None:
         p.set_defaults(func=_wrap(_cmd_pause))
 
 
+GRPC_TARGET_SCHEMES = ("dns:", "ipv4:", "ipv6:", "unix:", "unix-abstract:", "vsock:")
+"""gRPC name schemes `--server` passes through (gRPC's naming doc); the addresses of
+`dns:`, `ipv4:` and `ipv6:` are checked as HOST:PORT like a plain address."""
+
+
 def _server_address(text: str) -> str:
-    """--server: a non-empty address (an empty one reached gRPC's resolver, which
-    printed its own error lines and then failed to create the channel)."""
-    if not text.strip():
+    """--server (and $GOVERNOR_SERVER, its default): HOST:PORT with a port in 1-65535
+    (IPv6 as [::1]:PORT), or a gRPC target with one of `GRPC_TARGET_SCHEMES`.
+    ArgumentTypeError (exit 2) naming the problem: gRPC takes a port past 65535 modulo
+    65536 (127.0.0.1:116087 reached port 50551, the admin token with it), an empty
+    address reached gRPC's resolver, which printed its own errors."""
+    value = text.strip()
+    if not value:
         raise argparse.ArgumentTypeError("must be HOST:PORT, not empty")
-    return text.strip()
+    scheme = next((s for s in GRPC_TARGET_SCHEMES if value.startswith(s)), None)
+    if scheme in ("unix:", "unix-abstract:", "vsock:"):
+        if value == scheme:
+            raise argparse.ArgumentTypeError(f"{value!r} names no address after the scheme")
+        return value
+    addresses = [value]
+    if scheme == "dns:":  # dns:[//authority/]HOST:PORT
+        rest = value.removeprefix("dns:")
+        addresses = [rest.split("/", 3)[-1] if rest.startswith("//") else rest]
+    elif scheme is not None:  # ipv4:ADDR:PORT[,ADDR:PORT...], ipv6: alike
+        addresses = value.removeprefix(scheme).split(",")
+    for address in addresses:
+        try:
+            parse_listen(address, "address", lowest_port=1)
+        except ValueError as exc:
+            env = " (the value of $GOVERNOR_SERVER)" if text == os.environ.get(SERVER_ENV) else ""
+            raise argparse.ArgumentTypeError(f"{exc}{env}") from None
+    return value
 
 
 def _connection_parser() -> argparse.ArgumentParser:
@@ -623,9 +651,11 @@ def _connection_parser() -> argparse.ArgumentParser:
     client.add_argument(
         "--server",
         type=_server_address,
-        default=os.environ.get("GOVERNOR_SERVER") or DEFAULT_SERVER,
+        default=os.environ.get(SERVER_ENV) or DEFAULT_SERVER,
         metavar="HOST:PORT",
-        help=f"the governor's gRPC address (default $GOVERNOR_SERVER or {DEFAULT_SERVER})",
+        help="the governor's gRPC address, port 1-65535, or a gRPC target ("
+        + ", ".join(s + "..." for s in GRPC_TARGET_SCHEMES)
+        + f"); default ${SERVER_ENV} or {DEFAULT_SERVER}",
     )
     client.add_argument(
         "--timeout-s", type=_positive_timeout, default=ADMIN_TIMEOUT_S, help="call deadline"

@@ -39,14 +39,15 @@ MAX_CONCURRENT_RPCS = 2048
 MAX_WATCH_STREAMS = 1024  # WatchBatchingConfig + StreamIsActive streams open at once
 
 
-def parse_listen(value: str, what: str = "address") -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::]:PORT`) -> (host, port); ValueError naming the problem."""
+def parse_listen(value: str, what: str = "address", lowest_port: int = 0) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::]:PORT`) -> (host, port); ValueError naming the problem.
+    `lowest_port`: 0 for a listener (0 picks a free port), 1 for an address to call."""
     host, sep, port = value.rpartition(":")
     if not sep or not host:
         raise ValueError(f"{what} must be HOST:PORT (got {value!r})")
     host = host.strip("[]")
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what}: port must be 0-65535 (got {port!r} in {value!r})")
+    if not (port.isascii() and port.isdigit()) or not lowest_port <= int(port) <= 65535:
+        raise ValueError(f"{what}: port must be {lowest_port}-65535 (got {port!r} in {value!r})")
     return host, int(port)
 
 

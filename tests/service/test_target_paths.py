@@ -268,6 +268,48 @@ def test_an_empty_server_address_is_a_usage_error(capsys: pytest.CaptureFixture[
     assert ei.value.code == 2 and "--server: must be HOST:PORT" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("server", "needle"),
+    [
+        ("127.0.0.1:116087", "port must be 1-65535 (got '116087'"),
+        ("127.0.0.1:notaport", "port must be 1-65535 (got 'notaport'"),
+        ("127.0.0.1:0", "port must be 1-65535 (got '0'"),
+        ("localhost", "must be HOST:PORT (got 'localhost')"),
+        ("dns:///127.0.0.1:99999", "port must be 1-65535 (got '99999'"),
+        ("ipv4:127.0.0.1:1,127.0.0.1:70000", "port must be 1-65535 (got '70000'"),
+        ("unix:", "names no address"),
+    ],
+)
+def test_a_server_address_past_the_port_range_is_a_usage_error(
+    server: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gRPC takes a port past 65535 modulo 65536: `--server 127.0.0.1:116087` reached
+    port 50551, the admin token with the call; a port that is not a number exited 1
+    "cannot reach". Refused before any channel opens (exit 2, naming the port)."""
+    for command in (["target", "list"], ["engine-args", "--model", "demo"]):
+        with pytest.raises(SystemExit) as ei:
+            cli_main([*command, "--server", server])
+        err = capsys.readouterr().err
+        assert ei.value.code == 2 and needle in err, (command, err)
+
+
+def test_governor_server_is_checked_like_the_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """$GOVERNOR_SERVER is --server's default: the same check, and the message says
+    where the value came from; gRPC's own target schemes pass."""
+    from service.admin_cli import _server_address
+
+    monkeypatch.setenv("GOVERNOR_SERVER", "127.0.0.1:116087")
+    for command in (["status"], ["engine-args", "--model", "demo"]):
+        with pytest.raises(SystemExit) as ei:
+            cli_main(command)
+        err = capsys.readouterr().err
+        assert ei.value.code == 2 and "(the value of $GOVERNOR_SERVER)" in err, err
+    for ok in ("unix:/run/governor.sock", "dns:///governor.ns:50051", "[::1]:50051", "h:1"):
+        assert _server_address(ok) == ok
+
+
 def test_a_reader_that_goes_away_ends_the_cli_quietly() -> None:
     """`governor ... | head -c 1`: the pipe closed before the output was written gave a
     BrokenPipeError traceback; now exit 1 and nothing on stderr."""
