@@ -4,9 +4,9 @@ It asks the governor's read-only BatchingService for the model's knobs and print
 as vLLM flags (`--live`: the ceilings, the scheduler plugin, the middleware and the
 governor's address instead). It exits 0 whatever the governor does (an engine must
 never fail to start because of the governor) and falls back to the configured default
-knobs; only a usage error of its own flags exits 2 (nothing printed on stdout).
-Registered by `service.admin_cli`, whose connection options (server, deadline, TLS) it
-shares.
+knobs; only a usage error of its own flags exits 2 (nothing printed on stdout), the
+fallback knobs included (`fallback_problems`), checked at every start. Registered by
+`service.admin_cli`, whose connection options (server, deadline, TLS) it shares.
 """
 
 from __future__ import annotations
@@ -21,24 +21,88 @@ import grpc
 
 from controller.config import ConfigError, KnobBounds, load_config
 from controller.types import Knobs, live_engine_args
-from service.admin_cli import EXIT_OK, open_channel, positive_count
+from service.admin_cli import EXIT_OK, EXIT_USAGE, open_channel, positive_count
 
 ENGINE_ARGS_TIMEOUT_S = 3.0
 
 
-def _default_knobs(args: argparse.Namespace) -> tuple[Knobs, str]:
-    """The configured defaults: --config's model, else the flags, else KnobBounds'."""
-    base = KnobBounds()
+def _warn(message: str) -> None:
+    print(f"governor engine-args: warning: {message}", file=sys.stderr)
+
+
+def _config_knobs(args: argparse.Namespace) -> KnobBounds | None:
+    """The knob bounds and defaults of `--model` in `--config`: None without --config,
+    and None with a warning when the file cannot be used or does not name the model."""
+    if not args.config:
+        return None
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        _warn(str(exc))
+        return None
+    try:
+        return cfg.model(args.model).knobs
+    except KeyError:
+        names = ", ".join(m.name for m in cfg.models)
+        _warn(
+            f"{args.config}: model {args.model!r} is not in it (its models: {names}); "
+            "its knob defaults and bounds are not used"
+        )
+        return None
+
+
+def fallback_problems(args: argparse.Namespace, kb: KnobBounds | None) -> list[str]:
+    """What makes the fallback knobs unusable: a --default-* flag outside the model's
+    knob bounds (when --config names the model; without it the bounds are unknown: a
+    model may raise them up to INT32_MAX, and the chart passes a model's defaults
+    without its bounds), or a token budget below max_num_seqs, which vLLM refuses (the
+    two flags, or one flag against the default it does not override). Empty when the
+    flags are sound or not given."""
+    seqs, tokens = args.default_max_num_seqs, args.default_max_num_batched_tokens
+    of = f"of {args.model!r} in {args.config}"
+    problems = []
+    if kb is not None:
+        for flag, value, lo, hi in (
+            ("--default-max-num-seqs", seqs, kb.max_num_seqs_min, kb.max_num_seqs_max),
+            (
+                "--default-max-num-batched-tokens",
+                tokens,
+                kb.max_num_batched_tokens_min,
+                kb.max_num_batched_tokens_max,
+            ),
+        ):
+            if value is not None and not lo <= value <= hi:
+                problems.append(f"{flag} {value} is outside [{lo}, {hi}], the knob bounds {of}")
+
+    def default(what: str, value: int) -> str:
+        return (
+            f"the built-in default {what} {value}"
+            if kb is None
+            else f"the default {what} {value} {of}"
+        )
+
+    base = kb or KnobBounds()
+    s = base.default_max_num_seqs if seqs is None else seqs
+    t = base.default_max_num_batched_tokens if tokens is None else tokens
+    if (seqs is not None or tokens is not None) and t < s:
+        hint = ""
+        if seqs is None:
+            pair = f"--default-max-num-batched-tokens {t} is below {default('max_num_seqs', s)}"
+        elif tokens is None:
+            pair = f"--default-max-num-seqs {s} is above {default('token budget', t)}"
+            hint = f"; give --default-max-num-batched-tokens >= {s} too"
+        else:
+            pair = f"--default-max-num-batched-tokens {t} is below --default-max-num-seqs {s}"
+        problems.append(f"{pair}: vLLM refuses a token budget below max_num_seqs{hint}")
+    return problems
+
+
+def _default_knobs(args: argparse.Namespace, kb: KnobBounds | None) -> tuple[Knobs, str]:
+    """The configured defaults: the flags, else `kb` (--config's model), else KnobBounds'
+    (checked first by `fallback_problems`)."""
+    base = kb or KnobBounds()
     seqs, tokens = base.default_max_num_seqs, base.default_max_num_batched_tokens
-    where = "built-in defaults"
-    if args.config:
-        try:
-            cfg = load_config(args.config)
-            kb = cfg.model(args.model).knobs
-            seqs, tokens = kb.default_max_num_seqs, kb.default_max_num_batched_tokens
-            where = f"defaults of {args.model!r} in {args.config}"
-        except (ConfigError, KeyError) as exc:
-            print(f"governor engine-args: warning: {args.config}: {exc}", file=sys.stderr)
+    where = "built-in defaults" if kb is None else f"defaults of {args.model!r} in {args.config}"
     if args.default_max_num_seqs is not None:
         seqs, where = args.default_max_num_seqs, "command-line defaults"
     if args.default_max_num_batched_tokens is not None:
@@ -46,10 +110,10 @@ def _default_knobs(args: argparse.Namespace) -> tuple[Knobs, str]:
     return Knobs(seqs, tokens), where
 
 
-def _ceiling_knobs(args: argparse.Namespace, resp: Any) -> tuple[Knobs, str]:
+def _ceiling_knobs(args: argparse.Namespace, resp: Any, kb: KnobBounds | None) -> tuple[Knobs, str]:
     """The ceilings a live engine starts with: the override flags, else the server's
-    answer, else the --default-*-ceiling flags, else --config's knob bounds, else
-    KnobBounds' built-in maxima."""
+    answer, else the --default-*-ceiling flags, else `kb` (--config's model's knob
+    bounds), else KnobBounds' built-in maxima."""
     base = KnobBounds()
     seqs, tokens = base.max_num_seqs_max, base.max_num_batched_tokens_max
     where = "built-in knob bounds"
@@ -57,13 +121,9 @@ def _ceiling_knobs(args: argparse.Namespace, resp: Any) -> tuple[Knobs, str]:
     if min(served) > 0:
         seqs, tokens = served
         where = f"bounds served by {args.server}"
-    elif args.config:
-        try:
-            kb = load_config(args.config).model(args.model).knobs
-            seqs, tokens = kb.max_num_seqs_max, kb.max_num_batched_tokens_max
-            where = f"bounds of {args.model!r} in {args.config}"
-        except (ConfigError, KeyError) as exc:
-            print(f"governor engine-args: warning: {args.config}: {exc}", file=sys.stderr)
+    elif kb is not None:
+        seqs, tokens = kb.max_num_seqs_max, kb.max_num_batched_tokens_max
+        where = f"bounds of {args.model!r} in {args.config}"
     if min(served) <= 0 and args.default_max_num_seqs_ceiling is not None:
         seqs, where = args.default_max_num_seqs_ceiling, "command-line default ceilings"
     if min(served) <= 0 and args.default_max_num_batched_tokens_ceiling is not None:
@@ -101,10 +161,17 @@ def _copy_plugin(target: str) -> None:
 
 
 def _cmd_engine_args(args: argparse.Namespace) -> int:
-    """Print the vLLM flags; always exit 0 (fall back to the defaults)."""
+    """Print the vLLM flags; exit 0 whatever the governor does (fall back to the
+    defaults), 2 with nothing printed when the fallback flags are unusable (checked
+    first, so a wrong flag shows at every start, not only once the governor is down)."""
     from governor_api import governor_v1_pb2 as pb
     from governor_api import governor_v1_pb2_grpc
 
+    kb = _config_knobs(args)
+    if problems := fallback_problems(args, kb):
+        for problem in problems:
+            print(f"governor engine-args: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     knobs: Knobs | None = None
     resp: Any = None
     try:
@@ -120,7 +187,7 @@ def _cmd_engine_args(args: argparse.Namespace) -> int:
             raise ValueError(f"server sent non-positive knobs: {resp}")
     except Exception as exc:  # anything at all: fall back, never fail the engine
         resp = None
-        knobs, where = _default_knobs(args)
+        knobs, where = _default_knobs(args, kb)
         reason = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.RpcError) else exc
         print(
             f"governor engine-args: warning: no answer from {args.server} for model "
@@ -130,7 +197,7 @@ def _cmd_engine_args(args: argparse.Namespace) -> int:
     if args.live:
         if args.plugin_dir:
             _copy_plugin(args.plugin_dir)
-        ceiling, where = _ceiling_knobs(args, resp)
+        ceiling, where = _ceiling_knobs(args, resp, kb)
         if resp is None:
             print(f"governor engine-args: ceilings from {where}", file=sys.stderr)
         print(" ".join(live_engine_args(ceiling, args.server, args.model)))
@@ -151,8 +218,16 @@ def add_engine_args(sub: Any, connection: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--engine-id", default=os.environ.get("POD_NAME") or socket.gethostname())
     p.add_argument("--config", help="config file whose model defaults to fall back to")
-    p.add_argument("--default-max-num-seqs", type=positive_count)
-    p.add_argument("--default-max-num-batched-tokens", type=positive_count)
+    p.add_argument(
+        "--default-max-num-seqs",
+        type=positive_count,
+        help="the fallback max_num_seqs (within --config's bounds for the model, if given)",
+    )
+    p.add_argument(
+        "--default-max-num-batched-tokens",
+        type=positive_count,
+        help="the fallback token budget: at least the fallback max_num_seqs (vLLM refuses less)",
+    )
     p.add_argument(
         "--live",
         action="store_true",

@@ -282,6 +282,70 @@ def test_engine_args_prints_flags_and_falls_back(
     assert code == 0 and out.strip() == "--max-num-seqs 256 --max-num-batched-tokens 8192"
 
 
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (
+            ["--default-max-num-seqs", "4096", "--default-max-num-batched-tokens", "512"],
+            "--default-max-num-batched-tokens 512 is below --default-max-num-seqs 4096: vLLM "
+            "refuses a token budget below max_num_seqs",
+        ),
+        (
+            ["--default-max-num-seqs", "10000"],
+            "--default-max-num-seqs 10000 is above the built-in default token budget 8192",
+        ),
+        (
+            ["--default-max-num-batched-tokens", "100"],
+            "--default-max-num-batched-tokens 100 is below the built-in default max_num_seqs 256",
+        ),
+        (
+            ["--config", "CFG", "--default-max-num-seqs", "2000"],
+            "--default-max-num-seqs 2000 is outside [8, 1024], the knob bounds of 'm' in",
+        ),
+        (
+            ["--config", "CFG", "--default-max-num-seqs", "128"],
+            "--default-max-num-seqs 128 is above the default token budget 100 of 'm' in",
+        ),
+    ],
+)
+def test_engine_args_refuses_fallback_knobs_vllm_refuses(
+    flags: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--default-max-num-seqs 4096 --default-max-num-batched-tokens 512` printed a token
+    budget below max_num_seqs (vLLM refuses to start on it) and `--default-max-num-seqs
+    10000` printed 10000 against the default budget 8192, both exit 0: now exit 2 with
+    nothing on stdout, the flags named; with --config naming the model, a default past
+    its knob bounds too. Checked before the governor is asked."""
+    cfg = tmp_path / "c.yaml"
+    knobs = {
+        "max_num_batched_tokens_min": 64,
+        "default_max_num_seqs": 64,
+        "default_max_num_batched_tokens": 100,
+    }
+    entry = {"name": "m", "deployment": "m", "sla": {"ttft_p95_ms": 500, "itl_p95_ms": 40}}
+    cfg.write_text(yaml.safe_dump({"models": [{**entry, "knobs": knobs}]}))
+    flags = [str(cfg) if f == "CFG" else f for f in flags]
+    server = ["--server", "127.0.0.1:1", "--timeout-s", "1"]
+    assert cli_main(["engine-args", "--model", "m", *server, *flags]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and needle in err, err
+    assert "no answer from" not in err  # refused before the call
+
+
+def test_engine_args_names_a_model_missing_from_its_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --config without the model warned with the bare KeyError text ("'m'")."""
+    cfg = tmp_path / "c.yaml"
+    entry = {"name": "other", "deployment": "o", "sla": {"ttft_p95_ms": 500, "itl_p95_ms": 40}}
+    cfg.write_text(yaml.safe_dump({"models": [entry]}))
+    argv = ["engine-args", "--model", "m", "--server", "127.0.0.1:1", "--config", str(cfg)]
+    assert cli_main([*argv, "--timeout-s", "1", "--default-max-num-seqs", "512"]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == "--max-num-seqs 512 --max-num-batched-tokens 8192"
+    assert f"{cfg}: model 'm' is not in it (its models: other)" in err
+
+
 @pytest.mark.parametrize("flag", [["-o", "json"], ["--token-file", "t"]])
 def test_engine_args_refuses_the_admin_flags(
     flag: list[str], capsys: pytest.CaptureFixture[str]
