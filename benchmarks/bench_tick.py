@@ -21,6 +21,11 @@ input repeats). After the warm-up ticks the heap alive is frozen
 service tick (`ServiceCore.tick`: + targets poll + state
 document, MemoryStore) at 1,000 models.
 
+A measured tick must have measured a tick over data: the source's queries all sent,
+a valid decision with data for every model, every model published (`tick_problems`);
+else the rows fail, "NOT MEASURED" and the reason in their value (a tick whose queries
+all fail costs ~10x less and read as a goal met).
+
 Goals (issue 7): 1,000 models <= 50 ms CPU per tick; cost per model not growing with
 N (5,000 vs 1,000 within +25 %); queries per tick constant in N and <= 15.
 Run: `.venv/bin/python -m benchmarks.bench_tick [--sizes 1,100,1000,5000] [--json F]`.
@@ -48,7 +53,7 @@ from benchmarks.promreplay import ReplayClient, model_names
 from controller.config import GovernorConfig
 from controller.loop import ControlLoop, freeze_startup_heap
 from controller.metrics import GovernorMetrics
-from controller.types import Decision, Knobs
+from controller.types import Decision, Knobs, Reason
 from estimators.prometheus import PrometheusSource
 from estimators.types import ModelQuery, ObservationResult
 
@@ -195,11 +200,13 @@ class Rig:
         else:
             self.loop = ControlLoop(self.config, source, [self.board], metrics=GovernorMetrics())
         self.now = 1000.0
+        self.decisions: list[Decision] = []
+        """The latest tick's decisions (`tick_problems` checks them)."""
 
     def tick(self) -> float:
         """One tick; returns its CPU seconds."""
         c0 = time.process_time()
-        self.loop.tick(self.now)
+        self.decisions = self.loop.tick(self.now)
         cpu = time.process_time() - c0
         self.now += TICK_S
         return cpu
@@ -223,24 +230,61 @@ def _timed(fn: Any, phases: _Phases, name: str) -> Any:
     return wrapper
 
 
+NO_DATA_REASONS = frozenset({Reason.NO_DATA_HOLD, Reason.NO_DATA_FALLBACK, Reason.KNOBS_NO_DATA})
+"""A decision made without the replayed data: the tick skipped the work it measures."""
+
+
+def tick_problems(rig: Rig, n: int) -> list[str]:
+    """Why the latest tick of `rig` did not measure a tick over `n` models' data: fewer
+    decisions than models, a decision invalid or made without data (a replayed answer
+    that failed, a query the recording does not hold), or a query count other than the
+    source's queries. Empty when it did (a tick that fails is ~10x cheaper)."""
+    problems = []
+    expected = len(list(rig.source.queries.items()))
+    if rig.source.queries_last_tick != expected:
+        problems.append(f"{rig.source.queries_last_tick} queries sent, expected {expected}")
+    if len(rig.decisions) != n:
+        problems.append(f"{len(rig.decisions)} decisions for {n} models")
+    bad = [
+        d
+        for d in rig.decisions
+        if not d.valid or d.knob_reason in NO_DATA_REASONS or NO_DATA_REASONS & set(d.reasons)
+    ]
+    if bad:
+        why = bad[0].detail or " ".join(r.value for r in bad[0].reasons)
+        why = why if len(why) <= 120 else why[:117] + "..."
+        problems.append(
+            f"{len(bad)} of {n} decisions invalid or without data (first: {bad[0].model}: {why})"
+        )
+    return problems
+
+
 def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict[str, Any]:
     """Median CPU/wall per tick and (with `breakdown`) the phase breakdown for `n` models.
-    Every tick gets its own answers (`warmup + ticks` variants): no input repeats."""
+    Every tick gets its own answers (`warmup + ticks` variants): no input repeats.
+    `problems`: why a measured tick did not measure what it should (`tick_problems`, and
+    fewer models published than ticked); the rows fail on any."""
     rig = Rig(n, variants=warmup + ticks)
     assert rig.client is not None
     for _ in range(warmup):
         rig.tick()
     freeze_startup_heap()  # as `governor run` does once it serves
     cpus, walls, queries = [], [], []
+    seen: dict[str, int] = {}  # problem -> measured ticks that had it
     gc_before = sum(s["collections"] for s in gc.get_stats())
     for _ in range(ticks):
         w0 = time.perf_counter()
         cpus.append(rig.tick())
         walls.append(time.perf_counter() - w0)
         queries.append(rig.source.queries_last_tick)
+        for problem in tick_problems(rig, n):
+            seen[problem] = seen.get(problem, 0) + 1
     gc_runs = sum(s["collections"] for s in gc.get_stats()) - gc_before
     bytes_per_tick = rig.client.bytes_per_tick
     valid = sum(1 for d in rig.board.snapshot().values() if d.replicas is not None)
+    problems = [f"{p} ({k} of {ticks} ticks)" for p, k in seen.items()]
+    if valid < n:
+        problems.append(f"{valid} of {n} models published")
     gc.unfreeze()
     del rig
     gc.collect()
@@ -257,6 +301,7 @@ def measure(n: int, ticks: int, warmup: int = 2, breakdown: bool = True) -> dict
         "answer_mb_per_tick": bytes_per_tick / 1e6,
         "gc_collections_per_tick": gc_runs / ticks,
         "models_published": valid,
+        "problems": problems,
         "breakdown_ms": {},
     }
     if not breakdown:
@@ -339,7 +384,8 @@ def _rounds(sizes: list[int], rounds: int, ticks_arg: int) -> dict[int, list[dic
             print(
                 f"round {rnd + 1}: {n:>5} models: {r['cpu_ms_median']:8.1f} ms cpu/tick "
                 f"(wall {r['wall_ms_median']:.1f}), {r['cpu_us_per_model']:.0f} us/model, "
-                f"{r['queries_per_tick']} queries, {r['answer_mb_per_tick']:.2f} MB answers",
+                f"{r['queries_per_tick']} queries, {r['answer_mb_per_tick']:.2f} MB answers"
+                + (f"; NOT MEASURED: {'; '.join(r['problems'])}" if r["problems"] else ""),
                 flush=True,
             )
     return by_round
@@ -360,6 +406,8 @@ def _pooled(sizes: list[int], by_round: dict[int, list[dict[str, Any]]]) -> list
                 "wall_ms_median": median(x["wall_ms_median"] for x in runs),
                 "queries_per_tick": max(x["queries_per_tick"] for x in runs),
                 "queries_per_tick_min": min(x["queries_per_tick_min"] for x in runs),
+                "models_published": min(x["models_published"] for x in runs),
+                "problems": [p for x in runs for p in x["problems"]],
                 "rounds": len(runs),
             }
         )
@@ -371,7 +419,18 @@ def _pooled(sizes: list[int], by_round: dict[int, list[dict[str, Any]]]) -> list
     return results
 
 
+def _unmeasured(results: list[dict[str, Any]]) -> str:
+    """The problems of `results` (`measure`'s), as a row's reason; empty when none."""
+    problems = [f"{r['models']:,} models: {p}" for r in results for p in r.get("problems", [])]
+    if not problems:
+        return ""
+    more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+    return "; NOT MEASURED, the ticks had no data: " + "; ".join(problems[:3]) + more
+
+
 def _tick_rows(results: list[dict[str, Any]], service: dict[str, Any] | None) -> list[Row]:
+    """The cost rows; a row whose ticks did not measure a tick with data (`problems`)
+    fails whatever its numbers, the reason in its value."""
     rows: list[Row] = []
     by_n = {r["models"]: r for r in results}
     for r in results:
@@ -379,25 +438,27 @@ def _tick_rows(results: list[dict[str, Any]], service: dict[str, Any] | None) ->
         goal, met = "", None
         if n == 1000:
             goal, met = f"<= {GOAL_CPU_MS_1000:g} ms", r["cpu_ms_median"] <= GOAL_CPU_MS_1000
+        why = _unmeasured([r])
         rows.append(
             Row(
                 "1 tick cost",
                 f"observe+decide+publish, {n:,} models (CPU/tick)",
-                f"{r['cpu_ms_median']:.1f} ms ({r['cpu_us_per_model']:.0f} us/model)",
+                f"{r['cpu_ms_median']:.1f} ms ({r['cpu_us_per_model']:.0f} us/model){why}",
                 goal,
-                met,
+                False if why else met,
                 r,
             )
         )
     if 1000 in by_n and 5000 in by_n:
         ratio = by_n[5000]["cpu_us_per_model"] / by_n[1000]["cpu_us_per_model"]
+        why = _unmeasured([by_n[1000], by_n[5000]])
         rows.append(
             Row(
                 "1 tick cost",
                 "growth: per-model cost at 5,000 / at 1,000",
-                f"{ratio:.2f}x",
+                f"{ratio:.2f}x{why}",
                 f"<= {GOAL_LINEAR_FRAC:g}x (linear)",
-                ratio <= GOAL_LINEAR_FRAC,
+                ratio <= GOAL_LINEAR_FRAC and not why,
                 {"ratio": ratio},
             )
         )
@@ -428,12 +489,13 @@ def _query_row(results: list[dict[str, Any]]) -> Row:
     constant = len(set(qs.values())) == 1 and all(
         r["queries_per_tick"] == r["queries_per_tick_min"] for r in results
     )
+    why = _unmeasured(results)  # a failing tick stops after its first query
     return Row(
         "2 Prometheus queries",
         "queries per tick for " + ", ".join(f"{n:,}" for n in qs) + " models",
-        ", ".join(str(q) for q in qs.values()),
+        ", ".join(str(q) for q in qs.values()) + why,
         f"constant, <= {GOAL_QUERIES}",
-        constant and max(qs.values()) <= GOAL_QUERIES,
+        constant and max(qs.values()) <= GOAL_QUERIES and not why,
         {"queries_per_tick": qs},
     )
 

@@ -349,6 +349,27 @@ def test_tick_benchmark_runs_on_a_tiny_fleet() -> None:
     from benchmarks.bench_tick import measure
 
     r = measure(5, ticks=2, warmup=1)
-    assert r["models_published"] == 5
+    assert r["models_published"] == 5 and r["problems"] == []
     assert r["queries_per_tick"] == r["queries_per_tick_min"] <= 15
     assert r["cpu_ms_median"] > 0 and set(r["breakdown_ms"]) >= {"decode_ms", "decide_ms"}
+
+
+def test_tick_benchmark_fails_a_row_whose_ticks_had_no_data(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every replayed query refused (a query text the recording does not hold): the
+    ticks cost ~10x less and the 1,000-model row read "met" while nothing was observed,
+    decided or published. Now the rows fail, naming why."""
+    from benchmarks.bench_tick import _query_row, _tick_rows, measure
+
+    def refuse(self: ReplayClient, query: str, params: Any) -> Any:
+        raise KeyError(query[:40])
+
+    monkeypatch.setattr(ReplayClient, "_answer", refuse)
+    r = measure(5, ticks=2, warmup=1, breakdown=False)
+    assert r["models_published"] == 0
+    assert any("queries sent, expected" in p for p in r["problems"]), r["problems"]
+    assert any("5 of 5 decisions invalid or without data" in p for p in r["problems"])
+    rows = _tick_rows([dict(r, models=1000, breakdown_ms={})], None)
+    assert rows[0].met is False and "NOT MEASURED" in rows[0].value
+    assert _query_row([r]).met is False
