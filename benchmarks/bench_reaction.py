@@ -9,18 +9,20 @@ utilisation and on queue time, KEDA's Prometheus scaler on the waiting queue, Kn
 KPA) the time from the step to the first evaluation that asks for more replicas than the
 fleet had at the step (the ask, not when the HPA applies it), in seconds and in governor
 ticks (5 s); also when the fleet first grew (the ask applied at an HPA sync). Medians
-over `--seeds` seeds of the trace.
+over `--seeds` seeds of the trace; a seed in which a policy never asked (or never grew)
+is left out of them and named, and fails the governor's row.
 
 Run: `.venv/bin/python -m benchmarks.bench_reaction [--seeds 3] [--json F]`.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 from typing import Any
 
 import simulator.scenario as scenario
-from benchmarks.common import Row, bench_args, median, print_rows, write_rows
+from benchmarks.common import Row, bench_args, median, nan_runs, print_rows, write_rows
 from controller.config import SLA
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
@@ -80,6 +82,54 @@ def _interval(policy: str) -> float:
     return {"governor": TICK_S, "kpa": 2.0}.get(policy, 15.0)
 
 
+MEASURED = ("ask_s", "ask_evaluations", "applied_s", "replicas_at_step", "slo_attainment")
+"""The numbers of a run (`reaction`); NaN: the policy never asked, or never grew."""
+
+
+def _row(policy: str, runs: list[dict[str, float]], args: argparse.Namespace) -> Row:
+    """The row of `policy` over its runs (run k: seed k). A run with a NaN (the policy
+    never asked for more replicas after the step, or the fleet never grew) is left out
+    of the medians and named; the governor's row then fails (its goal is to react)."""
+    never = nan_runs(runs, MEASURED)
+    kept = [r for i, r in enumerate(runs) if i not in never]
+
+    def med(key: str) -> float:
+        return median(r[key] for r in kept) if kept else math.nan
+
+    ask, evals, applied, att = (
+        med("ask_s"),
+        med("ask_evaluations"),
+        med("applied_s"),
+        med("slo_attainment"),
+    )
+    is_gov = policy == "governor"
+    missed = ""
+    if never:
+        seeds = ", ".join(
+            f"{i} ({'no ask' if math.isnan(runs[i]['ask_s']) else 'no growth'})" for i in never
+        )
+        missed = f"; NEVER REACTED in seed(s) {seeds}: medians over {len(kept)} of {len(runs)}"
+    met = (evals <= GOAL_TICKS and ask <= GOAL_TICKS * TICK_S and not never) if is_gov else None
+    return Row(
+        "5 reaction",
+        f"{policy}: step {args.low:g}->{args.high:g} req/s to first scale-up ask",
+        f"{ask:.1f} s = {ask / TICK_S:.1f} ticks, at its evaluation no. {evals:.0f} "
+        f"after the step (every {_interval(policy):g} s); applied +{applied:.0f} s at an "
+        f"HPA sync; attainment {att:.1%}{missed}",
+        f"first tick after the step (<= {GOAL_TICKS * TICK_S:g} s)" if is_gov else "",
+        met,
+        {
+            "ask_s": ask,
+            "ask_ticks": ask / TICK_S,
+            "ask_evaluations": evals,
+            "applied_s": applied,
+            "slo_attainment": att,
+            "never_reacted_seeds": never,
+            "runs": runs,
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> list[Row]:
     ap = bench_args(__doc__)
     ap.add_argument("--seeds", type=int, default=3)
@@ -109,32 +159,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 f"{r['slo_attainment']:.3f}",
                 flush=True,
             )
-    rows: list[Row] = []
-    for p in POLICIES:
-        ask = median(r["ask_s"] for r in runs[p])
-        evals = median(r["ask_evaluations"] for r in runs[p])
-        applied = median(r["applied_s"] for r in runs[p])
-        att = median(r["slo_attainment"] for r in runs[p])
-        is_gov = p == "governor"
-        rows.append(
-            Row(
-                "5 reaction",
-                f"{p}: step {args.low:g}->{args.high:g} req/s to first scale-up ask",
-                f"{ask:.1f} s = {ask / TICK_S:.1f} ticks, at its evaluation no. {evals:.0f} "
-                f"after the step (every {_interval(p):g} s); applied +{applied:.0f} s at an "
-                f"HPA sync; attainment {att:.1%}",
-                f"first tick after the step (<= {GOAL_TICKS * TICK_S:g} s)" if is_gov else "",
-                (evals <= GOAL_TICKS and ask <= GOAL_TICKS * TICK_S) if is_gov else None,
-                {
-                    "ask_s": ask,
-                    "ask_ticks": ask / TICK_S,
-                    "ask_evaluations": evals,
-                    "applied_s": applied,
-                    "slo_attainment": att,
-                    "runs": runs[p],
-                },
-            )
-        )
+    rows = [_row(p, runs[p], args) for p in POLICIES]
     write_rows(args.json, "reaction", rows, runs)
     return rows
 

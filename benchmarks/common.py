@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import resource
@@ -43,8 +44,25 @@ class Row:
 
 
 def median(values: Iterable[float]) -> float:
-    """Median of `values` (ValueError when empty)."""
-    return float(statistics.median(list(values)))
+    """Median of `values`; ValueError when empty or when one is NaN (statistics.median
+    sorts, and NaN compares false with everything: the answer depended on where the NaN
+    stood, and a run that measured nothing vanished in it). Leave such runs out and say
+    so (`nan_runs`)."""
+    vals = list(values)
+    if any(isinstance(v, float) and math.isnan(v) for v in vals):
+        raise ValueError(f"median over a NaN: {vals}")
+    return float(statistics.median(vals))
+
+
+def nan_runs(runs: Sequence[dict[str, Any]], keys: Iterable[str]) -> list[int]:
+    """Indexes of the `runs` with a NaN under any of `keys` (a run that never saw what
+    it measures)."""
+    keys = tuple(keys)
+    return [
+        i
+        for i, r in enumerate(runs)
+        if any(isinstance(r.get(k), float) and math.isnan(r[k]) for k in keys)
+    ]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

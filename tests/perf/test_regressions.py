@@ -373,3 +373,65 @@ def test_tick_benchmark_fails_a_row_whose_ticks_had_no_data(
     rows = _tick_rows([dict(r, models=1000, breakdown_ms={})], None)
     assert rows[0].met is False and "NOT MEASURED" in rows[0].value
     assert _query_row([r]).met is False
+
+
+def _reaction_run(ask_s: float) -> dict[str, float]:
+    never = math.isnan(ask_s)
+    return {
+        "ask_s": ask_s,
+        "ask_evaluations": math.nan if never else 1.0,
+        "applied_s": math.nan if never else 14.0,
+        "replicas_at_step": 1.0,
+        "slo_attainment": 0.5 if never else 0.92,
+        "interval_s": 5.0,
+    }
+
+
+def test_a_seed_that_never_reacted_fails_the_reaction_row() -> None:
+    """statistics.median over [nan, 3.5, 3.5] depends on where the NaN stands: a seed in
+    which the governor never asked for more replicas vanished and the row read "met".
+    Now it is left out of the medians, named, and fails the row, whatever its place."""
+    import argparse
+    import itertools
+
+    from benchmarks.bench_reaction import _row
+    from benchmarks.common import median
+
+    with pytest.raises(ValueError, match="NaN"):
+        median([math.nan, 2.5, 3.5])
+    args = argparse.Namespace(low=10.0, high=40.0)
+    for order in itertools.permutations([math.nan, 3.5, 3.5]):
+        runs = [_reaction_run(a) for a in order]
+        seed = [math.isnan(a) for a in order].index(True)
+        row = _row("governor", runs, args)
+        assert row.met is False, order
+        assert f"NEVER REACTED in seed(s) {seed} (no ask): medians over 2 of 3" in row.value
+        assert row.data["ask_s"] == 3.5 and row.data["never_reacted_seeds"] == [seed]
+    baseline = _row("keda", [_reaction_run(math.nan), _reaction_run(20.0)], args)
+    assert baseline.met is None and "NEVER REACTED in seed(s) 0" in baseline.value
+    assert _row("governor", [_reaction_run(3.5)] * 3, args).met is True
+
+
+def test_a_closed_loop_rep_without_answers_fails_the_grpc_row() -> None:
+    """bench_grpc's closed loop: a rep that completed no call has NaN latencies and CPU
+    per call; it is left out of the medians and named."""
+    from benchmarks.bench_grpc import closed_loop_medians
+
+    def rep(p99: float) -> dict[str, Any]:
+        n = 0 if math.isnan(p99) else 100
+        cpu = math.nan if n == 0 else 50.0
+        return {
+            "calls_per_s": float(n),
+            "p50_ms": p99 / 2,
+            "p99_ms": p99,
+            "server_cpu_us_per_call": cpu,
+            "calls": n,
+            "errors": 0,
+            "error_codes": {},
+        }
+
+    per = {"governor": [rep(2.0), rep(math.nan), rep(4.0)], "ceiling": [rep(1.0)] * 3}
+    med, empty = closed_loop_medians(per)
+    assert empty == "governor rep 1"
+    assert med["governor"]["p99_ms"] == 3.0 and med["ceiling"]["p99_ms"] == 1.0
+    assert closed_loop_medians({"governor": [rep(2.0)]})[1] == ""
