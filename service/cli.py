@@ -75,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except MemoryError:
+        print(f"governor {args.command}: out of memory", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

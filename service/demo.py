@@ -50,6 +50,11 @@ def simulated_fleet_factory(
         fleet = realtime.build(trace, config, rate_scale=rate_scale, speed=speed)
     except (OSError, ValueError) as exc:
         raise SimulatorUnavailableError(f"--simulated-fleet {trace}: {exc}") from None
+    except MemoryError:
+        raise SimulatorUnavailableError(
+            f"--simulated-fleet {trace} at --sim-rate-scale {rate_scale:g}: out of memory "
+            "building the scaled trace: lower --sim-rate-scale"
+        ) from None
     return fleet, fleet
 
 

@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
 
 
+MAX_SIM_RATE_SCALE = 100.0
+"""The largest `--sim-rate-scale`: simulator.traces.MAX_RATE_MULTIPLIER (the trace is
+scaled whole in memory; x3,000 ran out of memory with a traceback)."""
 MAX_SIM_SPEED = 100.0
 """The fastest `--sim-speed`: the simulator runs a conversation x16 fleet at ~350x real
 time per CPU second, and at 10**6 one tick held a core for minutes, past SIGTERM."""
@@ -84,7 +87,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         metavar="K",
-        help="with --simulated-fleet: K times the trace's requests over the same span",
+        help="with --simulated-fleet: K times the trace's requests over the same span, "
+        f"K in (0, {MAX_SIM_RATE_SCALE:g}] (the trace is scaled whole in memory: x100 makes "
+        "azure:conv 1.9 million requests)",
     )
     p.add_argument(
         "--sim-speed",
@@ -268,6 +273,13 @@ def _check_flags(args: argparse.Namespace) -> None:
             raise _RunError(f"{flag} must be > 0 (got {value})", 2)
         if args.simulated_fleet is None and value != 1.0:
             raise _RunError(f"{flag} is read only with --simulated-fleet", 2)
+    if args.sim_rate_scale > MAX_SIM_RATE_SCALE:
+        raise _RunError(
+            f"--sim-rate-scale must be <= {MAX_SIM_RATE_SCALE:g} (got {args.sim_rate_scale:g}): "
+            "the trace is scaled whole in memory (a higher rate: a synthetic trace's own rate "
+            "parameters)",
+            2,
+        )
     if args.sim_speed > MAX_SIM_SPEED:
         raise _RunError(
             f"--sim-speed must be <= {MAX_SIM_SPEED:g} (got {args.sim_speed:g}): past it the "

@@ -29,7 +29,7 @@ from simulator.scenario import (
     run_policy,
     slo_met,
 )
-from simulator.traces import load_trace
+from simulator.traces import MAX_RATE_MULTIPLIER, Trace, load_trace
 
 EXIT_USAGE = 2
 
@@ -45,6 +45,28 @@ def _positive(kind: type, name: str):
         return v
 
     return conv
+
+
+def _rate_scale(name: str):
+    """A rate multiplier in (0, MAX_RATE_MULTIPLIER] (simulator.traces says why)."""
+    positive = _positive(float, name)
+
+    def conv(text: str) -> float:
+        v = positive(text)
+        if v > MAX_RATE_MULTIPLIER:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be <= {MAX_RATE_MULTIPLIER:g}, got {text!r}: the scaled trace is "
+                "built whole in memory (a higher rate: a synthetic trace's own rate parameters)"
+            )
+        return v
+
+    return conv
+
+
+RATE_SCALE_HELP = (
+    f"(0, {MAX_RATE_MULTIPLIER:g}]: the trace is scaled whole in memory before --duration "
+    "cuts it (x100 makes azure:conv 1.9 million requests)"
+)
 
 
 def _non_negative(name: str):
@@ -137,9 +159,9 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--rate-scale",
-        type=_positive(float, "--rate-scale"),
+        type=_rate_scale("--rate-scale"),
         default=1.0,
-        help="rate multiplier K: K times the requests over the same span",
+        help=f"rate multiplier K: K times the requests over the same span, in {RATE_SCALE_HELP}",
     )
     p.add_argument(
         "--policies",
@@ -370,6 +392,25 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
+def trace_of(args: argparse.Namespace, command: str) -> Trace | None:
+    """The trace `args` ask for (--trace, --rate-scale, --duration, --seed); None after
+    printing why it cannot be had (a bad spec, or no memory for the scaled trace)."""
+    try:
+        return load_trace(
+            args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
+        )
+    except (OSError, ValueError) as exc:
+        print(f"governor {command}: --trace {args.trace}: {exc}", file=sys.stderr)
+    except MemoryError:
+        print(
+            f"governor {command}: --trace {args.trace} at --rate-scale {args.rate_scale:g}: out "
+            "of memory building the scaled trace (it is scaled whole before --duration cuts "
+            "it): lower --rate-scale",
+            file=sys.stderr,
+        )
+    return None
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     if problems := usage_problems(args):
         for problem in problems:
@@ -377,12 +418,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if _matrix_modes(args):
         return cmd_matrix(args)
-    try:
-        trace = load_trace(
-            args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
-        )
-    except (OSError, ValueError) as exc:
-        print(f"governor simulate: --trace {args.trace}: {exc}", file=sys.stderr)
+    trace = trace_of(args, "simulate")
+    if trace is None:
         return EXIT_USAGE
     if len(trace) == 0:
         print(f"governor simulate: --trace {args.trace}: no requests", file=sys.stderr)
@@ -428,7 +465,12 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         "demo", help="run the controller on the embedded simulated fleet (live view)"
     )
     p.add_argument("--trace", default="azure:conv")
-    p.add_argument("--rate-scale", type=_positive(float, "--rate-scale"), default=16.0)
+    p.add_argument(
+        "--rate-scale",
+        type=_rate_scale("--rate-scale"),
+        default=16.0,
+        help=f"rate multiplier K (default 16), in {RATE_SCALE_HELP}",
+    )
     p.add_argument(
         "--duration",
         type=_positive(float, "--duration"),
@@ -524,12 +566,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if bad := output_problem("--out", args.out, folder=True):
         print(f"governor demo: {bad}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        trace = load_trace(
-            args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
-        )
-    except (OSError, ValueError) as exc:
-        print(f"governor demo: --trace {args.trace}: {exc}", file=sys.stderr)
+    trace = trace_of(args, "demo")
+    if trace is None:
         return EXIT_USAGE
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
     sc = Scenario(

@@ -273,6 +273,50 @@ def test_simulate_cli_bad_arguments_exit_2(
     assert needle in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--trace", "synthetic:poisson", "--duration", "1", "--rate-scale", "3000"],
+        ["demo", "--trace", "synthetic:poisson", "--duration", "1", "--rate-scale", "101"],
+        ["run", "--simulated-fleet", "synthetic:poisson", "--sim-rate-scale", "3000"],
+    ],
+)
+def test_a_rate_scale_past_the_bound_is_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--rate-scale / --sim-rate-scale had no upper bound: 3000 raised numpy's
+    _ArrayMemoryError (a traceback), the whole trace scaled before --duration cut it."""
+    from service.run import MAX_SIM_RATE_SCALE
+    from simulator.traces import MAX_RATE_MULTIPLIER
+
+    with pytest.raises(SystemExit) as exc:
+        code = main(argv)
+        raise SystemExit(code)
+    assert exc.value.code == 2
+    assert "rate-scale must be <= 100" in capsys.readouterr().err
+    assert MAX_SIM_RATE_SCALE == MAX_RATE_MULTIPLIER == 100
+    with pytest.raises(ValueError, match="in \\(0, 100\\]"):
+        load_trace("synthetic:poisson:duration=1", rate_multiplier=101)
+
+
+def test_simulate_without_memory_for_the_trace_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A MemoryError building the scaled trace: a message naming the flags, exit 2, no
+    traceback (the run has not started)."""
+    import simulator.cli
+
+    def no_memory(*a: object, **k: object) -> Trace:
+        raise MemoryError
+
+    monkeypatch.setattr(simulator.cli, "load_trace", no_memory)
+    argv = ["simulate", "--trace", "azure:conv", "--rate-scale", "80", "--no-oracle"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--trace azure:conv at --rate-scale 80: out of memory" in err
+    assert "Traceback" not in err
+
+
 def test_simulate_cli_missing_trace_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
