@@ -27,7 +27,6 @@ import json
 import sys
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ import numpy as np
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
 from simulator.fleet import Fleet
-from simulator.outputs import output_problem
+from simulator.outputs import output_problem, write_output
 from simulator.plant import Plant
 from simulator.traces import Trace
 
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(compare(profile), profile)
     print(text)
     if args.out:
-        Path(args.out).write_text(text)
+        write_output(args.out, text)
     return 0
 
 

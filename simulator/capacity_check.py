@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, load_profile
 from simulator.fleet import Fleet
 from simulator.matrix import TRACES, MatrixTrace
-from simulator.outputs import output_problem
+from simulator.outputs import output_problem, write_output
 from simulator.pool import process_pool
 from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
 from simulator.traces import Trace, load_trace
@@ -234,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(check(workers=args.workers))
     print(text)
     if args.out:
-        Path(args.out).write_text(text)
+        write_output(args.out, text)
     return 0
 
 

@@ -19,7 +19,7 @@ from simulator.autoscalers import POLICY_NAMES
 from simulator.calibrate import main as calibrate_main
 from simulator.capacity_check import main as capacity_main
 from simulator.oracle import scenario_oracle
-from simulator.outputs import output_problem
+from simulator.outputs import output_problem, write_output
 from simulator.plant import Plant
 from simulator.report import document, plot, table
 from simulator.scenario import (
@@ -317,8 +317,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     for m in s.missed:
         print(f"missed: {m}")
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n")
+        write_output(args.json_out, json.dumps(doc, indent=2) + "\n")
         print(f"json: {args.json_out}")
     return 0
 
@@ -452,8 +451,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     doc = document(sc, results, orc)
     print(table(doc))
     if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n")
+        write_output(args.json_out, json.dumps(doc, indent=2) + "\n")
         print(f"json: {args.json_out}")
     if args.plot_out:
         print(f"plot: {plot(sc, results, orc, args.plot_out)}")

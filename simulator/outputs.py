@@ -1,6 +1,7 @@
 """Where the simulator's commands write their results (`--json`, `--plot`, `--out`):
 checked before a run starts, so a path that cannot be written is a usage error naming
-it, not a traceback after minutes of simulation with the results lost."""
+it, not a traceback after minutes of simulation with the results lost; written with the
+missing folders made (`write_output`)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,12 @@ def output_problem(flag: str, path: str | None, folder: bool = False) -> str | N
     if not os.access(above, os.W_OK | os.X_OK):
         return f"{flag} {path}: {above} is not writable"
     return None
+
+
+def write_output(path: str, text: str) -> Path:
+    """Write `text` to `path` (a file), making the missing folders above it first: the
+    ones `output_problem` accepted. Returns the path written."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p

@@ -44,3 +44,14 @@ def test_the_uncalibrated_plant_misses(points) -> None:  # type: ignore[no-untyp
 def test_committed_doc_is_what_the_command_prints(points, capsys) -> None:  # type: ignore[no-untyped-def]
     assert DOC.read_text() == report(points, load_profile())
     assert main([]) == 0 and "| workload | metric |" in capsys.readouterr().out
+
+
+def test_out_into_a_missing_folder_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calibrate --out` into a folder that does not exist yet (which the check before
+    the run accepts) crashed after the run with FileNotFoundError; the folders are made,
+    as `simulate --json` does."""
+    out = tmp_path / "nodir" / "sub" / "cal.md"
+    assert main(["--out", str(out)]) == 0
+    assert capsys.readouterr().out == out.read_text() + "\n"  # print adds one

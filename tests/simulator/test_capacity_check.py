@@ -69,3 +69,17 @@ def test_committed_doc_and_the_readme_are_what_the_command_prints() -> None:
     long_rows = [by["long-context", n] for n in (1, 2, 4, 8)]
     assert all(r.model_limit == "ITL" for r in long_rows)
     assert long_rows[0].plant_rps < long_rows[-1].plant_rps  # "grows with the fleet"
+
+
+def test_out_into_a_missing_folder_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calibrate --capacity --out` into a folder that does not exist yet crashed after
+    the run (about a minute and a half) with FileNotFoundError: the folders are made."""
+    import simulator.capacity_check as cc
+
+    monkeypatch.setattr(cc, "check", lambda workers: [])
+    monkeypatch.setattr(cc, "report", lambda rows: "| table |\n")
+    out = tmp_path / "nodir" / "sub" / "capacity.md"
+    assert main(["--out", str(out)]) == 0
+    assert out.read_text() == "| table |\n"
