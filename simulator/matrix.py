@@ -435,6 +435,33 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
 GOVERNOR = "governor"
 
 
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+
+
+def _base_problem(base: Any) -> str | None:
+    """What keeps `base` (a parsed JSON document) from being a matrix document
+    `rerun_governor` can read: not an object, a spec that is not one, rows that are
+    not a list of rows. None when it has that shape."""
+
+    def kind(value: Any) -> str:
+        return _JSON_TYPES.get(type(value), "number")
+
+    if not isinstance(base, Mapping):
+        return f"not a matrix document: a JSON {kind(base)}, not an object"
+    if "spec" not in base:
+        return "not a matrix document: it has no spec"
+    if not isinstance(base["spec"], Mapping):
+        return f"not a matrix document: its spec is a JSON {kind(base['spec'])}, not an object"
+    rows = base.get("rows")
+    keys = ("trace", "condition", "policies", "oracle_gpu_hours")
+    if not isinstance(rows, list) or not all(
+        isinstance(r, Mapping) and all(k in r for k in keys) and isinstance(r["policies"], Mapping)
+        for r in rows
+    ):
+        return f"not a matrix document: its rows are not a list of objects with {', '.join(keys)}"
+    return None
+
+
 def rerun_governor(
     spec: MatrixSpec, base: Mapping[str, Any], log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -448,6 +475,8 @@ def rerun_governor(
     oracle series). The document says so: `governor_rerun` is true and `wall_s` /
     `cpu_s` count the governor's cells only.
     """
+    if problem := _base_problem(base):
+        raise ValueError(problem)
     want, got = _spec_doc(spec), base.get("spec", {})
     same = ("traces", "conditions", "seed", "max_replicas", "overhead_ms")
     diff = [k for k in same if got.get(k) != want[k]]

@@ -4,6 +4,7 @@ quick smoke run of the whole machinery (process pool, oracle once per trace and 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -211,6 +212,39 @@ def test_matrix_base_refuses_another_spec_and_plots(tmp_path, capsys) -> None:  
     assert "--matrix-plots needs a full run" in capsys.readouterr().err
     assert main(["simulate", "--matrix-quick", "--matrix-base", str(tmp_path / "none")]) == 2
     assert "No such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[1]", "a JSON array, not an object"),
+        ("null", "a JSON null, not an object"),
+        ('"x"', "a JSON string, not an object"),
+        ("{}", "it has no spec"),
+        ('{"spec": [1]}', "its spec is a JSON array"),
+        ("ROWS", "its rows are not a list of objects with trace, condition"),
+    ],
+)
+def test_matrix_base_that_is_not_a_matrix_document_is_refused(
+    text: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Valid JSON that is not a matrix document (`[1]`, `null`) raised AttributeError
+    with a traceback: exit 2 naming what it is, before any cell runs."""
+    import json
+
+    from service.cli import main
+    from simulator.matrix import _base_problem
+
+    committed = json.loads(Path("docs/matrix-quick.json").read_text())
+    assert _base_problem(committed) is None
+    if text == "ROWS":
+        text = json.dumps({**committed, "rows": [1]})
+    path = tmp_path / "base.json"
+    path.write_text(text)
+    assert main(["simulate", "--matrix-quick", "--matrix-base", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--matrix-base {path}: not a matrix document: {needle}" in err, err
+    assert "Traceback" not in err
 
 
 def test_table_shows_the_held_oracle_and_the_learned_speed() -> None:
