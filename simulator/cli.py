@@ -47,6 +47,19 @@ def _positive(kind: type, name: str):
     return conv
 
 
+def _seed(text: str) -> int:
+    """--seed: a whole number >= 0 (the trace generators and the fleet's random
+    generators refuse a negative one; it was blamed on --trace, or taken for azure
+    traces)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed must be a whole number, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"--seed must be >= 0, got {text!r}")
+    return v
+
+
 def _rate_scale(name: str):
     """A rate multiplier in (0, MAX_RATE_MULTIPLIER] (simulator.traces says why)."""
     positive = _positive(float, name)
@@ -177,7 +190,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sla-ttft-p95-ms", type=_positive(float, "--sla-ttft-p95-ms"), default=500.0)
     p.add_argument("--sla-itl-p95-ms", type=_positive(float, "--sla-itl-p95-ms"), default=50.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0, help="random seed, >= 0")
     p.add_argument(
         "--start-replicas",
         type=_positive(int, "--start-replicas"),
@@ -502,7 +515,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         "settling tail after that is shown, not scored",
     )
     p.add_argument("--out", default="out/demo", help="folder for the plot and JSON")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0, help="random seed, >= 0")
     p.add_argument(
         "--settle-max-s",
         type=_non_negative("--settle-max-s"),

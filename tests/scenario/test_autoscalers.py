@@ -317,6 +317,27 @@ def test_simulate_without_memory_for_the_trace_says_so(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["simulate", "--trace", "synthetic:poisson", "--seed", "-1"], "--seed must be >= 0"),
+        (["simulate", "--trace", "azure:code", "--seed", "-1"], "--seed must be >= 0"),
+        (["demo", "--trace", "azure:conv", "--seed", "-3"], "--seed must be >= 0"),
+        (["simulate", "--seed", "1.5"], "--seed must be a whole number"),
+    ],
+)
+def test_a_negative_seed_is_refused_as_the_seed(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A negative --seed was blamed on --trace for synthetic traces ("--trace
+    synthetic:poisson: expected non-negative integer") and accepted for azure ones."""
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--duration", "30"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "--trace" not in err.splitlines()[-1]
+
+
 def test_simulate_cli_missing_trace_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
