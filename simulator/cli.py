@@ -23,6 +23,8 @@ from simulator.outputs import output_problem, write_output
 from simulator.plant import Plant
 from simulator.report import document, plot, table
 from simulator.scenario import (
+    DEFAULT_MAX_REPLICAS,
+    DEFAULT_MIN_REPLICAS,
     DEFAULT_SCRAPE_INTERVAL_S,
     PolicyResult,
     Scenario,
@@ -197,8 +199,12 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="replicas serving at t = 0 (default: the model's min replicas)",
     )
-    p.add_argument("--min-replicas", type=_positive(int, "--min-replicas"), default=1)
-    p.add_argument("--max-replicas", type=_positive(int, "--max-replicas"), default=64)
+    p.add_argument(
+        "--min-replicas", type=_positive(int, "--min-replicas"), default=DEFAULT_MIN_REPLICAS
+    )
+    p.add_argument(
+        "--max-replicas", type=_positive(int, "--max-replicas"), default=DEFAULT_MAX_REPLICAS
+    )
     add_plant_args(p)
     p.add_argument(
         "--static-replicas",
@@ -356,6 +362,19 @@ MATRIX_FLAGS = ("matrix_traces", "workers", "matrix_base", "matrix_plots")
 """`simulate` flags only the matrix reads."""
 
 
+def start_replicas_problem(
+    start: int | None, lo: int, hi: int, flags: tuple[str, str] | None = None
+) -> str | None:
+    """What is wrong with `--start-replicas start` against the replica bounds [lo, hi]
+    (`flags`: the flags that set them; None: the scenario's defaults, `demo`'s), the one
+    check of `simulate` and `demo`. None when it is within them or not given."""
+    if start is None or lo <= start <= hi:
+        return None
+    if flags is None:
+        return f"--start-replicas {start} is outside [{lo}, {hi}], the fleet's replica bounds"
+    return f"--start-replicas {start} is outside [{flags[0]} {lo}, {flags[1]} {hi}]"
+
+
 def usage_problems(args: argparse.Namespace) -> list[str]:
     """What is wrong with a `simulate` command line that argparse cannot see: flags
     the chosen mode would ignore (given a value other than their default) and replica
@@ -396,9 +415,8 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
     ]
     if lo > hi:
         problems.append(f"--min-replicas {lo} is above --max-replicas {hi}")
-    if start is not None and not lo <= start <= hi:
-        bounds = f"[--min-replicas {lo}, --max-replicas {hi}]"
-        problems.append(f"--start-replicas {start} is outside {bounds}")
+    if bad := start_replicas_problem(start, lo, hi, ("--min-replicas", "--max-replicas")):
+        problems.append(bad)
     if args.static_replicas is not None and args.static_replicas > hi:
         problems.append(f"--static-replicas {args.static_replicas} is above --max-replicas {hi}")
     return problems
@@ -504,7 +522,8 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         "--start-replicas",
         type=_positive(int, "--start-replicas"),
         default=6,
-        help="replicas serving when the replay starts (default 6: what the service runs at "
+        help="replicas serving when the replay starts, within the fleet's bounds "
+        f"[{DEFAULT_MIN_REPLICAS}, {DEFAULT_MAX_REPLICAS}] (default 6: what the service runs at "
         "the trace's first minutes, ~70 req/s; the matrix covers starting from one)",
     )
     p.add_argument(
@@ -574,8 +593,17 @@ def demo_goals(doc: dict) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    if bad := output_problem("--out", args.out, folder=True):
-        print(f"governor demo: {bad}", file=sys.stderr)
+    problems = [
+        p
+        for p in (
+            output_problem("--out", args.out, folder=True),
+            start_replicas_problem(args.start_replicas, DEFAULT_MIN_REPLICAS, DEFAULT_MAX_REPLICAS),
+        )
+        if p
+    ]
+    if problems:
+        for problem in problems:
+            print(f"governor demo: {problem}", file=sys.stderr)
         return EXIT_USAGE
     trace = trace_of(args, "demo")
     if trace is None:

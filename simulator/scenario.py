@@ -59,6 +59,9 @@ MODEL = "demo"
 
 DEFAULT_SCRAPE_INTERVAL_S = 15.0
 """Resolution of the simulated metric source: what most clusters scrape at, seconds."""
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 64
+"""The replica bounds of a scenario that sets none (`governor demo`'s)."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +77,8 @@ class Scenario:
     trace: Trace
     sla: SLA
     profile: Profile = field(default_factory=lambda: load_profile(DEFAULT_PROFILE))
-    min_replicas: int = 1
-    max_replicas: int = 64
+    min_replicas: int = DEFAULT_MIN_REPLICAS
+    max_replicas: int = DEFAULT_MAX_REPLICAS
     start_replicas: int | None = None
     static_replicas: int | None = None
     seed: int = 0

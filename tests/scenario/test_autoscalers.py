@@ -338,6 +338,20 @@ def test_a_negative_seed_is_refused_as_the_seed(
     assert needle in err and "--trace" not in err.splitlines()[-1]
 
 
+def test_demo_start_replicas_outside_the_fleet_bounds_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`demo --start-replicas 1000` ran (with 402 replicas, against the scenario's bound
+    64) where `simulate` refuses a start outside [min, max]: the same check now, exit 2
+    before anything runs or is written."""
+    out = tmp_path / "demo"
+    argv = ["demo", "--trace", "synthetic:poisson", "--duration", "60", "--speed", "0"]
+    assert main([*argv, "--out", str(out), "--start-replicas", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert "--start-replicas 1000 is outside [1, 64], the fleet's replica bounds" in err
+    assert not out.exists()
+
+
 def test_simulate_cli_missing_trace_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
