@@ -198,6 +198,11 @@ def _build_target(args: argparse.Namespace, current: dict[str, Any] | None) -> d
             raise CliError(f"--file {args.file}: not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):
             raise CliError(f"--file {args.file}: must be a mapping of target fields")
+        if "name" in loaded and loaded["name"] != args.model:
+            raise CliError(
+                f"--file {args.file} is the target of {loaded['name']!r}, not of "
+                f"{args.model!r}: give the same name (a rename is a delete and a set)"
+            )
         data = loaded
     data["name"] = args.model
     for flag, path in _FLAG_PATHS.items():

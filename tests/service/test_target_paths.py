@@ -123,6 +123,25 @@ def test_target_set_refuses_what_the_governor_cannot_run_on(
     assert core.targets_revision == before
 
 
+def test_target_set_refuses_a_file_of_another_model(
+    served: tuple[ServiceCore, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`target set demo --file F` where F says `name: other` set demo from F, F's name
+    silently replaced (F's target renamed): now exit 2 naming both, nothing changed."""
+    core, address = served
+    target = tmp_path / "other.yaml"
+    entry = model_entry("other")
+    target.write_text(yaml.safe_dump(entry))
+    before = core.targets_revision
+    argv = ["target", "set", "demo", "--file", str(target), "--server", address]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--file {target} is the target of 'other', not of 'demo'" in err
+    assert core.targets_revision == before
+    target.write_text(yaml.safe_dump({**entry, "name": "demo"}))
+    assert cli_main(argv) == 0  # the same name: set
+
+
 def test_target_set_keeps_a_policy_override_to_null(capsys: pytest.CaptureFixture[str]) -> None:
     """`falling_release_after_s: null` (never release) is a per-model setting: the CLI's
     read-modify-write sends it back with the edit (it was dropped as an unset field, and
