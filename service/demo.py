@@ -30,7 +30,7 @@ def simulated_fleet_factory(
     if trace.startswith(("synthetic:", "azure:")):
         if not trace.removeprefix("synthetic:"):
             raise SimulatorUnavailableError(
-                "--simulated-fleet synthetic:NAME needs a NAME (e.g. synthetic:steady)"
+                f"--simulated-fleet synthetic:NAME needs a NAME{_synthetic_names()}"
             )
     elif not Path(trace).is_file():
         raise SimulatorUnavailableError(
@@ -56,6 +56,16 @@ def simulated_fleet_factory(
             "building the scaled trace: lower --sim-rate-scale"
         ) from None
     return fleet, fleet
+
+
+def _synthetic_names() -> str:
+    """` (one of synthetic:a, synthetic:b, ...)`: the simulator's synthetic traces, or
+    nothing when the simulator is not in this build."""
+    try:
+        from simulator.traces import SYNTHETIC_DEFAULTS
+    except ImportError:
+        return ""
+    return " (one of " + ", ".join(f"synthetic:{n}" for n in sorted(SYNTHETIC_DEFAULTS)) + ")"
 
 
 def demo_config() -> GovernorConfig:

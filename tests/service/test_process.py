@@ -282,6 +282,21 @@ def test_engine_args_prints_flags_and_falls_back(
     assert code == 0 and out.strip() == "--max-num-seqs 256 --max-num-batched-tokens 8192"
 
 
+def test_simulated_fleet_without_a_name_suggests_names_that_load(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--simulated-fleet synthetic:` suggested `synthetic:steady`, which is refused as
+    unknown: the names suggested are the simulator's own, and each one loads."""
+    from simulator.traces import load_trace
+
+    assert cli_main(["run", "--simulated-fleet", "synthetic:"]) == 2
+    err = capsys.readouterr().err
+    listed = err.split("(one of ", 1)[1].split(")", 1)[0].split(", ")
+    assert "synthetic:poisson" in listed and "synthetic:steady" not in err
+    for spec in listed:
+        load_trace(f"{spec}:duration=30")  # an unknown name raises ValueError
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
