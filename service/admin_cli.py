@@ -65,11 +65,29 @@ class CliError(Exception):
         super().__init__(message)
 
 
+def connection_problem(args: argparse.Namespace) -> str | None:
+    """What contradicts itself in the connection options: `--tls-server-name` without
+    TLS (it was ignored, and the call, the admin token with it, went in plaintext to a
+    caller who believed it checked). None when they are sound."""
+    tls = getattr(args, "tls", False) or any(
+        getattr(args, flag, None) for flag in ("tls_ca_file", "tls_cert_file", "tls_key_file")
+    )
+    if getattr(args, "tls_server_name", None) and not tls:
+        return (
+            "--tls-server-name needs TLS (--tls, --tls-ca-file or $GOVERNOR_TLS_CA_FILE): "
+            "without it the call is plaintext and no certificate name is checked"
+        )
+    return None
+
+
 def open_channel(args: argparse.Namespace) -> grpc.Channel:
     """A channel to `args.server`: TLS when asked for (see module doc), else plaintext.
-    CliError (exit 2) naming a bad TLS file."""
+    CliError (exit 2) naming a bad TLS file, or a TLS option given without TLS
+    (`connection_problem`)."""
     from service.security import SecurityConfigError, channel_credentials
 
+    if problem := connection_problem(args):
+        raise CliError(problem)
     ca = getattr(args, "tls_ca_file", None)
     cert = getattr(args, "tls_cert_file", None)
     key = getattr(args, "tls_key_file", None)

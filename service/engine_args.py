@@ -21,7 +21,13 @@ import grpc
 
 from controller.config import ConfigError, KnobBounds, load_config
 from controller.types import Knobs, live_engine_args
-from service.admin_cli import EXIT_OK, EXIT_USAGE, open_channel, positive_count
+from service.admin_cli import (
+    EXIT_OK,
+    EXIT_USAGE,
+    connection_problem,
+    open_channel,
+    positive_count,
+)
 
 ENGINE_ARGS_TIMEOUT_S = 3.0
 
@@ -167,6 +173,9 @@ def _cmd_engine_args(args: argparse.Namespace) -> int:
     from governor_api import governor_v1_pb2 as pb
     from governor_api import governor_v1_pb2_grpc
 
+    if problem := connection_problem(args):
+        print(f"governor engine-args: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     kb = _config_knobs(args)
     if problems := fallback_problems(args, kb):
         for problem in problems:

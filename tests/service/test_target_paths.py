@@ -329,6 +329,19 @@ def test_governor_server_is_checked_like_the_flag(
         assert _server_address(ok) == ok
 
 
+def test_tls_server_name_without_tls_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--tls-server-name` without --tls was ignored: the call, the admin token with it,
+    went in plaintext to an operator who believed the certificate was checked."""
+    monkeypatch.delenv("GOVERNOR_TLS_CA_FILE", raising=False)
+    server = ["--server", "127.0.0.1:1", "--tls-server-name", "governor.example"]
+    for command in (["target", "list"], ["status"], ["engine-args", "--model", "demo"]):
+        assert cli_main([*command, *server]) == 2, command
+        out, err = capsys.readouterr()
+        assert out == "" and "--tls-server-name needs TLS" in err, err
+
+
 def test_a_reader_that_goes_away_ends_the_cli_quietly() -> None:
     """`governor ... | head -c 1`: the pipe closed before the output was written gave a
     BrokenPipeError traceback; now exit 1 and nothing on stderr."""
