@@ -170,7 +170,13 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
         "their own that mirrors the decisions, so calls never wait on a tick (restarted "
         "if it dies); inline: serve them from the ticking process (debugging)",
     )
-    p.add_argument("--max-concurrent-rpcs", type=int, default=MAX_CONCURRENT_RPCS)
+    p.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        default=MAX_CONCURRENT_RPCS,
+        help=f"RPCs served at once, watch streams included (default {MAX_CONCURRENT_RPCS}, "
+        "at least 2: one for a stream, one for unary calls)",
+    )
     p.add_argument(
         "--max-watch-streams",
         type=int,
@@ -259,9 +265,16 @@ def _check_flags(args: argparse.Namespace) -> None:
     ):
         if value is not None and not 1 <= value <= INT32_MAX:
             raise _RunError(f"{flag} must be within [1, {INT32_MAX}] (got {value})", 2)
-    if args.max_watch_streams is None:
-        args.max_watch_streams = min(MAX_WATCH_STREAMS, max(1, args.max_concurrent_rpcs // 2))
-    if not 1 <= args.max_watch_streams < max(2, args.max_concurrent_rpcs):
+    if args.max_concurrent_rpcs < 2:
+        raise _RunError(
+            f"--max-concurrent-rpcs must be >= 2 (got {args.max_concurrent_rpcs}): a watch "
+            "stream holds a slot for as long as it is open, and unary calls (engines' "
+            "GetBatchingConfig, KEDA, admin, health) need another",
+            2,
+        )
+    if args.max_watch_streams is None:  # half the slots, so unary calls keep the rest
+        args.max_watch_streams = min(MAX_WATCH_STREAMS, args.max_concurrent_rpcs // 2)
+    if not 1 <= args.max_watch_streams < args.max_concurrent_rpcs:
         raise _RunError(
             f"--max-watch-streams must be >= 1 and below --max-concurrent-rpcs "
             f"({args.max_concurrent_rpcs}), so streams cannot take every slot "

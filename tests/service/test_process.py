@@ -4,6 +4,7 @@ period), SIGKILL + restart (targets and hysteresis intact, no scale-down), and t
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -243,6 +244,27 @@ def test_governor_run_bad_arguments_exit_2(
     for argv, text in cases:
         assert cli_main(argv) == 2, argv
         assert text in capsys.readouterr().err, argv
+
+
+def test_one_concurrent_rpc_is_refused_and_the_default_streams_leave_unary_slots() -> None:
+    """`run --max-concurrent-rpcs 1` defaulted --max-watch-streams to 1: one open watch
+    stream held the only slot and every unary call (engines, KEDA, admin, health) was
+    refused. Now exit 2 naming the flag; from 2 on the default streams take at most half
+    the slots. Checked on the flags alone (nothing is started)."""
+    from service.cli import build_parser
+    from service.run import _check_flags, _RunError
+
+    def flags(rpcs: str) -> argparse.Namespace:
+        argv = ["run", "--config", "c.yaml", "--max-concurrent-rpcs", rpcs]
+        return build_parser().parse_args(argv)
+
+    with pytest.raises(_RunError, match=r"--max-concurrent-rpcs must be >= 2 \(got 1\)") as ei:
+        _check_flags(flags("1"))
+    assert ei.value.code == 2
+    for rpcs, streams in (("2", 1), ("3", 1), ("10", 5), ("4096", 1024)):
+        args = flags(rpcs)
+        _check_flags(args)
+        assert args.max_watch_streams == streams < args.max_concurrent_rpcs
 
 
 def test_engine_args_prints_flags_and_falls_back(
