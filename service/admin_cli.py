@@ -193,12 +193,20 @@ def _policy_overrides(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        key = key.strip()
+        if not sep:
             raise CliError(f"--policy: expected KEY=VALUE (got {item!r})")
+        if not key:
+            raise CliError(f"--policy {item!r}: the key is empty (expected KEY=VALUE)")
+        if not value.strip():  # YAML reads nothing as null: "never release" for some keys
+            raise CliError(
+                f"--policy {key}=: no value (write it; `null` explicitly where the setting "
+                "takes null)"
+            )
         try:
-            out[key.strip()] = load_yaml(value)
+            out[key] = load_yaml(value)
         except yaml.YAMLError:
-            out[key.strip()] = value
+            out[key] = value
     return out
 
 

@@ -99,6 +99,10 @@ def test_profile_path_refused_alike_by_admin_api_and_cli(
         (["--file", "BINARY"], "not UTF-8 text (byte 0xff at offset 0)"),
         (["--file", "TWICE"], "duplicate key 'sla'"),
         (["--policy", "tolerance_frac=.nan"], "tolerance_frac must be a finite number (got nan)"),
+        # an empty value read as YAML null: "never release", and a dry run passed it
+        (["--policy", "falling_release_after_s=", "--dry-run"], "falling_release_after_s=: no"),
+        (["--policy", "falling_release_after_s= "], "falling_release_after_s=: no value"),
+        (["--policy", " =1"], "--policy ' =1': the key is empty"),
     ],
 )
 def test_target_set_refuses_what_the_governor_cannot_run_on(
