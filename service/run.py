@@ -236,18 +236,38 @@ def _listens(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return listens
 
 
+_ANY_HOST = frozenset({"0.0.0.0", "::", ""})
+"""Hosts that listen on every address of the machine (IPv4, IPv6, gRPC's empty host)."""
+
+
+def _hosts_overlap(a: str, b: str) -> bool:
+    """Whether listeners on hosts `a` and `b` at one port collide: the same host, or
+    either one every address (0.0.0.0:P takes P on 127.0.0.1 too)."""
+    return a == b or a in _ANY_HOST or b in _ANY_HOST
+
+
+def _overlap_message(flag_a: str, value_a: str, flag_b: str, value_b: str) -> str:
+    if value_a == value_b:
+        return f"{flag_a} and {flag_b} are both {value_a}: give each its own port"
+    return (
+        f"{flag_a} {value_a} and {flag_b} {value_b} overlap (a host of 0.0.0.0, :: or "
+        "none listens on every address, that port included): give each its own port"
+    )
+
+
 def _check_flags(args: argparse.Namespace) -> None:
     """Check the numeric, address and identity flags; _RunError (exit 2) naming the bad one.
     Fills the default of `--max-watch-streams`."""
-    bound: dict[tuple[str, int], str] = {}
+    bound: list[tuple[str, str, str, int]] = []  # (flag, value, host, port) so far
     for flag, value in _listens(args):
         try:
             host, port = parse_listen(value, flag)
         except ValueError as exc:
             raise _RunError(str(exc), 2) from None
-        other = bound.setdefault((host, port), flag) if port else flag
-        if other != flag:
-            raise _RunError(f"{other} and {flag} are both {value}: give each its own port", 2)
+        for other_flag, other_value, other_host, other_port in bound:
+            if port and port == other_port and _hosts_overlap(host, other_host):
+                raise _RunError(_overlap_message(other_flag, other_value, flag, value), 2)
+        bound.append((flag, value, host, port))
     if not args.identity.strip():
         raise _RunError(
             f"--identity must not be empty or blank (got {args.identity!r}): it names this "

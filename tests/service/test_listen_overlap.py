@@ -1,0 +1,76 @@
+"""`governor run` refuses two listeners that would take one port, before anything starts:
+0.0.0.0, :: and an empty host listen on every address, so 0.0.0.0:P and 127.0.0.1:P
+collide as surely as two equal addresses (the second bind failed after the store was
+opened, exit 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.cli import build_parser, main
+from service.run import _check_flags, _RunError
+
+
+def _run_args(*extra: str) -> list[str]:
+    return ["run", "--config", "missing.yaml", *extra]
+
+
+@pytest.mark.parametrize(
+    ("listens", "flags"),
+    [
+        (
+            ["--grpc-listen", "0.0.0.0:50051", "--admin-listen", "127.0.0.1:50051"],
+            ("--grpc-listen 0.0.0.0:50051", "--admin-listen 127.0.0.1:50051"),
+        ),
+        (
+            ["--metrics-listen", "0.0.0.0:9464", "--admin-listen", "127.0.0.1:9464"],
+            ("--metrics-listen 0.0.0.0:9464", "--admin-listen 127.0.0.1:9464"),
+        ),
+        (
+            ["--grpc-listen", "127.0.0.1:50051", "--admin-listen", "[::]:50051"],
+            ("--grpc-listen 127.0.0.1:50051", "--admin-listen [::]:50051"),
+        ),
+        (
+            ["--grpc-listen", "10.0.0.7:7000", "--metrics-listen", "[]:7000"],
+            ("--grpc-listen 10.0.0.7:7000", "--metrics-listen []:7000"),
+        ),
+    ],
+)
+def test_a_wildcard_host_overlaps_any_host_on_its_port(
+    listens: list[str], flags: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(_RunError) as err:
+        _check_flags(build_parser().parse_args(_run_args(*listens)))
+    assert err.value.code == 2
+    assert all(f in err.value.message for f in flags), err.value.message
+    assert "give each its own port" in err.value.message
+    # Through the command line: exit 2 naming both, before the config is even read.
+    assert main(_run_args(*listens)) == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+def test_equal_addresses_keep_their_message() -> None:
+    with pytest.raises(_RunError) as err:
+        _check_flags(
+            build_parser().parse_args(
+                _run_args("--grpc-listen", "127.0.0.1:7001", "--metrics-listen", "127.0.0.1:7001")
+            )
+        )
+    assert err.value.message == (
+        "--grpc-listen and --metrics-listen are both 127.0.0.1:7001: give each its own port"
+    )
+
+
+@pytest.mark.parametrize(
+    "listens",
+    [
+        # distinct ports
+        ["--grpc-listen", "0.0.0.0:50051", "--admin-listen", "127.0.0.1:50052"],
+        # one port on two distinct specific hosts
+        ["--grpc-listen", "127.0.0.1:7002", "--admin-listen", "10.0.0.7:7002"],
+        # port 0: each listener is given a free port of its own
+        ["--grpc-listen", "0.0.0.0:0", "--metrics-listen", "0.0.0.0:0", "--admin-listen", "[::]:0"],
+    ],
+)
+def test_listeners_that_cannot_collide_pass(listens: list[str]) -> None:
+    _check_flags(build_parser().parse_args(_run_args(*listens)))
