@@ -16,15 +16,15 @@ new instance continues the stabilization windows instead of starting over. */}}
 - --store
 - configmap
 - --configmap
-- {{ include "llm-governor.targetsConfigMap" . }}
+- {{ include "llm-governor.targetsConfigMap" . | quote }}
 - --namespace
-- {{ .Release.Namespace }}
+- {{ .Release.Namespace | quote }}
 - --leader-election
 - {{ ternary "on" "off" .Values.leaderElection.enabled | quote }}
 - --lease
-- {{ include "llm-governor.leaseName" . }}
+- {{ include "llm-governor.leaseName" . | quote }}
 - --scale-via
-- {{ include "llm-governor.scaleVia" . }}
+- {{ include "llm-governor.scaleVia" . | quote }}
 - --hpa-conflict-check
 - {{ ternary "on" "off" .Values.rbac.hpaConflictCheck | quote }}
 - --knob-rollouts
@@ -36,7 +36,7 @@ new instance continues the stabilization windows instead of starting over. */}}
 - --max-concurrent-rpcs
 - {{ int .Values.governor.maxConcurrentRpcs | toString | quote }}
 - --log-level
-- {{ .Values.governor.logLevel }}
+- {{ .Values.governor.logLevel | quote }}
 {{- /* Sidecar mode: the supervisor drops --admin-token-file while the (optional) Secret's
 file is missing. */}}
 {{- if .Values.adminToken.existingSecret }}
@@ -230,7 +230,7 @@ done
 {{- define "llm-governor.volumes" -}}
 - name: governor-config
   configMap:
-    name: {{ include "llm-governor.configMapName" . }}
+    name: {{ include "llm-governor.configMapName" . | quote }}
 - name: governor-tmp
   emptyDir:
     sizeLimit: 64Mi

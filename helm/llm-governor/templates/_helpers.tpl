@@ -26,8 +26,8 @@ DNS label (63). */}}
 
 {{- define "llm-governor.labels" -}}
 helm.sh/chart: {{ printf "llm-governor-%s" .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-app.kubernetes.io/name: {{ include "llm-governor.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "llm-governor.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: llm-governor
@@ -36,7 +36,7 @@ app.kubernetes.io/part-of: llm-governor
 {{/* The one label that selects governor pods, in both modes: in sidecar mode the pods belong
 to the engine's Deployment, whose own app.kubernetes.io/* labels must stay the engine's. */}}
 {{- define "llm-governor.selectorLabels" -}}
-llm-governor.io/instance: {{ include "llm-governor.fullname" . }}
+llm-governor.io/instance: {{ include "llm-governor.fullname" . | quote }}
 {{- end -}}
 
 {{- define "llm-governor.serviceAccountName" -}}
@@ -266,6 +266,6 @@ scaleDown:
 {{/* Labels of a model's desired-replicas series for the HPA (valid label values: the
 Deployment and its namespace, not the model name). */}}
 {{- define "llm-governor.targetLabels" -}}
-target_namespace: {{ include "llm-governor.modelNamespace" . }}
-target_deployment: {{ .deployment }}
+target_namespace: {{ include "llm-governor.modelNamespace" . | quote }}
+target_deployment: {{ .deployment | quote }}
 {{- end -}}

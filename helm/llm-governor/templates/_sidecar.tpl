@@ -48,7 +48,7 @@ restarts their governors; SLA and other target changes apply live and leave it a
 Renders nothing outside sidecar mode (the engine then runs no governor). */}}
 {{- define "llm-governor.sidecar.podAnnotations" -}}
 {{- if eq .Values.mode "sidecar" -}}
-llm-governor.io/config-checksum: {{ include "llm-governor.restartChecksum" . }}
+llm-governor.io/config-checksum: {{ include "llm-governor.restartChecksum" . | quote }}
 {{- end -}}
 {{- end -}}
 
@@ -57,7 +57,7 @@ scale), with the token NOT automounted into every container: the governor contai
 mounts it itself (llm-governor.saTokenVolume), so the engine cannot rewrite the targets,
 take the Lease or scale Deployments. */}}
 {{- define "llm-governor.sidecar.podAccount" -}}
-serviceAccountName: {{ include "llm-governor.serviceAccountName" . }}
+serviceAccountName: {{ include "llm-governor.serviceAccountName" . | quote }}
 automountServiceAccountToken: false
 {{- end -}}
 
@@ -97,7 +97,7 @@ engine never fails to start because of the governor. */}}
 {{- if eq .Values.mode "sidecar" -}}
 - name: governor-config
   configMap:
-    name: {{ include "llm-governor.configMapName" . }}
+    name: {{ include "llm-governor.configMapName" . | quote }}
 {{- include "llm-governor.adminTokenVolume" . }}
 {{- include "llm-governor.tlsVolume" . }}
 {{ include "llm-governor.saTokenVolume" . }}
