@@ -150,6 +150,32 @@ CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         None,
         "at most 63 characters (RFC 1035); got 64 characters",
     ),
+    "admin-listen-on-the-grpc-port": (
+        values(governor={"adminListen": "127.0.0.1:50051"}),
+        None,
+        "governor.adminListen (127.0.0.1:50051) is on port 50051, which ports.grpc already "
+        "takes: the governor listens on 0.0.0.0:50051",
+    ),
+    "admin-listen-on-the-metrics-port": (
+        values(ports={"grpc": 7000, "metrics": 7001}, governor={"adminListen": "[::1]:7001"}),
+        None,
+        "which ports.metrics already takes",
+    ),
+    "admin-listen-past-the-last-port": (
+        values(governor={"adminListen": "127.0.0.1:65536"}),
+        "/governor/adminListen",
+        "governor.adminListen: the port must be 1-65535 (got 65536",
+    ),
+    "admin-listen-on-port-zero": (
+        values(governor={"adminListen": "127.0.0.1:0"}),
+        "/governor/adminListen",
+        "governor.adminListen: the port must be 1-65535 (got 0",
+    ),
+    "grpc-port-past-the-last-port": (
+        values(ports={"grpc": 70000}),
+        "/ports/grpc",
+        "ports.grpc: must be a port number, 1-65535 (got 70000)",
+    ),
     "unknown-trigger-type": (
         values(scaling={"keda": {"triggerType": "prometheus"}}),
         "/scaling/keda/triggerType",
@@ -178,7 +204,6 @@ SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "policy-key-typo": (values(policy={"tick_interval": 5}), "'tick_interval' not allowed"),
     "chart-key-typo": (values(mdoe="sidecar"), "additional properties 'mdoe' not allowed"),
-    "port-out-of-range": (values(ports={"grpc": 70000}), "/ports/grpc"),
     "pdb-eviction-policy": (
         values(standalone={"podDisruptionBudget": {"unhealthyPodEvictionPolicy": "Sometimes"}}),
         "/standalone/podDisruptionBudget/unhealthyPodEvictionPolicy",
@@ -189,6 +214,10 @@ SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "admin-listen-without-port": (
         values(governor={"adminListen": "127.0.0.1"}),
+        "/governor/adminListen",
+    ),
+    "admin-listen-with-a-five-digit-port": (
+        values(governor={"adminListen": "127.0.0.1:99999"}),
         "/governor/adminListen",
     ),
 }
@@ -268,3 +297,41 @@ def test_release_name_that_is_no_service_name_is_refused(
 
 def test_release_name_with_digits_after_a_letter_renders() -> None:
     assert render_files(values(), name="gov1")
+
+
+@pytest.mark.parametrize(
+    ("admin_listen", "accepted"),
+    [
+        ("127.0.0.1:50052", True),
+        ("[::1]:50052", True),
+        ("0.0.0.0:9465", True),
+        ("127.0.0.1:50051", False),  # the gRPC port, which 0.0.0.0:50051 takes
+        ("0.0.0.0:9464", False),  # the metrics port
+        ("[::]:50051", False),
+    ],
+)
+def test_admin_listen_agrees_with_governor_run(admin_listen: str, accepted: bool) -> None:
+    """What the chart installs, the rendered `governor run` flags start with: an admin
+    listener the chart accepts passes the governor's own listener check, one it refuses
+    would have failed it (or failed to bind)."""
+    from service.cli import build_parser
+    from service.run import _check_flags, _RunError
+    from tests.helm.chart import container, one, parse
+
+    vals = values(governor={"adminListen": admin_listen})
+    if not accepted:
+        assert "governor.adminListen" in _error(vals, namespace="llm-system")
+        files = render_files(values(), namespace="llm-system")
+    else:
+        files = render_files(vals, namespace="llm-system")
+    pod = one(parse(files), "Deployment", "gov-llm-governor")["spec"]["template"]["spec"]
+    args = container(pod, "governor")["args"]
+    if not accepted:  # the flags the refused values would have rendered
+        args = [*args, "--admin-listen", admin_listen]
+    parsed = build_parser().parse_args(args)
+    assert parsed.admin_listen == admin_listen
+    if accepted:
+        _check_flags(parsed)
+    else:
+        with pytest.raises(_RunError):
+            _check_flags(parsed)

@@ -100,8 +100,32 @@ nothing when the values are good.
 {{- fail (printf "exampleEngine: in sidecar mode the engine pods carry the governor, whose ServiceAccount and ConfigMaps are in the release namespace %s; model %s is in namespace %s. Install the release there" .Release.Namespace $model.name (include "llm-governor.modelNamespace" $model)) -}}
 {{- end -}}
 {{- end -}}
+{{- range $key := list "grpc" "metrics" -}}
+{{- $p := get $v.ports $key -}}
+{{- if or (lt (int $p) 1) (gt (int $p) 65535) -}}
+{{- fail (printf "ports.%s: must be a port number, 1-65535 (got %v)" $key $p) -}}
+{{- end -}}
+{{- end -}}
 {{- if eq (int $v.ports.grpc) (int $v.ports.metrics) -}}
 {{- fail (printf "ports.grpc and ports.metrics are both %d: give each its own port (the Service cannot carry one port twice)" (int $v.ports.grpc)) -}}
+{{- end -}}
+{{- with $v.governor.adminListen -}}
+{{- /* The governor listens on 0.0.0.0 (every address) for gRPC and metrics: an admin
+listener on either port, whatever its host, could not bind (service/run.py refuses it). */ -}}
+{{- if not (regexMatch "^([^\\s:\\[\\]]+|\\[[0-9A-Fa-f:.]+\\]):[0-9]{1,5}$" .) -}}
+{{- fail (printf "governor.adminListen: must be HOST:PORT, IPv6 as [ADDR]:PORT (got %q)" .) -}}
+{{- end -}}
+{{- $port := int (regexFind "[0-9]+$" .) -}}
+{{- if or (lt $port 1) (gt $port 65535) -}}
+{{- fail (printf "governor.adminListen: the port must be 1-65535 (got %d in %q)" $port .) -}}
+{{- end -}}
+{{- range $key := list "grpc" "metrics" -}}
+{{- if eq $port (int (get $v.ports $key)) -}}
+{{- $free := add (int $v.ports.grpc) 1 -}}
+{{- if eq $free (int $v.ports.metrics) }}{{ $free = add $free 1 }}{{ end -}}
+{{- fail (printf "governor.adminListen (%s) is on port %d, which ports.%s already takes: the governor listens on 0.0.0.0:%d, every address (%s's host included), so the admin listener could not bind. Give it a port of its own, e.g. 127.0.0.1:%d" $v.governor.adminListen $port $key $port $v.governor.adminListen $free) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if and $v.tls.clientCA (not $v.tls.existingSecret) -}}
 {{- fail "tls.clientCA: true needs tls.existingSecret (the kubernetes.io/tls Secret whose ca.crt signs the client certificates); without it nothing would be checked" -}}
