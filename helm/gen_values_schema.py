@@ -45,13 +45,33 @@ def _strip(node: Any, *, names: bool = False) -> Any:
     return node
 
 
+def model_policy_schema(policy: dict[str, Any], global_only: frozenset[str]) -> dict[str, Any]:
+    """The schema of a model's `policy:` overrides, from ScalingPolicy's (`policy`): its
+    fields less the `global_only` ones, nothing else. The config model holds the
+    overrides as a plain mapping (they are merged into the global policy and validated
+    there, controller/config.py GovernorConfig.policy_for), whose own schema would take
+    any key: a typo or a global-only key would pass `helm install` and stop the governor."""
+    return {
+        "additionalProperties": False,
+        "description": "per-model overrides of the global policy fields (every field of "
+        "`policy` but " + ", ".join(sorted(global_only)) + ", which are global only)",
+        "properties": {
+            k: _strip(v) for k, v in policy["properties"].items() if k not in global_only
+        },
+        "type": "object",
+    }
+
+
 def config_schema() -> tuple[dict[str, Any], dict[str, Any]]:
     """(properties for models/policy/prometheus, $defs named governor.*) from GovernorConfig."""
     sys.path.insert(0, str(ROOT))
-    from controller.config import GovernorConfig
+    from controller.config import GLOBAL_ONLY_POLICY, GovernorConfig
 
     raw = GovernorConfig.model_json_schema(ref_template="#/$defs/" + PREFIX + "{model}")
     defs = {PREFIX + name: _strip(d) for name, d in sorted(raw["$defs"].items())}
+    defs[PREFIX + "ModelConfig"]["properties"]["policy"] = model_policy_schema(
+        raw["$defs"]["ScalingPolicy"], GLOBAL_ONLY_POLICY
+    )
     props = {k: _strip(raw["properties"][k]) for k in CONFIG_KEYS}
     props["models"]["description"] = (
         "the governor's models (controller/config.py ModelConfig); at least one is required"

@@ -176,6 +176,11 @@ CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         "/ports/grpc",
         "ports.grpc: must be a port number, 1-65535 (got 70000)",
     ),
+    "zero-scrape-interval": (
+        values(monitoring={"serviceMonitor": {"enabled": True, "interval": "0s"}}),
+        "/monitoring/serviceMonitor/interval",
+        "monitoring.serviceMonitor.interval (0s) must be longer than zero",
+    ),
     "unknown-trigger-type": (
         values(scaling={"keda": {"triggerType": "prometheus"}}),
         "/scaling/keda/triggerType",
@@ -215,6 +220,18 @@ SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
     "admin-listen-without-port": (
         values(governor={"adminListen": "127.0.0.1"}),
         "/governor/adminListen",
+    ),
+    "model-policy-key-typo": (
+        values(models=[_with(MODEL_8B, policy={"scale_down_stabilisation_s": 600})]),
+        "additional properties 'scale_down_stabilisation_s' not allowed",
+    ),
+    "model-policy-global-only-key": (
+        values(models=[_with(MODEL_8B, policy={"tick_interval_s": 10})]),
+        "additional properties 'tick_interval_s' not allowed",
+    ),
+    "max-concurrent-rpcs-past-a-c-int": (
+        values(governor={"maxConcurrentRpcs": 2**31}),
+        "/governor/maxConcurrentRpcs",
     ),
     "admin-listen-with-a-five-digit-port": (
         values(governor={"adminListen": "127.0.0.1:99999"}),
@@ -335,3 +352,25 @@ def test_admin_listen_agrees_with_governor_run(admin_listen: str, accepted: bool
     else:
         with pytest.raises(_RunError):
             _check_flags(parsed)
+
+
+@pytest.mark.parametrize(("rpcs", "accepted"), [(2**31 - 1, True), (2**31, False)])
+def test_max_concurrent_rpcs_bound_is_the_governors(rpcs: int, accepted: bool) -> None:
+    """The schema's maximum is where `governor run` stops accepting --max-concurrent-rpcs
+    (gRPC's limiter takes a C int)."""
+    from service.cli import build_parser
+    from service.run import _check_flags, _RunError
+    from tests.helm.chart import container, one, parse
+
+    vals = values(governor={"maxConcurrentRpcs": rpcs})
+    if accepted:
+        files = render_files(vals, namespace="llm-system")
+        pod = one(parse(files), "Deployment", "gov-llm-governor")["spec"]["template"]["spec"]
+        args = container(pod, "governor")["args"]
+        assert args[args.index("--max-concurrent-rpcs") + 1] == str(rpcs)
+        _check_flags(build_parser().parse_args(args))
+    else:
+        assert "/governor/maxConcurrentRpcs" in _error(vals)
+        args = ["run", "--config", "c.yaml", "--max-concurrent-rpcs", str(rpcs)]
+        with pytest.raises(_RunError):
+            _check_flags(build_parser().parse_args(args))

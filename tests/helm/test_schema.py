@@ -93,6 +93,25 @@ PARITY: dict[str, tuple[dict[str, Any], bool]] = {
     "knob-typo": ({"models": [_model(knobs__max_num_seq_max=64)]}, False),
     "bad-batching-policy": ({"models": [_model(batching_policy="greedy")]}, False),
     "negative-fallback": ({"models": [_model(fallback_replicas=-1)]}, False),
+    "model-policy-override": (
+        {"models": [_model(policy={"tolerance_frac": 0.2, "falling_release_after_s": None})]},
+        True,
+    ),
+    "model-policy-typo": (
+        {"models": [_model(policy={"scale_down_stabilisation_s": 600})]},
+        False,
+    ),
+    "model-policy-global-only-key": ({"models": [_model(policy={"tick_interval_s": 10})]}, False),
+    "model-policy-window": ({"models": [_model(policy={"window_s": 120})]}, False),
+    "model-policy-out-of-range": ({"models": [_model(policy={"tolerance_frac": 1.5})]}, False),
+    "model-policy-rate-limit-kind": (
+        {
+            "models": [
+                _model(policy={"scale_up_limits": [{"type": "ratio", "value": 2, "period_s": 15}]})
+            ]
+        },
+        False,
+    ),
     "policy-tick-zero": ({"models": [_model()], "policy": {"tick_interval_s": 0}}, False),
     "policy-rate-limit-kind": (
         {
@@ -138,3 +157,15 @@ def test_example_config_file_is_valid_chart_values() -> None:
     cfg = yaml.safe_load((ROOT / "examples" / "governor.yaml").read_text())
     assert _governor_accepts(cfg)
     assert _chart_accepts(cfg)
+
+
+def test_model_policy_schema_is_the_global_policy_less_the_global_only_keys() -> None:
+    """Generated from ScalingPolicy, so a policy field added to the governor is accepted
+    per model at once, and a global-only one never."""
+    from controller.config import GLOBAL_ONLY_POLICY, ScalingPolicy
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    policy = schema["$defs"]["governor.ModelConfig"]["properties"]["policy"]
+    assert policy["additionalProperties"] is False
+    assert set(policy["properties"]) == set(ScalingPolicy.model_fields) - GLOBAL_ONLY_POLICY
+    assert set(ScalingPolicy.model_fields) >= GLOBAL_ONLY_POLICY

@@ -138,6 +138,7 @@ prometheus.scrape_interval_s that disagrees is refused. */}}
 {{- /* The governor's own start checks (controller/config.py GovernorConfig; defaults
 window_s 60, max_staleness_s 90), at install instead of a crash-looping governor. */ -}}
 {{- $pol := default dict .Values.policy -}}
+{{- if le $every 0.0 }}{{ fail (printf "monitoring.serviceMonitor.interval (%s) must be longer than zero: it is the governor's prometheus.scrape_interval_s, which must be > 0" $sm.interval) }}{{ end -}}
 {{- if gt $every 300.0 }}{{ fail (printf "monitoring.serviceMonitor.interval (%s) is over 300 s, the most prometheus.scrape_interval_s allows" $sm.interval) }}{{ end -}}
 {{- range $key, $dflt := dict "window_s" 60.0 "max_staleness_s" 90.0 -}}
 {{- $have := float64 (ternary (get $pol $key) $dflt (hasKey $pol $key)) -}}
