@@ -148,8 +148,9 @@ def targets_doc(data: Any) -> TargetsDoc:
         doc = TargetsDoc.model_validate(data)
     except ValidationError as exc:
         rest = format_validation_error(exc)
-        if problems:  # the entries' own problems are reported once, by name
-            rest = [p for p in rest if not p.startswith("models.")]
+        if problems:  # the entries' own problems are reported once, by name (and not
+            # again as `models:` holding no valid entry, min_length's view of the same)
+            rest = [p for p in rest if not p.startswith(("models.", "models:"))]
         raise TargetError(problems + rest) from None
     if problems:
         raise TargetError(problems)

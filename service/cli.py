@@ -6,25 +6,51 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from controller.config import ConfigError, load_config
-from controller.targets import build_config, config_to_targets
+from controller.config import ConfigError, GovernorConfig, load_config, read_config_text
+from controller.targets import TargetsDoc, build_config, config_to_targets
 from service import admin_cli
 from simulator import cli as simulator_cli
 
 EXIT_USAGE = 2
 
 
+def _check_targets(cfg: GovernorConfig, path: str) -> TargetsDoc:
+    """The targets document at `path` (a store's `targets.yaml`: `models:`, optional
+    `paused:`), validated as `governor run` applies stored targets: each entry, then the
+    set against `cfg`'s global settings (service.store.parse_targets_yaml, build_config).
+    ConfigError (source `path`) naming each problem."""
+    from service.store import TargetsInvalidError, parse_targets_yaml
+
+    try:
+        text = read_config_text(Path(path))
+    except OSError as exc:
+        raise ConfigError([f"cannot read file: {exc.strerror or exc}"], path) from None
+    except ValueError as exc:
+        raise ConfigError([str(exc)], path) from None
+    try:
+        doc = parse_targets_yaml(text, path, "")
+    except TargetsInvalidError as exc:
+        raise ConfigError(exc.problems, path) from None
+    build_config(cfg, doc, path)
+    return doc
+
+
 def _cmd_check_config(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.file)
         build_config(cfg, config_to_targets(cfg), args.file)  # profiles load, as at start
+        targets = _check_targets(cfg, args.targets) if args.targets else None
     except ConfigError as exc:
         print(f"FAILED: {exc.source}", file=sys.stderr)
         for p in exc.problems:
             print(f"  - {p}", file=sys.stderr)
         return EXIT_USAGE
     print(f"SUCCESS: {args.file} is valid: {len(cfg.models)} model(s)")
+    if targets is not None:
+        paused = f", paused: {', '.join(targets.paused)}" if targets.paused else ""
+        print(f"SUCCESS: {args.targets} is valid with it: {len(targets.models)} model(s){paused}")
     for m in cfg.models:
         s = m.sla
         e2e = f" e2e_p99={s.e2e_p99_ms:g}ms" if s.e2e_p99_ms else ""
@@ -58,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("check-config", help="validate a config file and print its models")
     p.add_argument("file", help="YAML config file")
+    p.add_argument(
+        "--targets",
+        metavar="FILE",
+        help="also validate a targets document (the store's targets.yaml: models:, "
+        "optional paused:) with the file's global settings, as `governor run` applies it",
+    )
     p.set_defaults(func=_cmd_check_config)
     admin_cli.register(sub)
     simulator_cli.register(sub)

@@ -268,3 +268,37 @@ def test_check_config_cli_garbage(tmp_path: Path, content: str) -> None:
 def test_check_config_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(tmp_path / "nope.yaml")]) == 2
     assert "cannot read file" in capsys.readouterr().err
+
+
+def test_check_config_targets_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--targets`: a store's targets.yaml, validated as `governor run` applies stored
+    targets (each entry alone, then the set with the file's global policy)."""
+    entry = dict(MIN["models"][0])
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(yaml.safe_dump({"models": [entry], "paused": ["m"]}))
+    assert main(["check-config", str(EXAMPLE), "--targets", str(targets)]) == 0
+    assert f"SUCCESS: {targets} is valid with it: 1 model(s), paused: m" in capsys.readouterr().out
+    cases = [
+        # an entry the governor refuses, named once (not again as an empty `models:`)
+        (
+            {"models": [{**entry, "knobs": {"max_num_seqs_max": 128}}]},
+            "models[m].knobs: default_max_num_seqs (256) must lie in [8, 128]",
+        ),
+        # valid alone, refused as a set: a profile that does not load, an override
+        # that empties the merged policy's limits
+        ({"models": [{**entry, "profile": "no-such-profile"}]}, "profile 'no-such-profile'"),
+        (
+            {"models": [{**entry, "policy": {"scale_up_limits": []}}]},
+            "scale_up_limits must hold at least one limit",
+        ),
+        ({"models": [entry], "paused": ["other"]}, "paused: 'other' is not a configured model"),
+        ({"models": []}, "models: "),
+    ]
+    for doc, needle in cases:
+        targets.write_text(yaml.safe_dump(doc))
+        assert main(["check-config", str(EXAMPLE), "--targets", str(targets)]) == 2, doc
+        err = capsys.readouterr().err
+        assert f"FAILED: {targets}" in err and needle in err, err
+        assert "Tuple should have at least 1 item" not in err or not doc["models"], err
+    assert main(["check-config", str(EXAMPLE), "--targets", str(tmp_path / "none.yaml")]) == 2
+    assert "cannot read file" in capsys.readouterr().err

@@ -150,11 +150,17 @@ window_s 60, max_staleness_s 90), at install instead of a crash-looping governor
 {{- if $prom }}{{ toYaml $prom }}{{ end -}}
 {{- end -}}
 
-{{/* Checksum of what a running governor reads only at start. Not the models: their
-targets (SLAs, replica bounds, knobs) reach the governor live through the targets
-ConfigMap (controller/targets.py build_config replaces the file's models with them), so an
-SLA-only `helm upgrade` restarts no pod, least of all a GPU engine that carries the
-sidecar. */}}
+{{/* Checksum of what a running governor reads only at start. Not the models, on
+purpose, whatever targets.managedByHelm says:
+- true: their targets (SLAs, replica bounds, knobs) reach the governor live through the
+  targets ConfigMap it watches (controller/targets.py build_config replaces the file's
+  models with them), so an SLA-only `helm upgrade` restarts no pod, least of all a GPU
+  engine that carries the sidecar;
+- false: the store owns the targets after the first start, and a restarted governor
+  applies the stored ones, not the file's: a restart would apply nothing.
+The file's models still matter to a governor that starts later (its config file is
+refreshed in place), so values it would refuse are stopped at install and upgrade by the
+config check (templates/config-check.yaml) rather than by a restart. */}}
 {{- define "llm-governor.restartChecksum" -}}
 {{- $cfg := dict -}}
 {{- if .Values.policy }}{{ $_ := set $cfg "policy" .Values.policy }}{{ end -}}
