@@ -5,7 +5,9 @@ publishes a desired replica count; an HPA sync loop (default every 15 s) reads i
 scales the Deployment (the fleet), and every replica pays the same cold start.
 
 Baselines, faithful to their published algorithms and defaults (docs/ARCHITECTURE.md, Actuation):
-- `hpa-gpu`: HPA v2 on GPU utilisation (DCGM's busy fraction), target 70 %.
+- `hpa-gpu`: HPA v2 on each pod's GPU utilisation (DCGM's busy fraction, a Pods
+  metric), target 70 %, with the replica calculator's missing and pending pod rules
+  (`plain_metric_replicas`).
 - `hpa-queue`: HPA v2 on p95 queue time, target 500 ms (a Value-type metric).
 - `keda`: KEDA Prometheus scaler on sum(vllm:num_requests_waiting), threshold 5
   (AverageValue), feeding an HPA with default behavior.
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -38,7 +40,7 @@ from controller.metrics import GovernorMetrics
 from controller.stages import rate_limit, stabilize
 from controller.types import Decision, Knobs, Reason
 from estimators.types import ModelQuery, Observation
-from simulator.fleet import Fleet
+from simulator.fleet import Fleet, ReplicaState
 from simulator.metrics import SimulatedSource
 
 HPA_TOLERANCE = 0.1
@@ -105,6 +107,13 @@ class _HpaCore:
         if ratio is None or not math.isfinite(ratio) or pods <= 0:
             return None  # missing metric (or no ready pod to read it): the HPA does not act
         rec = current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(ratio * pods - 1e-9)
+        return self.settle(rec, current, now_s)
+
+    def settle(self, rec: int | None, current: int, now_s: float) -> int | None:
+        """The HPA's output at `now_s` for the replica calculator's recommendation `rec`
+        (None: no metric, no action): bounds, scale-down stabilization, rate limits."""
+        if rec is None:
+            return None
         rec = min(max(rec, self.min_replicas), self.max_replicas)
         self.last_recommendation = rec
         self.recommendations = [
@@ -176,16 +185,58 @@ class _MetricHpa(_Base):
         return self.hpa.scale_down_pending()
 
 
+def plain_metric_replicas(
+    metrics: Mapping[int, float], ready: Iterable[int], unready: int, target: float, current: int
+) -> int | None:
+    """Kubernetes' replica calculator for a per-pod metric (`calcPlainMetricReplicas`,
+    pkg/controller/podautoscaler/replica_calculator.go): `metrics` per pod id, `ready`
+    the ids of pods that run (a pod of `ready` without a metric yet is "missing"; metrics
+    of pods not in it, e.g. being deleted, are ignored), `unready` how many are pending.
+    usageRatio = mean metric / `target`. Without missing pods, and unless pending pods
+    meet a scale-up, ceil(usageRatio x pods with a metric) (`current` within the 10 %
+    tolerance). Else the ratio is computed again with missing pods at `target` on a
+    scale-down, at 0 on a scale-up, and pending pods at 0 on a scale-up; `current` if
+    that is within the tolerance or reverses the direction. None: no metric at all (the
+    HPA does not act)."""
+    ready = list(ready)
+    have = {i: metrics[i] for i in ready if i in metrics}
+    if not have:
+        return None
+    ratio = sum(have.values()) / (target * len(have))
+    missing = len(ready) - len(have)
+    scale_up_unready = unready > 0 and ratio > 1.0
+    if not scale_up_unready and not missing:
+        return current if abs(1.0 - ratio) <= HPA_TOLERANCE else math.ceil(ratio * len(have))
+    values = list(have.values()) + [target if ratio < 1.0 else 0.0] * missing
+    if scale_up_unready:
+        values += [0.0] * unready
+    new = sum(values) / (target * len(values))
+    if abs(1.0 - new) <= HPA_TOLERANCE or (ratio < 1.0 < new) or (ratio > 1.0 > new):
+        return current
+    n = math.ceil(new * len(values))
+    if (new < 1.0 and n > current) or (new > 1.0 and n < current):
+        return current
+    return n
+
+
 class HpaGpu(_MetricHpa):
-    """HPA on average GPU busy fraction of ready pods, target 70 %."""
+    """HPA on the GPU busy fraction of each pod (a Pods metric), target 70 %: Kubernetes'
+    `plain_metric_replicas` over the serving replicas' own busy fractions; replicas
+    still starting are pending pods, draining ones are being deleted (ignored)."""
 
     name = "hpa-gpu"
 
     def __init__(self, fleet: Fleet, source: SimulatedSource, model: str, lo: int, hi: int):
         super().__init__(fleet, source, model, lo, hi, target=0.7)
 
-    def ratio(self, o: Observation, current: int) -> float | None:
-        return None if o.gpu_busy_frac is None else o.gpu_busy_frac / self.target
+    def evaluate(self, now_s: float) -> int | None:
+        fleet = self.fleet
+        current = fleet.active_replicas
+        serving = [r.replica_id for r in fleet.replicas if r.state is ReplicaState.SERVING]
+        pending = sum(1 for r in fleet.replicas if r.state is ReplicaState.STARTING)
+        busy = self.source.busy_frac_by_replica(now_s)
+        rec = plain_metric_replicas(busy, serving, pending, self.target, current)
+        return self.hpa.settle(rec, current, now_s)
 
 
 class HpaQueue(_MetricHpa):

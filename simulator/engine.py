@@ -466,9 +466,6 @@ class Engine:
             r.comp = c
             if r.sched < 0.0:
                 r.sched = t0
-                q = t0 - r.arr
-                mt.queue[bisect_left(QUEUE_BUCKETS_S, q)] += 1
-                mt.queue_sum += q
                 self.log.sched_s[r.rid] = t0
             mt.prefix_queries += need_r
             if self.step_log is not None:
@@ -585,8 +582,13 @@ class Engine:
         e2e = t1 - r.arr + self.overhead_s
         m.e2e[bisect_left(E2E_BUCKETS_S, e2e)] += 1
         m.e2e_sum += e2e
-        # vLLM V1 per-request phases: prefill from first scheduled to first token, decode
-        # from first token to last, TPOT = decode / (tokens - 1) (0 for one token).
+        # vLLM V1 per-request phases, observed when the request finishes (as its
+        # PrometheusStatLogger records finished requests): queue from arrival to first
+        # scheduled, prefill from first scheduled to first token, decode from first token
+        # to last, TPOT = decode / (tokens - 1) (0 for one token).
+        q = r.sched - r.arr
+        m.queue[bisect_left(QUEUE_BUCKETS_S, q)] += 1
+        m.queue_sum += q
         t_first = self.log.first_token_s[r.rid]
         pre = t_first - r.sched
         m.prefill_t[bisect_left(REQUEST_PHASE_BUCKETS_S, pre)] += 1

@@ -300,6 +300,27 @@ class SimulatedSource:
         lo = bisect.bisect_right(self._times, now_s - w)
         return self._samples[lo:hi]
 
+    def busy_frac_by_replica(self, now_s: float) -> dict[int, float]:
+        """Per engine, its GPU busy fraction over the window ending at `now_s`: increase
+        of busy seconds / increase of uptime between its first and last sample there (a
+        per-pod `rate` ratio, so an engine scraped fewer than two times in the window has
+        none). What an HPA on a per-pod GPU metric (DCGM through a metrics adapter) reads
+        for each pod."""
+        b, u = self.layout.scalar["busy_s"], self.layout.gauge["uptime_s"]
+        first: dict[int, np.ndarray] = {}
+        last: dict[int, np.ndarray] = {}
+        for s in self._window(now_s):
+            for rid, v in s.engines.items():
+                first.setdefault(rid, v)
+                last[rid] = v
+        out = {}
+        for rid, v1 in last.items():
+            v0 = first[rid]
+            du = float(v1[u] - v0[u])
+            if v0 is not v1 and du > 0:
+                out[rid] = min(1.0, float(v1[b] - v0[b]) / du)
+        return out
+
     def _inflight(self, s: ScrapeSample, rid: int | None) -> float:
         """waiting + running of engine `rid` (None: the router queue) in sample `s`."""
         g = self.layout.gauge

@@ -16,7 +16,7 @@ from controller.decider import Decider
 from controller.types import Knobs, Reason
 from estimators.stepmodel import load_profile
 from estimators.types import Observation
-from simulator.autoscalers import HpaGpu, HpaQueue, Keda
+from simulator.autoscalers import HpaGpu, HpaQueue, Keda, plain_metric_replicas
 from simulator.fleet import Fleet
 from simulator.metrics import SimulatedSource
 from simulator.oracle import window_replicas
@@ -55,8 +55,32 @@ def test_hpa_queue_target_is_500_ms(fleet_source) -> None:  # type: ignore[no-un
 
 def test_hpa_gpu_target_is_70_percent(fleet_source) -> None:  # type: ignore[no-untyped-def]
     g = HpaGpu(*fleet_source, "m", 1, 64)
-    assert g.ratio(_o(gpu_busy_frac=0.84), current=5) == pytest.approx(1.2)
-    assert g.hpa.desired(g.ratio(_o(gpu_busy_frac=0.84), 5), 5, 0.0, 5) == 6
+    busy = {i: 0.84 for i in range(5)}  # usage ratio 1.2 at 70 %
+    assert plain_metric_replicas(busy, range(5), 0, g.target, 5) == 6
+    assert g.hpa.settle(6, 5, 0.0) == 6
+
+
+def test_replica_calculator_missing_and_pending_pods() -> None:
+    """Kubernetes' calcPlainMetricReplicas (pkg/controller/podautoscaler/
+    replica_calculator.go), its published rules one by one, target 0.7."""
+    # a pod just ready, no metric yet, on a scale-up: counted at 0; 2 x 1.0 + 0 over
+    # 3 pods is 0.95 of the target: within the tolerance, the current count stays
+    assert plain_metric_replicas({0: 1.0, 1: 1.0}, [0, 1, 2], 0, 0.7, 3) == 3
+    # the same two pods alone: ratio 1.43, ceil(2.86) = 3
+    assert plain_metric_replicas({0: 1.0, 1: 1.0}, [0, 1], 0, 0.7, 2) == 3
+    # ... and with the third missing the recomputed 0.95 flips nothing: current (2)
+    assert plain_metric_replicas({0: 1.0, 1: 1.0}, [0, 1, 2], 0, 0.7, 2) == 2
+    # pending pods on a scale-up count at 0: 2 x 1.0 + 2 x 0 over 4 is 0.71 < 1: a
+    # reversal of direction, so the current count
+    assert plain_metric_replicas({0: 1.0, 1: 1.0}, [0, 1], 2, 0.7, 4) == 4
+    # one pending pod: (2.0 + 0) / 3 / 0.7 = 0.95, within the tolerance
+    assert plain_metric_replicas({0: 1.0, 1: 1.0}, [0, 1], 1, 0.7, 3) == 3
+    # a missing pod on a scale-down counts at the target: (0.2 + 0.7) / 2 / 0.7 = 0.64
+    assert plain_metric_replicas({0: 0.2}, [0, 1], 0, 0.7, 2) == 2  # ceil(1.29)
+    assert plain_metric_replicas({0: 0.1, 1: 0.1, 2: 0.1}, [0, 1, 2, 3], 0, 0.7, 4) == 2
+    # pods being deleted (not in ready) are ignored; no metric at all: no action
+    assert plain_metric_replicas({0: 0.35, 9: 0.0}, [0], 0, 0.7, 1) == 1
+    assert plain_metric_replicas({}, [0, 1], 0, 0.7, 2) is None
 
 
 def test_oracle_goal_is_99_percent() -> None:

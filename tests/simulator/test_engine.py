@@ -225,6 +225,22 @@ def test_refuses_prompts_longer_than_max_model_len() -> None:
     assert eng.metrics.req_gen_sum == 1
 
 
+def test_queue_time_is_observed_when_a_request_finishes_as_vllm_does() -> None:
+    """vLLM V1 observes vllm:request_queue_time_seconds for finished requests only
+    (PrometheusStatLogger.record over iteration_stats.finished_requests): 40 requests
+    queued at once show in the histogram as they finish, not when first scheduled."""
+    eng, log, _ = make(mns=8, mnbt=512)
+    rids = [submit(eng, log, 0.0, 64, 20) for _ in range(40)]
+    eng.advance_to(0.5)
+    m = eng.metrics
+    assert 0 < m.success < len(rids)  # some admitted and still running or waiting
+    assert sum(m.queue) == m.success
+    run_all(eng)
+    assert sum(m.queue) == m.success == len(rids)
+    rec = log.arrays()
+    assert m.queue_sum == pytest.approx(float((rec.sched_s - rec.arrival_s).sum()))
+
+
 def test_invalid_knobs_refused_like_vllm() -> None:
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Engine(PROFILE, Knobs(256, 128))
