@@ -120,7 +120,7 @@ class PublicListeners:
                 allow_unauthenticated=spec.allow_unauthenticated_admin,
                 on_denied=self.on_denied,
             ),
-            HardeningInterceptor(),
+            HardeningInterceptor(self.streams),  # health/reflection streams: bounded too
         ]
         options = [
             ("grpc.max_receive_message_length", spec.max_request_bytes),

@@ -302,9 +302,42 @@ async def _parse(
         )
 
 
+SERVICER_LIMITED_STREAMS = frozenset(
+    {
+        "/governor.v1.BatchingService/WatchBatchingConfig",
+        "/externalscaler.ExternalScaler/StreamIsActive",
+    }
+)
+"""Streams whose servicer takes a `StreamLimiter` slot itself, after checking the request
+(an unknown model is NOT_FOUND, not RESOURCE_EXHAUSTED)."""
+
+
+@contextlib.asynccontextmanager
+async def _stream_slot(
+    streams: StreamLimiter | None, context: grpc.aio.ServicerContext, method: str
+) -> Any:
+    """Hold a `streams` slot while the stream runs (RESOURCE_EXHAUSTED when none is free)."""
+    if streams is None:
+        yield
+        return
+    if not streams.try_acquire():
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, streams.message(method))
+    try:
+        yield
+    finally:
+        streams.release()
+
+
 class HardeningInterceptor(grpc.aio.ServerInterceptor):
     """Parses unary requests itself (malformed bytes -> INVALID_ARGUMENT) and clips every
-    error message handlers send. Streaming-request methods (reflection) pass through."""
+    error message handlers send. `streams`: every long-lived stream that does not take
+    a slot of its own (grpc.health.v1 Health/Watch, reflection) holds one of it while it
+    runs, so no client can hold every RPC slot (--max-concurrent-rpcs) with streams that
+    need no credentials and leave no room for KEDA's, the engines' or the probes' unary
+    calls; None: no bound. Streaming-request methods (reflection) are not parsed."""
+
+    def __init__(self, streams: StreamLimiter | None = None) -> None:
+        self.streams = streams
 
     async def intercept_service(
         self,
@@ -312,9 +345,12 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
+        if handler is None:
             return handler
         method = handler_call_details.method or "?"
+        streams = None if method in SERVICER_LIMITED_STREAMS else self.streams
+        if handler.request_streaming:
+            return _limited_request_stream(handler, streams, method)
         deserializer = handler.request_deserializer
         serializer = handler.response_serializer
         if handler.unary_unary is not None:
@@ -335,21 +371,54 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream_gen(raw: Any, context: grpc.aio.ServicerContext) -> Any:
                 request = await _parse(deserializer, raw, context, method)
-                async for item in inner_stream(request, _ClippedContext(context)):
-                    yield item
+                async with _stream_slot(streams, context, method):
+                    async for item in inner_stream(request, _ClippedContext(context)):
+                        yield item
 
             wrapped: Any = stream_gen
         else:  # a coroutine that writes with context.write (grpc_health's Watch)
 
             async def stream_coro(raw: Any, context: grpc.aio.ServicerContext) -> Any:
                 request = await _parse(deserializer, raw, context, method)
-                result = inner_stream(request, _ClippedContext(context))
-                return await result if inspect.isawaitable(result) else result
+                async with _stream_slot(streams, context, method):
+                    result = inner_stream(request, _ClippedContext(context))
+                    return await result if inspect.isawaitable(result) else result
 
             wrapped = stream_coro
         return grpc.unary_stream_rpc_method_handler(
             wrapped, request_deserializer=None, response_serializer=serializer
         )
+
+
+def _limited_request_stream(
+    handler: grpc.RpcMethodHandler, streams: StreamLimiter | None, method: str
+) -> grpc.RpcMethodHandler:
+    """A streaming-request handler (reflection's ServerReflectionInfo) holding a
+    `streams` slot while it runs; unchanged otherwise."""
+    inner = handler.stream_stream
+    if streams is None or inner is None:
+        return handler
+    if inspect.isasyncgenfunction(inner):
+
+        async def gen(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async with _stream_slot(streams, context, method):
+                async for item in inner(requests, context):
+                    yield item
+
+        wrapped: Any = gen
+    else:
+
+        async def coro(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async with _stream_slot(streams, context, method):
+                result = inner(requests, context)
+                return await result if inspect.isawaitable(result) else result
+
+        wrapped = coro
+    return grpc.stream_stream_rpc_method_handler(
+        wrapped,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 # ====================================================================== stream limit

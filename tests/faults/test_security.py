@@ -715,3 +715,48 @@ def test_helm_mounts_the_admin_token_secret() -> None:
     assert all(v["name"] != "governor-admin-token" for v in pod["volumes"])
     with pytest.raises(Exception, match=r"existingSecret|pattern"):
         render(values(adminToken={"existingSecret": "Not_A_Name"}))
+
+
+@pytest.mark.fault_case(
+    "Security",
+    "health-check and reflection streams opened by a client without credentials",
+    "they hold watch-stream slots (the 4th past a limit of 3: RESOURCE_EXHAUSTED), so no "
+    "client fills every RPC slot with them: Health.Check, GetBatchingConfig and KEDA's "
+    "GetMetrics are still answered; freed slots are reusable",
+)
+def test_health_watch_streams_cannot_take_every_rpc_slot(fault_note: Any) -> None:
+    """grpc.health.v1 Health/Watch is a long-lived stream that needs no credentials: it
+    took an RPC slot (--max-concurrent-rpcs) outside the watch-stream limit, so one client
+    holding them refused every unary call, the kubelet's gRPC probes included."""
+    core, clock = _core()
+    core.tick(clock.advance(5))  # a decision: KEDA's GetMetrics has a value to answer
+    with (
+        ServerThread(core, logger=quiet_logger(), max_concurrent_rpcs=8, max_watch_streams=3) as s,
+        grpc.insecure_channel(s.address) as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+        watches = [health.Watch(health_pb2.HealthCheckRequest(), timeout=30) for _ in range(3)]
+        for w in watches:
+            next(iter(w))
+        wait_until(lambda: s.server.streams.active == 3, 10, "3 open health streams")
+        extra = health.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        with pytest.raises(grpc.RpcError) as ei:
+            next(iter(extra))
+        assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        check = health.Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+        batching = pb_grpc.BatchingServiceStub(channel)
+        got = batching.GetBatchingConfig(pb.GetBatchingConfigRequest(model="demo"), timeout=5)
+        assert got.model == "demo"
+        keda = es_grpc.ExternalScalerStub(channel)
+        ref = es.ScaledObjectRef(name="so", namespace="default", scalerMetadata={"model": "demo"})
+        metrics = keda.GetMetrics(es.GetMetricsRequest(scaledObjectRef=ref), timeout=5)
+        assert metrics.metricValues
+        watches[0].cancel()
+        wait_until(lambda: s.server.streams.active == 2, 10, "a slot freed")
+        again = health.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+        assert next(iter(again)).status == health_pb2.HealthCheckResponse.SERVING
+        again.cancel()
+        for w in watches[1:]:
+            w.cancel()
+    fault_note("4th health stream refused; unary calls answered throughout")
