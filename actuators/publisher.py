@@ -158,6 +158,18 @@ class BoardClosedError(Exception):
     """The board was closed (the service is shutting down)."""
 
 
+def _mirrored_generation(leader: Published, served: Published) -> int:
+    """The generation to serve a leader's `leader` value at, over what this board
+    `served`: the leader's, unless that would not be above a served generation of other
+    knobs (then one above it) or would go back on the same knobs (then the served one).
+    Engines read a generation as "these knobs are newer than the last": a demoted
+    leader whose last tick was never saved must not serve an older number, nor one it
+    already served with other knobs."""
+    if leader.generation > served.generation:
+        return leader.generation
+    return served.generation + (1 if leader.knobs != served.knobs else 0)
+
+
 class DecisionBoard:
     """Thread-safe latest decision per model with generations and change notification.
 
@@ -350,8 +362,11 @@ class DecisionBoard:
         higher of the stored and the current one wins; a stored generation-0 value whose
         knobs are no longer the configured defaults (they changed while the service was
         down) is not restored: the new defaults are served in a new generation. With
-        ORIGIN_LEADER the leader's entries are mirrored as they are (the leader owns the
-        numbering).
+        ORIGIN_LEADER the leader's numbering is served, except that here too a
+        generation never goes backwards: a leader's value at or below this board's
+        generation with other knobs (this instance published a newer tick as leader
+        that the store never saved, then lost the lease) is served one above it, and
+        with the same knobs keeps this board's number (`_mirrored_generation`).
         """
         changed = quiet = False
         with self._cond:
@@ -367,7 +382,11 @@ class DecisionBoard:
                     and p.knobs != slot.default_knobs
                 ):
                     p = replace(p, knobs=slot.default_knobs, generation=1)
-                gen = p.generation if origin == ORIGIN_LEADER else max(p.generation, old.generation)
+                gen = (
+                    _mirrored_generation(p, old)
+                    if origin == ORIGIN_LEADER
+                    else max(p.generation, old.generation)
+                )
                 new = replace(p, model=name, namespace=old.namespace, generation=gen, origin=origin)
                 if _differs(new, old):
                     changed = True

@@ -102,3 +102,42 @@ def test_a_flush_that_lost_the_leadership_does_not_save() -> None:
     a.flush()
     last = store.load_state()
     assert last is not None and last.saved_at_unix_s == first.saved_at_unix_s
+
+
+def test_a_demoted_leader_whose_last_save_failed_never_serves_an_older_generation() -> None:
+    """Found in review (real gRPC there; the board here): A published a tick with new
+    knobs (an SLA edit), the state write failed (API trouble) and A lost the lease. As a
+    follower A mirrors the store's older value: it must not serve a lower generation or
+    reuse its number for other knobs (engines apply whatever arrives last)."""
+    from service.store import StoreError
+
+    class FlakyStore(MemoryStore):
+        fail_next = False
+
+        def save_state(self, doc: Any) -> None:
+            if self.fail_next:
+                self.fail_next = False
+                raise StoreError("state write: 503")
+            super().save_state(doc)
+
+    policy = {"knob_sustain_s": 0, "cooldown_after_scale_up_s": 0}
+    clock, store, elector = FakeClock(), FlakyStore(), _Elector("a")
+    a = ServiceCore(
+        make_config(model_entry("demo"), **policy), FakeSource({"demo": 20.0}), store,
+        clock=clock, elector=elector, logger=quiet_logger(),
+    )  # fmt: skip
+    a.tick(clock.advance(5))
+    doc = store.load_state()
+    assert doc is not None
+    saved = doc.published["demo"]
+    saved_knobs = (saved.max_num_seqs, saved.max_num_batched_tokens)
+    a.set_target({**model_entry("demo"), "sla": {"ttft_p95_ms": 1000, "itl_p95_ms": 10}})
+    store.fail_next = True
+    a.tick(clock.advance(5))
+    served = a.board.get("demo")
+    assert (served.knobs.max_num_seqs, served.knobs.max_num_batched_tokens) != saved_knobs
+    elector.leader = False
+    a.tick(clock.advance(5))  # a follower now: mirrors the store's older value
+    after = a.board.get("demo")
+    assert after.generation > served.generation
+    assert (after.knobs.max_num_seqs, after.knobs.max_num_batched_tokens) == saved_knobs

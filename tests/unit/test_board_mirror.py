@@ -88,3 +88,25 @@ def test_a_batch_notifies_once_at_its_end() -> None:
     assert calls == [(board.version, 128)]
     board.set_latency({"m": _dist(5.0)})
     assert len(calls) == 2  # outside a batch: at once
+
+
+def test_a_leaders_value_never_takes_the_served_generation_back() -> None:
+    """Found in review: a leader that published a tick the store never saved (the write
+    failed as the lease lapsed) and then followed the new leader served the older saved
+    generation again, so engines saw 2 -> 1 and the old knobs. A leader's value at or
+    below the served generation is served one above it with other knobs, and keeps the
+    served number with the same knobs; above it, the leader's number."""
+    from actuators.publisher import ORIGIN_LEADER
+
+    board = DecisionBoard([SLOT])
+    k1, k2, k3 = Knobs(128, 8192), Knobs(8, 256), Knobs(32, 2048)
+    board.restore({"m": _entry(knobs=k1, generation=7)}, ORIGIN_LEADER)
+    assert (board.get("m").generation, board.get("m").knobs) == (7, k1)
+    board.restore({"m": _entry(knobs=k2, generation=6)}, ORIGIN_LEADER)
+    assert (board.get("m").generation, board.get("m").knobs) == (8, k2)
+    board.restore({"m": _entry(knobs=k2, generation=6)}, ORIGIN_LEADER)
+    assert board.get("m").generation == 8  # same knobs: no new number, none lower
+    board.restore({"m": _entry(knobs=k3, generation=8)}, ORIGIN_LEADER)
+    assert (board.get("m").generation, board.get("m").knobs) == (9, k3)
+    board.restore({"m": _entry(knobs=k3, generation=12)}, ORIGIN_LEADER)
+    assert board.get("m").generation == 12  # above: the leader's numbering
