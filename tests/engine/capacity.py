@@ -20,7 +20,8 @@ Pieces used by the real-engine test (tests/engine/test_real_engine.py) and by
 - `DecisionWatch`: a thread polling the governor's status every 0.1 s, keeping each new
   decision (time, replicas, capacity per replica, learned speed and per-sequence ratio).
 - `measure(...)`: the ladder (rates x RUNG_STEP from `start_rps` to the first rung over
-  the SLA), the governor's capacity at the end of the last rung within it, then from
+  the SLA), the highest rate served within the SLA and the governor's capacity at the
+  end of the last rung within it, then from
   idle a step to a violating load and the ticks until the first scale-up request.
 
 Times are seconds (the monotonic clock, shared with the governor's decision times on
@@ -30,6 +31,7 @@ one machine), rates req/s.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import random
@@ -37,7 +39,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -205,6 +207,13 @@ class Rung:
         return min(self.rate_rps, self.sent_rps)
 
     @property
+    def served_rps(self) -> float:
+        """What the engine served of the offered load: its completions over the judged
+        stretch, at most the load offered (a rung that passes with a growing queue,
+        finishing 55.4 of 62.9 sent, did not serve 62.9)."""
+        return min(self.offered_rps, self.done_rps)
+
+    @property
     def within_sla(self) -> bool:
         return self.ttft_within >= GOAL_FRAC and self.tpot_within >= GOAL_FRAC and self.kept_up
 
@@ -330,15 +339,27 @@ def rung(
     )
 
 
+def served_within_sla(rungs: Sequence[Rung]) -> float | None:
+    """The highest rate served within the SLA over a ladder's rungs up to its first
+    rung past the SLA (`Rung.served_rps`), req/s; None when the first is past it. Not
+    the last rung's offer: a load generator short of CPU offers less at a higher rung
+    (ci16: 56.6 of 79.9 asked, after 63.6 of 66.6 served a rung before), and a rung that
+    passes with a growing queue did not serve what it was sent."""
+    served = [r.served_rps for r in itertools.takewhile(lambda r: r.within_sla, rungs)]
+    return max(served) if served else None
+
+
 @dataclass
 class CapacityResult:
     """What `measure` found (rates req/s)."""
 
     rungs: list[Rung] = field(default_factory=list)
     measured_capacity_rps: float | None = None
-    """The load offered (`Rung.offered_rps`) at the highest rung within the SLA (the
-    next, x RUNG_STEP, was not). Runs before 2026-12-02 (session 11) recorded the rung's
-    asked rate instead."""
+    """The highest rate served within the SLA: over the rungs within it, the most of
+    `Rung.served_rps` (completions, at most the load offered). Runs before 2026-12-03
+    (session 16) recorded the load offered at the last rung within the SLA, which a
+    load generator short of CPU offered less of than the rung before served, and a rung
+    that passed with a growing queue had not served; before session 11, its asked rate."""
     belief_before_rps: float | None = None
     """The profile's capacity for this load (`profile_capacity_rps`)."""
     speed_before: float | None = None
@@ -436,7 +457,7 @@ def measure(
             print(f"  rung {json.dumps(asdict(r))}", file=sys.stderr, flush=True)
             if not r.within_sla:
                 break
-            res.measured_capacity_rps = r.offered_rps
+            res.measured_capacity_rps = served_within_sla(res.rungs)
             res.learned_capacity_rps, res.learned_speed = r.gov_capacity_rps, r.gov_speed
             res.learned_seq_ratio = r.gov_seq_ratio
             rate *= RUNG_STEP

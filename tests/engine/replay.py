@@ -49,7 +49,7 @@ import yaml
 from controller.config import GovernorConfig
 from controller.loop import ControlLoop
 from estimators.types import MetricSource
-from tests.engine.capacity import LADDER_POLICY, Rung
+from tests.engine.capacity import LADDER_POLICY, Rung, served_within_sla
 from tests.integration.promserver import PrometheusServer, find_prometheus
 
 LEAD_S = 30.0
@@ -135,8 +135,8 @@ class Replay:
 
     rungs: list[ReplayedRung] = field(default_factory=list)
     measured_capacity_rps: float | None = None
-    """The load offered at the last rung within the SLA (`Rung.offered_rps`), whatever
-    the run's JSON recorded (runs before session 11 recorded the asked rate)."""
+    """The highest rate served within the SLA (`CapacityResult.measured_capacity_rps`),
+    whatever the run's JSON recorded (earlier sessions recorded other measures)."""
     live_capacity_rps: float | None = None
     capacity_rps: float | None = None
     """The replayed capacity per replica at the end of the last rung within the SLA."""
@@ -227,7 +227,7 @@ def replay(
                 out.ticks_to_scale_up = ticks_after_step
     last = next((r for r in reversed(out.rungs) if r.within_sla), None)
     if last is not None:
-        out.measured_capacity_rps = last.offered_rps
+        out.measured_capacity_rps = served_within_sla(rungs[: len(out.rungs)])
         out.live_capacity_rps, out.capacity_rps = last.live_capacity_rps, last.capacity_rps
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from tests.engine.capacity import KEEP_UP_FRAC, KEEP_UP_Z, Rung
+from tests.engine.capacity import KEEP_UP_FRAC, KEEP_UP_Z, Rung, served_within_sla
 
 
 def _rung(done_rps: float, sent_rps: float, ttft: float = 1.0, tpot: float = 1.0) -> Rung:
@@ -41,3 +41,21 @@ def test_the_capacity_measured_is_the_load_the_engine_was_offered() -> None:
     engine served 23.9 within the SLA, not 32.1."""
     assert Rung(32.1, 1.0, 1.0, finished=209, done_rps=23.2, sent_rps=23.9).offered_rps == 23.9
     assert Rung(15.5, 1.0, 1.0, finished=78, done_rps=15.9, sent_rps=16.1).offered_rps == 15.5
+
+
+def test_the_capacity_measured_is_the_most_served_within_the_sla() -> None:
+    """The highest rate served within the SLA up to the first rung past it: completions,
+    at most the load offered. Not the last rung's offer: ci16's generator sent 56.6 of
+    79.9 asked after the engine had served 63.6 of 66.6 a rung before, and ci3's last
+    rung within the SLA passed sending 62.9 while the engine finished 55.4."""
+    assert Rung(66.6, 1.0, 1.0, finished=574, done_rps=63.6, sent_rps=63.6).served_rps == 63.6
+    assert Rung(62.9, 1.0, 1.0, finished=499, done_rps=55.4, sent_rps=62.9).served_rps == 55.4
+    ladder = [
+        Rung(46.2, 1.0, 1.0, finished=384, done_rps=41.1, sent_rps=42.9),
+        Rung(66.6, 1.0, 1.0, finished=574, done_rps=63.6, sent_rps=63.6),
+        Rung(79.9, 1.0, 1.0, finished=474, done_rps=51.5, sent_rps=56.6),
+        Rung(95.8, 0.878, 1.0, finished=559, done_rps=61.6, sent_rps=65.7),
+        Rung(120.0, 1.0, 1.0, finished=900, done_rps=99.0, sent_rps=99.0),  # after: not read
+    ]
+    assert served_within_sla(ladder) == 63.6
+    assert served_within_sla(ladder[3:]) is None
