@@ -106,6 +106,10 @@ KV_USAGE_METRICS: tuple[str, ...] = (
 )
 SUCCESS_METRICS: tuple[str, ...] = ("vllm:request_success_total",)
 PREEMPTIONS_METRICS: tuple[str, ...] = ("vllm:num_preemptions_total",)
+ADMISSION_REJECTIONS_METRICS: tuple[str, ...] = ("vllm:admission_rejections_total",)
+"""Requests the front end refused at a queue limit (`--max-num-queued-reqs`,
+`--max-num-queued-tokens`), labels model_name and reason: offered load that never
+reached an engine's queue (vLLM 0.32 has it; absent in older versions)."""
 PREFIX_HITS_METRICS: tuple[str, ...] = (
     "vllm:prefix_cache_hits_total",
     "vllm:gpu_prefix_cache_hits_total",  # before vLLM 0.10
@@ -416,10 +420,13 @@ class QueryBuilder:
     def demand(self) -> str:
         """Arrival rate and completion rate, requests per second.
 
-        arrival = max(0, completions + d(waiting + running)/dt): the requests that
-        finished plus the growth of those still in the engines (a shrinking queue means
-        arrivals below completions). Example: 30 completions/s while the queue grows by
-        2/s -> 32 req/s. `deriv` is linear, so the sum of per-engine slopes is the slope
+        arrival = max(0, completions + d(waiting + running)/dt + rejections): the
+        requests that finished plus the growth of those still in the engines (a
+        shrinking queue means arrivals below completions) plus those the front end
+        refused at its queue limit (`ADMISSION_REJECTIONS_METRICS`; without that counter
+        the term is left out). Example: 30 completions/s while the queue grows by 2/s
+        -> 32 req/s; with the queue held at its limit and 60 refused per second -> 90.
+        `deriv` is linear, so the sum of per-engine slopes is the slope
         of the sum, and an engine appearing or vanishing does not read as a jump in
         demand. Where the gauges are missing the completion rate alone stands in (`or`).
         The same expression over the short (panic) and the seed windows rides in the
@@ -448,7 +455,9 @@ class QueryBuilder:
             f"sum by ({m}) ({b.either(g, 'deriv({name}[{w}])')})"
             for g in (WAITING_METRICS, RUNNING_METRICS)
         )
-        return f"(clamp_min({completions} + {growth}, 0) or {completions})"
+        served = f"{completions} + {growth}"
+        rejected = b.sum_rate(ADMISSION_REJECTIONS_METRICS)
+        return f"(clamp_min({served} + {rejected}, 0) or clamp_min({served}, 0) or {completions})"
 
     def engine_targets(self) -> str:
         """The scrape targets (job, instance) of each model's engines: those that

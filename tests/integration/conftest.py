@@ -166,10 +166,23 @@ MODEL_DUAL = ModelSpec(
     prefix_queries_per_batch=2,
     legacy_decoys=True,  # the same engine also exports the deprecated names, wrongly
 )
+MODEL_SHED = ModelSpec(
+    name="shed",
+    engines=(EngineSpec(running=4, waiting=200, kv_usage=0.9),),  # its queue at the limit
+    completions_per_batch=(("stop", 1.0),),  # 10 req/s served
+    rejections_per_batch=3.0,  # 30 req/s refused at the front end's queue limit
+    ttft_s=B_TTFT,
+    itl_s=B_ITL,
+    e2e_s=B_E2E,
+    queue_s=B_QUEUE,
+    prompt_tokens=B_PROMPT,
+    output_tokens=B_OUTPUT,
+)
 MODELS: tuple[ModelSpec, ...] = (
     MODEL_A,
     MODEL_B,
     MODEL_DRAIN,
+    MODEL_SHED,
     MODEL_LEGACY,
     MODEL_ESCAPED,
     MODEL_DUAL,

@@ -96,6 +96,9 @@ class ModelSpec:
     prefix_hits_per_batch: float = 0.0
     prefix_queries_per_batch: float = 0.0
     preemptions_per_batch: float = 0.0
+    rejections_per_batch: float = 0.0
+    """Requests the front end refused at its queue limit per batch, for the model
+    (`vllm:admission_rejections_total{reason}`, no engine label); 0 = not exported."""
     legacy_names: bool = False
     """Export only the deprecated names (gpu_cache_usage_perc, time_per_output_token...)."""
     escaped_names: bool = False
@@ -224,6 +227,14 @@ class FakeVllmCollector(Collector):
             (named("vllm:num_preemptions"), spec.preemptions_per_batch),
         ]
         keys = (self.model_label, "engine")
+        if spec.rejections_per_batch:
+            yield _Series(
+                "counter",
+                named("vllm:admission_rejections"),
+                (self.model_label, "reason"),
+                (spec.name, "max_num_queued_reqs"),
+                per_batch=spec.rejections_per_batch,
+            )
         for i, eng in enumerate(spec.engines):
             lv = (spec.name, str(i))
             yield _Series("gauge", named("vllm:num_requests_running"), keys, lv, eng.running)

@@ -47,6 +47,7 @@ from tests.integration.conftest import (
     MODEL_DUAL,
     MODEL_ESCAPED,
     MODEL_LEGACY,
+    MODEL_SHED,
     MODELS,
     VllmWorld,
 )
@@ -159,6 +160,7 @@ def tick(vllm_world: VllmWorld) -> tuple[dict[str, ObservationResult], float, Pr
         ModelQuery(MODEL_A.name, ttft_sla_s=0.25, itl_sla_s=0.05),  # both bucket edges
         ModelQuery(MODEL_B.name, ttft_sla_s=0.3, itl_sla_s=0.1),  # 0.3 is no TTFT edge
         ModelQuery(MODEL_DRAIN.name),
+        ModelQuery(MODEL_SHED.name),
         ModelQuery(MODEL_LEGACY.name, itl_sla_s=0.05),
         ModelQuery(MODEL_ESCAPED.name),
         ModelQuery(MODEL_DUAL.name, itl_sla_s=0.05),
@@ -371,6 +373,30 @@ def test_arrival_rate_is_never_negative_while_a_queue_drains(
     assert drain.arrival_rate_rps == 0.0
     expected = MODEL_DRAIN.completions_rps(vllm_world.batches_per_s)
     assert drain.extra["completions_rps"] == pytest.approx(expected, rel=RATE_REL)
+
+
+def test_arrival_rate_counts_what_the_front_end_refused_at_its_queue_limit(
+    vllm_world: VllmWorld, tick: tuple[dict[str, ObservationResult], float, PrometheusSource]
+) -> None:
+    """vLLM 0.32 counts requests refused at `--max-num-queued-reqs` in
+    vllm:admission_rejections_total; they never reach the queue, so with it pinned at its
+    limit completions + growth read only what the fleet serves (10 req/s) where 40 are
+    offered. The refused ones are demand too."""
+    results, now, _ = tick
+    shed = observed(results, MODEL_SHED.name)
+    w = f"{vllm_world.window_s:g}s"
+    rows = vllm_world.prometheus.query(
+        f"sum by (model_name) (rate(vllm:admission_rejections_total[{w}]))", at_s=now
+    )
+    rejected = {r["metric"]["model_name"]: float(r["value"][1]) for r in rows}[MODEL_SHED.name]
+    bps = vllm_world.batches_per_s
+    assert rejected == pytest.approx(MODEL_SHED.rejections_per_batch * bps, rel=RATE_REL)
+    completions = shed.extra["completions_rps"]
+    assert completions == pytest.approx(MODEL_SHED.completions_rps(bps), rel=RATE_REL)
+    assert shed.arrival_rate_rps == pytest.approx(completions + rejected, rel=1e-6)
+    # a model without the counter (an older vLLM) keeps completions + growth
+    a = observed(results, MODEL_A.name)
+    assert a.arrival_rate_rps == pytest.approx(a.extra["completions_rps"], rel=1e-9)
 
 
 def test_gauges_and_counter_rates(

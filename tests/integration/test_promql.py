@@ -97,8 +97,11 @@ def test_demand_query_exact_text() -> None:
         "sum by (model_name) (deriv(vllm:num_requests_waiting[60s])) + "
         "sum by (model_name) (deriv(vllm:num_requests_running[60s]))"
     )
+    rejected = "sum by (model_name) (rate(vllm:admission_rejections_total[60s]))"
+    served = f"{completions} + {growth}"
     assert b.demand() == (
-        f"label_replace((clamp_min({completions} + {growth}, 0) or {completions}), "
+        f"label_replace((clamp_min({served} + {rejected}, 0) or clamp_min({served}, 0) "
+        f"or {completions}), "
         f'"governor_signal", "arrival_rps", "", "") or '
         f'label_replace({completions}, "governor_signal", "completions_rps", "", "")'
     )
