@@ -11,7 +11,12 @@ from it without waiting on anything else. It owns:
   writer's thread; `fn` must be quick and must not raise), `wait(version, timeout_s)`
   blocks a thread until the board moves past `version`, and `watch()` is the asyncio
   form used by streaming RPC handlers;
-- `close()`: wakes every watcher for good (graceful shutdown ends streams with OK).
+- `close()`: wakes every watcher for good (graceful shutdown ends streams with OK);
+- `hold()` / `commit()`: changes made while held are kept from the readers (`get`,
+  `snapshot`, `models`, watchers, the serving process's feed) until `commit`; the
+  leader holds each tick's changes until the state holding them is saved
+  (`pending()` is what it saves), so a process killed in between never served a
+  generation its restart takes back.
 
 Invariants: an invalid decision never changes the board (missing data never reads as
 zero); a value served lies within the model's bounds as configured now (`configure`
@@ -193,6 +198,7 @@ class DecisionBoard:
         self._subscribers: list[Callable[[], None]] = []
         self._quiet_subscribers: list[Callable[[], None]] = []
         self._held = 0  # open `batch` blocks
+        self._served: dict[str, Published] | None = None  # while `hold` is on: the readers'
         self._pending_loud = self._pending_quiet = False
         self.configure(models)
 
@@ -208,19 +214,66 @@ class DecisionBoard:
         with self._cond:
             return self._closed
 
+    def _view(self) -> dict[str, Published]:
+        """The entries readers see: the last committed ones while held (caller locks)."""
+        return self._entries if self._served is None else self._served
+
     def models(self) -> list[str]:
         with self._cond:
-            return sorted(self._entries)
+            return sorted(self._view())
 
     def get(self, model: str) -> Published:
         """The published value of `model`; KeyError when it is not configured."""
         with self._cond:
-            return self._entries[model]
+            return self._view()[model]
 
     def snapshot(self) -> dict[str, Published]:
-        """A copy of every entry."""
+        """A copy of every entry served (while held: as last committed)."""
+        with self._cond:
+            return dict(self._view())
+
+    def pending(self) -> dict[str, Published]:
+        """A copy of every entry, the changes held back from the readers included."""
         with self._cond:
             return dict(self._entries)
+
+    @property
+    def holding(self) -> bool:
+        """True between `hold()` and `commit()`."""
+        with self._cond:
+            return self._served is not None
+
+    def hold(self) -> None:
+        """Keep the changes from now on from the readers until `commit()` (see the
+        module doc); a no-op when already held."""
+        with self._cond:
+            if self._served is None:
+                self._served = dict(self._entries)
+
+    def commit(self, *, discard: bool = False) -> None:
+        """Serve the changes held since `hold()` (watchers woken when a served value
+        changed); with `discard`, drop them instead and keep serving the held-back
+        values (this instance lost the leadership before it could save them). A no-op
+        when not held."""
+        with self._cond:
+            served, self._served = self._served, None
+            if served is None:
+                return
+            if discard:
+                self._entries = {n: served.get(n, p) for n, p in self._entries.items()}
+                return
+            changed = set(served) != set(self._entries) or any(
+                _differs(p, served[n]) or p.namespace != served[n].namespace
+                for n, p in self._entries.items()
+                if n in served
+            )
+            quiet = changed or served != self._entries
+            if changed:
+                self._bump()
+        if changed:
+            self._notify()
+        elif quiet:
+            self._notify_quiet()
 
     def slots(self) -> dict[str, ModelSlot]:
         """A copy of every configured model's slot."""

@@ -9,7 +9,9 @@ Admin operations (`set_target`, ...) validate first and change nothing when anyt
 wrong (`AdminError` with a gRPC status code).
 
 Restart safety: state is saved after every tick with monotonic times converted to wall
-time (service.store.to_wall) and restored at start, so the stabilization windows
+time (service.store.to_wall) and restored at start; the tick's values are served only
+once that save succeeded (`DecisionBoard.hold`), so a restart never serves an older
+generation than engines saw, so the stabilization windows
 continue across a restart and a restart never causes a scale-down burst. Only the
 leader saves, asked again right before each write: a tick that lost the leadership
 while it ran does not write over the new leader's state.
@@ -292,15 +294,22 @@ class ServiceCore:
                 self._take_over()
             if self._was_leader and not leader:
                 stand_down(self.extra_actuators, self.log)
+                self.board.commit(discard=True)  # never saved: the leader's values follow
             self._was_leader = leader
             self.counters.ticks += 1
             if not leader:
                 self._follow()
                 return []
+            # Served only once saved: a kill between the two must not let the restart
+            # serve an older generation than engines saw. A failed save keeps them held
+            # (served: the stored values, as a restart or a follower would) until a
+            # later tick's save succeeds.
+            self.board.hold()
             with self.board.batch():  # one change for the serving process's feed
                 decisions = self.loop.tick(now_s)
                 self._publish_latency()
-            self._save_state()
+            if self._save_state():
+                self.board.commit()
             return decisions
 
     def _publish_latency(self) -> None:
@@ -374,7 +383,7 @@ class ServiceCore:
                 decided_at_unix_s=p.decided_at_unix_s,
                 latency=latency_doc(p.latency),
             )
-            for name, p in self.board.snapshot().items()
+            for name, p in self.board.pending().items()
         }
         return StateDoc(
             saved_at_unix_s=self.clock.wall(),
@@ -385,27 +394,30 @@ class ServiceCore:
             targets_revision=self.targets_revision,
         )
 
-    def _save_state(self) -> None:
+    def _save_state(self) -> bool:
         """Save the state, if this instance still leads: asked right before the write, as
         a tick or flush may lose the leadership while it runs (the lease lapsed, or
-        `close()` released it) and must not write over the new leader's state."""
+        `close()` released it) and must not write over the new leader's state. True
+        when the state was saved."""
         doc = self._state_doc()
         if not self.elector.is_leader():
             self.log.warning("state_save_skipped", why="not the leader any more")
-            return
+            return False
         try:
             self.store.save_state(doc)
         except StoreError as exc:
             self.counters.state_save_failures += 1
             self.m_store_errors.labels("save_state").inc()
             self.log.error("state_save_failed", error=str(exc))
+            return False
+        return True
 
     def flush(self) -> None:
         """Save the state now (graceful shutdown), if this instance is the leader (asked
         again right before the write, `_save_state`)."""
         with self._tick_lock:
-            if self.elector.is_leader() and self.counters.ticks > 0:
-                self._save_state()
+            if self.elector.is_leader() and self.counters.ticks > 0 and self._save_state():
+                self.board.commit()
 
     def close(self) -> None:
         """Stop the actuators first: each stands down and is closed (its worker waited
