@@ -110,9 +110,11 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
     ) -> Any:
         await self._entry(request, context)
-        if self.streams is not None and not self.streams.try_acquire():
+        peer = context.peer() if self.streams is not None else None
+        if self.streams is not None and not self.streams.try_acquire(peer):
             await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.message("WatchBatchingConfig")
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                self.streams.message("WatchBatchingConfig", peer),
             )
         keep_seen = None
         if self.on_engine is not None and request.engine_id:
@@ -134,7 +136,7 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
             if keep_seen is not None:
                 keep_seen.cancel()
             if self.streams is not None:
-                self.streams.release()
+                self.streams.release(peer)
 
 
 def batching_to_pb(p: Published, ceiling: Knobs | None = None) -> governor_v1_pb2.BatchingConfig:

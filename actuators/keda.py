@@ -216,9 +216,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """The current value at open (once one is known), then each change. Ends with OK
         when the server shuts down; with NOT_FOUND when the model is removed."""
         model = await self._resolve(request, context)
-        if self.streams is not None and not self.streams.try_acquire():
+        peer = context.peer() if self.streams is not None else None
+        if self.streams is not None and not self.streams.try_acquire(peer):
             await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.message("StreamIsActive")
+                grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.message("StreamIsActive", peer)
             )
         try:
             last: bool | None = None
@@ -233,7 +234,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 yield pb.IsActiveResponse(result=active)
         finally:
             if self.streams is not None:
-                self.streams.release()
+                self.streams.release(peer)
 
     async def StreamMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext

@@ -146,16 +146,17 @@ class StreamSlots(Protocol):
     """A bound on open watch streams, shared by the board's streaming readers (engines'
     WatchBatchingConfig, KEDA's StreamIsActive); service.security.StreamLimiter is one."""
 
-    def try_acquire(self) -> bool:
-        """Take a slot; False when all are taken (the caller refuses the stream)."""
+    def try_acquire(self, peer: str | None = None) -> bool:
+        """Take a slot for a stream of client `peer` (gRPC's `context.peer()`); False
+        when all are taken, or `peer`'s own share (the caller refuses the stream)."""
         ...
 
-    def release(self) -> None:
-        """Give back a slot taken by `try_acquire`."""
+    def release(self, peer: str | None = None) -> None:
+        """Give back a slot taken by `try_acquire(peer)`."""
         ...
 
-    def message(self, what: str) -> str:
-        """The refusal message for a stream of kind `what`."""
+    def message(self, what: str, peer: str | None = None) -> str:
+        """The refusal message for a stream of kind `what` from `peer`."""
         ...
 
 

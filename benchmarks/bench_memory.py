@@ -38,6 +38,7 @@ from benchmarks.procs import (
 from benchmarks.promreplay import model_names
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
+from service.listeners import MAX_WATCH_STREAMS
 
 GOAL_MB = 200.0
 CHANNELS = 8
@@ -122,7 +123,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     prom, url = fake_prometheus(write_governor_config(Path(tmp.name) / "fake.yaml", names))
     gov = None
     try:
-        gov = governor_run(write_governor_config(Path(tmp.name) / "g.yaml", names, url))
+        # Every stream from this one host, standing in for the engines of many hosts.
+        one_host = ["--max-watch-streams-per-client", str(MAX_WATCH_STREAMS)]
+        gov = governor_run(write_governor_config(Path(tmp.name) / "g.yaml", names, url), one_host)
         gov.port()
         wait_ticks(gov, gov.ports[1], 2)
         base_rss, _ = _rss(gov, args.samples)

@@ -161,7 +161,8 @@ class ServiceCore:
         )
         self.m_streams_refused = Counter(
             "governor_watch_streams_refused",
-            "Watch streams (engines + KEDA) refused at the --max-watch-streams limit",
+            "Watch streams (engines + KEDA) refused at the --max-watch-streams limit or "
+            "a client's --max-watch-streams-per-client",
             registry=r,
         )
         self.m_watch_streams = Gauge(

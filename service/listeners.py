@@ -37,6 +37,9 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # largest response (GetStatus of many model
 MAX_REQUEST_BYTES = 1024 * 1024  # largest request a client may send, bytes
 MAX_CONCURRENT_RPCS = 2048
 MAX_WATCH_STREAMS = 1024  # WatchBatchingConfig + StreamIsActive streams open at once
+# ... and from one client host: None is half of max_watch_streams
+# (service.security.default_streams_per_client, which says why)
+MAX_WATCH_STREAMS_PER_CLIENT: int | None = None
 
 
 def parse_listen(value: str, what: str = "address", lowest_port: int = 0) -> tuple[str, int]:
@@ -60,8 +63,9 @@ def with_port(listen: str, port: int) -> str:
 @dataclass(frozen=True)
 class ListenerSpec:
     """The public listeners: addresses (HOST:PORT, port 0 picks one), limits (RPCs,
-    bytes, watch streams) and security (admin token, unauthenticated admin for
-    loopback development, TLS files). See service.server.GovernorServer."""
+    bytes, watch streams in all and per client host; None: half of them) and security
+    (admin token, unauthenticated admin for loopback development, TLS files). See
+    service.server.GovernorServer."""
 
     grpc_listen: str = DEFAULT_GRPC_LISTEN
     admin_listen: str | None = None
@@ -69,6 +73,7 @@ class ListenerSpec:
     max_message_bytes: int = MAX_MESSAGE_BYTES
     max_request_bytes: int = MAX_REQUEST_BYTES
     max_watch_streams: int = MAX_WATCH_STREAMS
+    max_watch_streams_per_client: int | None = MAX_WATCH_STREAMS_PER_CLIENT
     admin_token: AdminToken | None = None
     allow_unauthenticated_admin: bool = False
     tls: TlsFiles | None = None

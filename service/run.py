@@ -33,7 +33,13 @@ from service.demo import demo_config, simulated_fleet_factory
 from service.errors import SimulatorUnavailableError
 from service.leader import AlwaysLeader, Elector
 from service.promclock import WallClockSource
-from service.security import AdminToken, SecurityConfigError, TlsFiles, server_credentials
+from service.security import (
+    AdminToken,
+    SecurityConfigError,
+    TlsFiles,
+    default_streams_per_client,
+    server_credentials,
+)
 from service.server import (
     DEFAULT_GRPC_LISTEN,
     DEFAULT_METRICS_LISTEN,
@@ -185,6 +191,14 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
         f"{MAX_WATCH_STREAMS}, at most half of --max-concurrent-rpcs)",
     )
     p.add_argument(
+        "--max-watch-streams-per-client",
+        type=int,
+        default=None,
+        help="open watch streams (as --max-watch-streams counts them) from one client host "
+        "at most, so one client cannot take them all (default: half of "
+        "--max-watch-streams; KEDA holds one per external-push ScaledObject from one host)",
+    )
+    p.add_argument(
         "--max-models",
         type=int,
         default=MAX_MODELS,
@@ -281,6 +295,7 @@ def _check_flags(args: argparse.Namespace) -> None:
     for flag, value in (
         ("--max-concurrent-rpcs", args.max_concurrent_rpcs),
         ("--max-watch-streams", args.max_watch_streams),
+        ("--max-watch-streams-per-client", args.max_watch_streams_per_client),
         ("--max-models", args.max_models),
     ):
         if value is not None and not 1 <= value <= INT32_MAX:
@@ -299,6 +314,14 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"--max-watch-streams must be >= 1 and below --max-concurrent-rpcs "
             f"({args.max_concurrent_rpcs}), so streams cannot take every slot "
             f"(got {args.max_watch_streams})",
+            2,
+        )
+    if args.max_watch_streams_per_client is None:
+        args.max_watch_streams_per_client = default_streams_per_client(args.max_watch_streams)
+    if args.max_watch_streams_per_client > args.max_watch_streams:
+        raise _RunError(
+            f"--max-watch-streams-per-client must be within [1, --max-watch-streams "
+            f"({args.max_watch_streams})] (got {args.max_watch_streams_per_client})",
             2,
         )
     for flag, value in (("--sim-rate-scale", args.sim_rate_scale), ("--sim-speed", args.sim_speed)):
@@ -533,6 +556,7 @@ def _run(args: argparse.Namespace) -> int:
             metrics_listen=args.metrics_listen,
             max_concurrent_rpcs=args.max_concurrent_rpcs,
             max_watch_streams=args.max_watch_streams,
+            max_watch_streams_per_client=args.max_watch_streams_per_client,
             admin_token=admin_token,
             allow_unauthenticated_admin=args.insecure_admin,
             tls=tls,

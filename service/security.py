@@ -15,8 +15,10 @@ Owns:
   every error message a handler sends to `MAX_DETAIL_CHARS` (an echoed value must not
   overflow the 8 KiB trailing-metadata limit and turn a clear error into a transport
   failure).
-- `StreamLimiter`: a bound on concurrent watch streams (engines' WatchBatchingConfig and
-  KEDA's StreamIsActive together), so long-lived streams cannot take every RPC slot.
+- `StreamLimiter` (service.streams, re-exported here): a bound on concurrent watch
+  streams (engines' WatchBatchingConfig and KEDA's StreamIsActive together), so
+  long-lived streams cannot take every RPC slot, and one per client host, so one client
+  cannot take every stream.
 - TLS: server credentials from PEM files (optionally requiring client certificates
   signed by a CA: mTLS), re-read when the files change (`TlsReloader`: a renewed
   certificate in a mounted Secret serves the next connections without a restart), and
@@ -39,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from service.streams import StreamLimiter, default_streams_per_client, peer_host
 
 ADMIN_SERVICE = "governor.v1.AdminService"
 ADMIN_METHOD_PREFIX = f"/{ADMIN_SERVICE}/"
@@ -320,12 +324,13 @@ async def _stream_slot(
     if streams is None:
         yield
         return
-    if not streams.try_acquire():
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, streams.message(method))
+    peer = context.peer()
+    if not streams.try_acquire(peer):
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, streams.message(method, peer))
     try:
         yield
     finally:
-        streams.release()
+        streams.release(peer)
 
 
 class HardeningInterceptor(grpc.aio.ServerInterceptor):
@@ -419,65 +424,6 @@ def _limited_request_stream(
         request_deserializer=handler.request_deserializer,
         response_serializer=handler.response_serializer,
     )
-
-
-# ====================================================================== stream limit
-class StreamLimiter:
-    """At most `limit` concurrent watch streams (thread-safe counter)."""
-
-    def __init__(
-        self,
-        limit: int,
-        on_refused: Callable[[], None] | None = None,
-        on_change: Callable[[], None] | None = None,
-    ) -> None:
-        if limit < 1:
-            raise ValueError(f"stream limit must be >= 1 (got {limit})")
-        self.limit = limit
-        self.on_refused = on_refused
-        self.on_change = on_change  # called after a slot was taken or given back
-        self._active = 0
-        self.peak = 0
-        self.refused = 0
-        self._lock = threading.Lock()
-
-    @property
-    def active(self) -> int:
-        with self._lock:
-            return self._active
-
-    def try_acquire(self) -> bool:
-        """Take a slot; False (and counted as refused) when all are taken."""
-        with self._lock:
-            if self._active >= self.limit:
-                self.refused += 1
-                refused = True
-            else:
-                refused = False
-                self._active += 1
-                self.peak = max(self.peak, self._active)
-        if refused and self.on_refused is not None:
-            with contextlib.suppress(Exception):
-                self.on_refused()
-        if not refused:
-            self._changed()
-        return not refused
-
-    def release(self) -> None:
-        with self._lock:
-            self._active = max(0, self._active - 1)
-        self._changed()
-
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            with contextlib.suppress(Exception):
-                self.on_change()
-
-    def message(self, what: str) -> str:
-        return (
-            f"too many open watch streams (limit {self.limit}); {what} was refused: retry "
-            "later with backoff, or poll instead"
-        )
 
 
 # ====================================================================== TLS
@@ -634,6 +580,8 @@ __all__ = [
     "TlsReloader",
     "channel_credentials",
     "clip",
+    "default_streams_per_client",
+    "peer_host",
     "read_token",
     "server_credentials",
 ]

@@ -19,7 +19,8 @@ optionally mTLS. Every unary request is parsed by the server itself (malformed b
 INVALID_ARGUMENT) and error messages are clipped.
 
 Limits (each refusal names the limit): request message size (`MAX_REQUEST_BYTES`),
-concurrent RPCs, concurrent watch streams (`MAX_WATCH_STREAMS`), configured models
+concurrent RPCs, concurrent watch streams (`MAX_WATCH_STREAMS`, and per client host:
+half of it unless given), configured models
 (`service.core.MAX_MODELS`, for admin additions), models per GetStatus, string lengths
 (model and engine names: 253 characters; everything else through the config models).
 """
@@ -93,7 +94,9 @@ class GovernorServer:
     loopback address reached with `kubectl port-forward`; the `grpc_listen` listener
     then serves only the engines' and KEDA's read-only APIs (admin calls there:
     UNIMPLEMENTED). None: everything on `grpc_listen`.
-    `max_watch_streams`: open WatchBatchingConfig + StreamIsActive streams at most.
+    `max_watch_streams`: open WatchBatchingConfig + StreamIsActive streams at most (health
+    and reflection streams included); `max_watch_streams_per_client`: at most this many
+    of them from one client host (None: half of `max_watch_streams`).
     `max_request_bytes`/`max_message_bytes`: largest request received / response sent.
     `serving`: "inline" (default here: tests drive ticks and read at once) or
     "process" (see the module doc; `serving_process` after `start`); `log_level`: the
@@ -115,6 +118,7 @@ class GovernorServer:
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         max_request_bytes: int = MAX_REQUEST_BYTES,
         max_watch_streams: int = MAX_WATCH_STREAMS,
+        max_watch_streams_per_client: int | None = None,
         admin_token: AdminToken | None = None,
         allow_unauthenticated_admin: bool = False,
         tls: TlsFiles | None = None,
@@ -136,6 +140,7 @@ class GovernorServer:
             max_message_bytes=max_message_bytes,
             max_request_bytes=max_request_bytes,
             max_watch_streams=max_watch_streams,
+            max_watch_streams_per_client=max_watch_streams_per_client,
             admin_token=admin_token,
             allow_unauthenticated_admin=allow_unauthenticated_admin,
             tls=tls,
@@ -147,7 +152,11 @@ class GovernorServer:
         self.tick_nice = default_nice if tick_nice is None else tick_nice
         self.log_level = log_level
         self.serving_heartbeat = (serving_heartbeat_s, serving_heartbeat_misses)
-        self.streams = StreamLimiter(max_watch_streams, on_refused=core.m_streams_refused.inc)
+        self.streams = StreamLimiter(
+            max_watch_streams,
+            on_refused=core.m_streams_refused.inc,
+            per_client=max_watch_streams_per_client,
+        )
         self.metrics_listen = metrics_listen
         self.autotick = autotick
         self.tick_interval_s = tick_interval_s or core.config.policy.tick_interval_s
@@ -290,6 +299,7 @@ class GovernorServer:
             admin_api=admin,
             admin_port=self.admin_port or self.port,
             max_watch_streams=spec.max_watch_streams,
+            max_watch_streams_per_client=self.streams.per_client,
             serving=self.serving,
             serving_pid=self.serving_process.pid if self.serving_process else None,
         )

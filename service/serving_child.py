@@ -190,7 +190,10 @@ async def _serve(conn: Connection, spec: ServingSpec, board: DecisionBoard) -> i
     reporter = _Reporter(conn, lock)
     proxy = AdminProxy(spec.admin, spec.max_message_bytes)
     streams = StreamLimiter(
-        spec.listeners.max_watch_streams, on_refused=reporter.on_refused, on_change=reporter.poke
+        spec.listeners.max_watch_streams,
+        on_refused=reporter.on_refused,
+        on_change=reporter.poke,
+        per_client=spec.listeners.max_watch_streams_per_client,
     )
     reporter.streams = streams
     listeners = PublicListeners(

@@ -20,7 +20,7 @@ from controller.config import load_config
 from controller.logs import configure_logging
 from service.core import ServiceCore
 from service.security import AdminToken
-from service.server import GovernorServer, serve
+from service.server import MAX_WATCH_STREAMS, GovernorServer, serve
 from service.store import FileStore
 from tests.service.serve_fake import FileRates
 
@@ -55,6 +55,8 @@ def main() -> int:
         grpc_listen="127.0.0.1:0",
         metrics_listen="127.0.0.1:0",
         admin_token=AdminToken(args.admin_token_file),
+        # the load test's 1,000 streams come from this one host, standing in for engines
+        max_watch_streams_per_client=MAX_WATCH_STREAMS,
     )
     return serve(server, 5.0)
 

@@ -529,7 +529,8 @@ def test_governor_run_with_token_tls_and_mtls(tmp_path: Path, pki: Path, fault_n
     "exit 2 and a message naming the flag or file (never a token's content) for: a missing, "
     "empty or short token file, --insecure-admin on a non-loopback listener, TLS cert "
     "without key, a non-PEM certificate, a client CA without a server certificate, "
-    "--max-watch-streams not below --max-concurrent-rpcs, a limit past a C int",
+    "--max-watch-streams not below --max-concurrent-rpcs, --max-watch-streams-per-client "
+    "outside [1, --max-watch-streams], a limit past a C int",
 )
 def test_bad_security_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = _config_file(tmp_path)
@@ -551,6 +552,14 @@ def test_bad_security_flags_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--tls-cert-file", str(notpem), "--tls-key-file", str(notpem)], "not a PEM"),
         (["--tls-client-ca-file", str(notpem)], "needs --tls-cert-file"),
         (["--max-concurrent-rpcs", "10", "--max-watch-streams", "10"], "--max-watch-streams"),
+        (
+            ["--max-watch-streams", "8", "--max-watch-streams-per-client", "9"],
+            "--max-watch-streams-per-client must be within [1, --max-watch-streams (8)] (got 9)",
+        ),
+        (
+            ["--max-watch-streams-per-client", "0"],
+            "--max-watch-streams-per-client must be within [1, 2147483647] (got 0)",
+        ),
         (["--max-models", "0"], "--max-models"),
         # past gRPC's C int: the server failed to build after the store was opened
         (["--max-concurrent-rpcs", "2147483648"], "--max-concurrent-rpcs must be within"),
@@ -594,7 +603,7 @@ def test_limits(fault_note: Any) -> None:
     core.tick(clock.advance(5))
     revision = core.targets_revision
     with (
-        ServerThread(core, logger=log, max_watch_streams=3) as s,
+        ServerThread(core, logger=log, max_watch_streams=3, max_watch_streams_per_client=3) as s,
         grpc.insecure_channel(s.address) as channel,
     ):
         admin = pb_grpc.AdminServiceStub(channel)
@@ -731,7 +740,13 @@ def test_health_watch_streams_cannot_take_every_rpc_slot(fault_note: Any) -> Non
     core, clock = _core()
     core.tick(clock.advance(5))  # a decision: KEDA's GetMetrics has a value to answer
     with (
-        ServerThread(core, logger=quiet_logger(), max_concurrent_rpcs=8, max_watch_streams=3) as s,
+        ServerThread(
+            core,
+            logger=quiet_logger(),
+            max_concurrent_rpcs=8,
+            max_watch_streams=3,
+            max_watch_streams_per_client=3,  # one client here: the total is tested
+        ) as s,
         grpc.insecure_channel(s.address) as channel,
     ):
         health = health_pb2_grpc.HealthStub(channel)
