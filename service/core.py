@@ -10,8 +10,9 @@ wrong (`AdminError` with a gRPC status code).
 
 Restart safety: state is saved after every tick with monotonic times converted to wall
 time (service.store.to_wall) and restored at start; the tick's values are served only
-once that save succeeded (`DecisionBoard.hold`), so a restart never serves an older
-generation than engines saw, so the stabilization windows
+after that save (`DecisionBoard.hold`), so a restart does not serve an older generation
+than engines saw (unless the save failed: served anyway, a store outage must not freeze
+scaling), and the stabilization windows
 continue across a restart and a restart never causes a scale-down burst. Only the
 leader saves, asked again right before each write: a tick that lost the leadership
 while it ran does not write over the new leader's state.
@@ -301,15 +302,16 @@ class ServiceCore:
             if not leader:
                 self._follow()
                 return []
-            # Served only once saved: a kill between the two must not let the restart
-            # serve an older generation than engines saw. A failed save keeps them held
-            # (served: the stored values, as a restart or a follower would) until a
-            # later tick's save succeeds.
+            # Served once saved: a kill between the two must not let the restart serve
+            # an older generation than engines saw. A save that fails still serves them
+            # (a store outage must not freeze scaling; counted and logged), so only a
+            # kill after a failed save can restart at an older generation. A tick that
+            # lost the leadership keeps them held; the next tick discards them.
             self.board.hold()
             with self.board.batch():  # one change for the serving process's feed
                 decisions = self.loop.tick(now_s)
                 self._publish_latency()
-            if self._save_state():
+            if self._save_state() or self.elector.is_leader():
                 self.board.commit()
             return decisions
 
@@ -417,7 +419,8 @@ class ServiceCore:
         """Save the state now (graceful shutdown), if this instance is the leader (asked
         again right before the write, `_save_state`)."""
         with self._tick_lock:
-            if self.elector.is_leader() and self.counters.ticks > 0 and self._save_state():
+            if self.elector.is_leader() and self.counters.ticks > 0:
+                self._save_state()
                 self.board.commit()
 
     def close(self) -> None:

@@ -108,8 +108,7 @@ def test_a_demoted_leader_whose_last_save_failed_never_serves_an_older_generatio
     """Found in review (real gRPC there; the board here): A published a tick with new
     knobs (an SLA edit), the state write failed (API trouble) and A lost the lease. As a
     follower A mirrors the store's older value: it must not serve a lower generation or
-    reuse its number for other knobs (engines apply whatever arrives last). Since a tick
-    is served only once saved, A never served the unsaved knobs at all."""
+    reuse its number for other knobs (engines apply whatever arrives last)."""
     from service.store import StoreError
 
     class FlakyStore(MemoryStore):
@@ -135,14 +134,10 @@ def test_a_demoted_leader_whose_last_save_failed_never_serves_an_older_generatio
     a.set_target({**model_entry("demo"), "sla": {"ttft_p95_ms": 1000, "itl_p95_ms": 10}})
     store.fail_next = True
     a.tick(clock.advance(5))
-    decided = a.board.pending()["demo"]
-    assert (decided.knobs.max_num_seqs, decided.knobs.max_num_batched_tokens) != saved_knobs
-    # The unsaved tick is held back: engines keep the stored value (service.core.tick).
     served = a.board.get("demo")
-    assert (served.knobs.max_num_seqs, served.knobs.max_num_batched_tokens) == saved_knobs
-    assert served.generation == saved.generation
+    assert (served.knobs.max_num_seqs, served.knobs.max_num_batched_tokens) != saved_knobs
     elector.leader = False
     a.tick(clock.advance(5))  # a follower now: mirrors the store's older value
     after = a.board.get("demo")
-    assert after.generation >= served.generation
+    assert after.generation > served.generation
     assert (after.knobs.max_num_seqs, after.knobs.max_num_batched_tokens) == saved_knobs
