@@ -63,10 +63,13 @@ def _quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def running_by_pod_query(model: str, namespace: str, model_label: str = "model_name") -> str:
-    """The one grouped query: running requests per pod of `model` in `namespace`.
-    Example: `sum by (pod) (vllm:num_requests_running{model_name="m",namespace="llm"})`."""
-    sel = f'{{{model_label}="{_quote(model)}",namespace="{_quote(namespace)}"}}'
+def running_by_pod_query(
+    model: str, namespace: str, model_label: str = "model_name", namespace_label: str = "namespace"
+) -> str:
+    """The one grouped query: running requests per pod of `model` in `namespace` (its
+    series carry it in `namespace_label`). Example: `sum by (pod)
+    (vllm:num_requests_running{model_name="m",namespace="llm"})`."""
+    sel = f'{{{model_label}="{_quote(model)}",{namespace_label}="{_quote(namespace)}"}}'
     names = [*RUNNING_METRICS, *(n.replace(":", "_") for n in RUNNING_METRICS)]
     return f"sum by (pod) ({' or '.join(n + sel for n in names)})"
 
@@ -103,13 +106,18 @@ def owned_by(pod: Any, deployment: str) -> bool:
     return any(r.kind == "ReplicaSet" and r.controller and r.name == rs for r in refs)
 
 
-def prometheus_running_by_pod(client: QueryClient, model_label: str = "model_name") -> RunningByPod:
+def prometheus_running_by_pod(
+    client: QueryClient, model_label: str = "model_name", namespace_label: str | None = "namespace"
+) -> RunningByPod:
     """A `RunningByPod` over a Prometheus client; None when the query fails, answers
-    garbage or has no series (no data is not zero)."""
+    garbage or has no series (no data is not zero). `namespace_label`: the label of the
+    pods' namespace (None, no scoping configured: `namespace`, which a pod's series
+    needs to be told from another namespace's pod of one name anyway)."""
+    ns_label = namespace_label or "namespace"
     log = structlog.get_logger("actuator.drain")
 
     def running(model: str, namespace: str) -> Mapping[str, float] | None:
-        query = running_by_pod_query(model, namespace, model_label)
+        query = running_by_pod_query(model, namespace, model_label, ns_label)
         try:
             result = client.custom_query(query)
         except Exception as exc:  # any client failure: unknown, not zero

@@ -35,7 +35,7 @@ from pydantic import (
 
 from controller.rules import ScaleOutRule, check_unique_names
 from controller.strictmodel import StrictModel as _Strict
-from estimators.promql import check_ingress_query
+from estimators.promql import check_ingress_query, check_label_name
 from estimators.stepmodel import DEFAULT_PROFILE
 
 ENV_PREFIX = "GOVERNOR_"
@@ -322,6 +322,14 @@ class PrometheusSettings(_Strict):
     timeout_s: PositiveFloat = Field(default=3.0, le=60)
     disable_ssl: bool = False
     model_label: str = Field(default="model_name", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+    namespace_label: str | None = Field(
+        default="namespace",
+        pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+        description="the label holding the namespace of the scraped engine (what "
+        "Kubernetes service discovery and ServiceMonitors add): each model reads the "
+        "series of its own namespace only, and series without the label where there "
+        "are none; null: every series of the model's name, whatever its namespace",
+    )
     scrape_interval_s: PositiveFloat = Field(
         default=15.0,
         le=300,
@@ -342,6 +350,18 @@ class PrometheusSettings(_Strict):
     @classmethod
     def _ingress(cls, v: str | None) -> str | None:
         return None if v is None else check_ingress_query(v)
+
+    @model_validator(mode="after")
+    def _labels(self) -> Self:
+        check_label_name(self.model_label)
+        if self.namespace_label is not None:
+            check_label_name(self.namespace_label, "namespace label")
+        if self.namespace_label is not None and self.namespace_label == self.model_label:
+            raise ValueError(
+                f"namespace_label and model_label are both {self.model_label!r}: "
+                "they must name different labels"
+            )
+        return self
 
 
 class GovernorConfig(_Strict):

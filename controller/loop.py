@@ -161,8 +161,10 @@ class LoopSnapshot:
 
 
 def model_query(model: ModelConfig) -> ModelQuery:
-    """What a tick asks the source about `model`: its name and SLA thresholds, seconds."""
-    return ModelQuery(model.name, model.sla.ttft_p95_ms / 1000.0, model.sla.itl_p95_ms / 1000.0)
+    """What a tick asks the source about `model`: its name, SLA thresholds (seconds)
+    and namespace."""
+    ttft_s, itl_s = model.sla.ttft_p95_ms / 1000.0, model.sla.itl_p95_ms / 1000.0
+    return ModelQuery(model.name, ttft_s, itl_s, model.namespace)
 
 
 def _obs_fields(obs: Observation | NoDataError | SourceError) -> dict[str, Any]:

@@ -30,6 +30,15 @@ Bad data stays with its model (`Faults`, model -> signal -> what was wrong):
   when the signal is one it decides on (`estimators.prometheus.DECISIVE`);
 - a repeated (model, histogram, `le` text) bucket voids that histogram of that model.
 
+Namespaces (`ScopeKeys`): with a namespace label every per-model answer is grouped by
+(model, namespace) (estimators.promql, "Namespaces"). Each series is keyed as it is
+indexed: a series of the model's own namespace (or of any namespace where the model's
+is not known) under the model's name; a series without the label under `BARE` + name;
+a series of another namespace is skipped, its faults too. After the tick's answers,
+`ScopeKeys.settle` keeps, per (model, signal), the value of the model's own namespace
+and takes a label-less one only where the namespace has none (an ingress rate grouped
+by the model alone rides with engine series grouped by both).
+
 Cost (benchmarks/bench_tick.py, 1,000 models, ~43 series each): the rows replace the
 per-signal columns the source used to build and then clean, one dict comprehension per
 signal per tick, before reading them per model.
@@ -102,6 +111,61 @@ _DECODE_P95 = quantile_signal("decode", 0.95)
 _TPOT_P95 = quantile_signal("tpot", 0.95)
 _PROMPT_P95 = quantile_signal("prompt_tokens", 0.95)
 _OUTPUT_P95 = quantile_signal("output_tokens", 0.95)
+
+
+BARE: Final = "\x00"
+"""Prefix of the key of a series without the namespace label (`ScopeKeys`); no model
+label value holds it."""
+
+
+class ScopeKeys:
+    """Row keys by namespace (module doc, "Namespaces"). `label`: the namespace label
+    (None: no scoping, every series keyed by its model); `want`: model -> its namespace
+    (None: unknown, any namespace is the model's)."""
+
+    __slots__ = ("label", "want")
+
+    def __init__(self, label: str | None, want: Mapping[str, str | None]) -> None:
+        self.label = label
+        self.want = want
+
+    def key(self, model: str, namespace: Any) -> str | None:
+        """The row key of a series of `model` in `namespace` (None: no label); None
+        when the series is another namespace's."""
+        if namespace is None or self.label is None:
+            return model if self.label is None else BARE + model
+        want = self.want.get(model)
+        return model if want is None or namespace == want else None
+
+    def settle(self, groups: Mapping[str, Rows], edges: Mapping[str, dict[str, Any]],
+               faults: Faults) -> None:  # fmt: skip
+        """Fold the label-less keys into their models, in place: per (model, signal) a
+        value of the model's namespace is kept, a label-less one fills a gap (its fault
+        too); the `BARE` keys are removed. A model without series of its namespace
+        takes its label-less rows whole (no per-signal work: the common case where the
+        scrape adds no namespace label)."""
+        bare_faults = {k[1:]: faults.pop(k) for k in [k for k in faults if k.startswith(BARE)]}
+        own = {m: _signals(groups, m) for m in bare_faults}  # before the rows are folded
+        for rows in groups.values():
+            for key in [k for k in rows if k.startswith(BARE)]:
+                bare, row = rows.pop(key), rows.get(key[1:])
+                if row is None:
+                    rows[key[1:]] = bare
+                    continue
+                for signal, value in bare.items():
+                    row.setdefault(signal, value)
+        for column in edges.values():
+            for key in [k for k in column if k.startswith(BARE)]:
+                column.setdefault(key[1:], column.pop(key))
+        for model, by_signal in bare_faults.items():
+            for signal, detail in by_signal.items():
+                if signal not in own[model]:
+                    faults.setdefault(model, {}).setdefault(signal, detail)
+
+
+def _signals(groups: Mapping[str, Rows], model: str) -> set[str]:
+    """The signals some group's row of `model` holds."""
+    return {signal for rows in groups.values() for signal in rows.get(model, EMPTY)}
 
 
 def finite(v: float | None) -> float | None:
@@ -272,13 +336,26 @@ def not_a_number(value: Any) -> str:
     return f"malformed sample: value {repr(value)[:80]} is not a number"
 
 
-def note_fault(item: Any, exc: Exception, query: str, model_label: str, faults: Faults) -> None:
-    """Record malformed sample `item` against the model its labels name (module doc);
-    SourceError naming `query` when it names none (its labels unreadable or no model)."""
+def note_fault(
+    item: Any,
+    exc: Exception,
+    query: str,
+    model_label: str,
+    faults: Faults,
+    scopes: ScopeKeys | None = None,
+) -> None:
+    """Record malformed sample `item` against the model its labels name (module doc),
+    under its `scopes` key (another namespace's: not recorded); SourceError naming
+    `query` when it names none (its labels unreadable or no model)."""
     metric = item.get("metric") if isinstance(item, dict) else None
     model = metric.get(model_label) if isinstance(metric, dict) else None
     if model is None:
         raise _malformed(item, exc, query) from exc
+    if scopes is not None:
+        key = scopes.key(str(model), metric.get(scopes.label or ""))  # type: ignore[union-attr]
+        if key is None:
+            return
+        model = key
     signal = metric.get(SIGNAL_LABEL)
     pair = item.get("value")
     if pair is None:
@@ -297,13 +374,19 @@ def duplicated(faults: Faults, model: str, signal: str) -> None:
 
 
 def parse_tagged(
-    raw: Any, query: str, model_label: str, faults: Faults, into: Rows | None = None
+    raw: Any,
+    query: str,
+    model_label: str,
+    faults: Faults,
+    into: Rows | None = None,
+    scopes: ScopeKeys | None = None,
 ) -> Rows:
     """Validate a query API `data.result` as an instant vector (module doc) and index a
     tagged (multi-signal) answer into rows, model -> signal -> value, added to `into`
     when given (a signal already there is duplicated: NaN, recorded in `faults`, as is
-    a malformed sample naming a model). The validation is inlined: this runs once per
-    series (about 40 per model per tick)."""
+    a malformed sample naming a model). With `scopes` rows are keyed by
+    `ScopeKeys.key` (module doc, "Namespaces"). The validation is inlined: this runs
+    once per series (about 40 per model per tick)."""
     if not isinstance(raw, list):
         raise _not_a_vector(raw, query)
     rows: Rows = {} if into is None else into
@@ -323,7 +406,7 @@ def parse_tagged(
                 raise TypeError("metric must be an object and value a number")
             value = float(value)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            note_fault(item, exc, query, model_label, faults)
+            note_fault(item, exc, query, model_label, faults, scopes)
             continue
         model = metric.get(model_label)
         signal = metric.get(tag)
@@ -331,6 +414,10 @@ def parse_tagged(
             continue
         if model.__class__ is not str:
             model = str(model)
+        if scopes is not None:
+            model = scopes.key(model, metric.get(scopes.label))
+            if model is None:
+                continue
         if signal.__class__ is not str:
             signal = str(signal)
         row = rows.get(model)
@@ -361,10 +448,13 @@ def le_bound(le: str) -> float | None:
     return parsed
 
 
-def index_buckets(raw: Any, query: str, model_label: str, faults: Faults) -> BucketIndex:
+def index_buckets(
+    raw: Any, query: str, model_label: str, faults: Faults, scopes: ScopeKeys | None = None
+) -> BucketIndex:
     """The pass over a bucket answer: tag -> model -> {`le` text: value}, validated as
-    `parse_tagged` (a malformed sample naming a model recorded in `faults`); a repeated
-    (model, tag, `le` text) reads NaN, which voids that histogram of that model."""
+    `parse_tagged` (a malformed sample naming a model recorded in `faults`; models keyed
+    by `scopes` when given); a repeated (model, tag, `le` text) reads NaN, which voids
+    that histogram of that model."""
     if not isinstance(raw, list):
         raise _not_a_vector(raw, query)
     table: BucketIndex = {}
@@ -383,7 +473,7 @@ def index_buckets(raw: Any, query: str, model_label: str, faults: Faults) -> Buc
                 raise TypeError("metric must be an object and value a number")
             value = float(value)
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            note_fault(item, exc, query, model_label, faults)
+            note_fault(item, exc, query, model_label, faults, scopes)
             continue
         model = metric.get(model_label)
         signal = metric.get(SIGNAL_LABEL)
@@ -392,6 +482,10 @@ def index_buckets(raw: Any, query: str, model_label: str, faults: Faults) -> Buc
             continue
         if model.__class__ is not str:
             model = str(model)
+        if scopes is not None:
+            model = scopes.key(model, metric.get(scopes.label))
+            if model is None:
+                continue
         if signal.__class__ is not str:
             signal = str(signal)
         if le.__class__ is not str:
@@ -408,13 +502,14 @@ def index_buckets(raw: Any, query: str, model_label: str, faults: Faults) -> Buc
 
 
 def parse_edge_buckets(
-    raw: Any, query: str, model_label: str, faults: Faults
+    raw: Any, query: str, model_label: str, faults: Faults, scopes: ScopeKeys | None = None
 ) -> dict[str, dict[str, Buckets]]:
     """Validate a tagged bucket-rate answer (as `parse_tagged`) and index it: histogram
     tag -> model -> cumulative buckets (bound, rate) sorted by bound, PromQL-style cleaned
-    (`edge_buckets`). A malformed sample naming a model is recorded in `faults`.
+    (`edge_buckets`). A malformed sample naming a model is recorded in `faults`; models
+    are keyed by `scopes` when given.
     """
-    return edge_buckets(index_buckets(raw, query, model_label, faults))
+    return edge_buckets(index_buckets(raw, query, model_label, faults, scopes))
 
 
 def edge_buckets(acc: BucketIndex) -> dict[str, dict[str, Buckets]]:

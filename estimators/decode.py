@@ -40,6 +40,7 @@ from estimators.answers import (
     BucketIndex,
     Faults,
     Rows,
+    ScopeKeys,
     duplicated,
     not_a_number,
 )
@@ -72,18 +73,27 @@ class _Value(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=Tr
     text: str
 
 
-class AnswerDecoder:
-    """Decodes query API bodies for one model label (`samples`)."""
+_NO_LABEL: Final = "no-namespace-label"
+"""The name `.metric.ns` decodes from without a namespace label: no valid label name."""
 
-    def __init__(self, model_label: str) -> None:
+
+class AnswerDecoder:
+    """Decodes query API bodies for one model label and namespace label (`samples`)."""
+
+    def __init__(self, model_label: str, namespace_label: str | None = None) -> None:
         metric = msgspec.defstruct(
             "Metric",
             [
                 ("model", str | None, None),
                 ("signal", Literal[TAGS] | None, None),  # type: ignore[valid-type]
                 ("le", str | None, None),
+                ("ns", str | None, None),
             ],
-            rename={"model": model_label, "signal": SIGNAL_LABEL},
+            rename={
+                "model": model_label,
+                "signal": SIGNAL_LABEL,
+                "ns": namespace_label or _NO_LABEL,
+            },
             gc=False,
         )
         sample = msgspec.defstruct("Sample", [("metric", metric), ("value", _Value)], gc=False)
@@ -93,8 +103,9 @@ class AnswerDecoder:
 
     def samples(self, body: bytes) -> list[Any] | None:
         """The samples of `body` (records with `.metric.model`, `.metric.signal`,
-        `.metric.le` (None when absent) and `.value.text`); None when the body is not an
-        instant vector of the exact shape Prometheus writes (module doc)."""
+        `.metric.le`, `.metric.ns` (the namespace), None when absent, and `.value.text`);
+        None when the body is not an instant vector of the exact shape Prometheus writes
+        (module doc)."""
         try:
             result: list[Any] = self._decoder.decode(body).data.result
         except (msgspec.DecodeError, ValueError, TypeError):
@@ -102,17 +113,23 @@ class AnswerDecoder:
         return result
 
 
-def rows_from_samples(samples: list[Any], faults: Faults, into: Rows | None = None) -> Rows | None:
+def rows_from_samples(
+    samples: list[Any], faults: Faults, into: Rows | None = None, scopes: ScopeKeys | None = None
+) -> Rows | None:
     """Index decoded samples into rows, model -> signal -> value, added to `into` when
     given, as `estimators.answers.parse_tagged` does (a duplicated signal NaN and
     recorded in `faults`, as is a value that is not a number of a sample naming a
-    model). None when a sample naming no model has a value that is not a number: the
-    caller then parses generically, which fails the answer with the sample named (the
-    rows written so far do not matter then)."""
+    model; models keyed by `scopes` when given). None when a sample naming no model has
+    a value that is not a number: the caller then parses generically, which fails the
+    answer with the sample named (the rows written so far do not matter then)."""
     rows: Rows = {} if into is None else into
     for s in samples:
         m = s.metric
         model = m.model
+        if scopes is not None and model is not None:
+            model = scopes.key(model, m.ns)
+            if model is None:
+                continue
         try:
             value = float(s.value.text)
         except ValueError:
@@ -134,15 +151,22 @@ def rows_from_samples(samples: list[Any], faults: Faults, into: Rows | None = No
     return rows
 
 
-def buckets_from_samples(samples: list[Any], faults: Faults) -> BucketIndex | None:
+def buckets_from_samples(
+    samples: list[Any], faults: Faults, scopes: ScopeKeys | None = None
+) -> BucketIndex | None:
     """Index decoded bucket samples: tag -> model -> {`le` text: value}, as
     `estimators.answers.index_buckets` does (series without the model label, the tag or
     `le` skipped; a repeated `le` NaN; a value that is not a number recorded in `faults`
-    against the model its sample names). None as `rows_from_samples` says."""
+    against the model its sample names; models keyed by `scopes` when given). None as
+    `rows_from_samples` says."""
     table: BucketIndex = {}
     for s in samples:
         m = s.metric
         model = m.model
+        if scopes is not None and model is not None:
+            model = scopes.key(model, m.ns)
+            if model is None:
+                continue
         try:
             value = float(s.value.text)
         except ValueError:

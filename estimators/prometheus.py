@@ -44,7 +44,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Final, Protocol
 
 import orjson
@@ -63,6 +63,7 @@ from estimators.answers import (
     Buckets,
     Faults,
     Rows,
+    ScopeKeys,
     count,
     edge_buckets,
     finite,
@@ -74,6 +75,7 @@ from estimators.answers import (
 from estimators.decode import AnswerDecoder, buckets_from_samples, rows_from_samples
 from estimators.promql import (
     DEFAULT_MODEL_LABEL,
+    DEFAULT_NAMESPACE_LABEL,
     DEFAULT_SEED_WINDOW_S,
     DEFAULT_WINDOW_S,
     RULES_MARKER_MODEL,
@@ -101,6 +103,8 @@ TARGETS_SIGNAL: Final = "targets_up"
 """The signal named in the `NoDataError` of a model whose engine targets are all down."""
 STALENESS_SIGNAL: Final = "staleness"
 """The signal named in the `NoDataError` of a model without a current sample."""
+_UNSET: Final = object()
+"""`PrometheusSource(namespace_label=...)` not given (None is a setting: no scoping)."""
 DECISIVE: Final = frozenset(
     (ARRIVAL, INGRESS, TARGETS_UP, TARGETS_KNOWN, TARGETS_SEEN, GAUGE_TS, COUNTER_TS)
 )
@@ -128,6 +132,21 @@ class PrometheusSettingsLike(Protocol):
     def scrape_interval_s(self) -> float: ...
     @property
     def ingress_rate_query(self) -> str | None: ...
+    @property
+    def namespace_label(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _UrlSettings:
+    """The settings of a source given only a URL (`PrometheusSettingsLike`'s defaults)."""
+
+    url: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    disable_ssl: bool = False
+    model_label: str = DEFAULT_MODEL_LABEL
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    ingress_rate_query: str | None = None
+    namespace_label: str | None = DEFAULT_NAMESPACE_LABEL
 
 
 class QueryClient(Protocol):
@@ -296,6 +315,10 @@ class PrometheusSource:
     default: the settings' `ingress_rate_query`, else none). With it a model without any
     engine up is observed at that rate (`ingress_observation`) instead of being no data,
     the arrival rate is at least it, and `sees_demand_at_zero` is True.
+    `namespace_label`: the label holding each series' namespace (default: the settings'
+    `namespace_label`, else `namespace`; None: no scoping): a model reads the series of
+    its `ModelQuery.namespace` only, and label-less ones where those have none
+    (estimators.promql, "Namespaces").
     """
 
     def __init__(
@@ -315,19 +338,15 @@ class PrometheusSource:
         recording_rules: bool = True,
         scrape_interval_s: float | None = None,
         ingress_rate_query: str | None = None,
+        namespace_label: str | object | None = _UNSET,  # object: `_UNSET` only
     ) -> None:
-        if isinstance(settings_or_url, str):
-            url, disable_ssl = settings_or_url, False
-            label = model_label or DEFAULT_MODEL_LABEL
-            timeout = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-            scrape = scrape_interval_s or DEFAULT_SCRAPE_INTERVAL_S
-        else:
-            s = settings_or_url
-            url, disable_ssl = s.url, s.disable_ssl
-            label = model_label or s.model_label
-            timeout = s.timeout_s if timeout_s is None else timeout_s
-            scrape = scrape_interval_s or s.scrape_interval_s
-            ingress_rate_query = ingress_rate_query or s.ingress_rate_query
+        s = _UrlSettings(settings_or_url) if isinstance(settings_or_url, str) else settings_or_url
+        url, disable_ssl = s.url, s.disable_ssl
+        label = model_label or s.model_label
+        timeout = s.timeout_s if timeout_s is None else timeout_s
+        scrape = scrape_interval_s or s.scrape_interval_s
+        ingress_rate_query = ingress_rate_query or s.ingress_rate_query
+        ns_label = s.namespace_label if namespace_label is _UNSET else namespace_label
         if not math.isfinite(timeout) or timeout <= 0:
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout}")
         if retries < 0:
@@ -338,6 +357,7 @@ class PrometheusSource:
         self.window_s: float = float(window_s)
         self.timeout_s: float = float(timeout)
         self.model_label: str = label
+        self.namespace_label: str | None = ns_label  # type: ignore[assignment]
         self.max_staleness_s: float | None = max_staleness_s
         self.scrape_interval_s: float = float(scrape)  # engines' scrape, s; lookback: two
         self.sees_demand_at_zero: bool = ingress_rate_query is not None
@@ -360,6 +380,7 @@ class PrometheusSource:
                 recorded,
                 2.0 * scrape,  # gauges and `up` over two scrapes
                 ingress_rate_query,
+                self.namespace_label,
             )
             self._builders[recorded] = b
             self._by_mode[recorded] = queries_of(b, rules_marker=recording_rules)
@@ -370,7 +391,8 @@ class PrometheusSource:
         made = client or http_query_client(self.url, self.timeout_s, disable_ssl, retries)
         self._client: QueryClient = made
         self._per_call_timeout = _takes_timeout(self._client)
-        self._decoder = AnswerDecoder(label)  # of the bodies of a `BodyQueryClient`
+        # Of the bodies of a `BodyQueryClient`:
+        self._decoder = AnswerDecoder(label, self.namespace_label)
         self.queries_last_tick: int = 0
         """Queries sent by the latest `observe` call (counted even when it failed)."""
         self.queries_total: int = 0
@@ -433,27 +455,31 @@ class PrometheusSource:
         returns bodies."""
         return getattr(self._client, "query_body", None) is not None
 
-    def _parse_rows(self, raw: Any, query: str, into: Rows | None, faults: Faults) -> Rows:
-        """A tagged answer (body or decoded) indexed into rows (`parse_tagged`), its
-        models' faults recorded in `faults`."""
+    def _parse_rows(
+        self, raw: Any, query: str, into: Rows | None, faults: Faults, scopes: ScopeKeys
+    ) -> Rows:
+        """A tagged answer (body or decoded) indexed into rows (`parse_tagged`) keyed by
+        `scopes`, its models' faults recorded in `faults`."""
         if self._reads_bodies:  # `raw` is the HTTP body
             samples = self._decoder.samples(raw)
-            rows = None if samples is None else rows_from_samples(samples, faults, into)
+            rows = None if samples is None else rows_from_samples(samples, faults, into, scopes)
             if rows is not None:
                 return rows
             raw = _decoded_result(raw, query)
-        return parse_tagged(raw, query, self.model_label, faults, into)
+        return parse_tagged(raw, query, self.model_label, faults, into, scopes)
 
-    def _parse_edges(self, raw: Any, query: str, faults: Faults) -> dict[str, dict[str, Buckets]]:
-        """An SLA-edge bucket answer (body or decoded) indexed (`parse_edge_buckets`),
-        its models' faults recorded in `faults`."""
+    def _parse_edges(
+        self, raw: Any, query: str, faults: Faults, scopes: ScopeKeys
+    ) -> dict[str, dict[str, Buckets]]:
+        """An SLA-edge bucket answer (body or decoded) indexed (`parse_edge_buckets`)
+        keyed by `scopes`, its models' faults recorded in `faults`."""
         if self._reads_bodies:  # `raw` is the HTTP body
             samples = self._decoder.samples(raw)
-            table = None if samples is None else buckets_from_samples(samples, faults)
+            table = None if samples is None else buckets_from_samples(samples, faults, scopes)
             if table is not None:
                 return edge_buckets(table)
             raw = _decoded_result(raw, query)
-        return parse_edge_buckets(raw, query, self.model_label, faults)
+        return parse_edge_buckets(raw, query, self.model_label, faults, scopes)
 
     def _follow_slas(self, models: Sequence[ModelQuery]) -> None:
         """Rebuild the SLA-edge query when the set of SLA thresholds changed: TTFT
@@ -502,19 +528,21 @@ class PrometheusSource:
         rows: dict[str, Rows] = {}
         edges: dict[str, dict[str, Buckets]] = {}
         faults: Faults = {}  # model -> signal -> what was wrong (estimators.answers)
+        scopes = ScopeKeys(self.namespace_label, {m.name: m.namespace for m in models})
         # Each answer is parsed as soon as it arrives (and dropped): a malformed one stops
         # the tick before the next query, and only one decoded answer is alive at a time.
         for name in [name for name, _query in self.queries.items()]:  # demand first
             query = getattr(self.queries, name)  # after demand: as `_follow_rules` says
             raw = self._query(query, now_s)
             if name == "sla_buckets":
-                edges = self._parse_edges(raw, query, faults)
+                edges = self._parse_edges(raw, query, faults, scopes)
             else:  # the four quantile answers have distinct tags: one row per model
                 group = "quantiles" if name.endswith("_quantiles") else name
-                rows[group] = self._parse_rows(raw, query, rows.get(group), faults)
+                rows[group] = self._parse_rows(raw, query, rows.get(group), faults, scopes)
                 if name == "demand":
                     self._follow_rules(rows[group])
             del raw
+        scopes.settle(rows, edges, faults)
         t = Answers(rows, edges, faults)
         out: dict[str, ObservationResult] = {}
         for name, mq in wanted.items():

@@ -35,6 +35,17 @@ The rules also record a marker (`RULES_MARKER`, labelled with the window, model 
 name policy and `RULES_VERSION`); the demand query carries it (`rules_marker`), so the
 source knows on every tick, at no extra query, whether fitting rules are loaded.
 
+Namespaces (`namespace_label`, default `namespace`): every per-model aggregation is
+grouped by the model label and the namespace label, `sum by (model_name, namespace)`,
+so a model of the same name served in another namespace (staging, another team's
+fleet) is a series of its own, not summed into this one's; the source keeps the series
+of each model's own namespace (`estimators.answers.ScopeKeys`). Series without the
+label (a scrape config that does not add it, a docker-compose setup, an ingress query
+grouped by the model alone) group under an empty namespace and are read where no series
+of the model's namespace exists. Example: `sum by (model_name, namespace)
+(rate(vllm:request_success_total[60s]))` answers {model_name="m", namespace="prod"} 20
+and {model_name="m", namespace="staging"} 150; model m of namespace prod reads 20.
+
 Ingress (`ingress_rate_query`, optional): the request rate at whatever sits in front of
 the engines (a gateway, router or ingress), an expression the operator writes for their
 own gateway, grouped by the model label, with `{window}` where the rate window goes. It
@@ -62,6 +73,9 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 
 DEFAULT_MODEL_LABEL = "model_name"
+DEFAULT_NAMESPACE_LABEL = "namespace"
+"""The label Prometheus's Kubernetes service discovery (a ServiceMonitor, a PodMonitor,
+the common `kubernetes_sd_configs` relabelling) puts the scraped pod's namespace in."""
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_SEED_WINDOW_S = 300.0
 """The seed policy's arrival window (5 minutes), seconds."""
@@ -208,10 +222,11 @@ def promql_duration(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def check_label_name(label: str) -> str:
-    """Return `label` when it is a valid Prometheus label name, else raise ValueError."""
+def check_label_name(label: str, what: str = "model label") -> str:
+    """Return `label` when it is a valid Prometheus label name that the queries do not
+    use themselves, else raise ValueError naming `what` it is."""
     if not _LABEL_NAME.match(label) or label in (SIGNAL_LABEL, "le"):
-        raise ValueError(f"invalid model label name {label!r}")
+        raise ValueError(f"invalid {what} name {label!r}")
     return label
 
 
@@ -289,9 +304,18 @@ class QueryBuilder:
     marked stale) is then not a dead target; two in a row are. None: instant values."""
     ingress_rate_query: str | None = None
     """The request rate in front of the engines, per model (module doc); None: not read."""
+    namespace_label: str | None = DEFAULT_NAMESPACE_LABEL
+    """Group by this label too, so a model is read from its own namespace only (module
+    doc, "Namespaces"); None: by the model label alone."""
 
     def __post_init__(self) -> None:
         check_label_name(self.model_label)
+        if self.namespace_label is not None:
+            check_label_name(self.namespace_label, "namespace label")
+            if self.namespace_label == self.model_label:
+                raise ValueError(
+                    f"the namespace label and the model label are both {self.model_label!r}"
+                )
         promql_duration(self.window_s)
         for w in (
             self.short_window_s,
@@ -303,6 +327,14 @@ class QueryBuilder:
                 promql_duration(w)
         if self.ingress_rate_query is not None:
             check_ingress_query(self.ingress_rate_query)
+
+    @property
+    def by(self) -> str:
+        """The labels every per-model answer is grouped by: the model label, then the
+        namespace label when set (`model_name, namespace`)."""
+        if self.namespace_label is None:
+            return self.model_label
+        return f"{self.model_label}, {self.namespace_label}"
 
     @property
     def window(self) -> str:
@@ -332,7 +364,7 @@ class QueryBuilder:
     def sum_rate(self, metrics: Sequence[str], suffix: str = "") -> str:
         """Per-model sum over engines of a counter's per-second rate."""
         inner = self.either(metrics, "rate({name}[{w}])", suffix)
-        return f"sum by ({self.model_label}) ({inner})"
+        return f"sum by ({self.by}) ({inner})"
 
     def buckets(self, metrics: Sequence[str], le: str | None = None) -> str:
         """Per-second rate of a histogram's cumulative buckets per model and `le`; with
@@ -342,10 +374,10 @@ class QueryBuilder:
         if self.recorded:
             name = recorded_bucket_name(_HIST_OF[tuple(metrics)], self.window)
             sel = "" if le is None else f"{{le=~`{le}`}}"
-            return f"sum by ({self.model_label}, le) ({name}{sel})"
+            return f"sum by ({self.by}, le) ({name}{sel})"
         sel = "" if le is None else f"{{{{le=~`{le}`}}}}"
         inner = self.either(metrics, "rate({name}" + sel + "[{w}])", "_bucket")
-        return f"sum by ({self.model_label}, le) ({inner})"
+        return f"sum by ({self.by}, le) ({inner})"
 
     def quantiles(self, hists: Sequence[str] | None = None) -> str:
         """The quantiles of `QUANTILES` (of the histograms tagged `hists`, default all),
@@ -373,10 +405,13 @@ class QueryBuilder:
 
     def rules_labels(self) -> dict[str, str]:
         """The labels of `RULES_MARKER` for rules that fit this builder: the window, the
-        model label, the name policy and `RULES_VERSION`."""
+        model and namespace labels, the name policy and `RULES_VERSION`. Without a
+        namespace label its value is "", which a selector matches to a series without
+        the label (rules that group by the model label alone)."""
         return {
             "window": self.window,
             "model_label": self.model_label,
+            "namespace_label": self.namespace_label or "",
             "accept_escaped": "true" if self.accept_escaped else "false",
             "version": RULES_VERSION,
         }
@@ -392,7 +427,8 @@ class QueryBuilder:
             {"record": recorded_bucket_name(hist, self.window), "expr": raw.buckets(metrics)}
             for hist, metrics, _qs in QUANTILES
         ]
-        rules.append({"record": RULES_MARKER, "expr": "vector(1)", "labels": self.rules_labels()})
+        labels = {k: v for k, v in self.rules_labels().items() if v}  # "" is no label
+        rules.append({"record": RULES_MARKER, "expr": "vector(1)", "labels": labels})
         return rules
 
     def rules_marker(self) -> str:
@@ -449,7 +485,7 @@ class QueryBuilder:
 
     @staticmethod
     def _arrival(b: QueryBuilder) -> str:
-        m = b.model_label
+        m = b.by
         completions = b.sum_rate(SUCCESS_METRICS)
         growth = " + ".join(
             f"sum by ({m}) ({b.either(g, 'deriv({name}[{w}])')})"
@@ -465,7 +501,7 @@ class QueryBuilder:
         (model, job, instance). `last_over_time` skips the staleness markers a failed
         scrape writes, so a target that went down or left service discovery stays here
         for the lookback."""
-        m = self.model_label
+        m = self.by
         engines = self.either(RUNNING_METRICS, "last_over_time({name}[{lb}])")
         return f"group by ({m}, job, instance) ({engines})"
 
@@ -509,7 +545,7 @@ class QueryBuilder:
         a new pod within the lookback leaves two `up` series of one instance (their pod
         labels differ), which matched one to one would fail this query for every model.
         """
-        m = self.model_label
+        m = self.by
         engines = self.engine_targets()
         up = f"max by (job, instance) ({self._up()})"
         health = f"({engines} * on (job, instance) group_left () {up})"
@@ -576,14 +612,14 @@ def build_queries(
     rules_marker: bool = False,
     gauge_lookback_s: float | None = None,
     ingress_rate_query: str | None = None,
+    namespace_label: str | None = DEFAULT_NAMESPACE_LABEL,
 ) -> TickQueries:
     """All queries for one tick, grouped by `model_label`, rates over `window_s` seconds
     (the arrival rate also over `short_window_s` and `seed_window_s`, when given); the
     SLA-edge buckets at `edges` (histogram tag of `EDGE_HISTOGRAMS` -> thresholds, s).
     `recorded`: quantiles and SLA-edge buckets from the recording rules' series;
     `rules_marker`: the demand query also carries `QueryBuilder.rules_marker`;
-    `gauge_lookback_s`: see `QueryBuilder.gauge_lookback_s`; `ingress_rate_query`: see
-    `QueryBuilder.ingress_rate_query`."""
+    `gauge_lookback_s`, `ingress_rate_query`, `namespace_label`: see `QueryBuilder`."""
     b = QueryBuilder(
         model_label,
         window_s,
@@ -594,6 +630,7 @@ def build_queries(
         recorded,
         gauge_lookback_s,
         ingress_rate_query,
+        namespace_label,
     )
     return queries_of(b, edges, rules_marker=rules_marker)
 

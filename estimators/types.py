@@ -46,11 +46,15 @@ class ModelQuery:
 
     `ttft_sla_s` / `itl_sla_s` are the SLA thresholds in seconds; where one sits on a
     histogram bucket edge the source also reports the exact attainment from buckets.
+    `namespace`: the Kubernetes namespace its engines run in.
     """
 
     name: str
     ttft_sla_s: float | None = None
     itl_sla_s: float | None = None
+    namespace: str | None = None
+    """The namespace its engines run in: series of the model's name in another namespace
+    are not its own (estimators.promql, "Namespaces"); None: any namespace is."""
 
 
 @dataclass(frozen=True, slots=True)

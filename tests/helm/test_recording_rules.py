@@ -23,19 +23,26 @@ def chart_recording_group(**overrides: Any) -> dict[str, Any] | None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "prometheus", "label", "window_s"),
+    ("policy", "prometheus", "label", "ns_label", "window_s"),
     [
-        ({}, {}, "model_name", 60.0),
-        ({"window_s": 45}, {"model_label": "served_model"}, "served_model", 45.0),
-        ({"window_s": 37.5}, {}, "model_name", 37.5),
+        ({}, {}, "model_name", "namespace", 60.0),
+        ({"window_s": 45}, {"model_label": "served_model"}, "served_model", "namespace", 45.0),
+        ({"window_s": 37.5}, {}, "model_name", "namespace", 37.5),
+        ({}, {"namespace_label": "kube_ns"}, "model_name", "kube_ns", 60.0),
+        ({}, {"namespace_label": None}, "model_name", None, 60.0),
     ],
 )
 def test_rendered_rules_are_the_governors(
-    policy: dict[str, Any], prometheus: dict[str, Any], label: str, window_s: float
+    policy: dict[str, Any],
+    prometheus: dict[str, Any],
+    label: str,
+    ns_label: str | None,
+    window_s: float,
 ) -> None:
     group = chart_recording_group(policy=policy, prometheus=prometheus)
     assert group is not None
-    expected = QueryBuilder(model_label=label, window_s=window_s).recording_rules()
+    builder = QueryBuilder(model_label=label, window_s=window_s, namespace_label=ns_label)
+    expected = builder.recording_rules()
     assert group["rules"] == expected
     assert group["interval"] == "15s"  # the monitors' scrape interval: no staler than data
 

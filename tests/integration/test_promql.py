@@ -25,7 +25,7 @@ from estimators.promql import (
 def test_quantile_is_promqls_histogram_quantile_exact_text() -> None:
     q = build_queries(accept_escaped=False)
     expected = (
-        "histogram_quantile(0.95, sum by (model_name, le) "
+        "histogram_quantile(0.95, sum by (model_name, namespace, le) "
         "(rate(vllm:time_to_first_token_seconds_bucket[60s])))"
     )
     assert f'label_replace({expected}, "governor_signal", "ttft_p95", "", "")' in q.quantiles
@@ -33,14 +33,14 @@ def test_quantile_is_promqls_histogram_quantile_exact_text() -> None:
 
 def test_bucket_rates_with_escaped_names() -> None:
     assert QueryBuilder(window_s=30).buckets(TTFT_METRICS) == (
-        "sum by (model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[30s])"
+        "sum by (model_name, namespace, le) (rate(vllm:time_to_first_token_seconds_bucket[30s])"
         " or rate(vllm_time_to_first_token_seconds_bucket[30s]))"
     )
 
 
 def test_itl_accepts_current_then_deprecated_name_in_one_query() -> None:
     assert QueryBuilder(accept_escaped=False).buckets(ITL_METRICS) == (
-        "sum by (model_name, le) (rate(vllm:inter_token_latency_seconds_bucket[60s])"
+        "sum by (model_name, namespace, le) (rate(vllm:inter_token_latency_seconds_bucket[60s])"
         " or rate(vllm:time_per_output_token_seconds_bucket[60s]))"
     )
 
@@ -59,7 +59,8 @@ def test_every_quantile_appears_once_in_its_query() -> None:
 def test_sla_edge_buckets_fetch_only_the_thresholds_and_the_count() -> None:
     q = build_queries(accept_escaped=False, edges={"ttft": [0.25], "itl": [0.05, 1.0]})
     assert (
-        "label_replace(sum by (model_name, le) (rate(vllm:time_to_first_token_seconds_bucket"
+        "label_replace(sum by (model_name, namespace, le) "
+        "(rate(vllm:time_to_first_token_seconds_bucket"
         '{le=~`0\\.25|\\+Inf`}[60s])), "governor_signal", "ttft", "", "")'
     ) in q.sla_buckets
     assert "{le=~`0\\.05|1\\.0|1|\\+Inf`}" in q.sla_buckets  # ITL: both thresholds
@@ -85,19 +86,19 @@ def test_le_regex_skips_values_that_are_no_threshold() -> None:
 def test_kv_usage_accepts_both_names() -> None:
     state = build_queries(accept_escaped=False).state
     assert (
-        "label_replace(avg by (model_name) (vllm:kv_cache_usage_perc or "
+        "label_replace(avg by (model_name, namespace) (vllm:kv_cache_usage_perc or "
         'vllm:gpu_cache_usage_perc), "governor_signal", "kv_usage_frac", "", "")'
     ) in state
 
 
 def test_demand_query_exact_text() -> None:
     b = QueryBuilder(window_s=60, accept_escaped=False, seed_window_s=None)
-    completions = "sum by (model_name) (rate(vllm:request_success_total[60s]))"
+    completions = "sum by (model_name, namespace) (rate(vllm:request_success_total[60s]))"
     growth = (
-        "sum by (model_name) (deriv(vllm:num_requests_waiting[60s])) + "
-        "sum by (model_name) (deriv(vllm:num_requests_running[60s]))"
+        "sum by (model_name, namespace) (deriv(vllm:num_requests_waiting[60s])) + "
+        "sum by (model_name, namespace) (deriv(vllm:num_requests_running[60s]))"
     )
-    rejected = "sum by (model_name) (rate(vllm:admission_rejections_total[60s]))"
+    rejected = "sum by (model_name, namespace) (rate(vllm:admission_rejections_total[60s]))"
     served = f"{completions} + {growth}"
     assert b.demand() == (
         f"label_replace((clamp_min({served} + {rejected}, 0) or clamp_min({served}, 0) "
@@ -113,7 +114,7 @@ def test_model_label_is_substituted_everywhere() -> None:
         assert "model_name" not in text, name
         assert "served_model" in text, name
         assert "[15s]" in text or name == "state", name
-    assert "sum by (served_model, le) (" in queries["itl_quantiles"]
+    assert "sum by (served_model, namespace, le) (" in queries["itl_quantiles"]
 
 
 def test_eight_queries_naming_no_model() -> None:
@@ -175,12 +176,13 @@ def test_bad_ingress_queries_are_refused_naming_the_problem(query: str, why: str
 def test_targets_join_up_on_job_and_instance() -> None:
     state = build_queries(accept_escaped=False, window_s=60).state
     engines = (
-        "group by (model_name, job, instance) (last_over_time(vllm:num_requests_running[300s]))"
+        "group by (model_name, namespace, job, instance) "
+        "(last_over_time(vllm:num_requests_running[300s]))"
     )
-    up = "max by (job, instance) (up)"
-    assert f"sum by (model_name) ({engines} * on (job, instance) group_left () {up})" in state
-    assert f"count by (model_name) ({engines} * on (job, instance) group_left () {up})" in state
-    assert f"count by (model_name) ({engines})" in state  # seen within the lookback
+    health = f"({engines} * on (job, instance) group_left () max by (job, instance) (up))"
+    assert f"sum by (model_name, namespace) {health}" in state
+    assert f"count by (model_name, namespace) {health}" in state
+    assert f"count by (model_name, namespace) ({engines})" in state  # seen within the lookback
     lb = build_queries(targets_lookback_s=120).state
     assert "[120s]" in lb and "[300s]" not in lb
 
@@ -202,3 +204,20 @@ def test_bad_windows_are_refused(seconds: float) -> None:
 def test_bad_label_names_are_refused(label: str) -> None:
     with pytest.raises(ValueError, match="label"):
         build_queries(model_label=label)
+
+
+def test_namespace_label_groups_every_per_model_aggregation() -> None:
+    """Every aggregation that keeps the model label keeps the namespace label with it
+    (estimators/promql.py "Namespaces"); None groups by the model label alone."""
+    scoped = dict(build_queries(namespace_label="kube_ns", edges={"ttft": [1.0]}).items())
+    plain = dict(build_queries(namespace_label=None, edges={"ttft": [1.0]}).items())
+    for name, text in scoped.items():
+        grouped = re.findall(r"(?:sum|avg|count|max|group) by \(([^)]*)\)", text)
+        per_model = [g for g in grouped if "model_name" in g]
+        assert per_model, name
+        assert all("kube_ns" in g for g in per_model), (name, per_model)
+        assert "kube_ns" not in plain[name], name
+    with pytest.raises(ValueError, match="both 'model_name'"):
+        QueryBuilder(namespace_label="model_name")
+    with pytest.raises(ValueError, match="invalid namespace label name 'le'"):
+        QueryBuilder(namespace_label="le")

@@ -190,6 +190,28 @@ def test_values_the_governor_cannot_run_on_are_refused(patch: dict, needle: str)
     assert any(needle in p for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("prometheus", "needle"),
+    [
+        ({"namespace_label": "model_name"}, "namespace_label and model_label are both"),
+        ({"namespace_label": "le"}, "invalid namespace label name 'le'"),
+        ({"namespace_label": "kube-ns"}, "namespace_label"),
+        ({"model_label": "governor_signal"}, "invalid model label name 'governor_signal'"),
+    ],
+)
+def test_label_settings_the_queries_cannot_use_are_refused(prometheus: dict, needle: str) -> None:
+    """A namespace label equal to the model label, or a label the queries write
+    themselves (`le`, the signal tag), would garble every answer."""
+    problems = _problems({**MIN, "prometheus": prometheus})
+    assert any(needle in p for p in problems), problems
+
+
+def test_namespace_label_defaults_and_can_be_turned_off() -> None:
+    assert parse_config(MIN).prometheus.namespace_label == "namespace"
+    off = parse_config({**MIN, "prometheus": {"namespace_label": None}})
+    assert off.prometheus.namespace_label is None
+
+
 def test_empty_and_non_mapping_files() -> None:
     assert any("models" in p for p in _problems({}))
     assert any("must be a mapping" in p for p in _problems([1, 2]))
