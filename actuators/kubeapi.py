@@ -81,10 +81,18 @@ def api_client(host: str | None = None, *, retries: int = 0) -> Any:
     return client.ApiClient(cfg)
 
 
+UNREADABLE_ANSWER = ("Unsupported content type", "Failed to parse")
+"""How the client's own ApiException (status 0) begins when it could not read a 200:
+a content type neither JSON nor text (e.g. `application/xhtml+xml` from a proxy), or a
+date, datetime or enum field it could not parse."""
+
+
 def _to_kube_error(what: str, exc: BaseException) -> KubeCallError:
     from kubernetes.client.exceptions import ApiException
 
     if isinstance(exc, ApiException):
+        if exc.status == 0 and str(exc.reason or "").startswith(UNREADABLE_ANSWER):
+            return malformed_answer(what, exc.reason)
         reason = exc.reason or ""
         body = exc.body if isinstance(exc.body, str) else ""
         if body:
@@ -107,7 +115,9 @@ def call_with_retries(
     `backoff_s * 2**attempt` seconds (capped at 5 s, +-10 % jitter) and retry, at most
     `retries` times. Raises KubeCallError (the last failure, or the first non-retryable
     one); a ValueError or TypeError from `fn` (the client could not read the answer,
-    e.g. a 200 with an HTML body) is a malformed KubeCallError, not retried. `abandon()`
+    e.g. a 200 with an HTML body), or the client's own status-0 ApiException for an
+    answer it could not read (`UNREADABLE_ANSWER`: e.g. a 200 of content type
+    `application/xml`), is a malformed KubeCallError, not retried. `abandon()`
     is asked before every attempt: True raises CallAbandoned without calling."""
     import urllib3
     from kubernetes.client.exceptions import ApiException

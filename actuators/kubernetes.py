@@ -68,7 +68,7 @@ FAILURE_REASONS = (
     "conflict",  # 409 on every attempt: someone keeps writing the scale
     "retries_exhausted",  # 5xx, 429, timeouts on every attempt (queued again)
     "rejected",  # any other 4xx (e.g. 422)
-    "malformed_answer",  # an answer the client could not read (a 200 with a wrong body)
+    "malformed_answer",  # an answer the client could not read (a 200: wrong body or type)
     "exception",  # the attempt raised something else (queued again)
 )
 """The `reason` label values of actuation errors."""

@@ -36,7 +36,8 @@ objects answer 404 with a Status body. Fault injection: `inject(method, path_par
 status, times)` answers the next matching requests with `status` (e.g. 409, 500), or
 with status "timeout": hold the request for `timeout_delay_s` and then fail it without
 applying anything (the client has given up by then), or with status "garbage": a 200
-whose body is an HTML page, not an API object (what a misrouting proxy answers).
+whose body is an HTML page, not an API object (what a misrouting proxy answers), of
+content type `content_type` (default `text/html`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Fault:
     path_part: str
     status: int | str
     times: int
+    content_type: str = "text/html"  # of a "garbage" answer
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -190,7 +192,7 @@ class FakeKubeAPI:
                         self._send(504, _status(504, "Timeout", "injected timeout"))
                         return
                     if fault.status == "garbage":
-                        self._send(200, b"<html>proxy login</html>", "text/html")
+                        self._send(200, b"<html>proxy login</html>", fault.content_type)
                         return
                     code = int(fault.status)
                     reason = {409: "Conflict", 500: "InternalError", 503: "ServiceUnavailable"}
@@ -239,9 +241,18 @@ class FakeKubeAPI:
         self._server.server_close()
 
     # ------------------------------------------------------------------ test controls
-    def inject(self, method: str, path_part: str, status: int | str, times: int = 1) -> None:
+    def inject(
+        self,
+        method: str,
+        path_part: str,
+        status: int | str,
+        times: int = 1,
+        content_type: str = "text/html",
+    ) -> None:
+        """Answer the next `times` matching requests with `status` (see module doc);
+        `content_type`: of a "garbage" answer."""
         with self._lock:
-            self.faults.append(Fault(method, path_part, status, times))
+            self.faults.append(Fault(method, path_part, status, times, content_type))
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:

@@ -369,20 +369,52 @@ def test_call_with_retries_reads_a_malformed_answer_as_a_failure_once() -> None:
     assert calls == [1]
 
 
-def test_a_malformed_answer_fails_that_model_only(api: FakeKubeAPI) -> None:
+def test_the_clients_own_status_0_for_an_unreadable_answer_is_malformed() -> None:
+    """The client raises ApiException(status=0) itself for a 200 it cannot read (a
+    content type neither JSON nor text, a date it cannot parse): a malformed answer, not
+    retried. Its other status-0 raises (a TLS failure) are no answer of the server's."""
+    from kubernetes.client.exceptions import ApiException
+
+    for reason in ("Unsupported content type: application/xml", "Failed to parse `x`"):
+        calls: list[int] = []
+
+        def unreadable(reason: str = reason, calls: list[int] = calls) -> None:
+            calls.append(1)
+            raise ApiException(status=0, reason=reason)
+
+        with pytest.raises(KubeCallError) as ei:
+            call_with_retries(unreadable, retries=3, sleep=lambda s: None, what="read x")
+        assert ei.value.malformed and calls == [1] and reason in str(ei.value)
+
+    def tls() -> None:
+        raise ApiException(status=0, reason="SSLError\ncertificate verify failed")
+
+    with pytest.raises(KubeCallError) as ei:
+        call_with_retries(tls, retries=0, what="read x")
+    assert not ei.value.malformed
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/html", "application/xhtml+xml", "application/octet-stream", ""]
+)
+def test_a_malformed_answer_fails_that_model_only(api: FakeKubeAPI, content_type: str) -> None:
     """A 200 with an HTML body for one Deployment: that model FAILED (counted, not
-    retried on its own: the next decision asks again); the other model is written."""
+    retried on its own: the next decision asks again); the other model is written.
+    Whatever its content type: one the client reads as text fails as the model is
+    built; any other (neither JSON nor text) fails in the client as an ApiException of
+    status 0, which is no HTTP status and is counted `malformed_answer` too, never
+    `rejected`."""
     api.add_deployment(NS, "demo", 2)
     api.add_deployment(NS, "other", 2)
-    api.inject("GET", "/deployments/demo/scale", "garbage")
+    api.inject("GET", "/deployments/demo/scale", "garbage", content_type=content_type)
     errors: list[str] = []
     act = _scaler(api, Sleeps(), errors)
     act.apply([_decision("demo", 5), _decision("other", 5)])
+    assert errors == ["malformed_answer"] and act.pending() == {}
     st = act.status()["demo"]
     assert st.reason == ScaleReason.FAILED and "malformed answer" in st.detail
     assert api.count("GET", "/deployments/demo/scale") == 1
     assert api.replicas(NS, "other") == 5
-    assert errors == ["malformed_answer"] and act.pending() == {}
     act.apply([_decision("demo", 5)])  # the next tick
     assert api.replicas(NS, "demo") == 5
 
@@ -413,9 +445,12 @@ def test_anything_one_model_raises_is_confined_to_it_and_queued_again(
     assert api.replicas(NS, "demo") == 2 and act.status()["demo"].detail == "drain: ok"
 
 
-def test_a_malformed_deployment_answer_fails_the_rollout_and_keeps_it(api: FakeKubeAPI) -> None:
+@pytest.mark.parametrize("content_type", ["text/html", "application/xml"])
+def test_a_malformed_deployment_answer_fails_the_rollout_and_keeps_it(
+    api: FakeKubeAPI, content_type: str
+) -> None:
     api.add_deployment(NS, "demo", 2)
-    api.inject("GET", "/deployments/demo", "garbage")
+    api.inject("GET", "/deployments/demo", "garbage", content_type=content_type)
     errors: list[str] = []
     act = KnobRolloutActuator(
         api_client(api.url),
@@ -427,9 +462,9 @@ def test_a_malformed_deployment_answer_fails_the_rollout_and_keeps_it(api: FakeK
         on_error=errors.append,
     )
     act.apply([_decision("demo", 2, rollout=True)])
+    assert errors == ["malformed_answer"] and "demo" in act.pending()
     st = act.status()["demo"]
     assert st.reason == RolloutReason.FAILED and "malformed answer" in st.detail
-    assert errors == ["malformed_answer"] and "demo" in act.pending()
 
 
 def test_a_malformed_pod_list_leaves_the_default_order_and_still_scales(
