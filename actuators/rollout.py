@@ -163,6 +163,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
         self._last_start: dict[str, float] = {}  # monotonic s of our last roll-out start
         self._status: dict[str, RolloutStatus] = {}
         self._stopped = False
+        self._applied = 0  # `apply` calls so far (the worker runs once per new one)
         self._worker: threading.Thread | None = None
         if background:
             self._worker = threading.Thread(target=self._run, name="k8s-rollout", daemon=True)
@@ -184,6 +185,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
                     self._pending.setdefault(d.model, d.knobs)
                     self._catch_up.add(d.model)
                 self._seen.add(d.model)
+            self._applied += 1
             self._lock.notify_all()
         if self._worker is None:
             self.run_pending()
@@ -204,19 +206,22 @@ class KnobRolloutActuator(QueuedActuatorBase):
         self._catch_up.discard(model)
 
     def _run(self) -> None:
+        """The worker: one run per `apply` that left something queued. An `apply` made
+        during a run is counted (`_applied`), so the next run starts as soon as this one
+        ends (no wake-up is lost while the worker is not waiting); waiting requests are
+        looked at again on the next `apply` (tick), never in a busy loop."""
+        handled = 0  # `_applied` when the last run started
         while True:
             with self._lock:
-                while not self._stopped and not self._pending:
+                while not self._stopped and (not self._pending or self._applied == handled):
                     self._lock.wait()
                 if self._stopped:
                     return
+                handled = self._applied
             try:
                 self.run_pending()
             except Exception as exc:  # the worker must survive anything
                 self._log.error("rollout_worker_failed", error=repr(exc))
-            with self._lock:  # waiting requests are looked at again on the next tick
-                if not self._stopped:
-                    self._lock.wait()
 
     # ------------------------------------------------------------------ roll-outs
     def run_pending(self) -> dict[str, RolloutStatus]:

@@ -37,7 +37,10 @@ status, times)` answers the next matching requests with `status` (e.g. 409, 500)
 with status "timeout": hold the request for `timeout_delay_s` and then fail it without
 applying anything (the client has given up by then), or with status "garbage": a 200
 whose body is an HTML page, not an API object (what a misrouting proxy answers), of
-content type `content_type` (default `text/html`).
+content type `content_type` (default `text/html`). `hold(method, path_part, times)`
+makes the API slow on cue: the next matching requests wait until the test sets the
+returned `Hold`'s `release` event (`arrived` is set when one comes in), then are served
+as usual.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import json
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
@@ -60,6 +63,18 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 CONFIGMAP_MAX_BYTES = 1024 * 1024
 """`MaxSecretSize` of the API server's core validation: the most `data` + `binaryData`
 of one ConfigMap (or Secret) may hold, bytes of the values."""
+HOLD_MAX_S = 30.0
+"""The longest a held request waits for its `release`, seconds (a test that forgets to
+release one fails instead of hanging)."""
+
+
+@dataclass
+class Hold:
+    """A slow API on cue: `arrived` is set when a held request comes in; the requests
+    are served once the test sets `release`."""
+
+    arrived: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -69,6 +84,7 @@ class Fault:
     status: int | str
     times: int
     content_type: str = "text/html"  # of a "garbage" answer
+    hold: Hold | None = None  # status "hold"
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -186,6 +202,10 @@ class FakeKubeAPI:
                         (method, path + ("?watch" if "watch=true" in query else ""))
                     )
                 fault = api._take_fault(method, path)
+                if fault is not None and fault.hold is not None:
+                    fault.hold.arrived.set()
+                    fault.hold.release.wait(HOLD_MAX_S)
+                    fault = None  # then served as usual
                 if fault is not None:
                     if fault.status == "timeout":
                         time.sleep(api.timeout_delay_s)
@@ -236,6 +256,9 @@ class FakeKubeAPI:
     def __exit__(self, *exc: object) -> None:
         with self._lock:
             self._closing = True
+            for f in self.faults:
+                if f.hold is not None:
+                    f.hold.release.set()
             self._cm_changed.notify_all()
         self._server.shutdown()
         self._server.server_close()
@@ -253,6 +276,14 @@ class FakeKubeAPI:
         `content_type`: of a "garbage" answer."""
         with self._lock:
             self.faults.append(Fault(method, path_part, status, times, content_type))
+
+    def hold(self, method: str, path_part: str, times: int = 1) -> Hold:
+        """Hold the next `times` matching requests until the returned `release` is set
+        (at most `HOLD_MAX_S` seconds), then serve them as usual."""
+        held = Hold()
+        with self._lock:
+            self.faults.append(Fault(method, path_part, "hold", times, hold=held))
+        return held
 
     def _take_fault(self, method: str, path: str) -> Fault | None:
         with self._lock:

@@ -20,6 +20,10 @@ from tests.service.fakes import quiet_logger
 from tests.service.harness import wait_until
 
 NS = "llm"
+REQUEST_TIMEOUT_S = 30.0  # the fake answers in ms; generous for a loaded machine
+HOLD_WAIT_S = 10.0
+"""The longest a test waits for a worker thread to reach a point, seconds (a bound on
+a failure, never a timing assumption: each wait ends as soon as its event happens)."""
 K1, K2, K3 = Knobs(64, 4096), Knobs(128, 8192), Knobs(32, 2048)
 
 
@@ -155,6 +159,35 @@ def test_same_knobs_are_not_rolled_out_twice(api: FakeKubeAPI) -> None:
     act.apply([_decision(K1)])
     assert _reason(act) == RolloutReason.UNCHANGED
     assert api.count("PATCH", "/deployments/demo") == 1
+
+
+def test_a_request_made_during_a_run_is_picked_up_at_once(api: FakeKubeAPI) -> None:
+    """The worker thread (production mode) is in the middle of a run, its read of demo's
+    Deployment held by the API; meanwhile a decision asks to roll out `other`. That
+    request must be looked at as soon as the run ends, not at the next decision (a whole
+    tick later): the test makes no further `apply`, so a lost wake-up never rolls it out."""
+    api.add_deployment(NS, "other", 2)
+    held = api.hold("GET", "/deployments/demo")
+    act = KnobRolloutActuator(
+        api_client(api.url),
+        lambda: {"demo": (NS, "demo"), "other": (NS, "other")},
+        lambda model: 0.0,
+        sleep=lambda s: None,
+        monotonic=Clock(),
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    try:
+        act.apply([_decision(K1)])
+        assert held.arrived.wait(HOLD_WAIT_S), "the worker never read demo's Deployment"
+        other = Decision("other", 0.0, True, 2, K2, (), Reason.KNOBS_CHANGED, rollout=True)
+        act.apply([other])  # during the run
+        held.release.set()
+        wait_until(lambda: "other" in act.status(), HOLD_WAIT_S, "other's roll-out")
+        assert act.status()["demo"].reason == RolloutReason.STARTED
+        assert act.status()["other"].reason == RolloutReason.STARTED
+        assert api.template_annotations(NS, "other")[ROLLOUT_ANNOTATION] == "seqs=128,tokens=8192"
+    finally:
+        act.close()
 
 
 # ---------------------------------------------------------------------- drain
