@@ -245,11 +245,19 @@ class DrainBeforeScaleDown:
     every 15 s, so the costs are normally in place before the pods are picked.
 
     `drain(model, namespace, deployment) -> detail` (`PodDrainer.prepare`); `targets()`:
-    model -> (namespace, deployment); `background`: False in tests (drain in `apply`).
+    model -> (namespace, deployment), read when each drain starts; `background`: False
+    in tests (drain in `apply`).
+
+    At most one drain per model at a time: a decision that lowers a model whose drain is
+    still under way (a slow API) starts none; it is coalesced with any other such
+    request into one (the newest decision's replicas win, `pending()`), which the same
+    thread runs when the drain under way ends, with the running requests of then.
+    Other models are not held up by it.
 
     Only a leader drains: the write check (`set_write_check`, ServiceCore sets the
-    elector's `is_leader`) is asked before each model's drain; once it says no, the
-    rest of that batch is skipped (a drain already started finishes its pods).
+    elector's `is_leader`) is asked before each drain; once it says no, the rest of that
+    batch is skipped and its coalesced requests dropped (a drain already started
+    finishes its pods).
     """
 
     def __init__(
@@ -262,6 +270,8 @@ class DrainBeforeScaleDown:
         self.drain, self.targets, self.background = drain, targets, background
         self._last: dict[str, int] = {}
         self._status: dict[str, str] = {}
+        self._wanted: dict[str, int] = {}  # model -> replicas: a drain not started yet
+        self._claimed: set[str] = set()  # models a drain thread owns (draining or next)
         self._lock = threading.Lock()
         self._may_write: Callable[[], bool] | None = None
         self._log = structlog.get_logger("actuator.drain")
@@ -272,13 +282,20 @@ class DrainBeforeScaleDown:
 
     def apply(self, decisions: Sequence[Decision]) -> None:
         lowered = []
-        for d in decisions:
-            if not d.valid:
-                continue
-            prev = self._last.get(d.model)
-            self._last[d.model] = d.replicas
-            if prev is not None and d.replicas < prev:
-                lowered.append(d.model)
+        with self._lock:
+            for d in decisions:
+                if not d.valid:
+                    continue
+                prev = self._last.get(d.model)
+                self._last[d.model] = d.replicas
+                if prev is None or d.replicas >= prev:
+                    continue
+                self._wanted[d.model] = d.replicas  # the newest wins
+                if d.model in self._claimed:
+                    self._log.info("drain_coalesced", model=d.model, replicas=d.replicas)
+                else:
+                    self._claimed.add(d.model)
+                    lowered.append(d.model)
         if not lowered:
             return
         if self.background:
@@ -287,16 +304,42 @@ class DrainBeforeScaleDown:
             self._run(lowered)
 
     def _run(self, models: list[str]) -> None:
-        targets = self.targets()
-        for i, model in enumerate(models):
-            check = self._may_write
-            if check is not None and not write_allowed(check, self._log):
-                self._log.info("drain_skipped_not_leader", skipped=models[i:])
-                return
-            if model in targets:
-                detail = self.drain(model, *targets[model])
-                with self._lock:
-                    self._status[model] = detail
+        """Drain each of `models` (claimed by `apply` for this thread), once more for
+        each coalesced request; release every claim still held however it ends."""
+        done = 0
+        try:
+            for model in models:
+                while self._take(model):
+                    check = self._may_write
+                    if check is not None and not write_allowed(check, self._log):
+                        self._log.info("drain_skipped_not_leader", skipped=models[done:])
+                        return
+                    target = self.targets().get(model)
+                    if target is not None:
+                        detail = self.drain(model, *target)
+                        with self._lock:
+                            self._status[model] = detail
+                done += 1
+        finally:
+            with self._lock:
+                for model in models[done:]:
+                    self._wanted.pop(model, None)
+                    self._claimed.discard(model)
+
+    def _take(self, model: str) -> bool:
+        """Whether a drain of `model` is wanted (taking the request); if not, release
+        the claim, so the next lowering decision starts a new thread."""
+        with self._lock:
+            if self._wanted.pop(model, None) is not None:
+                return True
+            self._claimed.discard(model)
+            return False
+
+    def pending(self) -> dict[str, int]:
+        """Drains requested and not started yet, per model: the replicas of the newest
+        decision that lowered them."""
+        with self._lock:
+            return dict(self._wanted)
 
     def status(self) -> dict[str, str]:
         """The last drain account per model (for `governor status`)."""

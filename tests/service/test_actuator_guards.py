@@ -352,6 +352,26 @@ def test_the_keda_mode_drain_runs_only_while_leading() -> None:
     assert drained == ["demo"]
 
 
+def test_a_drain_that_raises_does_not_keep_its_model_from_the_next_drain() -> None:
+    """A drain claims its model until it ends (one drain per model at a time): one that
+    raises must still let the model go, or no later scale-down would be prepared."""
+    drained: list[str] = []
+
+    def drain(model: str, namespace: str, deployment: str) -> str:
+        drained.append(model)
+        if len(drained) == 1:
+            raise RuntimeError("drain broke its word")
+        return "drain: ok"
+
+    act = DrainBeforeScaleDown(drain, lambda: {"demo": (NS, "demo")}, background=False)
+    act.apply([_decision("demo", 5)])
+    with pytest.raises(RuntimeError):
+        act.apply([_decision("demo", 3)])
+    act.apply([_decision("demo", 2)])
+    assert drained == ["demo", "demo"] and act.status() == {"demo": "drain: ok"}
+    assert act.pending() == {}
+
+
 # ---------------------------------------------------------------------- one model's trouble
 def test_call_with_retries_reads_a_malformed_answer_as_a_failure_once() -> None:
     calls: list[int] = []

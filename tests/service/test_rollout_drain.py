@@ -5,12 +5,18 @@ Clocks are injected; nothing sleeps."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from actuators.drain import DELETION_COST, PodDrainer, prometheus_running_by_pod
+from actuators.drain import (
+    DELETION_COST,
+    DrainBeforeScaleDown,
+    PodDrainer,
+    prometheus_running_by_pod,
+)
 from actuators.kubeapi import api_client
 from actuators.kubernetes import KubernetesScaleActuator
 from actuators.rollout import ROLLOUT_ANNOTATION, KnobRolloutActuator, RolloutReason
@@ -282,6 +288,74 @@ def test_keda_mode_sets_costs_when_a_decision_lowers_replicas(api: FakeKubeAPI) 
     assert "demo-2=0" in act.status()["demo"]
     api.scale_to(NS, "demo", 2)  # what KEDA's HPA does next
     assert sorted(api.deleted_pods) == ["demo-2", "demo-3"]
+
+
+class Overlaps:
+    """Wraps a drain; records each call's model and, per model, the most drains of it
+    running at once."""
+
+    def __init__(self, drain: Callable[[str, str, str], str]) -> None:
+        self.drain = drain
+        self.calls: list[str] = []
+        self.running: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, model: str, namespace: str, deployment: str) -> str:
+        with self._lock:
+            self.calls.append(model)
+            self.running[model] = self.running.get(model, 0) + 1
+            self.most[model] = max(self.most.get(model, 0), self.running[model])
+        try:
+            return self.drain(model, namespace, deployment)
+        finally:
+            with self._lock:
+                self.running[model] -= 1
+
+
+def test_keda_mode_drains_a_model_once_at_a_time_and_coalesces_requests(
+    api: FakeKubeAPI,
+) -> None:
+    """A slow API (the drain's read of the Deployment held) and two more lowering
+    decisions for the model meanwhile: no second drain of it starts while the first
+    runs; the two requests are coalesced into one (the newest target, 1 replica, wins),
+    which runs when the first ends and reads the running requests of then. Another
+    model is not held up by it."""
+    from kubernetes import client as k8s
+
+    api.add_deployment(NS, "other", 2)
+    kube = api_client(api.url)
+    prom = FakeProm({"demo-1": 5, "demo-2": 0, "demo-3": 2, "demo-4": 7})
+    drainer = PodDrainer(
+        k8s.CoreV1Api(kube),
+        k8s.AppsV1Api(kube),
+        prometheus_running_by_pod(prom),
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    drain = Overlaps(drainer.prepare)
+    act = DrainBeforeScaleDown(drain, lambda: {"demo": (NS, "demo"), "other": (NS, "other")})
+
+    def lower(model: str, replicas: int) -> None:
+        act.apply([Decision(model, 0.0, True, replicas, K1, (), Reason.KNOBS_STATIC)])
+
+    lower("demo", 4)
+    lower("other", 2)
+    held = api.hold("GET", "/deployments/demo")
+    lower("demo", 3)
+    assert held.arrived.wait(HOLD_WAIT_S), "the first drain never read the Deployment"
+    prom.running = {"demo-1": 0, "demo-2": 9, "demo-3": 8, "demo-4": 7, "other-1": 1}
+    lower("demo", 2)
+    lower("demo", 1)
+    lower("other", 1)  # another model: drained at once, beside the held one
+    wait_until(lambda: "other" in act.status(), HOLD_WAIT_S, "other's drain")
+    assert drain.calls.count("demo") == 1 and act.pending() == {"demo": 1}
+    held.release.set()
+    wait_until(lambda: "demo-1=0" in act.status().get("demo", ""), HOLD_WAIT_S, "2nd drain")
+    assert drain.calls.count("demo") == 2 and drain.most == {"demo": 1, "other": 1}
+    assert act.pending() == {} and api.count("GET", "/deployments/demo") == 2
+    assert _costs(api) == {
+        "demo-1": "0", "demo-2": "9", "demo-3": "8", "demo-4": "7", "other-1": "1", "other-2": "0"
+    }  # fmt: skip
 
 
 def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: FakeKubeAPI) -> None:
