@@ -33,7 +33,10 @@ Quantiles are PromQL's own `histogram_quantile`; the exact attainment is
 `bucket(le=SLA) / bucket(+Inf)` from the buckets at the SLA thresholds in use (the
 source rebuilds that one query when the set of thresholds changes). Both read the bucket
 rates the chart's recording rules record, on the ticks whose demand answer carries the
-rules' marker (`recording_rules`), and aggregate the raw buckets otherwise.
+rules' marker (`recording_rules`), and aggregate the raw buckets otherwise. A recorded
+series is read only while its newest sample is at most `RULES_MAX_AGE_INTERVALS` scrape
+intervals old: a rule that stopped evaluating while the marker is still recorded reads
+as no data (None) for its histogram, never as its last values.
 
 Units: `now_s`, `window_s`, `timeout_s`, `staleness_s` in seconds (unix seconds for
 times); latency quantiles and means are reported in milliseconds; rates per second.
@@ -95,6 +98,15 @@ from estimators.types import (
 DEFAULT_TIMEOUT_S: Final = 3.0
 DEFAULT_SCRAPE_INTERVAL_S: Final = 15.0
 """How often Prometheus scrapes the engines when nothing says (its common setting), s."""
+RULES_MAX_AGE_INTERVALS: Final = 3.0
+"""How many scrape intervals old a recorded bucket series may be and still be read.
+
+The chart evaluates its recording rules once per scrape interval (the group's interval
+is the ServiceMonitor's, which `prometheus.scrape_interval_s` must equal). A healthy
+rule's newest sample is then at most one interval old plus the group's evaluation time
+(under an interval, or Prometheus skips the iteration): under two intervals. Three
+tolerate one missed or late evaluation; a rule failing for longer reads as no data
+after 45 s at a 15 s interval instead of its last values for 5 minutes."""
 SERVER_TIME_QUERY: Final = "time()"
 """The query `server_time_s` asks, without a `time` parameter: Prometheus's own now."""
 DEMAND_SIGNAL: Final = "arrival_rate"
@@ -381,6 +393,7 @@ class PrometheusSource:
                 2.0 * scrape,  # gauges and `up` over two scrapes
                 ingress_rate_query,
                 self.namespace_label,
+                recorded_max_age_s=RULES_MAX_AGE_INTERVALS * scrape,
             )
             self._builders[recorded] = b
             self._by_mode[recorded] = queries_of(b, rules_marker=recording_rules)

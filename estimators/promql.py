@@ -33,7 +33,12 @@ histogram's `sum by (<model label>, le)` bucket rates once per evaluation interv
 queries read those series instead (same values, up to one evaluation interval older).
 The rules also record a marker (`RULES_MARKER`, labelled with the window, model label,
 name policy and `RULES_VERSION`); the demand query carries it (`rules_marker`), so the
-source knows on every tick, at no extra query, whether fitting rules are loaded.
+source knows on every tick, at no extra query, whether fitting rules are loaded. The
+marker says a rule group is loaded, not that each rule evaluates: a rule whose
+expression starts failing keeps its last samples readable for Prometheus's 5-minute
+lookback. With `recorded_max_age_s` a recorded series is read only while its newest
+sample is that fresh (`timestamp()`), so such a rule's histogram reads as no data
+after the bound rather than as values minutes old; the other rules' series still read.
 
 Namespaces (`namespace_label`, default `namespace`): every per-model aggregation is
 grouped by the model label and the namespace label, `sum by (model_name, namespace)`,
@@ -307,6 +312,12 @@ class QueryBuilder:
     namespace_label: str | None = DEFAULT_NAMESPACE_LABEL
     """Group by this label too, so a model is read from its own namespace only (module
     doc, "Namespaces"); None: by the model label alone."""
+    recorded_max_age_s: float | None = None
+    """`recorded`: read a recorded series only while its newest sample is at most this
+    old, seconds (`PrometheusSource`: three rule evaluation intervals); None: as old as
+    Prometheus's lookback (5 minutes). A rule that stops evaluating (its expression
+    fails, its group is gone while the marker of another stays) leaves its last samples
+    readable for the lookback: read as no data after this bound, never as old values."""
 
     def __post_init__(self) -> None:
         check_label_name(self.model_label)
@@ -327,6 +338,12 @@ class QueryBuilder:
                 promql_duration(w)
         if self.ingress_rate_query is not None:
             check_ingress_query(self.ingress_rate_query)
+        if self.recorded_max_age_s is not None and not (
+            math.isfinite(self.recorded_max_age_s) and self.recorded_max_age_s > 0
+        ):
+            raise ValueError(
+                f"recorded_max_age_s must be > 0 seconds, got {self.recorded_max_age_s}"
+            )
 
     @property
     def by(self) -> str:
@@ -370,11 +387,15 @@ class QueryBuilder:
         """Per-second rate of a histogram's cumulative buckets per model and `le`; with
         `le` (an RE2 regex, see `le_regex`) only the matching buckets. `recorded`: summed
         from the recording rule's series (already one per model and `le`; the sum keeps
-        the answer's labels the same where a rule evaluator adds labels of its own)."""
+        the answer's labels the same where a rule evaluator adds labels of its own),
+        only its series fresher than `recorded_max_age_s`: `sum by (model_name,
+        namespace, le) (s and (timestamp(s) > time() - 45))`."""
         if self.recorded:
             name = recorded_bucket_name(_HIST_OF[tuple(metrics)], self.window)
-            sel = "" if le is None else f"{{le=~`{le}`}}"
-            return f"sum by ({self.by}, le) ({name}{sel})"
+            sel = name if le is None else f"{name}{{le=~`{le}`}}"
+            if self.recorded_max_age_s is not None:
+                sel = f"{sel} and (timestamp({sel}) > time() - {self.recorded_max_age_s:g})"
+            return f"sum by ({self.by}, le) ({sel})"
         sel = "" if le is None else f"{{{{le=~`{le}`}}}}"
         inner = self.either(metrics, "rate({name}" + sel + "[{w}])", "_bucket")
         return f"sum by ({self.by}, le) ({inner})"

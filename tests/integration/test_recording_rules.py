@@ -26,7 +26,7 @@ from estimators.histogram import (
     TPOT_BUCKETS_S,
     TTFT_BUCKETS_S,
 )
-from estimators.prometheus import PrometheusSource
+from estimators.prometheus import RULES_MAX_AGE_INTERVALS, PrometheusSource
 from estimators.promql import RULES_MARKER
 from estimators.types import ModelQuery, Observation, ObservationResult
 from tests.integration.conftest import BATCHES_PER_S, MODEL_A, MODEL_B, MODELS, WINDOW_S
@@ -243,6 +243,69 @@ def test_rules_for_another_window_are_not_read(prom: PrometheusServer) -> None:
     obs, _at = observe_all(src, QUERIES)
     assert not src.rules_in_use and "rate(vllm:" in src.queries.ttft_quantiles
     assert obs[MODEL_A.name].itl_p95_ms == pytest.approx(65.625)
+
+
+BROKEN_EXPR = (
+    'vector(1) * on () group_left () (vector(1) or label_replace(vector(1), "a", "b", "", ""))'
+)
+"""A rule expression a reload accepts (it parses) that fails at every evaluation with a
+many-to-many matching error (two series on the "one" side), as a relabelling change
+can make a real rule fail."""
+
+
+def _with_ttft_rule(expr: str | None) -> str:
+    """The chart's rules (YAML) with the TTFT bucket rule's expression `expr` (None: as
+    the chart has it)."""
+    doc = chart_rules(WINDOW_S)
+    for group in doc["groups"]:  # type: ignore[attr-defined]
+        for rule in group["rules"]:
+            if expr is not None and rule.get("record") == RECORDED:
+                rule["expr"] = expr
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def test_a_rule_that_stops_evaluating_reads_as_no_data(prom: PrometheusServer) -> None:
+    """A recorded series whose rule fails while the marker is still recorded is not
+    read once older than the bound (three rule intervals), though Prometheus still
+    answers its last samples (5-minute lookback); the other rules' series are read.
+    Evaluated at an injected time, after the TTFT series' newest sample is older than
+    the bound and while the marker is fresh. Before the last test (it unloads the rules);
+    the chart's rules are restored after."""
+    src = PrometheusSource(
+        prom.url, window_s=WINDOW_S, timeout_s=5.0, scrape_interval_s=SCRAPE_INTERVAL_S
+    )
+    before, _at = observe_all(src, QUERIES)
+    assert src.rules_in_use and before[MODEL_A.name].ttft_p95_ms == pytest.approx(625.0)
+    bound_s = RULES_MAX_AGE_INTERVALS * SCRAPE_INTERVAL_S
+    path = prom.rule_files[0]
+    taken: list[dict[str, ObservationResult]] = []
+
+    def failing_rule_still_answered() -> bool:
+        at = time.time() - 2.5 * SCRAPE_INTERVAL_S
+        ttft = prom.query(f"max(timestamp({RECORDED}))", at_s=at)
+        marker = prom.query(f"timestamp({RULES_MARKER})", at_s=at)
+        if not ttft or not marker or float(marker[0]["value"][1]) < at - 2 * SCRAPE_INTERVAL_S:
+            return False
+        if float(ttft[0]["value"][1]) > at - bound_s - SCRAPE_INTERVAL_S:
+            return False  # not yet older than the bound (by an interval)
+        taken.append(src.observe(QUERIES, at))
+        return src.rules_in_use and all(isinstance(r, Observation) for r in taken[-1].values())
+
+    try:
+        path.write_text(_with_ttft_rule(BROKEN_EXPR))
+        prom.reload(prom.targets)
+        wait_for(failing_rule_still_answered, 30.0, "a failing TTFT rule, its series answered")
+        a = taken[-1][MODEL_A.name]
+        assert isinstance(a, Observation)
+        assert a.ttft_p95_ms is None, a.ttft_p95_ms  # not the failed rule's last 625 ms
+        assert a.ttft_attainment_frac is None
+        assert a.itl_p95_ms == pytest.approx(65.625)  # its rule still evaluates
+        assert a.itl_attainment_frac is not None
+    finally:
+        path.write_text(_with_ttft_rule(None))
+        prom.reload(prom.targets)
+        fresh = lambda: bool(prom.query(f"{RECORDED} and (timestamp({RECORDED}) > time() - 2)"))  # noqa: E731
+        wait_for(fresh, 20.0, "the TTFT rule evaluating again")
 
 
 def test_rules_removed_the_source_reads_raw_buckets_again(prom: PrometheusServer) -> None:

@@ -59,3 +59,28 @@ def test_rules_off_never_asks_for_the_marker() -> None:
     src.observe([ModelQuery("m")], NOW)
     assert RULES_SIGNAL not in client.sent[0] and not src.rules_in_use
     assert RECORDED not in " ".join(client.sent)
+
+
+def test_recorded_series_are_read_only_while_fresh() -> None:
+    """Every read of a recorded series keeps only the series whose newest sample is at
+    most three scrape (rule evaluation) intervals old: a failing rule's last samples,
+    answered by Prometheus for 5 minutes, are not read (tests/integration)."""
+    import re
+
+    import pytest
+
+    from estimators.promql import QueryBuilder
+
+    client = FakeClient()
+    client.marker = True
+    src = PrometheusSource("http://p", client=client, scrape_interval_s=10.0)
+    src.observe([ModelQuery("m", ttft_sla_s=0.5, itl_sla_s=0.05)], NOW)
+    after_demand = " ".join(client.sent[1:])
+    reads = re.findall(r"le\) \((governor:\w+)([^ ]*) (\S+)", after_demand)
+    assert len(reads) == 17 + 3  # each quantile, each SLA-edge histogram
+    assert all(op == "and" for _n, _sel, op in reads), reads
+    fresh = re.findall(r"\(timestamp\((governor:\w+)([^ ]*)\) > time\(\) - 30\)", after_demand)
+    assert fresh == [(n, sel) for n, sel, _op in reads]
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="recorded_max_age_s"):
+            QueryBuilder(recorded=True, recorded_max_age_s=bad)
