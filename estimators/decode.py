@@ -21,6 +21,16 @@ decodes the body with orjson and parses it generically (`estimators.answers`: su
 sample naming a model makes that model no data, one naming none a `SourceError`), so
 every answer reads as it does through `custom_query` (`estimators.prometheus`).
 
+Warnings (`partial_warnings`): a `"status": "success"` answer may carry `warnings` (and,
+from Prometheus 2.54, `infos`). Prometheus writes its PromQL annotations there as
+`PromQL warning: ...` / `PromQL info: ...` (2.48 on; infos in their own list from 2.54):
+notes on the query's data (a bad `le`, a fixed monotonicity), not missing data. Any
+other warning comes from the storage: a remote-read source that failed, Thanos Query's
+partial response ("No StoreAPIs matched for this query", a store that did not answer),
+a truncated list ("3 more warnings omitted"): the answer misses part of the data, its
+sums part of the fleet. `AnswerDecoder.samples` raises `PartialAnswerError` for such a
+body, as `partial_warnings` says for the generic path (the source: a `SourceError`).
+
 Cost (benchmarks/bench_tick.py, 1,000 models, ~43,000 series per tick): decoding into
 records takes about two thirds of orjson's time into dicts and lists, and the index pass
 reads two attributes per series instead of validating a dict and a list.
@@ -65,6 +75,37 @@ its hash computed once): about 40 % off decoding and indexing. A body with anoth
 takes the generic path (same outcome, slower)."""
 
 
+ANNOTATION_PREFIXES: Final[tuple[str, ...]] = ("PromQL info:", "PromQL warning:")
+"""How Prometheus's PromQL annotations begin (util/annotations): not partial data."""
+
+
+class PartialAnswerError(Exception):
+    """An answer whose `warnings` say it misses data (`partial_warnings`)."""
+
+    def __init__(self, warnings: list[str]) -> None:
+        super().__init__("; ".join(warnings))
+        self.warnings = warnings
+
+
+def partial_warnings(warnings: Any) -> list[str]:
+    """The entries of an answer's `warnings` that say data is missing: every entry but
+    Prometheus's PromQL annotations (module doc); a `warnings` that is not a list of
+    strings is one such entry (its `repr`). [] when there is none (None or [])."""
+    if warnings is None:
+        return []
+    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+        return [repr(warnings)]
+    return [w for w in warnings if not w.startswith(ANNOTATION_PREFIXES)]
+
+
+def check_warnings(warnings: Any) -> None:
+    """Raise `PartialAnswerError` when `partial_warnings(warnings)` has any."""
+    if warnings:
+        partial = partial_warnings(warnings)
+        if partial:
+            raise PartialAnswerError(partial)
+
+
 class _Value(msgspec.Struct, array_like=True, gc=False, forbid_unknown_fields=True):
     """A sample's `[timestamp, "value"]` (Unix seconds, the value's text); exactly two
     elements (without `forbid_unknown_fields` msgspec would ignore a third)."""
@@ -98,18 +139,23 @@ class AnswerDecoder:
         )
         sample = msgspec.defstruct("Sample", [("metric", metric), ("value", _Value)], gc=False)
         data = msgspec.defstruct("Data", [("result", list[sample])], gc=False)  # type: ignore[valid-type]
-        envelope = msgspec.defstruct("Envelope", [("data", data)], gc=False)
+        envelope = msgspec.defstruct(
+            "Envelope", [("data", data), ("warnings", list[str] | None, None)], gc=False
+        )
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(envelope)
 
     def samples(self, body: bytes) -> list[Any] | None:
         """The samples of `body` (records with `.metric.model`, `.metric.signal`,
         `.metric.le`, `.metric.ns` (the namespace), None when absent, and `.value.text`);
         None when the body is not an instant vector of the exact shape Prometheus writes
-        (module doc)."""
+        (module doc). Raises `PartialAnswerError` when its `warnings` say it misses data."""
         try:
-            result: list[Any] = self._decoder.decode(body).data.result
+            envelope = self._decoder.decode(body)
         except (msgspec.DecodeError, ValueError, TypeError):
             return None
+        if envelope.warnings:
+            check_warnings(envelope.warnings)
+        result: list[Any] = envelope.data.result
         return result
 
 

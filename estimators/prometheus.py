@@ -75,7 +75,13 @@ from estimators.answers import (
     parse_edge_buckets,
     parse_tagged,
 )
-from estimators.decode import AnswerDecoder, buckets_from_samples, rows_from_samples
+from estimators.decode import (
+    AnswerDecoder,
+    PartialAnswerError,
+    buckets_from_samples,
+    check_warnings,
+    rows_from_samples,
+)
 from estimators.promql import (
     DEFAULT_MODEL_LABEL,
     DEFAULT_NAMESPACE_LABEL,
@@ -275,14 +281,26 @@ def _query_failed(exc: Exception, query: str) -> SourceError:
     return SourceError(f"query failed: {type(exc).__name__}: {exc}", query=query)
 
 
+def _partial(exc: PartialAnswerError, query: str) -> SourceError:
+    """The SourceError of an answer whose warnings say it misses data."""
+    return SourceError(f"partial answer, warnings: {exc}", query=query)
+
+
 def _decoded_result(body: bytes, query: str) -> Any:
     """`data.result` of a body the fast path refused, decoded as the client's own
     `custom_query` decodes it (orjson, then `["data"]["result"]`), so a body that is not
-    JSON or has no result fails with the same SourceError as through `custom_query`."""
+    JSON or has no result fails with the same SourceError as through `custom_query`; a
+    body whose `warnings` say it misses data fails as on the fast path."""
     try:
-        return orjson.loads(body)["data"]["result"]
+        doc = orjson.loads(body)
+        result = doc["data"]["result"]
     except Exception as exc:
         raise _query_failed(exc, query) from exc
+    try:
+        check_warnings(doc.get("warnings"))
+    except PartialAnswerError as exc:
+        raise _partial(exc, query) from exc
+    return result
 
 
 def _takes_timeout(client: QueryClient) -> bool:
@@ -468,13 +486,21 @@ class PrometheusSource:
         returns bodies."""
         return getattr(self._client, "query_body", None) is not None
 
+    def _samples(self, body: bytes, query: str) -> list[Any] | None:
+        """`AnswerDecoder.samples` of `body`; SourceError when its warnings say the
+        answer misses data (`estimators.decode.partial_warnings`)."""
+        try:
+            return self._decoder.samples(body)
+        except PartialAnswerError as exc:
+            raise _partial(exc, query) from exc
+
     def _parse_rows(
         self, raw: Any, query: str, into: Rows | None, faults: Faults, scopes: ScopeKeys
     ) -> Rows:
         """A tagged answer (body or decoded) indexed into rows (`parse_tagged`) keyed by
         `scopes`, its models' faults recorded in `faults`."""
         if self._reads_bodies:  # `raw` is the HTTP body
-            samples = self._decoder.samples(raw)
+            samples = self._samples(raw, query)
             rows = None if samples is None else rows_from_samples(samples, faults, into, scopes)
             if rows is not None:
                 return rows
@@ -487,7 +513,7 @@ class PrometheusSource:
         """An SLA-edge bucket answer (body or decoded) indexed (`parse_edge_buckets`)
         keyed by `scopes`, its models' faults recorded in `faults`."""
         if self._reads_bodies:  # `raw` is the HTTP body
-            samples = self._decoder.samples(raw)
+            samples = self._samples(raw, query)
             table = None if samples is None else buckets_from_samples(samples, faults, scopes)
             if table is not None:
                 return edge_buckets(table)

@@ -266,3 +266,83 @@ def test_every_tag_the_queries_write_is_decoded_on_the_fast_path() -> None:
         for _name, text in queries.items():
             tags |= set(re.findall(f'"{SIGNAL_LABEL}", "([^"]+)"', text))
     assert len(tags) >= 40 and tags <= set(TAGS), tags - set(TAGS)
+
+
+STORE_ERROR = (
+    'receive series from Addr: 10.0.3.7:10901 LabelSets: {cluster="eu-2"}: rpc error: '
+    "code = Unavailable desc = connection error"
+)
+LE_WARNING = (
+    'PromQL warning: bucket label "le" is missing or has a malformed value of "x" for '
+    'metric name "vllm:inter_token_latency_seconds_bucket" (1:24)'
+)
+MONOTONICITY_INFO = (
+    "PromQL info: input to histogram_quantile needed to be fixed for monotonicity (see "
+    "https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) "
+    'for metric name "vllm:time_to_first_token_seconds_bucket" (1:31)'
+)
+WARNINGS: dict[str, tuple[dict[str, Any], str | None]] = {
+    # name: (keys added to the body's envelope, the SourceError's warnings; None: read)
+    "thanos partial response: a store did not answer": ({"warnings": [STORE_ERROR]}, STORE_ERROR),
+    "thanos: no store matched": (
+        {"warnings": ["No StoreAPIs matched for this query"]},
+        "No StoreAPIs matched for this query",
+    ),
+    "prometheus: a remote read failed": (
+        {"warnings": ['error sending request: Post "http://remote:9201/read": EOF']},
+        'error sending request: Post "http://remote:9201/read": EOF',
+    ),
+    "an annotation and a store error": ({"warnings": [LE_WARNING, STORE_ERROR]}, STORE_ERROR),
+    "a truncated list": (
+        {"warnings": [LE_WARNING, "2 more warnings omitted"]},
+        "2 more warnings omitted",
+    ),
+    "warnings not a list": ({"warnings": "partial"}, "'partial'"),
+    "a warning that is not a string": ({"warnings": [7]}, "[7]"),
+    "PromQL annotations (Prometheus 2.48 to 2.53: all in warnings)": (
+        {"warnings": [LE_WARNING, MONOTONICITY_INFO]},
+        None,
+    ),
+    "infos (Prometheus 2.54 on)": ({"infos": [MONOTONICITY_INFO]}, None),
+    "infos that are not PromQL annotations": ({"infos": [STORE_ERROR]}, None),
+    "no warnings": ({"warnings": []}, None),
+    "null warnings": ({"warnings": None}, None),
+}
+
+
+@pytest.mark.parametrize("group", ["demand", "itl_quantiles", "sla_buckets"])
+@pytest.mark.parametrize("name", list(WARNINGS))
+def test_warnings_of_a_partial_answer_fail_the_tick_on_both_paths(
+    name: str, group: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body whose `warnings` say data is missing (anything but Prometheus's PromQL
+    annotations: a store of Thanos that did not answer, a failed remote read) is a
+    SourceError naming the query, on the fast path and on the generic path alike; PromQL
+    annotations and `infos` do not change the outcome. One answer of the tick carries
+    the warnings (the first, a middle and the last query)."""
+    import estimators.decode as dec
+    import estimators.prometheus as prom
+
+    extra, partial = WARNINGS[name]
+    answers = healthy_answers()
+    answers[group] = json.dumps(
+        {"status": "success", **extra, "data": {"resultType": "vector", "result": answers[group]}}
+    ).encode()
+    with monkeypatch.context() as m:  # a Prometheus body: the generic parser is not used
+        if isinstance(extra.get("warnings", []), list) and extra.get("warnings") != [7]:
+            m.setattr(prom, "parse_tagged", _refuse)
+            m.setattr(prom, "parse_edge_buckets", _refuse)
+        fast = outcome(BodyClient, answers, window_s=30)
+    with monkeypatch.context() as m:  # every body through orjson and the generic parser
+        m.setattr(dec.AnswerDecoder, "samples", lambda _self, _body: None)
+        generic = outcome(BodyClient, answers, window_s=30)
+    assert fast == generic
+    if partial is not None:
+        assert fast.startswith(f"SourceError(partial answer, warnings: {partial} [query: "), fast
+        assert fast.endswith(", query=True)"), fast
+    else:
+        assert fast == outcome(BodyClient, healthy_answers(), window_s=30)
+
+
+def _refuse(*_a: Any, **_k: Any) -> Any:
+    raise AssertionError("generic path used")
