@@ -13,7 +13,9 @@ answers into typed per-model outcomes:
   (`len(list(source.queries.items()))`, eight), recorded in `queries_last_tick`;
 - the backend unreadable (HTTP error, timeout, connection refused, non-JSON, a result
   that is not an instant vector, a malformed sample that names no model) ->
-  `SourceError` carrying the query;
+  `SourceError` carrying the query; so is an answer whose `warnings` say it misses
+  data (`estimators.decode.partial_warnings`: Thanos's partial response, a failed
+  remote read), whose sums would miss part of the fleet;
 - a model with a malformed sample (estimators.answers), or a second series of a signal
   the outcome is decided on (`DECISIVE`: demand, targets, sample times) ->
   `NoDataError(model, <signal>, <what was wrong>)`, checked first; a duplicated optional
