@@ -62,8 +62,8 @@ def fallback_problems(args: argparse.Namespace, kb: KnobBounds | None) -> list[s
     knob bounds (when --config names the model; without it the bounds are unknown: a
     model may raise them up to INT32_MAX, and the chart passes a model's defaults
     without its bounds), or a token budget below max_num_seqs, which vLLM refuses (the
-    two flags, or one flag against the default it does not override). Empty when the
-    flags are sound or not given."""
+    two flags, or one flag against the default it does not override; with --live, a
+    pair of ceiling flags). Empty when the flags are sound or not given."""
     seqs, tokens = args.default_max_num_seqs, args.default_max_num_batched_tokens
     of = f"of {args.model!r} in {args.config}"
     problems = []
@@ -100,6 +100,15 @@ def fallback_problems(args: argparse.Namespace, kb: KnobBounds | None) -> list[s
         else:
             pair = f"--default-max-num-batched-tokens {t} is below --default-max-num-seqs {s}"
         problems.append(f"{pair}: vLLM refuses a token budget below max_num_seqs{hint}")
+    for kind in ("", "default-"):  # --live: a pair of ceiling flags given together
+        cs = getattr(args, f"{kind.replace('-', '_')}max_num_seqs_ceiling", None)
+        ct = getattr(args, f"{kind.replace('-', '_')}max_num_batched_tokens_ceiling", None)
+        if cs is not None and ct is not None and ct < cs:
+            problems.append(
+                f"--{kind}max-num-batched-tokens-ceiling {ct} is below "
+                f"--{kind}max-num-seqs-ceiling {cs}: vLLM refuses a token budget below "
+                "max_num_seqs"
+            )
     return problems
 
 
@@ -138,6 +147,12 @@ def _ceiling_knobs(args: argparse.Namespace, resp: Any, kb: KnobBounds | None) -
         seqs, where = args.max_num_seqs_ceiling, "command-line ceilings"
     if args.max_num_batched_tokens_ceiling is not None:
         tokens, where = args.max_num_batched_tokens_ceiling, "command-line ceilings"
+    if tokens < seqs:  # from two sources (a flag and the server's or the config's bounds)
+        print(
+            f"governor engine-args: warning: token ceiling {tokens} is below the "
+            f"max_num_seqs ceiling {seqs} (vLLM refuses that); raised to {seqs}",
+            file=sys.stderr,
+        )
     return Knobs(seqs, max(tokens, seqs)), where
 
 

@@ -99,6 +99,26 @@ def test_engine_args_live_without_a_governor_uses_config_bounds_then_flags(
     assert out.split()[:4] == ["--max-num-seqs", "16", "--max-num-batched-tokens", "1024"]
 
 
+@pytest.mark.parametrize("kind", ["", "default-"])
+def test_engine_args_live_refuses_a_token_ceiling_below_the_seqs_ceiling(
+    kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found in review: the pair was taken and the token ceiling silently raised to the
+    seqs ceiling; a pair given together is refused (exit 2, nothing printed), a mix of
+    a flag and a served or configured bound is raised with a warning."""
+    base = ["engine-args", "--live", "--model", "m", "--server", "127.0.0.1:1", "--timeout-s", "1"]
+    pair = [f"--{kind}max-num-seqs-ceiling", "64", f"--{kind}max-num-batched-tokens-ceiling", "32"]
+    assert cli_main([*base, *pair]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert f"--{kind}max-num-batched-tokens-ceiling 32 is below --{kind}max-num-seqs" in err
+    assert cli_main([*base, "--max-num-batched-tokens-ceiling", "32"]) == 0
+    out, err = capsys.readouterr()
+    seqs = out.split()[1]
+    assert out.split()[:4] == ["--max-num-seqs", seqs, "--max-num-batched-tokens", seqs]
+    assert f"token ceiling 32 is below the max_num_seqs ceiling {seqs}" in err
+
+
 def test_engine_args_live_default_ceilings_yield_to_the_governors_bounds(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
