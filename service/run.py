@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import math
 import os
 import socket
@@ -253,11 +254,33 @@ def _listens(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 _ANY_HOST = frozenset({"0.0.0.0", "::", ""})
 """Hosts that listen on every address of the machine (IPv4, IPv6, gRPC's empty host)."""
 
+_LOCALHOST = frozenset({"127.0.0.1", "::1"})
+"""What `localhost` binds: gRPC resolves it to both loopbacks and listens on each (the
+metrics server on the first), so it takes the port on 127.0.0.1 and on ::1."""
+
+
+def _host_addresses(host: str) -> frozenset[str]:
+    """The addresses a listener on `host` takes, in one spelling: an IP address in its
+    canonical form (IPv4-mapped IPv6 as IPv4), `localhost` (any case, trailing dot) as
+    127.0.0.1 and ::1, any other name as itself, lower-cased."""
+    name = host.lower()
+    if name in ("localhost", "localhost."):
+        return _LOCALHOST
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return frozenset({name})
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return frozenset({str(ip)})
+
 
 def _hosts_overlap(a: str, b: str) -> bool:
-    """Whether listeners on hosts `a` and `b` at one port collide: the same host, or
-    either one every address (0.0.0.0:P takes P on 127.0.0.1 too)."""
-    return a == b or a in _ANY_HOST or b in _ANY_HOST
+    """Whether listeners on hosts `a` and `b` at one port collide: the same address in
+    any spelling (localhost is 127.0.0.1 and ::1), or either one every address
+    (0.0.0.0:P takes P on 127.0.0.1 too)."""
+    at, bt = _host_addresses(a), _host_addresses(b)
+    return bool(at & bt) or bool((at | bt) & _ANY_HOST)
 
 
 def _overlap_message(flag_a: str, value_a: str, flag_b: str, value_b: str) -> str:
@@ -265,7 +288,8 @@ def _overlap_message(flag_a: str, value_a: str, flag_b: str, value_b: str) -> st
         return f"{flag_a} and {flag_b} are both {value_a}: give each its own port"
     return (
         f"{flag_a} {value_a} and {flag_b} {value_b} overlap (a host of 0.0.0.0, :: or "
-        "none listens on every address, that port included): give each its own port"
+        "none listens on every address, that port included; localhost is 127.0.0.1 and "
+        "::1; one address may be spelt in more than one way): give each its own port"
     )
 
 

@@ -1,7 +1,8 @@
 """`governor run` refuses two listeners that would take one port, before anything starts:
 0.0.0.0, :: and an empty host listen on every address, so 0.0.0.0:P and 127.0.0.1:P
 collide as surely as two equal addresses (the second bind failed after the store was
-opened, exit 1)."""
+opened, exit 1). So do two spellings of one address: localhost is 127.0.0.1 and ::1 (gRPC
+listens on both), [0:0::1] is [::1], [::ffff:127.0.0.1] is 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def _run_args(*extra: str) -> list[str]:
             ["--grpc-listen", "10.0.0.7:7000", "--metrics-listen", "[]:7000"],
             ("--grpc-listen 10.0.0.7:7000", "--metrics-listen []:7000"),
         ),
+        (
+            ["--grpc-listen", "10.0.0.7:7000", "--admin-listen", "[0:0::0]:7000"],
+            ("--grpc-listen 10.0.0.7:7000", "--admin-listen [0:0::0]:7000"),
+        ),
     ],
 )
 def test_a_wildcard_host_overlaps_any_host_on_its_port(
@@ -45,6 +50,57 @@ def test_a_wildcard_host_overlaps_any_host_on_its_port(
     assert all(f in err.value.message for f in flags), err.value.message
     assert "give each its own port" in err.value.message
     # Through the command line: exit 2 naming both, before the config is even read.
+    assert main(_run_args(*listens)) == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("listens", "flags"),
+    [
+        # localhost takes the port on 127.0.0.1 (the metrics server binds it first, then
+        # gRPC's 127.0.0.1 failed) ...
+        (
+            ["--grpc-listen", "127.0.0.1:7000", "--metrics-listen", "localhost:7000"],
+            ("--grpc-listen 127.0.0.1:7000", "--metrics-listen localhost:7000"),
+        ),
+        (
+            ["--grpc-listen", "localhost:7000", "--admin-listen", "127.0.0.1:7000"],
+            ("--grpc-listen localhost:7000", "--admin-listen 127.0.0.1:7000"),
+        ),
+        # ... and on ::1 (gRPC resolves localhost to both loopbacks and listens on each)
+        (
+            ["--grpc-listen", "localhost:7000", "--admin-listen", "[::1]:7000"],
+            ("--grpc-listen localhost:7000", "--admin-listen [::1]:7000"),
+        ),
+        (
+            ["--grpc-listen", "[::1]:7000", "--admin-listen", "localhost:7000"],
+            ("--grpc-listen [::1]:7000", "--admin-listen localhost:7000"),
+        ),
+        # one name in another case, with the root's trailing dot
+        (
+            ["--grpc-listen", "LocalHost:7000", "--admin-listen", "localhost.:7000"],
+            ("--grpc-listen LocalHost:7000", "--admin-listen localhost.:7000"),
+        ),
+        # one IPv6 address spelt two ways; an IPv4-mapped address is the IPv4 one
+        (
+            ["--grpc-listen", "[::1]:7000", "--admin-listen", "[0:0:0:0:0:0:0:1]:7000"],
+            ("--grpc-listen [::1]:7000", "--admin-listen [0:0:0:0:0:0:0:1]:7000"),
+        ),
+        (
+            ["--grpc-listen", "127.0.0.1:7000", "--admin-listen", "[::ffff:127.0.0.1]:7000"],
+            ("--grpc-listen 127.0.0.1:7000", "--admin-listen [::ffff:127.0.0.1]:7000"),
+        ),
+    ],
+)
+def test_two_spellings_of_one_address_overlap(
+    listens: list[str], flags: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(_RunError) as err:
+        _check_flags(build_parser().parse_args(_run_args(*listens)))
+    assert err.value.code == 2
+    assert all(f in err.value.message for f in flags), err.value.message
+    assert "localhost is 127.0.0.1 and ::1" in err.value.message
+    assert "give each its own port" in err.value.message
     assert main(_run_args(*listens)) == 2
     assert flags[0] in capsys.readouterr().err
 
@@ -68,6 +124,10 @@ def test_equal_addresses_keep_their_message() -> None:
         ["--grpc-listen", "0.0.0.0:50051", "--admin-listen", "127.0.0.1:50052"],
         # one port on two distinct specific hosts
         ["--grpc-listen", "127.0.0.1:7002", "--admin-listen", "10.0.0.7:7002"],
+        # the two loopbacks are two addresses (each binds on its own)
+        ["--grpc-listen", "127.0.0.1:7002", "--admin-listen", "[::1]:7002"],
+        # localhost is 127.0.0.1 and ::1, not all of 127.0.0.0/8
+        ["--grpc-listen", "localhost:7002", "--admin-listen", "127.0.0.2:7002"],
         # port 0: each listener is given a free port of its own
         ["--grpc-listen", "0.0.0.0:0", "--metrics-listen", "0.0.0.0:0", "--admin-listen", "[::]:0"],
     ],
