@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.chart import MODEL_8B, MODEL_CODE, NAMESPACE, deep_merge, one, render, values
+from tests.helm.chart import (
+    MODEL_8B,
+    MODEL_CODE,
+    NAMESPACE,
+    deep_merge,
+    helm,
+    one,
+    render,
+    values,
+)
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(
@@ -52,6 +61,53 @@ def test_rules_pass_promtool_check(tmp_path: Path, via: str) -> None:
     out = _promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout
+
+
+# Durations for the alert windows (range selectors) and `for:`: what Prometheus loads in
+# each place decides. Bare "0" (for: reads it as 0s) is left out: the chart asks for a unit.
+DURATIONS = [
+    "0s", "00m", "0h0m", "5m", "0h5m", "1h30m", "90s", "500ms", "1d", "2w",
+    "1m1h", "5m5m", "1.5m", "5M", "5", "m", "",
+]  # fmt: skip
+
+
+def _prometheus_loads(tmp_path: Path, rule: dict[str, Any]) -> bool:
+    rules = {"groups": [{"name": "g", "rules": [rule]}]}
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(rules))
+    return _promtool("check", "rules", "one.yaml", cwd=tmp_path).returncode == 0
+
+
+def _chart_takes(key: str, duration: str) -> bool:
+    try:
+        _rules(monitoring={"prometheusRule": {key: duration}})
+    except helm.HelmError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("duration", DURATIONS)
+def test_the_chart_takes_the_alert_durations_prometheus_loads(
+    tmp_path: Path, duration: str
+) -> None:
+    """A window is a range selector: [0s] (or a malformed range) fails to load the rule
+    file, every rule of its group with it. `for:` takes 0s (fire on the first evaluation
+    that matches). The chart refuses at install exactly what Prometheus would not load."""
+    as_range = _prometheus_loads(
+        tmp_path, {"alert": "A", "expr": f"rate(x[{duration}]) > 0", "for": "1m"}
+    )
+    as_for = _prometheus_loads(tmp_path, {"alert": "A", "expr": "x > 0", "for": duration})
+    for key in ("slaShortWindow", "slaLongWindow", "actuationGapWindow", "tailWindow"):
+        assert _chart_takes(key, duration) == as_range, (key, duration, as_range)
+    for key in ("slaFor", "actuationFailingFor", "actuationGapFor", "tailFor"):
+        assert _chart_takes(key, duration) == as_for, (key, duration, as_for)
+    if as_range:
+        # The rendered rules, with every window and for: at this duration, load.
+        windows = ("slaShortWindow", "slaLongWindow", "actuationGapWindow", "tailWindow")
+        fors = ("slaFor", "actuationFailingFor", "actuationGapFor", "tailFor")
+        rules = _rules(monitoring={"prometheusRule": dict.fromkeys(windows + fors, duration)})
+        (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+        out = _promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:

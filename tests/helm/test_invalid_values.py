@@ -181,6 +181,48 @@ CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         "/monitoring/serviceMonitor/interval",
         "monitoring.serviceMonitor.interval (0s) must be longer than zero",
     ),
+    "zero-sla-short-window": (
+        values(monitoring={"prometheusRule": {"slaShortWindow": "0s"}}),
+        "/monitoring/prometheusRule/slaShortWindow",
+        "monitoring.prometheusRule.slaShortWindow: must be a Prometheus duration longer than "
+        'zero, units largest first (e.g. 5m, 1h30m; got "0s")',
+    ),
+    "zero-sla-long-window": (
+        values(monitoring={"prometheusRule": {"slaLongWindow": "0h0m"}}),
+        "/monitoring/prometheusRule/slaLongWindow",
+        "monitoring.prometheusRule.slaLongWindow: must be a Prometheus duration longer than "
+        'zero, units largest first (e.g. 5m, 1h30m; got "0h0m")',
+    ),
+    "zero-actuation-gap-window": (
+        values(monitoring={"prometheusRule": {"actuationGapWindow": "0m"}}),
+        "/monitoring/prometheusRule/actuationGapWindow",
+        "monitoring.prometheusRule.actuationGapWindow: must be a Prometheus duration longer "
+        'than zero, units largest first (e.g. 5m, 1h30m; got "0m")',
+    ),
+    "zero-tail-window": (
+        values(monitoring={"prometheusRule": {"tailWindow": "00s"}}),
+        "/monitoring/prometheusRule/tailWindow",
+        "which drops the whole rule group",
+    ),
+    "alert-window-units-out-of-order": (
+        values(monitoring={"prometheusRule": {"tailWindow": "30m1h"}}),
+        "/monitoring/prometheusRule/tailWindow",
+        "monitoring.prometheusRule.tailWindow: must be a Prometheus duration longer than zero, "
+        'units largest first (e.g. 5m, 1h30m; got "30m1h")',
+    ),
+    "alert-for-units-out-of-order": (
+        values(monitoring={"prometheusRule": {"slaFor": "1m1h"}}),
+        "/monitoring/prometheusRule/slaFor",
+        "monitoring.prometheusRule.slaFor: must be a Prometheus duration, units largest first "
+        '(e.g. 10m, 1h30m; 0s fires on the first evaluation that matches; got "1m1h")',
+    ),
+    "alert-for-a-unit-twice": (
+        values(monitoring={"prometheusRule": {"actuationGapFor": "5m5m"}}),
+        "/monitoring/prometheusRule/actuationGapFor",
+        "monitoring.prometheusRule.actuationGapFor: must be a Prometheus duration, units "
+        "largest first (e.g. 10m, 1h30m; 0s fires on the first evaluation that matches; "
+        'got "5m5m")',
+    ),
     "unknown-trigger-type": (
         values(scaling={"keda": {"triggerType": "prometheus"}}),
         "/scaling/keda/triggerType",
