@@ -5,6 +5,7 @@ the alerts fire on the situations they are for and not otherwise."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -110,14 +111,122 @@ def test_the_chart_takes_the_alert_durations_prometheus_loads(
         assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
-    objs = render(values())
-    dash = json.loads(one(objs, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["llm-governor.json"])
+def _grafana(expr: str, model: str, namespace: str) -> str:
+    """`expr` as Grafana sends it, with the variables' regexes in."""
+    return expr.replace("$model", model).replace("$namespace", namespace)
+
+
+def _dashboard(**overrides: Any) -> dict[str, Any]:
+    objs = render(values(**overrides))
+    cm = one(objs, "ConfigMap", f"{FULLNAME}-dashboard")
+    return json.loads(cm["data"]["llm-governor.json"])  # type: ignore[no-any-return]
+
+
+def _panel_expr(dash: dict[str, Any], title: str) -> str:
+    panel = next(p for p in dash["panels"] if p["title"] == title)
+    return panel["targets"][0]["expr"]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("prometheus", "model_label", "ns_label"),
+    [
+        ({}, "model_name", "namespace"),
+        ({"model_label": "model", "namespace_label": "kube_ns"}, "model", "kube_ns"),
+    ],
+)
+def test_dashboard_shows_a_model_per_namespace(
+    tmp_path: Path, prometheus: dict[str, Any], model_label: str, ns_label: str
+) -> None:
+    """One model name served in two namespaces (production and a staging load test): the
+    dashboard's vLLM panels show two series, namespace/model, as the governor reads them,
+    not their sum; the namespace variable narrows them to one."""
+    dash = _dashboard(prometheus=prometheus)
+    running = _panel_expr(dash, "Requests running / waiting")
+    ttft = _panel_expr(dash, "TTFT p95")
+    model = MODEL_8B["name"]
+    series = [
+        _series("vllm:num_requests_running", {model_label: model, ns_label: "llm"}, "3x10"),
+        _series("vllm:num_requests_running", {model_label: model, ns_label: "staging"}, "5x10"),
+        _series("vllm:num_requests_running", {model_label: "other", ns_label: "llm"}, "7x10"),
+    ]
+    # TTFT: production's requests all under 0.1 s, staging's between 0.1 and 2 s.
+    for ns, counts in (("llm", ("0+10x10",) * 3), ("staging", ("0+0x10", "0+10x10", "0+10x10"))):
+        for le, values_ in zip(("0.1", "2", "+Inf"), counts, strict=True):
+            labels = {model_label: model, ns_label: ns, "le": le}
+            series.append(_series("vllm:time_to_first_token_seconds_bucket", labels, values_))
+    both = [
+        {"labels": f'{{{model_label}="{model}",{ns_label}="{ns}"}}', "value": v}
+        for ns, v in (("llm", 3), ("staging", 5))
+    ]
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": series,
+            "promql_expr_test": [
+                {
+                    "expr": _grafana(running, model, ".*"),
+                    "eval_time": "1m",
+                    "exp_samples": both,
+                },
+                {
+                    "expr": _grafana(running, model, "staging"),
+                    "eval_time": "1m",
+                    "exp_samples": both[1:],
+                },
+                {
+                    "expr": f"{_grafana(ttft, model, '.*')} > bool 0.5",
+                    "eval_time": "2m",
+                    "exp_samples": [{**b, "value": v} for b, v in zip(both, (0, 1), strict=True)],
+                },
+            ],
+        }
+    ]
+    _run_tests(tmp_path, {"groups": []}, tests)
+    legends = {t["legendFormat"] for p in dash["panels"] for t in p.get("targets", [])}
+    assert f"running {{{{{ns_label}}}}}/{{{{{model_label}}}}}" in legends, legends
+    (var,) = [v for v in dash["templating"]["list"] if v["name"] == "namespace"]
+    assert var["query"]["query"] == (
+        f'label_values(vllm:num_requests_running{{{model_label}=~"$model"}}, {ns_label})'
+    )
+    # All keeps the series without the label, which the governor also reads.
+    assert var["includeAll"] and var["allValue"] == ".*"
+
+
+def test_dashboard_groups_as_the_recording_rules_do() -> None:
+    """Each vLLM panel groups by the labels the recording rules group by (the governor's
+    reading of prometheus.namespace_label: unset, `namespace`; null, none), and with null
+    the dashboard has no namespace variable and no $namespace."""
+    for prometheus in ({}, {"namespace_label": "kube_ns"}, {"namespace_label": None}):
+        rules = _rules(prometheus=prometheus)
+        recorded = next(g for g in rules["groups"] if g["name"] == "llm-governor.recording")
+        m = re.match(r"sum by \(([^)]*), le\)", recorded["rules"][0]["expr"])
+        assert m, recorded["rules"][0]["expr"]
+        want = set(m.group(1).split(", "))
+        dash = _dashboard(prometheus=prometheus)
+        vllm = [
+            t["expr"] for p in dash["panels"] for t in p.get("targets", []) if "vllm:" in t["expr"]
+        ]
+        assert len(vllm) == 7
+        for expr in vllm:
+            (by,) = set(re.findall(r"(?:sum|max) by \(([^)]*)\)", expr))
+            assert set(by.split(", ")) - {"le"} == want, (prometheus, expr)
+        names = [v["name"] for v in dash["templating"]["list"]]
+        if prometheus.get("namespace_label", "namespace") is None:
+            assert names == ["datasource", "model"]
+            assert "$namespace" not in json.dumps(dash)
+        else:
+            assert names == ["datasource", "model", "namespace"]
+
+
+@pytest.mark.parametrize("namespace_label", ["namespace", None])
+def test_dashboard_queries_are_valid_promql(tmp_path: Path, namespace_label: str | None) -> None:
+    dash = _dashboard(prometheus={"namespace_label": namespace_label})
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     assert len(exprs) >= 10
-    # Grafana substitutes $model (a regex, multi-value) before Prometheus sees the query.
+    # Grafana substitutes $model and $namespace (regexes, multi-value) before Prometheus
+    # sees the query.
     rules = [
-        {"record": f"dashboard:query_{i}", "expr": e.replace("$model", ".*")}
+        {"record": f"dashboard:query_{i}", "expr": _grafana(e, ".*", ".*")}
         for i, e in enumerate(exprs)
     ]
     (tmp_path / "dash.yaml").write_text(yaml.safe_dump({"groups": [{"name": "d", "rules": rules}]}))

@@ -595,7 +595,7 @@ def _dashboard_exprs(objs: list[dict[str, Any]]) -> list[str]:
     for var in dash["templating"]["list"]:
         q = var.get("query")
         if isinstance(q, dict):
-            m = re.fullmatch(r"label_values\((\w+)(?:\{[^}]*\})?,\s*\w+\)", q["query"])
+            m = re.fullmatch(r"label_values\(([\w:]+)(?:\{[^}]*\})?,\s*\w+\)", q["query"])
             assert m, q
             exprs.append(m.group(1))
     return exprs

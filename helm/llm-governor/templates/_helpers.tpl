@@ -111,6 +111,19 @@ prometheus. */}}
 {{- toYaml $cfg -}}
 {{- end -}}
 
+{{/* The label holding each engine series' namespace, as the governor reads
+prometheus.namespace_label (estimators/promql.py "Namespaces"): unset, `namespace`; null,
+empty (no scoping: a model's name summed over every namespace). The recording rules and
+the dashboard group by it. */}}
+{{- define "llm-governor.namespaceLabel" -}}
+{{- $prom := .Values.prometheus | default dict -}}
+{{- if hasKey $prom "namespace_label" -}}
+{{- $prom.namespace_label | default "" -}}
+{{- else -}}
+namespace
+{{- end -}}
+{{- end -}}
+
 {{/* A Prometheus duration ("15s", "1m30s", "500ms") in seconds. */}}
 {{- define "llm-governor.durationSeconds" -}}
 {{- $units := dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 "d" 86400.0 "w" 604800.0 "y" 31536000.0 -}}
