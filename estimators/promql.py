@@ -555,7 +555,9 @@ class QueryBuilder:
 
     def state(self) -> str:
         """Gauges per model: running and waiting (sums over engines, requests), KV usage
-        (mean over engines, fraction, 1 = full), ready replicas (engines reporting), the
+        (mean over engines, fraction, 1 = full), ready replicas (scrape targets, i.e.
+        pods, whose engines report; not engines: a pod at vLLM's `--data-parallel-size
+        N` exports N series, `engine="0"`...`"N-1"`, from its one endpoint), the
         newest gauge and counter sample times (unix seconds), and the engine scrape
         targets: up (`up == 1`), known (in service discovery now: an `up` series exists)
         and seen (within the lookback, see `engine_targets`). Seen but not known is gone
@@ -571,11 +573,12 @@ class QueryBuilder:
         up = f"max by (job, instance) ({self._up()})"
         health = f"({engines} * on (job, instance) group_left () {up})"
         running = self._gauge(RUNNING_METRICS)
+        pods = f"group by ({m}, job, instance) ({running})"
         parts = [
             _tag(f"sum by ({m}) ({running})", Signal.RUNNING),
             _tag(f"sum by ({m}) ({self._gauge(WAITING_METRICS)})", Signal.WAITING),
             _tag(f"avg by ({m}) ({self._gauge(KV_USAGE_METRICS)})", Signal.KV_USAGE_FRAC),
-            _tag(f"count by ({m}) ({running})", Signal.READY_REPLICAS),
+            _tag(f"count by ({m}) ({pods})", Signal.READY_REPLICAS),
             _tag(f"max by ({m}) ({self._sample_ts(RUNNING_METRICS)})", Signal.GAUGE_SAMPLE_TS),
             _tag(f"max by ({m}) ({self._sample_ts(SUCCESS_METRICS)})", Signal.COUNTER_SAMPLE_TS),
             _tag(f"sum by ({m}) {health}", Signal.TARGETS_UP),

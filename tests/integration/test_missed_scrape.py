@@ -135,7 +135,7 @@ def test_one_missed_scrape_is_not_a_dead_target(world: World) -> None:
     engines = MODEL_A.engines  # two engines behind the one target
     assert obs.running == sum(e.running for e in engines)  # their last values, not absent
     assert obs.waiting == sum(e.waiting for e in engines)
-    assert obs.ready_replicas == len(engines)
+    assert obs.ready_replicas == 1  # one pod, however many engine ranks it runs
     assert obs.staleness_s <= 2 * SCRAPE_INTERVAL_S + EVAL_AFTER_S  # the scrape before
 
 

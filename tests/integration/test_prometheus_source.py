@@ -405,7 +405,7 @@ def test_gauges_and_counter_rates(
     results, now, _ = tick
     a = observed(results, MODEL_A.name)
     assert (a.running, a.waiting, a.kv_usage_frac) == (8.0, 1.0, 0.5)
-    assert a.ready_replicas == 2
+    assert a.ready_replicas == 1  # one pod (one target) with two engine ranks, DP=2
     assert a.prefix_cache_hit_frac == pytest.approx(0.75, rel=1e-9)
     # Counters of one target share sample times, so ratios of their rates are exact:
     # 0.1 preemptions per batch against 2 completions per batch.
@@ -417,7 +417,7 @@ def test_gauges_and_counter_rates(
     b = observed(results, MODEL_B.name)
     assert b.running == 12.0
     assert b.kv_usage_frac == pytest.approx(0.2)
-    assert b.ready_replicas == 3
+    assert b.ready_replicas == 1  # three ranks, one pod
     assert b.waiting is not None and b.waiting > 2.0  # growing 2/s from 2
     assert b.prefix_cache_hit_frac is None  # 0 hits / 0 queries = NaN: no data, not 0
     assert b.preemption_rate_per_s == 0.0  # the counter exists and is flat: a real zero
