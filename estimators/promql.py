@@ -51,6 +51,15 @@ of the model's namespace exists. Example: `sum by (model_name, namespace)
 (rate(vllm:request_success_total[60s]))` answers {model_name="m", namespace="prod"} 20
 and {model_name="m", namespace="staging"} 150; model m of namespace prod reads 20.
 
+Each pod once (`ENGINE_SERIES_LABELS`): a pod that two scrape configs select (a
+ServiceMonitor and a PodMonitor, two jobs) has every series twice, under two `job`
+labels and whatever else each config adds (`service`, `endpoint`). So every engine
+series is first reduced to one per pod (`instance`) and vLLM's own labels with `max by`
+(the copies are equal), then summed: `sum by (model_name, namespace) (max by
+(model_name, namespace, instance, engine, le, finished_reason, reason)
+(rate(vllm:request_success_total[60s])))`; targets and ready replicas are counted per
+`instance`. A pod scraped by jobs A and B at 10 req/s reads 10, not 20.
+
 Ingress (`ingress_rate_query`, optional): the request rate at whatever sits in front of
 the engines (a gateway, router or ingress), an expression the operator writes for their
 own gateway, grouped by the model label, with `{window}` where the rate window goes. It
@@ -89,12 +98,18 @@ SIGNAL_LABEL = "governor_signal"
 RULES_MARKER = "governor:recording_rules"
 """The series the chart's recording rules also record (value 1, labels `RULES_LABELS`):
 its presence tells the source that the recorded bucket rates exist."""
-RULES_VERSION = "1"
+RULES_VERSION = "2"
 """Bumped when the recorded series change meaning (a source reads only its own version)."""
 RULES_SIGNAL = "recording_rules"
 """The tag of the marker in the demand answer (`QueryBuilder.rules_marker`)."""
 RULES_MARKER_MODEL = "__governor__"
 """The model label value the marker carries in the demand answer (no model has it)."""
+
+ENGINE_SERIES_LABELS = "instance, engine, le, finished_reason, reason"
+"""What tells one engine series from another besides the model and namespace: the pod
+(`instance`, the scraped address) and vLLM's own labels (engine rank, bucket bound,
+finished reason, rejection reason). The labels a scrape config adds (`job`, `service`,
+`endpoint`, `pod`) are not among them: a pod scraped twice is one pod (module doc)."""
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -378,10 +393,15 @@ class QueryBuilder:
             fmt.format(name=n, w=self.window, lb=self.lookback) for n in self.names(metrics, suffix)
         )
 
+    def once(self, expr: str) -> str:
+        """`expr` with each engine series of each pod once (`ENGINE_SERIES_LABELS`): the
+        copies a pod scraped by several jobs leaves are equal, `max` keeps one."""
+        return f"max by ({self.by}, {ENGINE_SERIES_LABELS}) ({expr})"
+
     def sum_rate(self, metrics: Sequence[str], suffix: str = "") -> str:
         """Per-model sum over engines of a counter's per-second rate."""
         inner = self.either(metrics, "rate({name}[{w}])", suffix)
-        return f"sum by ({self.by}) ({inner})"
+        return f"sum by ({self.by}) ({self.once(inner)})"
 
     def buckets(self, metrics: Sequence[str], le: str | None = None) -> str:
         """Per-second rate of a histogram's cumulative buckets per model and `le`; with
@@ -398,7 +418,7 @@ class QueryBuilder:
             return f"sum by ({self.by}, le) ({sel})"
         sel = "" if le is None else f"{{{{le=~`{le}`}}}}"
         inner = self.either(metrics, "rate({name}" + sel + "[{w}])", "_bucket")
-        return f"sum by ({self.by}, le) ({inner})"
+        return f"sum by ({self.by}, le) ({self.once(inner)})"
 
     def quantiles(self, hists: Sequence[str] | None = None) -> str:
         """The quantiles of `QUANTILES` (of the histograms tagged `hists`, default all),
@@ -509,7 +529,7 @@ class QueryBuilder:
         m = b.by
         completions = b.sum_rate(SUCCESS_METRICS)
         growth = " + ".join(
-            f"sum by ({m}) ({b.either(g, 'deriv({name}[{w}])')})"
+            f"sum by ({m}) ({b.once(b.either(g, 'deriv({name}[{w}])'))})"
             for g in (WAITING_METRICS, RUNNING_METRICS)
         )
         served = f"{completions} + {growth}"
@@ -517,14 +537,14 @@ class QueryBuilder:
         return f"(clamp_min({served} + {rejected}, 0) or clamp_min({served}, 0) or {completions})"
 
     def engine_targets(self) -> str:
-        """The scrape targets (job, instance) of each model's engines: those that
-        exported `vllm:num_requests_running` within the lookback, valued 1, labels
-        (model, job, instance). `last_over_time` skips the staleness markers a failed
-        scrape writes, so a target that went down or left service discovery stays here
-        for the lookback."""
+        """The scrape targets (`instance`: pods, whichever jobs scrape them) of each
+        model's engines: those that exported `vllm:num_requests_running` within the
+        lookback, valued 1, labels (model, instance). `last_over_time` skips the
+        staleness markers a failed scrape writes, so a target that went down or left
+        service discovery stays here for the lookback."""
         m = self.by
         engines = self.either(RUNNING_METRICS, "last_over_time({name}[{lb}])")
-        return f"group by ({m}, job, instance) ({engines})"
+        return f"group by ({m}, instance) ({engines})"
 
     def _gauge(self, metrics: Sequence[str]) -> str:
         """A gauge's latest value per series: instant, or with `gauge_lookback_s` the
@@ -555,29 +575,30 @@ class QueryBuilder:
 
     def state(self) -> str:
         """Gauges per model: running and waiting (sums over engines, requests), KV usage
-        (mean over engines, fraction, 1 = full), ready replicas (scrape targets, i.e.
-        pods, whose engines report; not engines: a pod at vLLM's `--data-parallel-size
-        N` exports N series, `engine="0"`...`"N-1"`, from its one endpoint), the
+        (mean over engines, fraction, 1 = full; each pod once, module doc), ready
+        replicas (pods, `instance`, whose engines report; not engines: a pod at vLLM's
+        `--data-parallel-size N` exports N series, `engine="0"`... from one endpoint), the
         newest gauge and counter sample times (unix seconds), and the engine scrape
         targets: up (`up == 1`), known (in service discovery now: an `up` series exists)
         and seen (within the lookback, see `engine_targets`). Seen but not known is gone
         (a deleted pod); known but not up is down. With `gauge_lookback_s` (two scrape
         intervals) gauges and `up` are read over it: one missed scrape keeps the
         target's last values and its health; a target down for two scrapes is down.
-        `up` is taken per (job, instance), the highest of its series: a pod IP reused by
-        a new pod within the lookback leaves two `up` series of one instance (their pod
-        labels differ), which matched one to one would fail this query for every model.
+        `up` is taken per instance, the highest of its series: a pod scraped by two jobs,
+        or a pod IP reused by a new pod within the lookback, has two `up` series of one
+        instance, which matched one to one would fail this query for every model.
         """
         m = self.by
         engines = self.engine_targets()
-        up = f"max by (job, instance) ({self._up()})"
-        health = f"({engines} * on (job, instance) group_left () {up})"
+        up = f"max by (instance) ({self._up()})"
+        health = f"({engines} * on (instance) group_left () {up})"
         running = self._gauge(RUNNING_METRICS)
-        pods = f"group by ({m}, job, instance) ({running})"
+        pods = f"group by ({m}, instance) ({running})"
+        waiting, kv = (self.once(self._gauge(g)) for g in (WAITING_METRICS, KV_USAGE_METRICS))
         parts = [
-            _tag(f"sum by ({m}) ({running})", Signal.RUNNING),
-            _tag(f"sum by ({m}) ({self._gauge(WAITING_METRICS)})", Signal.WAITING),
-            _tag(f"avg by ({m}) ({self._gauge(KV_USAGE_METRICS)})", Signal.KV_USAGE_FRAC),
+            _tag(f"sum by ({m}) ({self.once(running)})", Signal.RUNNING),
+            _tag(f"sum by ({m}) ({waiting})", Signal.WAITING),
+            _tag(f"avg by ({m}) ({kv})", Signal.KV_USAGE_FRAC),
             _tag(f"count by ({m}) ({pods})", Signal.READY_REPLICAS),
             _tag(f"max by ({m}) ({self._sample_ts(RUNNING_METRICS)})", Signal.GAUGE_SAMPLE_TS),
             _tag(f"max by ({m}) ({self._sample_ts(SUCCESS_METRICS)})", Signal.COUNTER_SAMPLE_TS),

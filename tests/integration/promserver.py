@@ -72,6 +72,7 @@ class PrometheusServer:
         rule_files: Sequence[Path] = (),
         target_labels: Mapping[str, Mapping[str, str]] | None = None,
         honor_labels: Sequence[str] = (),
+        job_labels: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.binary = binary
         self.workdir = workdir
@@ -79,6 +80,10 @@ class PrometheusServer:
         self.target_labels = dict(target_labels or {})
         """Labels a target's series get (host:port -> labels; `instance` overrides the
         address, as a service discovery's relabeling does)."""
+        self.job_labels = dict(job_labels or {})
+        """Labels every target of a job gets (job -> labels), after its own
+        `target_labels`: what one scrape config adds and another does not (a
+        ServiceMonitor's `service`)."""
         self.honor_labels = frozenset(honor_labels)
         """Jobs whose scraped `job` and `instance` labels are kept (`honor_labels: true`):
         an exporter that speaks for other targets, e.g. with their own `up` series."""
@@ -111,12 +116,15 @@ class PrometheusServer:
             if job in self.honor_labels:
                 lines.append("    honor_labels: true")
             lines.append("    static_configs:")
+            common = self.job_labels.get(job, {})
             if plain or not targets:
                 lines.append(f"      - targets: [{', '.join(f'{t!r}' for t in plain)}]")
+                if common:
+                    lines.append(f"        labels: {_yaml_labels(common)}")
             for t in targets:
                 if t in self.target_labels:
-                    labels = ", ".join(f"{k}: {v!r}" for k, v in self.target_labels[t].items())
-                    lines += [f"      - targets: [{t!r}]", f"        labels: {{{labels}}}"]
+                    labels = _yaml_labels({**self.target_labels[t], **common})
+                    lines += [f"      - targets: [{t!r}]", f"        labels: {labels}"]
         path = self.workdir / "prometheus.yml"
         path.write_text("\n".join(lines) + "\n")
         return path
@@ -194,6 +202,11 @@ class PrometheusServer:
             self.proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=5)
+
+
+def _yaml_labels(labels: Mapping[str, str]) -> str:
+    """`labels` as a YAML flow mapping: {"a": "b"} -> `{a: 'b'}`."""
+    return "{" + ", ".join(f"{k}: {v!r}" for k, v in labels.items()) + "}"
 
 
 class _Exited(Exception):

@@ -21,27 +21,32 @@ from estimators.promql import (
     quantile_signal,
 )
 
+ONCE = "max by (model_name, namespace, instance, engine, le, finished_reason, reason)"
+"""Each engine series of each pod once (several jobs scraping one pod), then the sum."""
+
 
 def test_quantile_is_promqls_histogram_quantile_exact_text() -> None:
     q = build_queries(accept_escaped=False)
     expected = (
-        "histogram_quantile(0.95, sum by (model_name, namespace, le) "
-        "(rate(vllm:time_to_first_token_seconds_bucket[60s])))"
+        f"histogram_quantile(0.95, sum by (model_name, namespace, le) "
+        f"({ONCE} (rate(vllm:time_to_first_token_seconds_bucket[60s]))))"
     )
     assert f'label_replace({expected}, "governor_signal", "ttft_p95", "", "")' in q.quantiles
 
 
 def test_bucket_rates_with_escaped_names() -> None:
     assert QueryBuilder(window_s=30).buckets(TTFT_METRICS) == (
-        "sum by (model_name, namespace, le) (rate(vllm:time_to_first_token_seconds_bucket[30s])"
-        " or rate(vllm_time_to_first_token_seconds_bucket[30s]))"
+        f"sum by (model_name, namespace, le) ({ONCE} "
+        "(rate(vllm:time_to_first_token_seconds_bucket[30s])"
+        " or rate(vllm_time_to_first_token_seconds_bucket[30s])))"
     )
 
 
 def test_itl_accepts_current_then_deprecated_name_in_one_query() -> None:
     assert QueryBuilder(accept_escaped=False).buckets(ITL_METRICS) == (
-        "sum by (model_name, namespace, le) (rate(vllm:inter_token_latency_seconds_bucket[60s])"
-        " or rate(vllm:time_per_output_token_seconds_bucket[60s]))"
+        f"sum by (model_name, namespace, le) ({ONCE} "
+        "(rate(vllm:inter_token_latency_seconds_bucket[60s])"
+        " or rate(vllm:time_per_output_token_seconds_bucket[60s])))"
     )
 
 
@@ -59,9 +64,9 @@ def test_every_quantile_appears_once_in_its_query() -> None:
 def test_sla_edge_buckets_fetch_only_the_thresholds_and_the_count() -> None:
     q = build_queries(accept_escaped=False, edges={"ttft": [0.25], "itl": [0.05, 1.0]})
     assert (
-        "label_replace(sum by (model_name, namespace, le) "
+        f"label_replace(sum by (model_name, namespace, le) ({ONCE} "
         "(rate(vllm:time_to_first_token_seconds_bucket"
-        '{le=~`0\\.25|\\+Inf`}[60s])), "governor_signal", "ttft", "", "")'
+        '{le=~`0\\.25|\\+Inf`}[60s]))), "governor_signal", "ttft", "", "")'
     ) in q.sla_buckets
     assert "{le=~`0\\.05|1\\.0|1|\\+Inf`}" in q.sla_buckets  # ITL: both thresholds
     assert "rate(vllm:request_time_per_output_token_seconds_bucket{le=~`\\+Inf`}" in q.sla_buckets
@@ -86,19 +91,20 @@ def test_le_regex_skips_values_that_are_no_threshold() -> None:
 def test_kv_usage_accepts_both_names() -> None:
     state = build_queries(accept_escaped=False).state
     assert (
-        "label_replace(avg by (model_name, namespace) (vllm:kv_cache_usage_perc or "
-        'vllm:gpu_cache_usage_perc), "governor_signal", "kv_usage_frac", "", "")'
+        f"label_replace(avg by (model_name, namespace) ({ONCE} (vllm:kv_cache_usage_perc or "
+        'vllm:gpu_cache_usage_perc)), "governor_signal", "kv_usage_frac", "", "")'
     ) in state
 
 
 def test_demand_query_exact_text() -> None:
     b = QueryBuilder(window_s=60, accept_escaped=False, seed_window_s=None)
-    completions = "sum by (model_name, namespace) (rate(vllm:request_success_total[60s]))"
+    by = "sum by (model_name, namespace)"
+    completions = f"{by} ({ONCE} (rate(vllm:request_success_total[60s])))"
     growth = (
-        "sum by (model_name, namespace) (deriv(vllm:num_requests_waiting[60s])) + "
-        "sum by (model_name, namespace) (deriv(vllm:num_requests_running[60s]))"
+        f"{by} ({ONCE} (deriv(vllm:num_requests_waiting[60s]))) + "
+        f"{by} ({ONCE} (deriv(vllm:num_requests_running[60s])))"
     )
-    rejected = "sum by (model_name, namespace) (rate(vllm:admission_rejections_total[60s]))"
+    rejected = f"{by} ({ONCE} (rate(vllm:admission_rejections_total[60s])))"
     served = f"{completions} + {growth}"
     assert b.demand() == (
         f"label_replace((clamp_min({served} + {rejected}, 0) or clamp_min({served}, 0) "
@@ -173,13 +179,14 @@ def test_bad_ingress_queries_are_refused_naming_the_problem(query: str, why: str
         build_queries(ingress_rate_query=query)
 
 
-def test_targets_join_up_on_job_and_instance() -> None:
+def test_targets_are_pods_joined_with_up_on_instance() -> None:
+    """A target is a pod (`instance`), whichever jobs scrape it: two jobs are not two."""
     state = build_queries(accept_escaped=False, window_s=60).state
     engines = (
-        "group by (model_name, namespace, job, instance) "
+        "group by (model_name, namespace, instance) "
         "(last_over_time(vllm:num_requests_running[300s]))"
     )
-    health = f"({engines} * on (job, instance) group_left () max by (job, instance) (up))"
+    health = f"({engines} * on (instance) group_left () max by (instance) (up))"
     assert f"sum by (model_name, namespace) {health}" in state
     assert f"count by (model_name, namespace) {health}" in state
     assert f"count by (model_name, namespace) ({engines})" in state  # seen within the lookback

@@ -1,10 +1,10 @@
-"""A pod IP reused by a new pod: two `up` series of one (job, instance), against a real
+"""A pod IP reused by a new pod: two `up` series of one instance, against a real
 Prometheus.
 
 Service discovery names an engine target by its pod IP and port (`instance`) and labels
 it with the pod; when a deleted pod's IP goes to a new pod within the source's lookback
-(two scrape intervals), `up` holds two series of one (job, instance) that differ only in
-`pod`. The state query joins the engine targets with `up` on (job, instance); matched one
+(two scrape intervals), `up` holds two series of one instance that differ only in
+`pod`. The state query joins the engine targets with `up` on the instance; matched one
 to one, such a pair made Prometheus refuse the whole query ("found duplicate series for
 the match group"), so every model of the tick had no data. Here two fake vLLM exporters
 (tests/integration/fake_vllm.py) of one model are scraped under one `instance` label
@@ -85,5 +85,5 @@ def test_two_up_series_of_one_instance_still_observe_every_model(served: str) ->
     wait_for(observed, deadline_s=20.0, what="both models observed")
     reused = seen[-1][REUSED]
     assert isinstance(reused, Observation)
-    assert reused.targets_up == 1 and reused.targets_down == 0  # one (job, instance), up
+    assert reused.targets_up == 1 and reused.targets_down == 0  # one instance, up
     assert isinstance(seen[-1][OTHER], Observation)
