@@ -306,13 +306,19 @@ class ServiceCore:
             # an older generation than engines saw. A save that fails still serves them
             # (a store outage must not freeze scaling; counted and logged), so only a
             # kill after a failed save can restart at an older generation. A tick that
-            # lost the leadership keeps them held; the next tick discards them.
+            # lost the leadership keeps them held; the next tick discards them. A tick
+            # that raises is served as far as it got (never left held: the board would
+            # serve old values for as long as it kept raising).
             self.board.hold()
-            with self.board.batch():  # one change for the serving process's feed
-                decisions = self.loop.tick(now_s)
-                self._publish_latency()
-            if self._save_state() or self.elector.is_leader():
-                self.board.commit()
+            saved = False
+            try:
+                with self.board.batch():  # one change for the serving process's feed
+                    decisions = self.loop.tick(now_s)
+                    self._publish_latency()
+                saved = self._save_state()
+            finally:
+                if saved or self.elector.is_leader():
+                    self.board.commit()
             return decisions
 
     def _publish_latency(self) -> None:
