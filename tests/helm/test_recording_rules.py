@@ -50,3 +50,24 @@ def test_rendered_rules_are_the_governors(
 def test_recording_rules_can_be_turned_off() -> None:
     monitoring = {"prometheusRule": {"recordingRules": False}}
     assert chart_recording_group(monitoring=monitoring) is None
+
+
+@pytest.mark.parametrize(
+    ("monitoring", "prometheus", "interval"),
+    [
+        ({"serviceMonitor": {"enabled": True, "interval": "30s"}}, {}, "30s"),
+        ({"serviceMonitor": {"enabled": False, "interval": "60s"}}, {}, "15s"),
+        ({"serviceMonitor": {"enabled": False}}, {"scrape_interval_s": 5}, "5s"),
+        ({"serviceMonitor": {"enabled": False}}, {"scrape_interval_s": 7.5}, "7500ms"),
+    ],
+)
+def test_rules_run_at_the_scrape_interval_the_governor_reads_them_by(
+    monitoring: dict[str, Any], prometheus: dict[str, Any], interval: str
+) -> None:
+    """The governor reads a recorded series only while it is at most 3 of its
+    prometheus.scrape_interval_s old (estimators/prometheus.py RULES_MAX_AGE_INTERVALS):
+    found in review, without the chart's monitors the rules ran at the monitors'
+    interval setting anyway, e.g. every 15 s for a governor told its engines are scraped
+    every 5 s, whose recorded quantiles then read as no data most of the time."""
+    group = chart_recording_group(monitoring=monitoring, prometheus=prometheus)
+    assert group is not None and group["interval"] == interval
