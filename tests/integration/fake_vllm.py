@@ -20,6 +20,7 @@ produces those names deliberately instead.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -340,3 +341,19 @@ def serve_registry(registry: CollectorRegistry) -> ServedRegistry:
     )
     thread.start()
     return ServedRegistry(port=server.server_port, server=server, thread=thread)
+
+
+@contextlib.contextmanager
+def serving(specs: Sequence[ModelSpec], batches_per_s: float = 10.0) -> Iterator[list[str]]:
+    """One exporter per spec (a pod each: its engines on one /metrics endpoint), their
+    scrape targets (host:port) yielded in order; every exporter stopped on exit."""
+    exporters: list[ServedRegistry] = []
+    try:
+        for spec in specs:
+            registry = CollectorRegistry()
+            registry.register(FakeVllmCollector([spec], batches_per_s=batches_per_s))
+            exporters.append(serve_registry(registry))
+        yield [e.target for e in exporters]
+    finally:
+        for e in exporters:
+            e.stop()

@@ -191,6 +191,18 @@ class PrometheusServer:
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
+    def __enter__(self) -> PrometheusServer:
+        """Start it (`start`); stopped on leaving the block."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Terminate the server (kill after 10 s)."""
         if self.proc is None or self.proc.poll() is not None:

@@ -20,16 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from estimators.prometheus import PrometheusSource
 from estimators.types import ModelQuery, Observation, ObservationResult
 from tests.integration.conftest import _enough_samples, one_engine
 from tests.integration.fake_vllm import (
     EngineSpec,
-    FakeVllmCollector,
-    ServedRegistry,
-    serve_registry,
+    serving,
 )
 from tests.integration.promserver import SCRAPE_INTERVAL_S, PrometheusServer, wait_for
 
@@ -53,35 +50,18 @@ ONCE = replace(one_engine(MODEL), engines=(EngineSpec(2, 0, 0.2),), itl_s=(0.09,
 @pytest.fixture(scope="module")
 def served(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Prometheus URL, once a full rate window of both pods has been scraped."""
-    exporters: list[ServedRegistry] = []
-    prom: PrometheusServer | None = None
-    try:
-        for spec in (TWICE, ONCE):
-            registry = CollectorRegistry()
-            registry.register(FakeVllmCollector([spec]))
-            exporters.append(serve_registry(registry))
-        twice, once = (e.target for e in exporters)
-        workdir: Path = tmp_path_factory.mktemp("prometheus-double")
-        prom = PrometheusServer(
-            prometheus_bin,
-            workdir,
-            {"engines": [twice, once], "podmonitor": [twice]},
-            job_labels={"engines": {"service": "vllm"}},
-        )
-        prom.start()
-        p = prom
-        wait_for(lambda: len(p.query("up == 1")) == 3, deadline_s=30.0, what="three scrapes up")
-        wait_for(
-            lambda: _enough_samples(p, {MODEL}, WINDOW_S),
-            deadline_s=30.0,
-            what="a full rate window of samples",
-        )
-        yield prom.url
-    finally:
-        if prom is not None:
-            prom.stop()
-        for e in exporters:
-            e.stop()
+    workdir: Path = tmp_path_factory.mktemp("prometheus-double")
+    with serving([TWICE, ONCE]) as (twice, once):
+        jobs = {"engines": [twice, once], "podmonitor": [twice]}
+        labels = {"engines": {"service": "vllm"}}
+        with PrometheusServer(prometheus_bin, workdir, jobs, job_labels=labels) as p:
+            wait_for(lambda: len(p.query("up == 1")) == 3, 30.0, "three scrapes up")
+            wait_for(
+                lambda: _enough_samples(p, {MODEL}, WINDOW_S),
+                deadline_s=30.0,
+                what="a full rate window of samples",
+            )
+            yield p.url
 
 
 def _observe(url: str) -> ObservationResult:

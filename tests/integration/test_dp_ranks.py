@@ -20,16 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from estimators.prometheus import PrometheusSource
 from estimators.types import ModelQuery, Observation, ObservationResult
 from tests.integration.conftest import one_engine
 from tests.integration.fake_vllm import (
     EngineSpec,
-    FakeVllmCollector,
-    ServedRegistry,
-    serve_registry,
+    serving,
 )
 from tests.integration.promserver import SCRAPE_INTERVAL_S, PrometheusServer, wait_for
 
@@ -44,27 +41,13 @@ ONE_RANK = replace(one_engine(DP), engines=(EngineSpec(2, 0, 0.2),))
 @pytest.fixture(scope="module")
 def served(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Prometheus URL, once both pods have been scraped."""
-    exporters: list[ServedRegistry] = []
-    prom: PrometheusServer | None = None
-    try:
-        for spec in (TWO_RANKS, ONE_RANK):
-            registry = CollectorRegistry()
-            registry.register(FakeVllmCollector([spec]))
-            exporters.append(serve_registry(registry))
-        workdir: Path = tmp_path_factory.mktemp("prometheus-dp")
-        prom = PrometheusServer(prometheus_bin, workdir, {"engines": [e.target for e in exporters]})
-        prom.start()
-
-        def all_up() -> bool:
-            return len(prom.query("up == 1")) == 2
-
-        wait_for(all_up, deadline_s=30.0, what="two engine targets up")
+    workdir: Path = tmp_path_factory.mktemp("prometheus-dp")
+    with (
+        serving([TWO_RANKS, ONE_RANK]) as targets,
+        PrometheusServer(prometheus_bin, workdir, {"engines": targets}) as prom,
+    ):
+        wait_for(lambda: len(prom.query("up == 1")) == 2, 30.0, "two engine targets up")
         yield prom.url
-    finally:
-        if prom is not None:
-            prom.stop()
-        for e in exporters:
-            e.stop()
 
 
 def _observe(url: str) -> ObservationResult:

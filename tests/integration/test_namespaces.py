@@ -19,16 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from estimators.prometheus import PrometheusSource
 from estimators.types import ModelQuery, NoDataError, Observation, ObservationResult
 from tests.integration.conftest import one_engine
 from tests.integration.fake_vllm import (
     EngineSpec,
-    FakeVllmCollector,
-    ServedRegistry,
-    serve_registry,
+    serving,
 )
 from tests.integration.promserver import SCRAPE_INTERVAL_S, PrometheusServer, wait_for
 
@@ -43,32 +40,15 @@ INGRESS = "sum by (model_name) (rate(vllm:request_success_total[{window}]))"
 @pytest.fixture(scope="module")
 def served(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Prometheus URL, once every exporter has been scraped."""
-    exporters: list[ServedRegistry] = []
-    prom: PrometheusServer | None = None
     staging = replace(one_engine(SHARED), engines=(EngineSpec(3, 0, 0.4),) * 2)
-    try:
-        for spec in (one_engine(SHARED), staging, one_engine(PLAIN)):
-            registry = CollectorRegistry()
-            registry.register(FakeVllmCollector([spec]))
-            exporters.append(serve_registry(registry))
-        prod_t, staging_t, plain_t = (e.target for e in exporters)
+    workdir: Path = tmp_path_factory.mktemp("prometheus-namespaces")
+    with serving([one_engine(SHARED), staging, one_engine(PLAIN)]) as targets:
+        prod_t, staging_t, _plain_t = targets
         labels = {prod_t: {"namespace": PROD}, staging_t: {"namespace": STAGING}}
-        workdir: Path = tmp_path_factory.mktemp("prometheus-namespaces")
-        prom = PrometheusServer(
-            prometheus_bin, workdir, {"engines": [prod_t, staging_t, plain_t]}, target_labels=labels
-        )
-        prom.start()
-
-        def all_up() -> bool:
-            return len(prom.query("up == 1")) == 3
-
-        wait_for(all_up, deadline_s=30.0, what="three engine targets up")
-        yield prom.url
-    finally:
-        if prom is not None:
-            prom.stop()
-        for e in exporters:
-            e.stop()
+        jobs = {"engines": targets}
+        with PrometheusServer(prometheus_bin, workdir, jobs, target_labels=labels) as prom:
+            wait_for(lambda: len(prom.query("up == 1")) == 3, 30.0, "three engine targets up")
+            yield prom.url
 
 
 def _observe(url: str, queries: list[ModelQuery], **kwargs: object) -> dict[str, ObservationResult]:

@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from estimators.prometheus import PrometheusSource
 from estimators.types import ModelQuery, Observation, ObservationResult
 from tests.integration.conftest import one_engine
-from tests.integration.fake_vllm import FakeVllmCollector, ServedRegistry, serve_registry
+from tests.integration.fake_vllm import serving
 from tests.integration.promserver import SCRAPE_INTERVAL_S, PrometheusServer, wait_for
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
@@ -35,35 +34,22 @@ SHARED_INSTANCE = "10.0.0.7:8000"
 @pytest.fixture(scope="module")
 def served(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The Prometheus URL, once both pods of the shared instance have been scraped."""
-    exporters: list[ServedRegistry] = []
-    prom: PrometheusServer | None = None
-    try:
-        for name in (REUSED, REUSED, OTHER):
-            registry = CollectorRegistry()
-            registry.register(FakeVllmCollector([one_engine(name)]))
-            exporters.append(serve_registry(registry))
-        old, new, other = (e.target for e in exporters)
+    workdir: Path = tmp_path_factory.mktemp("prometheus-reused")
+    with serving([one_engine(REUSED), one_engine(REUSED), one_engine(OTHER)]) as targets:
+        old, new, _other = targets
         labels = {
             old: {"instance": SHARED_INSTANCE, "pod": "engine-old"},
             new: {"instance": SHARED_INSTANCE, "pod": "engine-new"},
         }
-        workdir: Path = tmp_path_factory.mktemp("prometheus-reused")
-        prom = PrometheusServer(
-            prometheus_bin, workdir, {"engines": [old, new, other]}, target_labels=labels
-        )
-        prom.start()
+        jobs = {"engines": targets}
+        with PrometheusServer(prometheus_bin, workdir, jobs, target_labels=labels) as prom:
 
-        def both_pods_up() -> bool:
-            rows = prom.query(f'up{{instance="{SHARED_INSTANCE}"}} == 1')
-            return len(rows) == 2
+            def both_pods_up() -> bool:
+                rows = prom.query(f'up{{instance="{SHARED_INSTANCE}"}} == 1')
+                return len(rows) == 2
 
-        wait_for(both_pods_up, deadline_s=30.0, what="two up series of the shared instance")
-        yield prom.url
-    finally:
-        if prom is not None:
-            prom.stop()
-        for e in exporters:
-            e.stop()
+            wait_for(both_pods_up, 30.0, "two up series of the shared instance")
+            yield prom.url
 
 
 def _observe(url: str) -> dict[str, ObservationResult]:
