@@ -302,13 +302,9 @@ class ServiceCore:
             if not leader:
                 self._follow()
                 return []
-            # Served once saved: a kill between the two must not let the restart serve
-            # an older generation than engines saw. A save that fails still serves them
-            # (a store outage must not freeze scaling; counted and logged), so only a
-            # kill after a failed save can restart at an older generation. A tick that
-            # lost the leadership keeps them held; the next tick discards them. A tick
-            # that raises is served as far as it got (never left held: the board would
-            # serve old values for as long as it kept raising).
+            # Served once saved (a restart never serves an older generation); a failed
+            # save or a raising tick is served anyway (no freeze on a store outage); a
+            # tick that lost the leadership stays held, discarded by the next tick.
             self.board.hold()
             saved = False
             try:
