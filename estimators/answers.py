@@ -35,9 +35,11 @@ Namespaces (`ScopeKeys`): with a namespace label every per-model answer is group
 indexed: a series of the model's own namespace (or of any namespace where the model's
 is not known) under the model's name; a series without the label under `BARE` + name;
 a series of another namespace is skipped, its faults too. After the tick's answers,
-`ScopeKeys.settle` keeps, per (model, signal), the value of the model's own namespace
-and takes a label-less one only where the namespace has none (an ingress rate grouped
-by the model alone rides with engine series grouped by both).
+`ScopeKeys.settle` reads a model from its own namespace's series whenever there are any,
+and from the label-less ones only where there are none (a scrape config that adds no
+namespace label): the two are different fleets, never mixed signal by signal (target
+counts of one with gauges of the other). The one exception is the ingress rate, an
+operator's query that may group by the model alone: it is read either way.
 
 Cost (benchmarks/bench_tick.py, 1,000 models, ~43 series each): the rows replace the
 per-signal columns the source used to build and then clean, one dict comprehension per
@@ -139,33 +141,30 @@ class ScopeKeys:
 
     def settle(self, groups: Mapping[str, Rows], edges: Mapping[str, dict[str, Any]],
                faults: Faults) -> None:  # fmt: skip
-        """Fold the label-less keys into their models, in place: per (model, signal) a
-        value of the model's namespace is kept, a label-less one fills a gap (its fault
-        too); the `BARE` keys are removed. A model without series of its namespace
-        takes its label-less rows whole (no per-signal work: the common case where the
-        scrape adds no namespace label)."""
-        bare_faults = {k[1:]: faults.pop(k) for k in [k for k in faults if k.startswith(BARE)]}
-        own = {m: _signals(groups, m) for m in bare_faults}  # before the rows are folded
+        """Fold the label-less keys into their models, in place (module doc). A model
+        its namespace answered for (a row, buckets or a fault under its own key) keeps
+        those and takes only the ingress rate from label-less series; any other model
+        takes its label-less rows, buckets and faults whole. The `BARE` keys go."""
+        owned = {k for k in faults if not k.startswith(BARE)}
+        for table in (*groups.values(), *edges.values()):
+            owned.update(k for k in table if not k.startswith(BARE))
         for rows in groups.values():
             for key in [k for k in rows if k.startswith(BARE)]:
-                bare, row = rows.pop(key), rows.get(key[1:])
-                if row is None:
-                    rows[key[1:]] = bare
-                    continue
-                for signal, value in bare.items():
-                    row.setdefault(signal, value)
+                bare, model = rows.pop(key), key[1:]
+                if model not in owned:
+                    rows[model] = bare
+                elif INGRESS in bare:
+                    rows.setdefault(model, {}).setdefault(INGRESS, bare[INGRESS])
         for column in edges.values():
             for key in [k for k in column if k.startswith(BARE)]:
-                column.setdefault(key[1:], column.pop(key))
-        for model, by_signal in bare_faults.items():
-            for signal, detail in by_signal.items():
-                if signal not in own[model]:
+                bare_buckets = column.pop(key)
+                if key[1:] not in owned:
+                    column[key[1:]] = bare_buckets
+        for key in [k for k in faults if k.startswith(BARE)]:
+            model = key[1:]
+            for signal, detail in faults.pop(key).items():
+                if model not in owned or signal == INGRESS:
                     faults.setdefault(model, {}).setdefault(signal, detail)
-
-
-def _signals(groups: Mapping[str, Rows], model: str) -> set[str]:
-    """The signals some group's row of `model` holds."""
-    return {signal for rows in groups.values() for signal in rows.get(model, EMPTY)}
 
 
 def finite(v: float | None) -> float | None:

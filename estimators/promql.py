@@ -45,11 +45,12 @@ grouped by the model label and the namespace label, `sum by (model_name, namespa
 so a model of the same name served in another namespace (staging, another team's
 fleet) is a series of its own, not summed into this one's; the source keeps the series
 of each model's own namespace (`estimators.answers.ScopeKeys`). Series without the
-label (a scrape config that does not add it, a docker-compose setup, an ingress query
-grouped by the model alone) group under an empty namespace and are read where no series
-of the model's namespace exists. Example: `sum by (model_name, namespace)
-(rate(vllm:request_success_total[60s]))` answers {model_name="m", namespace="prod"} 20
-and {model_name="m", namespace="staging"} 150; model m of namespace prod reads 20.
+label (a scrape config that does not add it, a docker-compose setup) group under an
+empty namespace and are read where no series of the model's namespace exists; an
+ingress query grouped by the model alone is read either way. Example:
+`sum by (model_name, namespace) (rate(vllm:request_success_total[60s]))` answers
+{model_name="m", namespace="prod"} 20 and {model_name="m", namespace="staging"} 150;
+model m of namespace prod reads 20.
 
 Each pod once (`ENGINE_SERIES_LABELS`): a pod that two scrape configs select (a
 ServiceMonitor and a PodMonitor, two jobs) has every series twice, under two `job`

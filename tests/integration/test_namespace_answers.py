@@ -4,8 +4,9 @@ generic path). Crafted answers through the fake clients of test_answer_bodies; t
 real-Prometheus counterpart is test_namespaces.
 
 Rule checked: a series of the model's namespace is its own; one of another namespace is
-skipped with its faults; a label-less series fills a signal the namespace lacks; a
-model whose namespace is unknown takes every namespace (two of them: duplicated).
+skipped with its faults; label-less series stand in only for a model whose namespace
+has none (two fleets are never mixed signal by signal), except the ingress rate, read
+either way; a model whose namespace is unknown takes every namespace (two: duplicated).
 """
 
 from __future__ import annotations
@@ -89,20 +90,33 @@ def test_another_namespace_is_skipped_with_its_faults(client_type: type[FakeClie
     assert a.itl_attainment_frac == pytest.approx(0.9)
 
 
+def _prod_a(running: float = 3, without: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
+    """Model A's whole fleet in namespace prod: the healthy series with `running`, its
+    SLA edge half met, and the signals `without` left out."""
+    own = _of(A, healthy_answers())
+    for name, samples in own.items():
+        kept = [s for s in samples if s["metric"].get("governor_signal") not in without]
+        own[name] = _in(PROD, kept)
+    for sample in own["state"]:
+        if sample["metric"]["governor_signal"] == Signal.RUNNING.value:
+            sample["value"][1] = str(running)
+    own["sla_buckets"] = _in(PROD, buckets(A, [("0.05", 5.0), ("+Inf", 10.0)]))
+    return own
+
+
 @PATHS
-def test_the_own_namespace_wins_and_label_less_series_fill_gaps(
+def test_the_own_namespace_is_read_whole_and_the_ingress_from_label_less_series(
     client_type: type[FakeClient],
 ) -> None:
-    prod = {
-        "state": _in(PROD, [tagged(A, Signal.RUNNING, 3)]),
-        "sla_buckets": _in(PROD, buckets(A, [("0.05", 5.0), ("+Inf", 10.0)])),
-    }
-    out = _observe(client_type, _answers(_staging_a(), prod), PROD)
+    ingress = {"demand": [tagged(A, Signal.INGRESS_RPS, 1)]}  # grouped by model alone
+    answers = _answers(_staging_a(), _prod_a(without=(Signal.WAITING.value,)), ingress)
+    out = _observe(client_type, answers, PROD)
     a = out[A]
     assert isinstance(a, Observation)
     assert a.running == 3  # prod's own, not the label-less 8 nor staging's 99
-    assert a.waiting == 1 and a.kv_usage_frac == 0.5  # prod has none: the label-less ones
+    assert a.waiting is None  # prod has none; the label-less fleet's 1 is another fleet's
     assert a.itl_attainment_frac == pytest.approx(0.5)  # prod's buckets
+    assert a.ingress_rate_rps == 1.0
     assert isinstance(out[B], Observation)
 
 
@@ -118,21 +132,22 @@ def test_an_unknown_namespace_takes_every_one_two_are_duplicated(
 
 
 @PATHS
-def test_a_label_less_fault_where_the_namespace_answers_is_not_the_models(
+def test_label_less_faults_are_the_models_only_where_its_namespace_has_no_series(
     client_type: type[FakeClient],
 ) -> None:
-    """A malformed label-less sample of a signal the model's namespace answers is not
-    read (the namespace's value is); one of a signal it lacks makes the model no data."""
-    bad = {"state": [tagged(A, Signal.RUNNING, "abc")]}
-    prod = {"state": _in(PROD, [tagged(A, Signal.RUNNING, 3)])}
-    ok = _observe(client_type, _answers(bad, prod), PROD)[A]
-    assert isinstance(ok, Observation) and ok.running == 3
+    """A malformed label-less sample is another fleet's where the model's namespace
+    answers (even for a signal the namespace lacks); it makes the model no data where
+    the label-less series are the model's."""
+    bad = {"state": [tagged(A, Signal.WAITING, "abc")]}
+    own = _prod_a(without=(Signal.WAITING.value,))
+    ok = _observe(client_type, _answers(bad, own), PROD)[A]
+    assert isinstance(ok, Observation) and ok.running == 3 and ok.waiting is None
     failed = _observe(client_type, _answers(bad), PROD)[A]
-    assert isinstance(failed, NoDataError) and failed.signal == Signal.RUNNING.value
+    assert isinstance(failed, NoDataError) and failed.signal == Signal.WAITING.value
 
 
 def test_both_paths_read_the_same() -> None:
-    prod = {"state": _in(PROD, [tagged(A, Signal.RUNNING, 3)])}
+    prod = _prod_a()
     for answers in (_answers(_staging_a()), _answers(_staging_a(), prod)):
         for ns in (PROD, STAGING, None):
             generic = _observe(FakeClient, answers, ns)
