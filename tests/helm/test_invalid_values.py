@@ -228,6 +228,33 @@ CASES: dict[str, tuple[dict[str, Any], str | None, str]] = {
         "/scaling/keda/triggerType",
         "scaling.keda.triggerType: must be external or external-push (got prometheus)",
     ),
+    "watch-streams-not-below-max-concurrent-rpcs": (
+        values(governor={"maxWatchStreams": 2048}),
+        None,
+        "governor.maxWatchStreams (2048) must be below governor.maxConcurrentRpcs (2048)",
+    ),
+    "watch-streams-per-client-above-watch-streams": (
+        values(governor={"maxWatchStreams": 10, "maxWatchStreamsPerClient": 11}),
+        None,
+        "governor.maxWatchStreamsPerClient (11) must be <= governor.maxWatchStreams (10)",
+    ),
+    "watch-streams-per-client-above-the-default-watch-streams": (
+        values(governor={"maxConcurrentRpcs": 100, "maxWatchStreamsPerClient": 51}),
+        None,
+        "governor.maxWatchStreamsPerClient (51) must be <= governor.maxWatchStreams (null: "
+        "the governor's default is 50, the smaller of 1024 and half of "
+        "governor.maxConcurrentRpcs (100))",
+    ),
+    "zero-watch-streams": (
+        values(governor={"maxWatchStreams": 0}),
+        "/governor/maxWatchStreams",
+        "governor.maxWatchStreams: must be >= 1 or null",
+    ),
+    "zero-watch-streams-per-client": (
+        values(governor={"maxWatchStreamsPerClient": 0}),
+        "/governor/maxWatchStreamsPerClient",
+        "governor.maxWatchStreamsPerClient: must be >= 1 or null",
+    ),
 }
 
 # Refused by the schema only (the governor would refuse them at start; the schema is
@@ -270,6 +297,14 @@ SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
     "model-policy-global-only-key": (
         values(models=[_with(MODEL_8B, policy={"tick_interval_s": 10})]),
         "additional properties 'tick_interval_s' not allowed",
+    ),
+    "watch-streams-past-a-c-int": (
+        values(governor={"maxConcurrentRpcs": 2**31 - 1, "maxWatchStreams": 2**31}),
+        "/governor/maxWatchStreams",
+    ),
+    "watch-streams-per-client-past-a-c-int": (
+        values(governor={"maxWatchStreamsPerClient": 2**31}),
+        "/governor/maxWatchStreamsPerClient",
     ),
     "max-concurrent-rpcs-past-a-c-int": (
         values(governor={"maxConcurrentRpcs": 2**31}),
@@ -414,5 +449,64 @@ def test_max_concurrent_rpcs_bound_is_the_governors(rpcs: int, accepted: bool) -
     else:
         assert "/governor/maxConcurrentRpcs" in _error(vals)
         args = ["run", "--config", "c.yaml", "--max-concurrent-rpcs", str(rpcs)]
+        with pytest.raises(_RunError):
+            _check_flags(build_parser().parse_args(args))
+
+
+# governor values -> whether `governor run` accepts the flags they render (service/run.py
+# _check_flags: --max-watch-streams below --max-concurrent-rpcs, the per-client limit at
+# most --max-watch-streams or its default, the smaller of 1024 and half the RPCs).
+_STREAM_LIMITS: dict[str, tuple[dict[str, Any], bool]] = {
+    "unset": ({}, True),
+    "both-set": ({"maxWatchStreams": 600, "maxWatchStreamsPerClient": 600}, True),
+    "total-only": ({"maxWatchStreams": 2047}, True),
+    "per-client-only-at-the-default-total": ({"maxWatchStreamsPerClient": 1024}, True),
+    "per-client-only-at-half-the-rpcs": (
+        {"maxConcurrentRpcs": 100, "maxWatchStreamsPerClient": 50},
+        True,
+    ),
+    "total-at-the-rpcs": ({"maxWatchStreams": 2048}, False),
+    "per-client-above-the-total": ({"maxWatchStreams": 8, "maxWatchStreamsPerClient": 9}, False),
+    "per-client-above-the-default-total": ({"maxWatchStreamsPerClient": 1025}, False),
+    "per-client-above-half-the-rpcs": (
+        {"maxConcurrentRpcs": 100, "maxWatchStreamsPerClient": 51},
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_STREAM_LIMITS))
+def test_watch_stream_limits_agree_with_governor_run(case: str) -> None:
+    """governor.maxWatchStreams / maxWatchStreamsPerClient render --max-watch-streams /
+    --max-watch-streams-per-client when set and nothing when null (the governor's
+    defaults apply); the chart refuses exactly the combinations `governor run` refuses."""
+    from service.cli import build_parser
+    from service.run import _check_flags, _RunError
+    from tests.helm.chart import container, one, parse
+
+    governor, accepted = _STREAM_LIMITS[case]
+    flags = {
+        "maxWatchStreams": "--max-watch-streams",
+        "maxWatchStreamsPerClient": "--max-watch-streams-per-client",
+    }
+    vals = values(governor=governor)
+    if accepted:
+        files = render_files(vals, namespace="llm-system")
+        pod = one(parse(files), "Deployment", "gov-llm-governor")["spec"]["template"]["spec"]
+        args = container(pod, "governor")["args"]
+        for key, flag in flags.items():
+            if key in governor:
+                assert args[args.index(flag) + 1] == str(governor[key])
+            else:
+                assert flag not in args
+        _check_flags(build_parser().parse_args(args))
+    else:
+        assert "governor.maxWatchStreams" in _error(vals)
+        args = ["run", "--config", "c.yaml"]
+        if "maxConcurrentRpcs" in governor:
+            args += ["--max-concurrent-rpcs", str(governor["maxConcurrentRpcs"])]
+        for key, flag in flags.items():
+            if key in governor:
+                args += [flag, str(governor[key])]
         with pytest.raises(_RunError):
             _check_flags(build_parser().parse_args(args))

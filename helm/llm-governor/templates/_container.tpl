@@ -35,6 +35,15 @@ new instance continues the stabilization windows instead of starting over. */}}
 - {{ .Values.governor.shutdownGraceSeconds | toString | quote }}
 - --max-concurrent-rpcs
 - {{ int .Values.governor.maxConcurrentRpcs | toString | quote }}
+{{- /* Watch-stream limits: left out when null, so the governor's defaults apply. */}}
+{{- if not (kindIs "invalid" .Values.governor.maxWatchStreams) }}
+- --max-watch-streams
+- {{ int .Values.governor.maxWatchStreams | toString | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.governor.maxWatchStreamsPerClient) }}
+- --max-watch-streams-per-client
+- {{ int .Values.governor.maxWatchStreamsPerClient | toString | quote }}
+{{- end }}
 - --log-level
 - {{ .Values.governor.logLevel | quote }}
 {{- /* Sidecar mode: the supervisor drops --admin-token-file while the (optional) Secret's

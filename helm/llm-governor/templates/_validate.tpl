@@ -145,6 +145,31 @@ parse, fails to load the rule file, which drops every rule of its group. `for:` 
 {{- fail (printf "monitoring.prometheusRule.%s: must be a Prometheus duration, units largest first (e.g. 10m, 1h30m; 0s fires on the first evaluation that matches; got %q): it is the alerts' for:, which Prometheus cannot load otherwise" $key $w) -}}
 {{- end -}}
 {{- end -}}
+{{- /* Watch-stream limits, as `governor run` checks them (service/run.py _check_flags):
+each >= 1; maxWatchStreams below maxConcurrentRpcs (a stream holds an RPC slot while open,
+unary calls need one left); maxWatchStreamsPerClient at most maxWatchStreams, or at most
+its default (the smaller of 1024 and half of maxConcurrentRpcs) when that is null. */ -}}
+{{- $rpcs := int $v.governor.maxConcurrentRpcs -}}
+{{- $streams := min 1024 (div $rpcs 2) -}}
+{{- $streamsIs := printf "null: the governor's default is %d, the smaller of 1024 and half of governor.maxConcurrentRpcs (%d)" $streams $rpcs -}}
+{{- range $key := list "maxWatchStreams" "maxWatchStreamsPerClient" -}}
+{{- $n := index $v.governor $key -}}
+{{- if and (not (kindIs "invalid" $n)) (lt (int64 $n) 1) -}}
+{{- fail (printf "governor.%s: must be >= 1 or null (null: the governor's default; got %v)" $key $n) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (kindIs "invalid" $v.governor.maxWatchStreams) -}}
+{{- $streams = int $v.governor.maxWatchStreams -}}
+{{- $streamsIs = printf "%d" $streams -}}
+{{- if ge $streams $rpcs -}}
+{{- fail (printf "governor.maxWatchStreams (%d) must be below governor.maxConcurrentRpcs (%d): a watch stream holds an RPC slot for as long as it is open, and unary calls (engines' GetBatchingConfig, KEDA, admin, health) need one left. Lower governor.maxWatchStreams or raise governor.maxConcurrentRpcs" $streams $rpcs) -}}
+{{- end -}}
+{{- end -}}
+{{- with $v.governor.maxWatchStreamsPerClient -}}
+{{- if gt (int .) $streams -}}
+{{- fail (printf "governor.maxWatchStreamsPerClient (%d) must be <= governor.maxWatchStreams (%s): one client host cannot hold more streams than every client together. Lower governor.maxWatchStreamsPerClient or raise governor.maxWatchStreams" (int .) $streamsIs) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.tls.clientCA (not $v.tls.existingSecret) -}}
 {{- fail "tls.clientCA: true needs tls.existingSecret (the kubernetes.io/tls Secret whose ca.crt signs the client certificates); without it nothing would be checked" -}}
 {{- end -}}
