@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -257,7 +258,9 @@ class DrainBeforeScaleDown:
     Only a leader drains: the write check (`set_write_check`, ServiceCore sets the
     elector's `is_leader`) is asked before each drain; once it says no, the rest of that
     batch is skipped and its coalesced requests dropped (a drain already started
-    finishes its pods).
+    finishes its pods). `stand_down` (leadership lost) and `forget` (a paused model)
+    drop the requests not started; `close` also starts no more drains and waits for
+    those in hand, so none writes once ServiceCore has released the lease.
     """
 
     def __init__(
@@ -272,6 +275,8 @@ class DrainBeforeScaleDown:
         self._status: dict[str, str] = {}
         self._wanted: dict[str, int] = {}  # model -> replicas: a drain not started yet
         self._claimed: set[str] = set()  # models a drain thread owns (draining or next)
+        self._threads: set[threading.Thread] = set()  # drains running in the background
+        self._closed = False
         self._lock = threading.Lock()
         self._may_write: Callable[[], bool] | None = None
         self._log = structlog.get_logger("actuator.drain")
@@ -283,6 +288,8 @@ class DrainBeforeScaleDown:
     def apply(self, decisions: Sequence[Decision]) -> None:
         lowered = []
         with self._lock:
+            if self._closed:
+                return
             for d in decisions:
                 if not d.valid:
                     continue
@@ -299,9 +306,45 @@ class DrainBeforeScaleDown:
         if not lowered:
             return
         if self.background:
-            threading.Thread(target=self._run, args=(lowered,), daemon=True).start()
+            thread = threading.Thread(target=self._run_tracked, args=(lowered,), daemon=True)
+            with self._lock:
+                self._threads.add(thread)
+            thread.start()
         else:
             self._run(lowered)
+
+    def _run_tracked(self, models: list[str]) -> None:
+        """`_run` in a background thread, which `close` can wait for."""
+        try:
+            self._run(models)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def stand_down(self) -> int:
+        """This instance lost the leadership: drop every drain requested and not started
+        (a drain in hand finishes its pods). Returns how many were dropped."""
+        with self._lock:
+            dropped = len(self._wanted)
+            self._wanted.clear()
+            return dropped
+
+    def forget(self, model: str) -> bool:
+        """`model` was paused (ControlLoop.pause): drop its drain not started; whether
+        there was one."""
+        with self._lock:
+            return self._wanted.pop(model, None) is not None
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Start no more drains, drop those not started, and wait at most `timeout_s`
+        seconds in all for the drains in hand."""
+        with self._lock:
+            self._closed = True
+            self._wanted.clear()
+            threads = list(self._threads)
+        deadline = time.monotonic() + timeout_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _run(self, models: list[str]) -> None:
         """Drain each of `models` (claimed by `apply` for this thread), once more for

@@ -358,6 +358,45 @@ def test_keda_mode_drains_a_model_once_at_a_time_and_coalesces_requests(
     }  # fmt: skip
 
 
+def test_keda_mode_stand_down_and_close_start_no_drain_after_them(api: FakeKubeAPI) -> None:
+    """Found in review: the KEDA-mode drainer had no stand_down or close, so a drain
+    requested while another of the model ran (coalesced) still started after the
+    instance lost the leadership or closed (ServiceCore.close releases the lease after
+    closing the actuators). stand_down drops it; close waits for the drain in hand and
+    starts none after."""
+    from kubernetes import client as k8s
+
+    kube = api_client(api.url)
+    prom = FakeProm({"demo-1": 5, "demo-2": 0, "demo-3": 2, "demo-4": 7})
+    drainer = PodDrainer(
+        k8s.CoreV1Api(kube),
+        k8s.AppsV1Api(kube),
+        prometheus_running_by_pod(prom),
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    drain = Overlaps(drainer.prepare)
+    act = DrainBeforeScaleDown(drain, lambda: {"demo": (NS, "demo")})
+
+    def lower(replicas: int) -> None:
+        act.apply([Decision("demo", 0.0, True, replicas, K1, (), Reason.KNOBS_STATIC)])
+
+    lower(4)
+    held = api.hold("GET", "/deployments/demo")
+    lower(3)
+    assert held.arrived.wait(HOLD_WAIT_S), "the drain never read the Deployment"
+    lower(2)  # coalesced behind the drain in hand
+    assert act.pending() == {"demo": 2}
+    assert act.stand_down() == 1 and act.pending() == {}
+    lower(1)  # a leader's decision again: coalesced anew
+    assert act.forget("demo") and not act.forget("demo")  # paused: dropped too
+    held.release.set()
+    act.close(timeout_s=HOLD_WAIT_S)  # waits for the drain in hand
+    assert "demo" in act.status() and act.pending() == {}
+    lower(3)
+    lower(2)  # after close: no drain starts
+    assert drain.calls.count("demo") == 1 and api.count("GET", "/deployments/demo") == 1
+
+
 def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: FakeKubeAPI) -> None:
     import argparse
 
