@@ -19,7 +19,13 @@ from typing import Any
 
 import grpc
 
-from actuators.publisher import DecisionBoard, LatencyDistribution, Published, StreamSlots
+from actuators.publisher import (
+    DecisionBoard,
+    LatencyDistribution,
+    Published,
+    StreamSlots,
+    stream_slot,
+)
 from controller.types import Knobs
 from estimators.types import LatencyQuantiles
 from governor_api import governor_v1_pb2, governor_v1_pb2_grpc
@@ -110,33 +116,27 @@ class BatchingServicer(governor_v1_pb2_grpc.BatchingServiceServicer):
         self, request: governor_v1_pb2.GetBatchingConfigRequest, context: grpc.aio.ServicerContext
     ) -> Any:
         await self._entry(request, context)
-        peer = context.peer() if self.streams is not None else None
-        if self.streams is not None and not self.streams.try_acquire(peer):
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                self.streams.message("WatchBatchingConfig", peer),
-            )
-        keep_seen = None
-        if self.on_engine is not None and request.engine_id:
-            keep_seen = asyncio.ensure_future(self._keep_seen(request.model, request.engine_id))
-        try:
-            last: tuple[int, Knobs] | None = None
-            async for _ in self.board.watch():
-                try:
-                    entry = self.board.get(request.model)
-                except KeyError:
-                    await context.abort(
-                        grpc.StatusCode.NOT_FOUND, f"model {request.model!r} was removed"
-                    )
-                key = (entry.generation, entry.knobs)
-                if key != last:
-                    last = key
-                    yield batching_to_pb(entry, self.ceilings(entry.model))
-        finally:
-            if keep_seen is not None:
-                keep_seen.cancel()
-            if self.streams is not None:
-                self.streams.release(peer)
+        async with stream_slot(self.streams, context, "WatchBatchingConfig"):
+            keep_seen = None
+            if self.on_engine is not None and request.engine_id:
+                seen = self._keep_seen(request.model, request.engine_id)
+                keep_seen = asyncio.ensure_future(seen)
+            try:
+                last: tuple[int, Knobs] | None = None
+                async for _ in self.board.watch():
+                    try:
+                        entry = self.board.get(request.model)
+                    except KeyError:
+                        await context.abort(
+                            grpc.StatusCode.NOT_FOUND, f"model {request.model!r} was removed"
+                        )
+                    key = (entry.generation, entry.knobs)
+                    if key != last:
+                        last = key
+                        yield batching_to_pb(entry, self.ceilings(entry.model))
+            finally:
+                if keep_seen is not None:
+                    keep_seen.cancel()
 
 
 def batching_to_pb(p: Published, ceiling: Knobs | None = None) -> governor_v1_pb2.BatchingConfig:

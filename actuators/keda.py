@@ -38,7 +38,7 @@ from typing import Any
 
 import grpc
 
-from actuators.publisher import DecisionBoard, Published, StreamSlots
+from actuators.publisher import DecisionBoard, Published, StreamSlots, stream_slot
 from governor_api import externalscaler_pb2 as pb
 from governor_api import externalscaler_pb2_grpc as pb_grpc
 
@@ -216,12 +216,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """The current value at open (once one is known), then each change. Ends with OK
         when the server shuts down; with NOT_FOUND when the model is removed."""
         model = await self._resolve(request, context)
-        peer = context.peer() if self.streams is not None else None
-        if self.streams is not None and not self.streams.try_acquire(peer):
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, self.streams.message("StreamIsActive", peer)
-            )
-        try:
+        async with stream_slot(self.streams, context, "StreamIsActive"):
             last: bool | None = None
             async for _ in self.board.watch():
                 try:
@@ -232,9 +227,6 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     continue
                 last = active
                 yield pb.IsActiveResponse(result=active)
-        finally:
-            if self.streams is not None:
-                self.streams.release(peer)
 
     async def StreamMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext

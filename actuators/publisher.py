@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import grpc
 import structlog
 
 from controller.types import Decision, Knobs, Reason
@@ -158,6 +159,25 @@ class StreamSlots(Protocol):
     def message(self, what: str, peer: str | None = None) -> str:
         """The refusal message for a stream of kind `what` from `peer`."""
         ...
+
+
+@contextlib.asynccontextmanager
+async def stream_slot(
+    streams: StreamSlots | None, context: grpc.aio.ServicerContext, what: str
+) -> AsyncIterator[None]:
+    """Hold a `streams` slot for the calling client (`context.peer()`) while a stream of
+    kind `what` runs: RESOURCE_EXHAUSTED naming the limit when none is free; given back
+    however the stream ends. None: no bound."""
+    if streams is None:
+        yield
+        return
+    peer = context.peer()
+    if not streams.try_acquire(peer):
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, streams.message(what, peer))
+    try:
+        yield
+    finally:
+        streams.release(peer)
 
 
 class BoardClosedError(Exception):

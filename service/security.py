@@ -42,6 +42,7 @@ from typing import Any
 
 import grpc
 
+from actuators.publisher import stream_slot
 from service.streams import StreamLimiter, default_streams_per_client, peer_host
 
 ADMIN_SERVICE = "governor.v1.AdminService"
@@ -316,23 +317,6 @@ SERVICER_LIMITED_STREAMS = frozenset(
 (an unknown model is NOT_FOUND, not RESOURCE_EXHAUSTED)."""
 
 
-@contextlib.asynccontextmanager
-async def _stream_slot(
-    streams: StreamLimiter | None, context: grpc.aio.ServicerContext, method: str
-) -> Any:
-    """Hold a `streams` slot while the stream runs (RESOURCE_EXHAUSTED when none is free)."""
-    if streams is None:
-        yield
-        return
-    peer = context.peer()
-    if not streams.try_acquire(peer):
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, streams.message(method, peer))
-    try:
-        yield
-    finally:
-        streams.release(peer)
-
-
 class HardeningInterceptor(grpc.aio.ServerInterceptor):
     """Parses unary requests itself (malformed bytes -> INVALID_ARGUMENT) and clips every
     error message handlers send. `streams`: every long-lived stream that does not take
@@ -376,7 +360,7 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream_gen(raw: Any, context: grpc.aio.ServicerContext) -> Any:
                 request = await _parse(deserializer, raw, context, method)
-                async with _stream_slot(streams, context, method):
+                async with stream_slot(streams, context, method):
                     async for item in inner_stream(request, _ClippedContext(context)):
                         yield item
 
@@ -385,7 +369,7 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream_coro(raw: Any, context: grpc.aio.ServicerContext) -> Any:
                 request = await _parse(deserializer, raw, context, method)
-                async with _stream_slot(streams, context, method):
+                async with stream_slot(streams, context, method):
                     result = inner_stream(request, _ClippedContext(context))
                     return await result if inspect.isawaitable(result) else result
 
@@ -406,7 +390,7 @@ def _limited_request_stream(
     if inspect.isasyncgenfunction(inner):
 
         async def gen(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with _stream_slot(streams, context, method):
+            async with stream_slot(streams, context, method):
                 async for item in inner(requests, context):
                     yield item
 
@@ -414,7 +398,7 @@ def _limited_request_stream(
     else:
 
         async def coro(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with _stream_slot(streams, context, method):
+            async with stream_slot(streams, context, method):
                 result = inner(requests, context)
                 return await result if inspect.isawaitable(result) else result
 
