@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import math
 import os
 import socket
@@ -53,6 +52,7 @@ from service.server import (
     serve,
 )
 from service.store import FileStore, MemoryStore, Store, StoreError
+from service.streams import canonical_ip
 
 if TYPE_CHECKING:
     from estimators.prometheus import PrometheusSource
@@ -266,13 +266,7 @@ def _host_addresses(host: str) -> frozenset[str]:
     name = host.lower()
     if name in ("localhost", "localhost."):
         return _LOCALHOST
-    try:
-        ip = ipaddress.ip_address(name)
-    except ValueError:
-        return frozenset({name})
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return frozenset({str(ip)})
+    return frozenset({canonical_ip(name) or name})
 
 
 def _hosts_overlap(a: str, b: str) -> bool:

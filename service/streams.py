@@ -22,6 +22,18 @@ def default_streams_per_client(limit: int) -> int:
     return max(1, limit // 2)
 
 
+def canonical_ip(text: str) -> str | None:
+    """`text` as an IP address in one spelling (an IPv4-mapped IPv6 address as its IPv4
+    one: "::ffff:10.0.0.7" -> "10.0.0.7", "0:0::1" -> "::1"); None when it is no IP
+    address (a name)."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped or address)
+
+
 def peer_host(peer: str | None) -> str | None:
     """The client host of a gRPC peer (`context.peer()`), its port left out, so one
     host's many connections count together: "ipv4:10.0.0.7:54321" -> "10.0.0.7",
@@ -38,12 +50,7 @@ def peer_host(peer: str | None) -> str | None:
         return peer
     host = rest.rpartition(":")[0] if rest.rfind(":") > rest.rfind("]") else rest
     host = host.strip("[]")
-    try:
-        address = ipaddress.ip_address(host.partition("%")[0])
-    except ValueError:
-        return host or peer
-    mapped = getattr(address, "ipv4_mapped", None)
-    return str(mapped or address)
+    return canonical_ip(host.partition("%")[0]) or host or peer
 
 
 class StreamLimiter:
@@ -142,4 +149,4 @@ class StreamLimiter:
         )
 
 
-__all__ = ["StreamLimiter", "default_streams_per_client", "peer_host"]
+__all__ = ["StreamLimiter", "canonical_ip", "default_streams_per_client", "peer_host"]
