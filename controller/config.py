@@ -35,7 +35,7 @@ from pydantic import (
 
 from controller.rules import ScaleOutRule, check_unique_names
 from controller.strictmodel import StrictModel as _Strict
-from estimators.promql import check_ingress_query, check_label_name
+from estimators.promql import check_ingress_query, check_labels
 from estimators.stepmodel import DEFAULT_PROFILE
 
 ENV_PREFIX = "GOVERNOR_"
@@ -353,14 +353,7 @@ class PrometheusSettings(_Strict):
 
     @model_validator(mode="after")
     def _labels(self) -> Self:
-        check_label_name(self.model_label)
-        if self.namespace_label is not None:
-            check_label_name(self.namespace_label, "namespace label")
-        if self.namespace_label is not None and self.namespace_label == self.model_label:
-            raise ValueError(
-                f"namespace_label and model_label are both {self.model_label!r}: "
-                "they must name different labels"
-            )
+        check_labels(self.model_label, self.namespace_label)
         return self
 
 

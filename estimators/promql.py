@@ -277,6 +277,21 @@ def le_regex(bounds: Iterable[float]) -> str:
     return "|".join(dict.fromkeys(parts))
 
 
+def check_labels(model_label: str, namespace_label: str | None) -> None:
+    """Raise ValueError naming what is wrong unless the model label and the namespace
+    label (None: none) are valid label names the queries do not write themselves, and
+    two different labels."""
+    check_label_name(model_label)
+    if namespace_label is None:
+        return
+    check_label_name(namespace_label, "namespace label")
+    if namespace_label == model_label:
+        raise ValueError(
+            f"namespace_label and model_label are both {model_label!r}: they must name "
+            "different labels"
+        )
+
+
 WINDOW_PLACEHOLDER = "{window}"
 """Where the rate window goes in `ingress_rate_query` (a plain substitution: PromQL's own
 braces, label matchers, are left alone)."""
@@ -336,13 +351,7 @@ class QueryBuilder:
     readable for the lookback: read as no data after this bound, never as old values."""
 
     def __post_init__(self) -> None:
-        check_label_name(self.model_label)
-        if self.namespace_label is not None:
-            check_label_name(self.namespace_label, "namespace label")
-            if self.namespace_label == self.model_label:
-                raise ValueError(
-                    f"the namespace label and the model label are both {self.model_label!r}"
-                )
+        check_labels(self.model_label, self.namespace_label)
         promql_duration(self.window_s)
         for w in (
             self.short_window_s,
