@@ -278,18 +278,13 @@ def le_regex(bounds: Iterable[float]) -> str:
 
 
 def check_labels(model_label: str, namespace_label: str | None) -> None:
-    """Raise ValueError naming what is wrong unless the model label and the namespace
-    label (None: none) are valid label names the queries do not write themselves, and
-    two different labels."""
+    """ValueError unless both labels pass `check_label_name` and differ (namespace None: none)."""
     check_label_name(model_label)
-    if namespace_label is None:
-        return
-    check_label_name(namespace_label, "namespace label")
-    if namespace_label == model_label:
-        raise ValueError(
-            f"namespace_label and model_label are both {model_label!r}: they must name "
-            "different labels"
-        )
+    if namespace_label is not None:
+        check_label_name(namespace_label, "namespace label")
+        if namespace_label == model_label:
+            both = f"namespace_label and model_label are both {model_label!r}"
+            raise ValueError(f"{both}: they must name different labels")
 
 
 WINDOW_PLACEHOLDER = "{window}"
@@ -374,9 +369,8 @@ class QueryBuilder:
     def by(self) -> str:
         """The labels every per-model answer is grouped by: the model label, then the
         namespace label when set (`model_name, namespace`)."""
-        if self.namespace_label is None:
-            return self.model_label
-        return f"{self.model_label}, {self.namespace_label}"
+        ns = self.namespace_label
+        return self.model_label if ns is None else f"{self.model_label}, {ns}"
 
     @property
     def window(self) -> str:
