@@ -44,6 +44,11 @@ def _run_args(*extra: str) -> list[str]:
 def test_a_wildcard_host_overlaps_any_host_on_its_port(
     listens: list[str], flags: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    _refused(listens, flags, capsys)
+
+
+def _refused(listens: list[str], flags: tuple[str, str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The start-up check's message refusing `listens` (exit 2, naming both `flags`)."""
     with pytest.raises(_RunError) as err:
         _check_flags(build_parser().parse_args(_run_args(*listens)))
     assert err.value.code == 2
@@ -52,6 +57,7 @@ def test_a_wildcard_host_overlaps_any_host_on_its_port(
     # Through the command line: exit 2 naming both, before the config is even read.
     assert main(_run_args(*listens)) == 2
     assert flags[0] in capsys.readouterr().err
+    return err.value.message
 
 
 @pytest.mark.parametrize(
@@ -95,14 +101,7 @@ def test_a_wildcard_host_overlaps_any_host_on_its_port(
 def test_two_spellings_of_one_address_overlap(
     listens: list[str], flags: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(_RunError) as err:
-        _check_flags(build_parser().parse_args(_run_args(*listens)))
-    assert err.value.code == 2
-    assert all(f in err.value.message for f in flags), err.value.message
-    assert "localhost is 127.0.0.1 and ::1" in err.value.message
-    assert "give each its own port" in err.value.message
-    assert main(_run_args(*listens)) == 2
-    assert flags[0] in capsys.readouterr().err
+    assert "localhost is 127.0.0.1 and ::1" in _refused(listens, flags, capsys)
 
 
 def test_equal_addresses_keep_their_message() -> None:

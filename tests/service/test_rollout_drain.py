@@ -313,6 +313,24 @@ class Overlaps:
                 self.running[model] -= 1
 
 
+def _keda_drainer(
+    api: FakeKubeAPI, prom: FakeProm, targets: dict[str, tuple[str, str]]
+) -> tuple[DrainBeforeScaleDown, Overlaps]:
+    """The KEDA-mode drainer over the fake API and `prom`'s running requests, its drains
+    counted (`Overlaps`)."""
+    from kubernetes import client as k8s
+
+    kube = api_client(api.url)
+    drainer = PodDrainer(
+        k8s.CoreV1Api(kube),
+        k8s.AppsV1Api(kube),
+        prometheus_running_by_pod(prom),
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+    drain = Overlaps(drainer.prepare)
+    return DrainBeforeScaleDown(drain, lambda: targets), drain
+
+
 def test_keda_mode_drains_a_model_once_at_a_time_and_coalesces_requests(
     api: FakeKubeAPI,
 ) -> None:
@@ -321,19 +339,9 @@ def test_keda_mode_drains_a_model_once_at_a_time_and_coalesces_requests(
     runs; the two requests are coalesced into one (the newest target, 1 replica, wins),
     which runs when the first ends and reads the running requests of then. Another
     model is not held up by it."""
-    from kubernetes import client as k8s
-
     api.add_deployment(NS, "other", 2)
-    kube = api_client(api.url)
     prom = FakeProm({"demo-1": 5, "demo-2": 0, "demo-3": 2, "demo-4": 7})
-    drainer = PodDrainer(
-        k8s.CoreV1Api(kube),
-        k8s.AppsV1Api(kube),
-        prometheus_running_by_pod(prom),
-        request_timeout_s=REQUEST_TIMEOUT_S,
-    )
-    drain = Overlaps(drainer.prepare)
-    act = DrainBeforeScaleDown(drain, lambda: {"demo": (NS, "demo"), "other": (NS, "other")})
+    act, drain = _keda_drainer(api, prom, {"demo": (NS, "demo"), "other": (NS, "other")})
 
     def lower(model: str, replicas: int) -> None:
         act.apply([Decision(model, 0.0, True, replicas, K1, (), Reason.KNOBS_STATIC)])
@@ -364,18 +372,8 @@ def test_keda_mode_stand_down_and_close_start_no_drain_after_them(api: FakeKubeA
     instance lost the leadership or closed (ServiceCore.close releases the lease after
     closing the actuators). stand_down drops it; close waits for the drain in hand and
     starts none after."""
-    from kubernetes import client as k8s
-
-    kube = api_client(api.url)
     prom = FakeProm({"demo-1": 5, "demo-2": 0, "demo-3": 2, "demo-4": 7})
-    drainer = PodDrainer(
-        k8s.CoreV1Api(kube),
-        k8s.AppsV1Api(kube),
-        prometheus_running_by_pod(prom),
-        request_timeout_s=REQUEST_TIMEOUT_S,
-    )
-    drain = Overlaps(drainer.prepare)
-    act = DrainBeforeScaleDown(drain, lambda: {"demo": (NS, "demo")})
+    act, drain = _keda_drainer(api, prom, {"demo": (NS, "demo")})
 
     def lower(replicas: int) -> None:
         act.apply([Decision("demo", 0.0, True, replicas, K1, (), Reason.KNOBS_STATIC)])
