@@ -233,10 +233,15 @@ def replay(
 
 
 def replay_kept(path: Path) -> Replay:
-    """`replay` of the run whose `capacity` JSON is `path`, on a Prometheus started on a
-    copy of its kept TSDB (the kept folder is not written)."""
+    """`replay_world` of the run whose `capacity` JSON (or `make test`'s
+    out/engine.json) is `path`."""
     result = json.loads(path.read_text())
-    result = result.get("capacity_at_sla", result)  # `make test`'s out/engine.json
+    return replay_world(result.get("capacity_at_sla", result))
+
+
+def replay_world(result: dict[str, Any]) -> Replay:
+    """`replay` of the run `result` (a `capacity` JSON) on a Prometheus started on a copy
+    of its world's TSDB (`workdir`; the folder is not written)."""
     binary = find_prometheus()
     if binary is None:
         raise SystemExit("no Prometheus server binary (`make prometheus`)")

@@ -1,0 +1,262 @@
+"""Recorded real-engine capacity runs, kept in the repository so that a replay of them
+through today's decider is a test (`tests/engine/test_recorded_runs.py`).
+
+A kept run (`python -m tests.engine.capacity --json F`, or `make test`'s out/engine.json)
+points at its world's folder: a Prometheus TSDB of a few MB and the governor's config.
+`python -m tests.engine.recorded record F NAME` turns it into two files under `RUNS_DIR`:
+
+- `NAME.json`: the run's capacity JSON (rungs with their end times, the step's start),
+  its world's governor config under `governor`, without the machine path `workdir`;
+- `NAME.om.xz`: the samples the replay reads, as OpenMetrics text (xz): every series of
+  `SERIES` (the engine's signals that estimators/promql.py queries, and `up`) from
+  `HISTORY_S` before the replay's first tick to its last, staleness markers left out
+  (~0.3 MB a run; the whole TSDB's samples are ~65 MB of text).
+
+`world(name, folder)` rebuilds a run's world folder from them (`promtool tsdb
+create-blocks-from openmetrics` writes the blocks, Prometheus's own importer), so that
+`tests.engine.replay` reads the same samples the live governor read: the same decider,
+the same answers, whatever machine replays it. `python -m tests.engine.recorded replay`
+prints the README's table of every recorded run replayed through today's decider.
+
+Times in unix seconds (OpenMetrics timestamps are seconds too).
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from estimators import promql
+from tests.engine.replay import FIRST_RUNG_S, LEAD_S, STEP_TICKS, Replay, replay_world
+
+RUNS_DIR = Path(__file__).resolve().parent / "data" / "runs"
+"""Where the recorded runs live (NAME.json and NAME.om.xz)."""
+HISTORY_S = promql.DEFAULT_SEED_WINDOW_S + 30.0
+"""Seconds of samples kept before the replay's first tick: the longest range a query
+reads back (the seed policy's 5-minute arrival window) and half a minute more."""
+_HISTOGRAMS = (
+    promql.TTFT_METRICS
+    + promql.ITL_METRICS
+    + promql.TPOT_METRICS
+    + promql.E2E_METRICS
+    + promql.QUEUE_METRICS
+    + promql.DECODE_METRICS
+    + promql.PREFILL_METRICS
+    + promql.PROMPT_TOKENS_METRICS
+    + promql.OUTPUT_TOKENS_METRICS
+    + promql.STEP_TOKENS_METRICS
+)
+SERIES = frozenset(
+    {f"{h}{suffix}" for h in _HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")}
+    | set(
+        promql.RUNNING_METRICS
+        + promql.WAITING_METRICS
+        + promql.KV_USAGE_METRICS
+        + promql.SUCCESS_METRICS
+        + promql.PREEMPTIONS_METRICS
+        + promql.ADMISSION_REJECTIONS_METRICS
+        + promql.PREFIX_HITS_METRICS
+        + promql.PREFIX_QUERIES_METRICS
+    )
+    | {"up"}
+)
+"""Metric names kept: what the governor's queries read, and `up`."""
+
+_DUMP_LINE = re.compile(r'^\{__name__="([^"]+)"(?:, )?(.*)\} (\S+) (\d+)$')
+"""One line of `promtool tsdb dump`: `{__name__="n", a="x", ...} value timestamp_ms`."""
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+"""One `name="value"` pair of a dump line (OpenMetrics wants them without spaces)."""
+
+
+def promtool() -> str:
+    """Path of `promtool` (next to $PROMETHEUS_BIN's or the PATH's prometheus, else on
+    PATH); FileNotFoundError naming what is missing."""
+    from tests.integration.promserver import find_prometheus
+
+    binary = find_prometheus()
+    beside = Path(binary).with_name("promtool") if binary else None
+    if beside is not None and beside.exists():
+        return str(beside)
+    found = shutil.which("promtool")
+    if found is None:
+        raise FileNotFoundError("no promtool (Debian's `prometheus` package has it)")
+    return found
+
+
+def replay_span(result: dict[str, Any], tick_s: float) -> tuple[float, float]:
+    """(first, last) unix second the replay of `result` ticks at (tests.engine.replay)."""
+    ends = [r["ended_unix_s"] for r in result["rungs"]]
+    step_at = result.get("step_started_unix_s")
+    stop = step_at + STEP_TICKS * tick_s if step_at is not None else ends[-1]
+    return ends[0] - FIRST_RUNG_S - LEAD_S, stop
+
+
+def openmetrics(dump: str, start_s: float, stop_s: float) -> str:
+    """The samples of `dump` (promtool's text) of `SERIES` within [start_s, stop_s], as
+    OpenMetrics text: families in name order, each series' samples in time order,
+    staleness markers (NaN) left out."""
+    series: dict[str, dict[str, list[tuple[int, str]]]] = defaultdict(lambda: defaultdict(list))
+    for line in dump.splitlines():
+        m = _DUMP_LINE.match(line)
+        if m is None:
+            continue
+        name, labels, value, ts_ms = m.groups()
+        if name not in SERIES or value == "NaN" or not start_s <= int(ts_ms) / 1000 <= stop_s:
+            continue
+        pairs = ",".join(f'{k}="{v}"' for k, v in _LABEL.findall(labels))
+        series[name][pairs].append((int(ts_ms), value))
+    out: list[str] = []
+    for name in sorted(series):
+        for labels, samples in sorted(series[name].items()):
+            head = f"{name}{{{labels}}}" if labels else name
+            out += [f"{head} {v} {ms // 1000}.{ms % 1000:03d}" for ms, v in sorted(samples)]
+    out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+def record(run_json: Path, name: str, runs_dir: Path = RUNS_DIR) -> tuple[Path, Path]:
+    """Write `name`.json and `name`.om.xz for the kept run `run_json` (module doc)."""
+    raw = json.loads(run_json.read_text())
+    result = dict(raw.get("capacity_at_sla", raw))
+    workdir = Path(result.pop("workdir"))
+    config = yaml.safe_load((workdir / "governor.yaml").read_text())
+    start, stop = replay_span(result, float(config["policy"]["tick_interval_s"]))
+    with tempfile.TemporaryDirectory(prefix="record-") as tmp:
+        copy = Path(tmp) / "data"
+        shutil.copytree(workdir / "data-0", copy)  # promtool may replay the WAL into it
+        dump = subprocess.run(
+            [promtool(), "tsdb", "dump", str(copy)], check=True, capture_output=True, text=True
+        ).stdout
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    meta, samples = runs_dir / f"{name}.json", runs_dir / f"{name}.om.xz"
+    meta.write_text(json.dumps({**result, "governor": config}, indent=1, sort_keys=True) + "\n")
+    samples.write_bytes(lzma.compress(openmetrics(dump, start - HISTORY_S, stop).encode()))
+    return meta, samples
+
+
+def recorded_names(runs_dir: Path = RUNS_DIR) -> list[str]:
+    """The recorded runs' names, sorted."""
+    return sorted(p.name.removesuffix(".om.xz") for p in runs_dir.glob("*.om.xz"))
+
+
+def world(name: str, folder: Path, runs_dir: Path = RUNS_DIR) -> dict[str, Any]:
+    """Rebuild recorded run `name`'s world in `folder` (its TSDB blocks in `data-0`,
+    `governor.yaml`) and return its capacity JSON with `workdir` set to `folder`, as
+    `tests.engine.replay.replay_kept` takes it."""
+    result: dict[str, Any] = json.loads((runs_dir / f"{name}.json").read_text())
+    config = result.pop("governor")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "governor.yaml").write_text(yaml.safe_dump(config))
+    text = folder / "samples.om"
+    text.write_bytes(lzma.decompress((runs_dir / f"{name}.om.xz").read_bytes()))
+    subprocess.run(
+        [
+            promtool(),
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            str(text),
+            str(folder / "data-0"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    text.unlink()
+    return {**result, "workdir": str(folder)}
+
+
+WITHIN_FRAC = 0.25
+"""The issue's goal: the learned capacity within 25 % of the measured."""
+GOAL_TICKS = 3
+"""The issue's goal: a scale-up request within 3 ticks of a load the SLA cannot take."""
+TABLE_HEAD = (
+    "| recorded run | measured capacity | learned live | learned, replayed today "
+    "| replayed / measured | speed, per-sequence ratio | first scale-up request |\n"
+    "| --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def table_row(name: str, result: dict[str, Any], replayed: Replay) -> str:
+    """`name`'s row of the README's table (TABLE_HEAD): req/s, the ratio to 2 decimals,
+    the first scale-up request in ticks after the step."""
+    last = next((r for r in reversed(replayed.rungs) if r.within_sla), None)
+
+    def num(x: float | None, spec: str = ".1f") -> str:
+        return "-" if x is None else format(x, spec)
+
+    live = result.get("learned_capacity_rps")
+    return (
+        f"| {name} | {num(replayed.measured_capacity_rps)} | {num(live)} "
+        f"| {num(replayed.capacity_rps)} | {num(replayed.over_measured, '.2f')}x "
+        f"| x{num(last.speed if last else None, '.2f')}, "
+        f"{num(last.seq_ratio if last else None, '.2f')} "
+        f"| tick {num(replayed.ticks_to_scale_up, 'd')} |"
+    )
+
+
+def summary(replays: list[Replay]) -> str:
+    """The README's line under the table: how many runs meet each goal."""
+    within = sum(
+        1
+        for r in replays
+        if r.over_measured is not None and abs(r.over_measured - 1) <= WITHIN_FRAC
+    )
+    fast = sum(
+        1 for r in replays if r.ticks_to_scale_up is not None and r.ticks_to_scale_up <= GOAL_TICKS
+    )
+    n = len(replays)
+    return (
+        f"Replayed today: within {100 * WITHIN_FRAC:.0f} % of the measured capacity in "
+        f"{within} of {n} runs; first scale-up request within {GOAL_TICKS} ticks of the step "
+        f"in {fast} of {n}."
+    )
+
+
+def replay_recorded(
+    name: str, folder: Path, runs_dir: Path = RUNS_DIR
+) -> tuple[dict[str, Any], Replay]:
+    """(the run's capacity JSON, its replay through today's decider), its world rebuilt
+    in `folder`."""
+    result = world(name, folder, runs_dir)
+    return result, replay_world(result)
+
+
+def table(names: list[str] | None = None) -> str:
+    """The README's table of the recorded runs replayed today, and its summary line."""
+    rows, replays = [], []
+    for name in names or recorded_names():
+        with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
+            result, replayed = replay_recorded(name, Path(tmp) / "world")
+        rows.append(table_row(name, result, replayed))
+        replays.append(replayed)
+    return "\n".join([TABLE_HEAD, *rows, "", summary(replays)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.engine.recorded record RUN.json NAME` records a kept run;
+    `python -m tests.engine.recorded replay [NAME ...]` prints the README's table of the
+    recorded runs (all by default) replayed through today's decider."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 3 and args[0] == "record":
+        for path in record(Path(args[1]), args[2]):
+            print(f"{path} ({path.stat().st_size} bytes)")
+        return 0
+    if args and args[0] == "replay":
+        print(table(args[1:]))
+        return 0
+    print(main.__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The recorded real-engine runs (tests/engine/recorded.py) replayed through today's
+decider, against the README's table of them.
+
+No engine runs here: each run's Prometheus samples (kept in tests/engine/data/runs) are
+written into TSDB blocks by the real `promtool` and read by a real Prometheus, and a
+`ControlLoop` of today's code ticks over them as `governor run` did live
+(tests/engine/replay.py). The replay is deterministic (the same samples, the same
+queries at the same instants), so the README's "Real engine" numbers are this test's:
+a change to the plant learning, the capacity model or the queries that moves what the
+decider learns of a real engine fails here until the table is regenerated
+(`python -m tests.engine.recorded replay`).
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.engine.recorded import (
+    SERIES,
+    openmetrics,
+    recorded_names,
+    replay_recorded,
+    summary,
+    table_row,
+)
+from tests.engine.replay import Replay
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+NAMES = recorded_names()
+
+
+def test_the_samples_kept_are_the_read_series_in_time_order_without_stale_markers() -> None:
+    dump = "\n".join(
+        [
+            '{__name__="vllm:num_requests_running", engine="0", model_name="m"} 3 2000',
+            '{__name__="vllm:num_requests_running", engine="0", model_name="m"} 2 1000',
+            '{__name__="vllm:num_requests_running", engine="0", model_name="m"} NaN 3000',
+            '{__name__="python_gc_objects_collected_total", generation="0"} 5 1000',
+            '{__name__="up", instance="a:1", job="vllm"} 1 1500',
+            '{__name__="up", instance="a:1", job="vllm"} 1 9000',
+        ]
+    )
+    assert "vllm:num_requests_running" in SERIES
+    assert "python_gc_objects_collected_total" not in SERIES
+    assert openmetrics(dump, 1.0, 5.0).splitlines() == [
+        'up{instance="a:1",job="vllm"} 1 1.500',
+        'vllm:num_requests_running{engine="0",model_name="m"} 2 1.000',
+        'vllm:num_requests_running{engine="0",model_name="m"} 3 2.000',
+        "# EOF",
+    ]
+
+
+@pytest.fixture(scope="module")
+def replays() -> dict[str, tuple[str, Replay]]:
+    """Every recorded run's README row and replay (one Prometheus per run, ~15 s each)."""
+    out: dict[str, tuple[str, Replay]] = {}
+    for name in NAMES:
+        with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
+            result, replayed = replay_recorded(name, Path(tmp) / "world")
+        out[name] = (table_row(name, result, replayed), replayed)
+    return out
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_a_recorded_run_replays_to_its_readme_row(
+    name: str, replays: dict[str, tuple[str, Replay]]
+) -> None:
+    row, replayed = replays[name]
+    # what the ladder measured and what the decider learned at its last rung within the SLA
+    assert replayed.measured_capacity_rps and replayed.capacity_rps
+    assert replayed.ticks_to_scale_up is not None, "no scale-up request after the step"
+    lines = README.read_text().splitlines()
+    readme_rows = [line for line in lines if line.startswith(f"| {name} |")]
+    assert readme_rows == [row], "regenerate with `python -m tests.engine.recorded replay`"
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_the_readme_lists_every_recorded_run_and_their_goals(
+    replays: dict[str, tuple[str, Replay]],
+) -> None:
+    assert len(NAMES) >= 5, "the recordings are missing (tests/engine/data/runs)"
+    text = README.read_text()
+    listed = re.findall(r"^\| (ci-\d{8}T\d{4}) \|", text, flags=re.MULTILINE)
+    assert sorted(listed) == NAMES
+    assert summary([r for _, r in replays.values()]) in text
