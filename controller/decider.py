@@ -51,6 +51,7 @@ from controller.demand import Demand, DemandSteps, Raw
 from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
 from controller.plant import (
+    FIT_MAX_WAITING_PER_REPLICA,
     LOADED_FRAC,
     learn_plant,
     model_speed,
@@ -370,7 +371,10 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         # 5.1x slow), confirmed by windows half a window apart (new scrapes).
         parts = window_parts(obs, lengths, self.profile, self.policy.window_s, budget)
         allowed = self._past_scale_up(state, now_s)
-        return learn_plant(state.plant, parts, dt, now_s, self.policy.window_s / 2.0, allowed)
+        fit = window_parts(
+            obs, lengths, self.profile, self.policy.window_s, budget, FIT_MAX_WAITING_PER_REPLICA
+        )
+        return learn_plant(state.plant, parts, dt, now_s, self.policy.window_s / 2.0, allowed, fit)
 
     def _panic(
         self, state: ModelState, now_s: float, demand: Demand, raw: Raw

@@ -87,6 +87,6 @@ def test_the_readme_lists_every_recorded_run_and_their_goals(
 ) -> None:
     assert len(NAMES) >= 5, "the recordings are missing (tests/engine/data/runs)"
     text = README.read_text()
-    listed = re.findall(r"^\| (ci-\d{8}T\d{4}) \|", text, flags=re.MULTILINE)
+    listed = re.findall(r"^\| ((?:ci|local)-\d{8}T\d{4}) \|", text, flags=re.MULTILINE)
     assert sorted(listed) == NAMES
     assert summary([r for _, r in replays.values()]) in text

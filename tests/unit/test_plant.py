@@ -428,3 +428,34 @@ def test_cold_start_is_not_learned_without_a_short_fleet_turning_whole(
     assert next_cold_start(45.0, state, o, ORIGIN_S + 90) is None
     learned = replace(state, plant=PlantBelief(cold_start_s=60.0))
     assert next_cold_start(45.0, learned, o, ORIGIN_S + 90) == 60.0
+
+
+def test_a_queued_window_teaches_the_step_at_the_slot_cap_but_no_speed() -> None:
+    """A window with a queue is the only one that shows the step at the engines' slot
+    cap. vLLM's CPU build (tests/engine/data/runs) ran ~17 ms steps up to 8-14
+    sequences and ~40 ms at its 32-slot cap, where a queue forms: fitted from the
+    unqueued windows alone the step at 30 reads 22 ms (1.8x the capacity at the cap);
+    with the queued windows in the per-sequence fit it reads the engines' 40 ms. The
+    queued windows give no speed sample (window_parts' default gate)."""
+    from controller.plant import FIT_MAX_WAITING_PER_REPLICA, learn_plant, window_parts
+
+    queued = obs(itl_mean_ms=30.0, **{**LOADED, "waiting": 160.0})
+    assert window_parts(queued, LENGTHS, PROFILE, 60.0, BUDGET) is None
+    assert window_parts(queued, LENGTHS, PROFILE, 60.0, BUDGET, FIT_MAX_WAITING_PER_REPLICA)
+
+    def step_at_cap(with_queued: bool) -> tuple[float, int]:
+        belief, t = PlantBelief(), 0.0
+        for _ in range(8):
+            for b, itl, is_queued in ((3.0, 17.0, False), (8.0, 18.0, False), (30.0, 40.0, True)):
+                for _ in range(6):
+                    t += 5.0
+                    parts = (itl, 0.05 * b, 6.8)  # as _seq_parts prices a window
+                    if not is_queued:
+                        belief = learn_plant(belief, parts, 5.0, t, 30.0, True)
+                    elif with_queued:
+                        belief = learn_plant(belief, None, 5.0, t, 30.0, True, fit_parts=parts)
+        return belief.speed * (6.8 + belief.seq_ratio * 0.05 * 30.0), belief.speed_samples
+
+    assert step_at_cap(True)[0] == pytest.approx(40.0, rel=0.10)
+    assert step_at_cap(False)[0] < 0.6 * 40.0
+    assert step_at_cap(True)[1] == step_at_cap(False)[1] == 96  # unqueued windows only
