@@ -351,9 +351,14 @@ def test_actuation_failing_fires_on_sustained_errors(tmp_path: Path) -> None:
     _run_tests(tmp_path, _rules(), tests)
 
 
-def _ttft_buckets(model: str, slow: bool) -> list[dict[str, str]]:
-    """10 requests per 15 s, all in (0.25, 0.5] s when slow, else all under 0.1 s."""
-    label = {"model_name": model, "engine": "0", "instance": "10.1.0.1:8000"}
+def _ttft_buckets(
+    model: str, slow: bool, namespace: str | None = None, instance: str = "10.1.0.1:8000"
+) -> list[dict[str, str]]:
+    """10 requests per 15 s, all in (0.25, 0.5] s when slow, else all under 0.1 s (series
+    labelled `namespace` when given)."""
+    label = {"model_name": model, "engine": "0", "instance": instance}
+    if namespace is not None:
+        label["namespace"] = namespace
     edges = {"0.1": not slow, "0.25": not slow, "0.5": True, "+Inf": True}
     return [
         _series(
@@ -393,6 +398,50 @@ def test_sla_burn_fires_for_the_model_missing_its_ttft_sla_only(tmp_path: Path) 
                 },
             ],
         }
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+
+
+def test_sla_alerts_read_the_models_own_namespace(tmp_path: Path) -> None:
+    """code-assistant (namespace `research`) served fast there while a load test of the same
+    model name misses its TTFT in `staging`: no alert (the burn and the p99 tail alike).
+    Engines scraped without the namespace label stand in for a namespace that has none,
+    as the governor reads them: slow there, the burn fires."""
+    code = MODEL_CODE["name"]
+    quiet = _ttft_buckets(code, slow=False, namespace=MODEL_CODE["namespace"]) + _ttft_buckets(
+        code, slow=True, namespace="staging", instance="10.2.0.1:8000"
+    )
+    fired = {"severity": "warning", "model": code, "sla": "ttft_p95"}
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": quiet,
+            "alert_rule_test": [
+                {"eval_time": "30m", "alertname": name, "exp_alerts": []}
+                for name in ("GovernorSLABurn", "GovernorLatencyP99High")
+            ],
+        },
+        {
+            "interval": "15s",
+            "input_series": _ttft_buckets(code, slow=True),
+            "alert_rule_test": [
+                {
+                    "eval_time": "30m",
+                    "alertname": "GovernorSLABurn",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": fired,
+                            "exp_annotations": {
+                                "summary": f"{code}: ttft_p95 SLA (300ms) is being missed",
+                                "description": "ttft_p95 is above 300ms over 5m and 1h although "
+                                "the governor is scaling; check max_replicas and "
+                                f"'governor explain {code}'.",
+                            },
+                        }
+                    ],
+                }
+            ],
+        },
     ]
     _run_tests(tmp_path, _rules(), tests)
 
