@@ -211,8 +211,9 @@ def next_seq_ratio(
     profile in shape too: vLLM's CPU build serving a tiny model reads ~18x the
     profile's step at 3 running sequences and its steps grow ~10 ms per sequence where
     the profile x 18 grows ~1 ms, so one factor learned at small batches believed it
-    serves 3x what it does at the SLA. Each window says ITL = x rest + y seqs (the
-    profile's step split as window_parts does); a least-squares fit of x and y over
+    serves 3x what it does at the SLA. Each window, queued ones included
+    (FIT_MAX_WAITING_PER_REPLICA), says ITL = x rest + y seqs (the profile's step split
+    as window_parts does); a least-squares fit of x and y over
     half-life sums gives the ratio r = y / x, which multiplies the profile's
     per-sequence costs on top of the speed. Only where the windows seen span enough
     different batch shapes to tell x from y (their rest/seqs vectors at least

@@ -370,6 +370,18 @@ def _ttft_buckets(
     ]
 
 
+def _ttft_burn(model: str) -> dict[str, Any]:
+    """The GovernorSLABurn alert expected for `model`'s 300 ms TTFT SLA."""
+    return {
+        "exp_labels": {"severity": "warning", "model": model, "sla": "ttft_p95"},
+        "exp_annotations": {
+            "summary": f"{model}: ttft_p95 SLA (300ms) is being missed",
+            "description": "ttft_p95 is above 300ms over 5m and 1h although the governor is "
+            f"scaling; check max_replicas and 'governor explain {model}'.",
+        },
+    }
+
+
 def test_sla_burn_fires_for_the_model_missing_its_ttft_sla_only(tmp_path: Path) -> None:
     # code-assistant's TTFT SLA is 300 ms: its p95 (~0.49 s) misses it; the 8B model's
     # 500 ms SLA is met by requests under 0.1 s.
@@ -384,17 +396,7 @@ def test_sla_burn_fires_for_the_model_missing_its_ttft_sla_only(tmp_path: Path) 
                 {
                     "eval_time": "30m",
                     "alertname": "GovernorSLABurn",
-                    "exp_alerts": [
-                        {
-                            "exp_labels": {"severity": "warning", "model": code, "sla": "ttft_p95"},
-                            "exp_annotations": {
-                                "summary": f"{code}: ttft_p95 SLA (300ms) is being missed",
-                                "description": "ttft_p95 is above 300ms over 5m and 1h although "
-                                "the governor is scaling; check max_replicas and "
-                                f"'governor explain {code}'.",
-                            },
-                        }
-                    ],
+                    "exp_alerts": [_ttft_burn(code)],
                 },
             ],
         }
@@ -411,7 +413,6 @@ def test_sla_alerts_read_the_models_own_namespace(tmp_path: Path) -> None:
     quiet = _ttft_buckets(code, slow=False, namespace=MODEL_CODE["namespace"]) + _ttft_buckets(
         code, slow=True, namespace="staging", instance="10.2.0.1:8000"
     )
-    fired = {"severity": "warning", "model": code, "sla": "ttft_p95"}
     tests = [
         {
             "interval": "15s",
@@ -428,17 +429,7 @@ def test_sla_alerts_read_the_models_own_namespace(tmp_path: Path) -> None:
                 {
                     "eval_time": "30m",
                     "alertname": "GovernorSLABurn",
-                    "exp_alerts": [
-                        {
-                            "exp_labels": fired,
-                            "exp_annotations": {
-                                "summary": f"{code}: ttft_p95 SLA (300ms) is being missed",
-                                "description": "ttft_p95 is above 300ms over 5m and 1h although "
-                                "the governor is scaling; check max_replicas and "
-                                f"'governor explain {code}'.",
-                            },
-                        }
-                    ],
+                    "exp_alerts": [_ttft_burn(code)],
                 }
             ],
         },
