@@ -3,7 +3,8 @@ through today's decider is a test (`tests/engine/test_recorded_runs.py`).
 
 A kept run (`python -m tests.engine.capacity --json F`, or `make test`'s out/engine.json)
 points at its world's folder: a Prometheus TSDB of a few MB and the governor's config.
-`python -m tests.engine.recorded record F NAME` turns it into two files under `RUNS_DIR`:
+`python -m tests.engine.recorded record F [NAME]` turns it into two files under `RUNS_DIR`
+(the engine suite does it itself into out/recorded/, see tests/engine/conftest.py):
 
 - `NAME.json`: the run's capacity JSON (rungs with their end times, the step's start),
   its world's governor config under `governor`, without the machine path `workdir`;
@@ -30,7 +31,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -124,16 +127,26 @@ def openmetrics(dump: str, start_s: float, stop_s: float) -> str:
     return "\n".join(out) + "\n"
 
 
-def record(run_json: Path, name: str, runs_dir: Path = RUNS_DIR) -> tuple[Path, Path]:
-    """Write `name`.json and `name`.om.xz for the kept run `run_json` (module doc)."""
+def run_name(result: dict[str, Any], prefix: str) -> str:
+    """A recorded run's name: `prefix` and its first rung's end, UTC to the minute
+    (e.g. `ci-20261203T0729`)."""
+    first = datetime.fromtimestamp(result["rungs"][0]["ended_unix_s"], tz=UTC)
+    return f"{prefix}-{first:%Y%m%dT%H%M}"
+
+
+def record(run_json: Path, name: str | None = None, runs_dir: Path = RUNS_DIR) -> tuple[Path, Path]:
+    """Write `name`.json and `name`.om.xz (default name: `run_name(..., "local")`) for
+    the kept run `run_json` (module doc)."""
     raw = json.loads(run_json.read_text())
     result = dict(raw.get("capacity_at_sla", raw))
+    name = name or run_name(result, "local")
     workdir = Path(result.pop("workdir"))
     config = yaml.safe_load((workdir / "governor.yaml").read_text())
     start, stop = replay_span(result, float(config["policy"]["tick_interval_s"]))
     with tempfile.TemporaryDirectory(prefix="record-") as tmp:
         copy = Path(tmp) / "data"
         shutil.copytree(workdir / "data-0", copy)  # promtool may replay the WAL into it
+        (copy / "wal").mkdir(exist_ok=True)  # blocks alone (a rebuilt world): dump needs one
         dump = subprocess.run(
             [promtool(), "tsdb", "dump", str(copy)], check=True, capture_output=True, text=True
         ).stdout
@@ -142,6 +155,23 @@ def record(run_json: Path, name: str, runs_dir: Path = RUNS_DIR) -> tuple[Path, 
     meta.write_text(json.dumps({**result, "governor": config}, indent=1, sort_keys=True) + "\n")
     samples.write_bytes(lzma.compress(openmetrics(dump, start - HISTORY_S, stop).encode()))
     return meta, samples
+
+
+def keep_recording(out: Path, workdir: Path, into: Path, prefix: str) -> Path | None:
+    """Record the capacity run of the world in `workdir` from `out` (the engine suite's
+    out/engine.json) into `into`, named `run_name(..., prefix)`; its samples file, or
+    None when `out` holds no run of this world. A failure to record is a warning (the
+    suite's teardown calls this: the measurement stands without it)."""
+    if not out.exists():
+        return None
+    result = json.loads(out.read_text()).get("capacity_at_sla") or {}
+    if result.get("workdir") != str(workdir) or not result.get("rungs"):
+        return None
+    try:
+        return record(out, run_name(result, prefix), into)[1]
+    except Exception as exc:  # tooling after the tests: never fails them
+        warnings.warn(f"the capacity run was not recorded: {exc}", stacklevel=1)
+        return None
 
 
 def recorded_names(runs_dir: Path = RUNS_DIR) -> list[str]:
@@ -243,12 +273,12 @@ def table(names: list[str] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tests.engine.recorded record RUN.json NAME` records a kept run;
+    """`python -m tests.engine.recorded record RUN.json [NAME]` records a kept run;
     `python -m tests.engine.recorded replay [NAME ...]` prints the README's table of the
     recorded runs (all by default) replayed through today's decider."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) == 3 and args[0] == "record":
-        for path in record(Path(args[1]), args[2]):
+    if len(args) in (2, 3) and args[0] == "record":
+        for path in record(Path(args[1]), args[2] if len(args) == 3 else None):
             print(f"{path} ({path.stat().st_size} bytes)")
         return 0
     if args and args[0] == "replay":

@@ -13,19 +13,26 @@ decider learns of a real engine fails here until the table is regenerated
 
 from __future__ import annotations
 
+import json
+import lzma
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests.engine.recorded import (
+    RUNS_DIR,
     SERIES,
+    keep_recording,
     openmetrics,
     recorded_names,
     replay_recorded,
+    run_name,
     summary,
     table_row,
+    world,
 )
 from tests.engine.replay import Replay
 
@@ -52,6 +59,29 @@ def test_the_samples_kept_are_the_read_series_in_time_order_without_stale_marker
         'vllm:num_requests_running{engine="0",model_name="m"} 3 2.000',
         "# EOF",
     ]
+
+
+@pytest.mark.prometheus
+def test_a_rebuilt_world_records_back_to_the_same_files(tmp_path: Path) -> None:
+    """The engine suite's teardown (`keep_recording`): a run of this world in
+    out/engine.json is recorded, sample for sample what the recording it was rebuilt
+    from holds (promtool's dump of promtool's blocks); a run of another world is not;
+    a world whose TSDB is gone warns and records nothing."""
+    name = NAMES[-1]
+    result = world(name, tmp_path / "w")
+    out = tmp_path / "engine.json"
+    out.write_text(json.dumps({"capacity_at_sla": result}))
+    samples = keep_recording(out, tmp_path / "w", tmp_path / "recorded", "ci")
+    again = run_name(result, "ci")
+    assert samples == tmp_path / "recorded" / f"{again}.om.xz"
+    original = lzma.decompress((RUNS_DIR / f"{name}.om.xz").read_bytes())
+    assert lzma.decompress(samples.read_bytes()) == original
+    meta = json.loads((tmp_path / "recorded" / f"{again}.json").read_text())
+    assert meta == json.loads((RUNS_DIR / f"{name}.json").read_text())
+    assert keep_recording(out, tmp_path / "other", tmp_path / "elsewhere", "ci") is None
+    shutil.rmtree(tmp_path / "w" / "data-0")
+    with pytest.warns(UserWarning, match="not recorded"):
+        assert keep_recording(out, tmp_path / "w", tmp_path / "broken", "ci") is None
 
 
 @pytest.fixture(scope="module")
