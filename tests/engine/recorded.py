@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from estimators import promql
-from tests.engine.replay import FIRST_RUNG_S, LEAD_S, STEP_TICKS, Replay, replay_world
+from tests.engine.replay import Replay, replay_span, replay_world
 
 RUNS_DIR = Path(__file__).resolve().parent / "data" / "runs"
 """Where the recorded runs live (NAME.json and NAME.om.xz)."""
@@ -94,14 +94,6 @@ def promtool() -> str:
     if found is None:
         raise FileNotFoundError("no promtool (Debian's `prometheus` package has it)")
     return found
-
-
-def replay_span(result: dict[str, Any], tick_s: float) -> tuple[float, float]:
-    """(first, last) unix second the replay of `result` ticks at (tests.engine.replay)."""
-    ends = [r["ended_unix_s"] for r in result["rungs"]]
-    step_at = result.get("step_started_unix_s")
-    stop = step_at + STEP_TICKS * tick_s if step_at is not None else ends[-1]
-    return ends[0] - FIRST_RUNG_S - LEAD_S, stop
 
 
 def openmetrics(dump: str, start_s: float, stop_s: float) -> str:
@@ -252,24 +244,23 @@ def summary(replays: list[Replay]) -> str:
     )
 
 
-def replay_recorded(
-    name: str, folder: Path, runs_dir: Path = RUNS_DIR
-) -> tuple[dict[str, Any], Replay]:
-    """(the run's capacity JSON, its replay through today's decider), its world rebuilt
-    in `folder`."""
-    result = world(name, folder, runs_dir)
-    return result, replay_world(result)
+def replay_recorded(names: list[str] | None = None) -> dict[str, tuple[str, Replay]]:
+    """Recorded runs `names` (all by default) replayed through today's decider, each
+    world rebuilt in a temporary folder: name -> (its README row, its replay)."""
+    out: dict[str, tuple[str, Replay]] = {}
+    for name in names or recorded_names():
+        with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
+            result = world(name, Path(tmp) / "world")
+            replayed = replay_world(result)
+        out[name] = (table_row(name, result, replayed), replayed)
+    return out
 
 
 def table(names: list[str] | None = None) -> str:
     """The README's table of the recorded runs replayed today, and its summary line."""
-    rows, replays = [], []
-    for name in names or recorded_names():
-        with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
-            result, replayed = replay_recorded(name, Path(tmp) / "world")
-        rows.append(table_row(name, result, replayed))
-        replays.append(replayed)
-    return "\n".join([TABLE_HEAD, *rows, "", summary(replays)])
+    done = replay_recorded(names)
+    rows = [row for row, _ in done.values()]
+    return "\n".join([TABLE_HEAD, *rows, "", summary([r for _, r in done.values()])])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -172,6 +172,16 @@ def _rung(record: dict[str, Any]) -> Rung:
     return Rung(**{k: v for k, v in record.items() if k in known})
 
 
+def replay_span(result: dict[str, Any], tick_s: float) -> tuple[float, float]:
+    """(first, last) unix second `replay` ticks at over the run `result`: LEAD_S before
+    the ladder's first rung to STEP_TICKS ticks after the step (the last rung's end
+    without one)."""
+    ends = [r["ended_unix_s"] for r in result["rungs"]]
+    step_at = result.get("step_started_unix_s")
+    stop = step_at + STEP_TICKS * tick_s if step_at is not None else ends[-1]
+    return ends[0] - FIRST_RUNG_S - LEAD_S, stop
+
+
 def replay(
     result: dict[str, Any],
     config: GovernorConfig,
@@ -195,8 +205,7 @@ def replay(
         config, source, logger=_quiet_logger(), pause_gc=False, switch_interval_s=None
     )
     name = config.models[0].name
-    start = ends[0] - FIRST_RUNG_S - LEAD_S
-    stop = (step_at + STEP_TICKS * tick_s) if step_at is not None else ends[-1]
+    start, stop = replay_span(result, tick_s)
     out = Replay()
     ticks_after_step = 0
     for i in range(math.ceil((stop - start) / tick_s) + 1):

@@ -17,7 +17,6 @@ import json
 import lzma
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,6 @@ from tests.engine.recorded import (
     replay_recorded,
     run_name,
     summary,
-    table_row,
     world,
 )
 from tests.engine.replay import Replay
@@ -87,12 +85,7 @@ def test_a_rebuilt_world_records_back_to_the_same_files(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def replays() -> dict[str, tuple[str, Replay]]:
     """Every recorded run's README row and replay (one Prometheus per run, ~15 s each)."""
-    out: dict[str, tuple[str, Replay]] = {}
-    for name in NAMES:
-        with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
-            result, replayed = replay_recorded(name, Path(tmp) / "world")
-        out[name] = (table_row(name, result, replayed), replayed)
-    return out
+    return replay_recorded(NAMES)
 
 
 @pytest.mark.prometheus

@@ -115,6 +115,30 @@ prometheus. */}}
 prometheus.namespace_label (estimators/promql.py "Namespaces"): unset, `namespace`; null,
 empty (no scoping: a model's name summed over every namespace). The recording rules and
 the dashboard group by it. */}}
+{{/* The selectors of one model's own engine series in the alerts (a JSON list; dict
+"sel": the model label matcher, "nsLabel": llm-governor.namespaceLabel, "m": the
+model), as the governor reads them (estimators/answers.py ScopeKeys): its namespace's
+series, then series without the namespace label (engines scraped without the relabel),
+which llm-governor.modelQuantile joins with `or`, so they count only for the buckets
+the first lack. Another namespace's model of this name never counts. */}}
+{{- define "llm-governor.modelScopes" -}}
+{{- if eq .nsLabel "" -}}
+{{- list .sel | toJson -}}
+{{- else -}}
+{{- list (printf "%s, %s=%q" .sel .nsLabel (include "llm-governor.modelNamespace" .m)) (printf "%s, %s=\"\"" .sel .nsLabel) | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A histogram quantile over one model's series (dict "q", "metrics": bucket series
+names, deprecated ones after, joined with `or` per series as the estimators do;
+"window"; "scopes": llm-governor.modelScopes, joined with `or`). */}}
+{{- define "llm-governor.modelQuantile" -}}
+histogram_quantile({{ .q }},
+{{- range $k, $scope := .scopes }}{{ if $k }} or{{ end }} sum by (le) (
+{{- range $j, $name := $.metrics }}{{ if $j }} or {{ end }}rate({{ $name }}{ {{- $scope -}} }[{{ $.window }}]){{ end -}}
+){{ end }})
+{{- end -}}
+
 {{- define "llm-governor.namespaceLabel" -}}
 {{- $prom := .Values.prometheus | default dict -}}
 {{- if hasKey $prom "namespace_label" -}}
