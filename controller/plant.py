@@ -393,45 +393,63 @@ def sla_evidence(obs: Observation, sla: SLA, requests: float | None = None) -> t
     70 % of the threshold). Example: 60 requests at 98.3 % against 99 % are 1 miss where
     0.6 are allowed, sd 0.77: chance, not evidence; 2,400 requests at 98 % are 48 misses
     where 24 are allowed, sd 4.9: a violation."""
+    goal = sla.attainment_goal_frac
+    ttft = _evidence(
+        obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, goal, 1.0, requests
+    )
+    itl = _evidence(*_streaming_signal(obs, sla, requests))
+    return ttft[0] or itl[0], ttft[1] and itl[1]
+
+
+def streaming_violated(obs: Observation, sla: SLA, requests: float | None = None) -> bool:
+    """Whether tokens stream slower than the SLA allows: the ITL half of `sla_evidence`
+    (the batch a replica runs sets it, where the queue sets TTFT)."""
+    return _evidence(*_streaming_signal(obs, sla, requests))[0]
+
+
+_Signal = tuple[float | None, float | None, float, float, float, float | None]
+"""(attainment, p95 ms, threshold ms, attainment goal, p95 factor, requests counted)."""
+
+
+def _streaming_signal(obs: Observation, sla: SLA, requests: float | None) -> _Signal:
+    """The ITL evidence `_evidence` judges: the per-request TPOT
+    (`vllm:request_time_per_output_token_seconds`) where the engine exposes it, judged
+    like the SLA itself (each request's streaming speed against the target, the
+    attainment goal, no slow-gap allowance); else the per-token histogram with its
+    allowance (see ITL_SLOW_GAPS_FRAC)."""
     from controller.batching import MIXED_STEP_FACTOR
 
-    violated = False
-    healthy = True
-    goal_frac = sla.attainment_goal_frac
-    itl_goal = min(goal_frac, 1.0 - ITL_SLOW_GAPS_FRAC)
-    # ITL evidence: the per-request TPOT (`vllm:request_time_per_output_token_seconds`)
-    # where the engine exposes it, judged like the SLA itself (each request's streaming
-    # speed against the target, the attainment goal, no slow-gap allowance); else the
-    # per-token histogram with its allowance (see ITL_SLOW_GAPS_FRAC).
+    goal = sla.attainment_goal_frac
     if obs.tpot_attainment_frac is not None or obs.tpot_p95_ms is not None:
-        itl = (
-            obs.tpot_attainment_frac,
-            obs.tpot_p95_ms,
-            sla.itl_p95_ms,
-            (goal_frac, 1.0),
-            requests,
-        )
-    else:
-        itl = (
-            obs.itl_attainment_frac,
-            obs.itl_p95_ms,
-            sla.itl_p95_ms,
-            (itl_goal, MIXED_STEP_FACTOR),
-            None,  # token gaps: many per request, not counted here
-        )
-    for att, p95, target, (goal, factor), n in (
-        (obs.ttft_attainment_frac, obs.ttft_p95_ms, sla.ttft_p95_ms, (goal_frac, 1.0), requests),
-        itl,
-    ):
-        if att is not None:
-            violated |= att < goal and (n is None or _past_chance(att, goal, n))
-            healthy &= att >= 1.0 - (1.0 - goal) / 2.0  # half the allowed misses
-        elif p95 is not None:
-            violated |= p95 > target * factor
-            healthy &= p95 <= HEALTHY_FRAC * target * factor
-        else:
-            healthy = False
-    return violated, healthy
+        return (obs.tpot_attainment_frac, obs.tpot_p95_ms, sla.itl_p95_ms, goal, 1.0, requests)
+    itl_goal = min(goal, 1.0 - ITL_SLOW_GAPS_FRAC)
+    # Token gaps: many per request, not counted as requests.
+    return (
+        obs.itl_attainment_frac,
+        obs.itl_p95_ms,
+        sla.itl_p95_ms,
+        itl_goal,
+        MIXED_STEP_FACTOR,
+        None,
+    )
+
+
+def _evidence(
+    att: float | None,
+    p95: float | None,
+    target: float,
+    goal: float,
+    factor: float,
+    n: float | None,
+) -> tuple[bool, bool]:
+    """(violated, healthy) of one SLA signal (`sla_evidence`); neither known: not
+    violated, not healthy."""
+    if att is not None:
+        violated = att < goal and (n is None or _past_chance(att, goal, n))
+        return violated, att >= 1.0 - (1.0 - goal) / 2.0  # half the allowed misses
+    if p95 is not None:
+        return p95 > target * factor, p95 <= HEALTHY_FRAC * target * factor
+    return False, False
 
 
 def _past_chance(attainment: float, goal: float, requests: float) -> bool:

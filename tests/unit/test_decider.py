@@ -266,6 +266,31 @@ def test_knobs_change_only_when_material_and_sustained() -> None:
     assert dec.knob_reason in (Reason.KNOBS_UNCHANGED, Reason.KNOBS_NOT_MATERIAL)
 
 
+@pytest.mark.parametrize(
+    "slow",
+    [
+        {"tpot_attainment_frac": 0.6, "tpot_p95_ms": 90.0},  # per request (vLLM's TPOT)
+        {"itl_p95_ms": 120.0},  # token gaps only: past 2x the 50 ms SLA
+    ],
+)
+def test_start_knobs_that_stream_too_slow_are_replaced_at_once(slow: dict[str, float]) -> None:
+    """The engines' start knobs (256 / 8192, nobody's choice for this SLA) with tokens
+    streaming slower than the SLA allows: the SLO knobs replace them on the first
+    tick with data, not after knob_sustain_s. Streaming within the SLA, and once a
+    change was made, the sustain holds as before."""
+    policy = make_policy(knob_sustain_s=60.0)
+    d = Decider(make_model(), policy)
+    dec, s = d.decide(obs(rate=30.0, **slow), d.initial_state(3), ORIGIN_S)
+    assert dec.knob_reason == Reason.KNOBS_CHANGED and dec.knobs == Knobs(152, 2560)
+    assert s.knob_memory.changes == 1
+    dec, _ = d.decide(obs(rate=30.0), d.initial_state(3), ORIGIN_S)
+    assert dec.knob_reason == Reason.KNOBS_PENDING and dec.knobs == Knobs(256, 8192)
+    # A second change, streaming too slow or not, waits for its sustain.
+    longer = obs(rate=30.0, prompt_tokens_p95=12000.0, prompt_tokens_mean=4000.0, **slow)
+    dec, s = d.decide(longer, s, ORIGIN_S + 5)
+    assert dec.knob_reason == Reason.KNOBS_PENDING and s.knobs == Knobs(152, 2560)
+
+
 def test_knobs_change_at_a_zero_material_gain() -> None:
     """Found in review (session 15): knob_min_gain_frac 0 validates, but equal knobs
     then "differed", the sustained candidate restarted its clock every tick and the
