@@ -234,6 +234,14 @@ class ScalingPolicy(_Strict):
         default=0.25, ge=0, le=10, description="knob change that is worth a rolling restart"
     )
     knob_sustain_s: NonNegativeFloat = Field(default=120.0, le=86_400)
+    knobs_live: bool = Field(
+        default=False,
+        description=(
+            "the engines follow knob changes live (the scheduler plugin, `governor "
+            "engine-args --live`): a change reaches every replica at its next step and "
+            "no roll-out is asked for; false: the knobs apply at engine start only"
+        ),
+    )
     rollout_min_interval_s: NonNegativeFloat = Field(
         default=900.0,
         le=86_400,

@@ -46,8 +46,11 @@ class KnobSteps:
         )
         if reason == Reason.KNOBS_CHANGED:
             running, n = state.knobs, state.replicas
-            # A roll-out restarts one surge replica at a time, each a cold start.
-            until = now_s + self.model.cold_start_s * max(1, n) if rollout else None
+            if self.policy.knobs_live:
+                until = now_s  # every replica runs them from its next step
+            else:
+                # A roll-out restarts one surge replica at a time, each a cold start.
+                until = now_s + self.model.cold_start_s * max(1, n) if rollout else None
         if running is None or running == knobs or n <= 0 or (until is not None and now_s >= until):
             running, n, until = None, 0, None
         return KnobMemory(
@@ -63,10 +66,12 @@ class KnobSteps:
         self, state: ModelState, knobs: Knobs, reason: Reason, pending: KnobMemory, now_s: float
     ) -> tuple[bool, KnobMemory]:
         """Whether publishing `knobs` (for `reason`) asks for a rolling restart (a change
-        of at least knob_rollout_gain_frac from the knobs in force), and step 2's memory
-        after it (`_knob_memory`)."""
-        rollout = reason == Reason.KNOBS_CHANGED and self._material(
-            knobs, state.knobs, self.policy.knob_rollout_gain_frac
+        of at least knob_rollout_gain_frac from the knobs in force, on engines that do
+        not follow knobs live), and step 2's memory after it (`_knob_memory`)."""
+        rollout = (
+            reason == Reason.KNOBS_CHANGED
+            and not self.policy.knobs_live
+            and self._material(knobs, state.knobs, self.policy.knob_rollout_gain_frac)
         )
         return rollout, self._knob_memory(state, knobs, reason, pending, rollout, now_s)
 

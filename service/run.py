@@ -498,10 +498,10 @@ def _kube_actuators(
         return cfg.policy_for(cfg.model(model)).rollout_min_interval_s
 
     def rollout_worth(model: str, decided: Knobs, annotated: Knobs) -> bool:
+        """A take-over's catch-up: engines that follow knobs live never need a restart."""
         cfg = core_ref[0].config
-        return decided.differs_by(
-            annotated, cfg.policy_for(cfg.model(model)).knob_rollout_gain_frac
-        )
+        pol = cfg.policy_for(cfg.model(model))
+        return not pol.knobs_live and decided.differs_by(annotated, pol.knob_rollout_gain_frac)
 
     out: list[Actuator] = []
     drain = None

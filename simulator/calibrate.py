@@ -194,3 +194,25 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def add_calibrate(sub: argparse._SubParsersAction) -> None:
+    """`governor calibrate [--capacity] [--out FILE]` (registered by simulator.cli)."""
+    p = sub.add_parser(
+        "calibrate", help="published vLLM H100 measurements vs the simulated plant (a table)"
+    )
+    p.add_argument("--out", default=None, help="write the markdown table here")
+    p.add_argument(
+        "--capacity",
+        action="store_true",
+        help="instead: the decider's capacity model vs the plant per matrix trace and "
+        "fleet size (docs/capacity.md; about a minute and a half on 2 cores)",
+    )
+    p.set_defaults(func=_calibrate)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from simulator.capacity_check import main as capacity_main  # it imports the matrix
+
+    argv = ["--out", args.out] if args.out else []
+    return capacity_main(argv) if args.capacity else main(argv)

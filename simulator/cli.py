@@ -16,8 +16,7 @@ from pathlib import Path
 
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES
-from simulator.calibrate import main as calibrate_main
-from simulator.capacity_check import main as capacity_main
+from simulator.calibrate import add_calibrate
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
 from simulator.plant import Plant
@@ -120,6 +119,12 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
         help="actual cold start = X x the configured one",
     )
     p.add_argument(
+        "--live-knobs",
+        action="store_true",
+        help="the engines follow knob changes live (the scheduler plugin, the chart's "
+        "default) instead of at start only; the governor is told so (policy.knobs_live)",
+    )
+    p.add_argument(
         "--scrape-interval-s",
         type=_positive(float, "--scrape-interval-s"),
         default=DEFAULT_SCRAPE_INTERVAL_S,
@@ -132,6 +137,7 @@ def plant_from_args(args: argparse.Namespace) -> Plant:
         speed=args.plant_speed,
         overhead_ms=args.plant_overhead_ms,
         cold_start_factor=args.plant_cold_start_x,
+        live_knobs=args.live_knobs,
     )
 
 
@@ -347,6 +353,7 @@ SINGLE_RUN_FLAGS = (
     "duration",
     "plant_speed",
     "plant_cold_start_x",
+    "live_knobs",
     "scrape_interval_s",
     "sla_ttft_p95_ms",
     "sla_itl_p95_ms",
@@ -667,25 +674,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     png = plot(sc, results, orc, out / "demo.png")
     print(f"\nplot: {png}\njson: {out / 'demo.json'}\n(took {time.perf_counter() - wall0:.0f} s)")
     return 0
-
-
-def add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate", help="published vLLM H100 measurements vs the simulated plant (a table)"
-    )
-    p.add_argument("--out", default=None, help="write the markdown table here")
-    p.add_argument(
-        "--capacity",
-        action="store_true",
-        help="instead: the decider's capacity model vs the plant per matrix trace and "
-        "fleet size (docs/capacity.md; about a minute and a half on 2 cores)",
-    )
-    p.set_defaults(func=_calibrate)
-
-
-def _calibrate(args: argparse.Namespace) -> int:
-    argv = ["--out", args.out] if args.out else []
-    return capacity_main(argv) if args.capacity else calibrate_main(argv)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -147,18 +147,10 @@ class Engine:
         step_log: list[StepRecord] | None = None,
         overhead_s: float = 0.0,
     ) -> None:
-        mns, mnbt = int(knobs.max_num_seqs), int(knobs.max_num_batched_tokens)
-        if mns < 1 or mnbt < 1:
-            raise ValueError(f"knobs must be >= 1, got {knobs}")
-        if mnbt < mns:
-            # vLLM refuses to start with this configuration.
-            raise ValueError(
-                f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}) (vLLM rule)"
-            )
         self.profile = profile
         self.knobs = knobs
-        self.mns = mns
-        self.mnbt = mnbt
+        self.mns, self.mnbt = checked_knobs(knobs)
+        self._over_cap = False  # a lowered cap: preempt over it at the next step start
         self.bs = bs = profile.memory.block_size_tokens
         self.total_blocks = (
             int(kv_capacity_blocks)
@@ -298,6 +290,21 @@ class Engine:
             self.wake_s = self.t_next
         return True
 
+    def set_knobs(self, knobs: Knobs, t_s: float) -> None:
+        """Change the knobs live at `t_s`, as the governor's scheduler plugin does (README,
+        "Real engine"): the steps that start at or after `t_s` use the new admission cap
+        and token budget; a step in flight keeps its composition and a decode jump is cut
+        after the step in flight at `t_s`. Over a lowered cap, the newest running requests
+        are preempted at the next step start (back to the front of the waiting queue, as
+        vLLM preempts for KV space)."""
+        mns, mnbt = checked_knobs(knobs)
+        if self.wake_s <= t_s:
+            self.advance_to(t_s)
+        if self.fl_kind == 2:
+            self._truncate_jump(t_s)
+        self._over_cap = self._over_cap or mns < self.mns
+        self.knobs, self.mns, self.mnbt = knobs, mns, mnbt
+
     # -- time ----------------------------------------------------------------------------------
 
     def advance_to(self, t_s: float, exact: bool = False) -> None:
@@ -333,6 +340,8 @@ class Engine:
 
     def _schedule(self, t0: float) -> None:
         """Decide the step starting at `t0` (or a pure-decode jump) and put it in flight."""
+        if self._over_cap:
+            self._preempt_over_cap(t0)
         k = self.k
         nd = self.n_dec
         bs = self.bs
@@ -646,6 +655,19 @@ class Engine:
             self._log_pre.append(r.rid)
         return held
 
+    def _preempt_over_cap(self, t0: float) -> None:
+        """A lowered cap (`set_knobs`): preempt the newest running requests (the partial
+        prefill first, then decoders from the newest admitted) until the cap holds."""
+        self._over_cap = False
+        free = self.free
+        while self.n_dec + (self.partial is not None) > self.mns:
+            if self.partial is not None:
+                free += self._preempt_partial()
+            else:
+                newest = self.dec[next(reversed(self.dec))]
+                free += self._preempt_decoder(newest, self.k, t0)
+        self.free = free
+
     def _preempt_for_decodes(self, k: int, t0: float) -> None:
         """Allocate step `k`'s decode blocks in running order, preempting from the end."""
         bs = self.bs
@@ -811,3 +833,16 @@ def _steps_within(a: float, b: float, t0: float, t_s: float, m_max: int, *, stri
     while j < m_max and ok(j + 1):
         j += 1
     return j
+
+
+def checked_knobs(knobs: Knobs) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) of `knobs`, refused as vLLM refuses them."""
+    mns, mnbt = int(knobs.max_num_seqs), int(knobs.max_num_batched_tokens)
+    if mns < 1 or mnbt < 1:
+        raise ValueError(f"knobs must be >= 1, got {knobs}")
+    if mnbt < mns:
+        # vLLM refuses to start with this configuration.
+        raise ValueError(
+            f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}) (vLLM rule)"
+        )
+    return mns, mnbt

@@ -41,7 +41,7 @@ import numpy as np
 
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
-from simulator.engine import INF, Engine
+from simulator.engine import INF, Engine, checked_knobs
 from simulator.requests import RequestLog, RequestRecords
 from simulator.traces import Trace
 
@@ -118,7 +118,9 @@ class Fleet:
     `overhead_s` is the server time before a request reaches an engine (HTTP,
     tokenization; see `simulator.plant`): arrivals are routed that much later and the
     engines' TTFT and e2e metrics include it; the request log keeps the arrival at the
-    fleet, so scored latencies include it too.
+    fleet, so scored latencies include it too. `live_knobs`: the engines follow knob
+    changes live (the governor's scheduler plugin, `Engine.set_knobs`) instead of at
+    start only (see `set_knobs`).
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class Fleet:
         kv_capacity_blocks: int | None = None,
         max_model_len: int | None = None,
         overhead_s: float = 0.0,
+        live_knobs: bool = False,
     ) -> None:
         if not (math.isfinite(overhead_s) and overhead_s >= 0):
             raise ValueError(f"overhead_s must be finite and >= 0, got {overhead_s}")
@@ -141,7 +144,8 @@ class Fleet:
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         d = self.profile.engine_defaults
         self.knobs = knobs or Knobs(d.max_num_seqs, d.max_num_batched_tokens)
-        _validate_knobs(self.knobs)
+        checked_knobs(self.knobs)
+        self.live_knobs = live_knobs
         if initial_replicas < 0:
             raise ValueError(f"initial_replicas must be >= 0, got {initial_replicas}")
         if isinstance(cold_start_s, tuple):
@@ -184,9 +188,20 @@ class Fleet:
     # -- configuration ---------------------------------------------------------------------
 
     def set_knobs(self, knobs: Knobs) -> None:
-        """Knobs for replicas requested from now on; running replicas keep theirs."""
-        _validate_knobs(knobs)
+        """Knobs for replicas requested from now on. Running replicas keep theirs (vLLM
+        reads them at start; `roll_out` replaces them), unless the fleet has
+        `live_knobs`: then every replica takes them now, a serving or draining engine
+        from its next step (`Engine.set_knobs`), a starting one when it is ready."""
+        checked_knobs(knobs)
         self.knobs = knobs
+        if not self.live_knobs:
+            return
+        for rep in self.replicas:
+            if rep.state is ReplicaState.GONE:
+                continue
+            rep.knobs = knobs
+            if rep.engine is not None:
+                rep.engine.set_knobs(knobs, self.now_s)
 
     def roll_out(self, now_s: float | None = None) -> None:
         """Replace every SERVING replica whose knobs differ from the fleet's, one at a
@@ -610,14 +625,4 @@ class Fleet:
             router_queued_total=self.router_queued_total,
             replicas_requested=len(self.replicas),
             steps=sum(e.steps for e in engines),
-        )
-
-
-def _validate_knobs(knobs: Knobs) -> None:
-    if knobs.max_num_seqs < 1 or knobs.max_num_batched_tokens < 1:
-        raise ValueError(f"knobs must be >= 1, got {knobs}")
-    if knobs.max_num_batched_tokens < knobs.max_num_seqs:
-        raise ValueError(
-            f"max_num_batched_tokens ({knobs.max_num_batched_tokens}) must be >= "
-            f"max_num_seqs ({knobs.max_num_seqs}) (vLLM refuses to start otherwise)"
         )

@@ -5,7 +5,9 @@
 under the default condition (start at min replicas, 15 s scrape, plant speed 1.0, the
 calibrated per-request overhead, the configured cold start) and then one factor at a
 time: start at 4 replicas; scrape every 5 s and 30 s; plant step times x0.7 and x1.3;
-cold start 2x the configured one. A cell is (SLO attainment, GPU-hours / oracle, flaps).
+cold start 2x the configured one; engines that follow knob changes live (the chart's
+default; in the other rows they restart to take new knobs). A cell is (SLO attainment,
+GPU-hours / oracle, flaps).
 
 Cost: cells run in parallel worker processes (default 2); the oracle is computed once per
 trace and plant speed (neither the start, the scrape nor the cold start changes it), and
@@ -75,6 +77,7 @@ class Condition:
     scrape_interval_s: float | None = None
     plant_speed: float = 1.0
     cold_start_factor: float = 1.0
+    live_knobs: bool = False
 
 
 TRACES: tuple[MatrixTrace, ...] = (
@@ -91,6 +94,7 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("speed 0.7", plant_speed=0.7),
     Condition("speed 1.3", plant_speed=1.3),
     Condition("cold start 2x", cold_start_factor=2.0),
+    Condition("knobs live", live_knobs=True),
 )
 
 
@@ -164,6 +168,7 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
             speed=cond.plant_speed,
             overhead_ms=spec.overhead_ms,
             cold_start_factor=cond.cold_start_factor,
+            live_knobs=cond.live_knobs,
         ),
         **kw,
     )

@@ -5,7 +5,11 @@ the simulated engines actually do: the same profile with every step time multipl
 `speed` (1.3 = a GPU 30 % slower than the profile says), a per-request server overhead
 before the first step (HTTP, tokenization; default: the profile's calibrated
 `request_overhead_ms`), and cold starts `cold_start_factor` times the configured one.
-Baselines and the oracle run on the same plant, so every policy is judged on one truth.
+With `live_knobs` the engines follow knob changes at their next step (the governor's
+scheduler plugin, the chart's default), else only replicas started after a change run
+the new knobs (a roll-out replaces the others); the governor is told which
+(`policy.knobs_live`). Baselines and the oracle run on the same plant, so every policy
+is judged on one truth.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ class Plant:
     `speed`: step-time factor (> 0, 1 = exactly the profile). `overhead_ms`: per-request
     server overhead in ms (>= 0; None = the profile's `request_overhead_ms`).
     `cold_start_factor`: actual cold start / configured cold start (> 0).
+    `live_knobs`: the engines follow knob changes live.
     """
 
     speed: float = 1.0
     overhead_ms: float | None = None
     cold_start_factor: float = 1.0
+    live_knobs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("speed", "cold_start_factor"):
@@ -55,10 +61,11 @@ class Plant:
         """The plant's cold start for a configured one, seconds."""
         return configured_s * self.cold_start_factor
 
-    def describe(self, belief: Profile) -> dict[str, float]:
-        """JSON-ready summary (speed, overhead in ms, cold-start factor)."""
+    def describe(self, belief: Profile) -> dict[str, float | bool]:
+        """JSON-ready summary (speed, overhead in ms, cold-start factor, live knobs)."""
         return {
             "speed": self.speed,
             "overhead_ms": self.overhead_s(belief) * 1000.0,
             "cold_start_factor": self.cold_start_factor,
+            "live_knobs": self.live_knobs,
         }

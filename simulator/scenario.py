@@ -70,8 +70,9 @@ class Scenario:
 
     `profile` and `cold_start_s` are what the governor is configured with (its belief;
     `cold_start_s` None = the profile's); `plant` says how the simulated engines differ
-    from that (`simulator.plant`). `start_replicas` None = `min_replicas` (what a new
-    deployment starts with). `scrape_interval_s`: the metric source's resolution.
+    from that (`simulator.plant`; the governor's `knobs_live` follows the plant's).
+    `start_replicas` None = `min_replicas` (what a new deployment starts with).
+    `scrape_interval_s`: the metric source's resolution.
     """
 
     trace: Trace
@@ -117,6 +118,7 @@ class Scenario:
             seed=self.seed,
             cold_start_s=self.plant.cold_start_s(self.configured_cold_start_s),
             overhead_s=self.plant.overhead_s(self.profile),
+            live_knobs=self.plant.live_knobs,
         )
 
     def governor_config(self) -> GovernorConfig:
@@ -134,7 +136,8 @@ class Scenario:
                     profile=self.profile.name,
                 ),
             ),
-            policy=self.governor_policy,
+            # The deployment tells the governor whether its engines follow knobs live.
+            policy=self.governor_policy.model_copy(update={"knobs_live": self.plant.live_knobs}),
             prometheus=PrometheusSettings(scrape_interval_s=self.scrape_interval_s),
         )
 

@@ -384,6 +384,7 @@ def start_world(
         prom.start()
         config = workdir / "governor.yaml"
         cfg = governor_config(prom.url, **(config_overrides or {}))
+        cfg["policy"]["knobs_live"] = live  # how the engine below is started
         cfg["policy"].update(policy_overrides or {})
         config.write_text(yaml.safe_dump(cfg))
         governor = ServiceProcess(

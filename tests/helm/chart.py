@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "llm-governor"
 RELEASE = "gov"
 NAMESPACE = "llm-system"
+FULLNAME = f"{RELEASE}-llm-governor"  # the release name with the chart name
 # Helm's offline render reports Kubernetes v1.36.0 in .Capabilities (test_render checks it);
 # validate against that version's schemas.
 KUBE_VERSION = "1.36.0"

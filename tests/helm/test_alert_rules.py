@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.helm.chart import (
+    FULLNAME,
     MODEL_8B,
     MODEL_CODE,
     NAMESPACE,
@@ -30,7 +31,6 @@ pytestmark = pytest.mark.skipif(
     PROMTOOL is None,
     reason="promtool not found (Debian package `prometheus`; `make prometheus` installs it)",
 )
-FULLNAME = "gov-llm-governor"
 SEL = f'job="{FULLNAME}",namespace="{NAMESPACE}"'
 
 

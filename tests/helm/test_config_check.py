@@ -30,6 +30,7 @@ import yaml
 
 from tests.helm.chart import (
     CHART,
+    FULLNAME,
     MODEL_8B,
     NAMESPACE,
     ROOT,
@@ -44,7 +45,6 @@ from tests.helm.chart import (
     values,
 )
 
-FULLNAME = "gov-llm-governor"
 CHECK = f"{FULLNAME}-config-check"
 CHAT: dict[str, Any] = {
     "name": "chat",

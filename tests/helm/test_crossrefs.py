@@ -34,6 +34,7 @@ from controller.config import parse_config
 from controller.targets import TargetsDoc, build_config
 from service.cli import build_parser
 from tests.helm.chart import (
+    FULLNAME,
     MODEL_8B,
     MODEL_CODE,
     MODEL_OTHER_NS,
@@ -49,7 +50,6 @@ from tests.helm.chart import (
 )
 
 ALL_MODELS = [MODEL_8B, MODEL_CODE, MODEL_OTHER_NS]
-FULLNAME = "gov-llm-governor"
 # scaling.via=hpa needs both: the recording rule and the scrape it reads.
 _HPA_MONITORING = {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}
 

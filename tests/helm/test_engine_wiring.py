@@ -14,7 +14,16 @@ import pytest
 import yaml
 
 from controller.config import GovernorConfig
-from tests.helm.chart import MODEL_8B, container, helm, one, render, values
+from tests.helm.chart import (
+    FULLNAME,
+    MODEL_8B,
+    MODEL_OTHER_NS,
+    container,
+    helm,
+    one,
+    render,
+    values,
+)
 
 PLUGIN = "/run/governor/plugin"
 
@@ -50,6 +59,44 @@ def test_live_knobs_off_starts_the_engine_with_start_only_flags() -> None:
     script = container(pod, "governor-engine-args", init=True)["args"][0]
     assert "--live" not in script and "--plugin-dir" not in script
     assert "PYTHONPATH" not in _env(container(pod, "vllm"))
+
+
+def _models(objs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    text = one(objs, "ConfigMap", f"{FULLNAME}-config")["data"]["config.yaml"]
+    cfg = GovernorConfig.model_validate(yaml.safe_load(text))
+    return {m.name: cfg.policy_for(m).model_dump() for m in cfg.models}
+
+
+@pytest.mark.parametrize(
+    ("over", "live"),
+    [
+        # the example engine runs the first model: only its engines follow knobs live
+        ({"exampleEngine": {"enabled": True}}, {MODEL_8B["name"]: True, "qwen-72b": False}),
+        (
+            {"exampleEngine": {"enabled": True, "model": "qwen-72b"}},
+            {MODEL_8B["name"]: False, "qwen-72b": True},
+        ),
+        # sidecar mode: every model's engines carry the chart's templates
+        ({"mode": "sidecar"}, {MODEL_8B["name"]: True, "qwen-72b": True}),
+        # engines the chart does not start, start-only engines, an operator's own setting
+        ({}, {MODEL_8B["name"]: False, "qwen-72b": False}),
+        (
+            {"mode": "sidecar", "engine": {"liveKnobs": False}},
+            {MODEL_8B["name"]: False, "qwen-72b": False},
+        ),
+        (
+            {"mode": "sidecar", "models": [dict(MODEL_8B, policy={"knobs_live": False})]},
+            {MODEL_8B["name"]: False},
+        ),
+    ],
+)
+def test_the_governor_knows_which_engines_follow_knobs_live(
+    over: dict[str, Any], live: dict[str, bool]
+) -> None:
+    """policy.knobs_live (no roll-outs; new knobs on every replica at once) for exactly the
+    models whose engines the chart starts with engine.liveKnobs."""
+    got = _models(render(values(**{"models": [MODEL_8B, MODEL_OTHER_NS], **over})))
+    assert {name: pol["knobs_live"] for name, pol in got.items()} == live
 
 
 def test_live_knobs_must_be_a_boolean() -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from tests.helm import crd_schemas
 from tests.helm.chart import (
+    FULLNAME,
     MODEL_8B,
     MODEL_CODE,
     NAMESPACE,
@@ -38,7 +39,6 @@ from tests.helm.chart import (
     values,
 )
 
-FULLNAME = "gov-llm-governor"
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 _CODE_MIN1 = {**MODEL_CODE, "replicas": {"min_replicas": 1, "max_replicas": 8}}
 _SECRET = {"existingSecret": "gov-admin", "key": "token"}

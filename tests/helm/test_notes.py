@@ -28,6 +28,7 @@ import yaml
 
 from service.cli import build_parser
 from tests.helm.chart import (
+    FULLNAME,
     MODEL_8B,
     NAMESPACE,
     ROOT,
@@ -38,7 +39,6 @@ from tests.helm.chart import (
     values,
 )
 
-FULLNAME = "gov-llm-governor"
 GRPC_HOST = f"{FULLNAME}.{NAMESPACE}.svc.cluster.local"
 ADMIN = {"existingSecret": "governor-admin", "key": "admin.token"}
 

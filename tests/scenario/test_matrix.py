@@ -63,6 +63,7 @@ def test_the_matrix_covers_the_issue_conditions() -> None:
         "speed 0.7",
         "speed 1.3",
         "cold start 2x",
+        "knobs live",
     ]
 
 

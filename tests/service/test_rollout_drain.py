@@ -5,6 +5,7 @@ Clocks are injected; nothing sleeps."""
 
 from __future__ import annotations
 
+import argparse
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -395,9 +396,18 @@ def test_keda_mode_stand_down_and_close_start_no_drain_after_them(api: FakeKubeA
     assert drain.calls.count("demo") == 1 and api.count("GET", "/deployments/demo") == 1
 
 
-def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: FakeKubeAPI) -> None:
-    import argparse
+def _run_args(**over: str) -> argparse.Namespace:
+    """`governor run`'s arguments that `_kube_actuators` reads: roll-outs on, `over`."""
+    kw: dict[str, Any] = {
+        "knob_rollouts": "on",
+        "simulated_fleet": None,
+        "hpa_conflict_check": "off",
+        **over,
+    }
+    return argparse.Namespace(**kw)
 
+
+def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: FakeKubeAPI) -> None:
     from actuators.drain import DrainBeforeScaleDown
     from service.core import ServiceCore
     from service.run import _kube_actuators
@@ -405,13 +415,7 @@ def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: Fake
     from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
 
     cfg = make_config(model_entry("demo", namespace=NS))
-    args = argparse.Namespace(
-        scale_via="kubernetes",
-        knob_rollouts="on",
-        drain_scale_in="on",
-        simulated_fleet=None,
-        hpa_conflict_check="off",
-    )
+    args = _run_args(scale_via="kubernetes", drain_scale_in="on")
     core_ref: list[ServiceCore] = []
     acts = _kube_actuators(args, api_client(api.url), cfg, core_ref)
     try:
@@ -444,6 +448,32 @@ def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: Fake
     finally:
         for a in acts:
             a.close()
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_take_over_rolls_out_no_engines_that_follow_knobs_live(live: bool) -> None:
+    """`governor run`'s roll-out threshold for a new leader's catch-up (`worth`): a big
+    change is worth a restart, unless the model's engines follow knobs live."""
+    from service.core import ServiceCore
+    from service.run import _kube_actuators
+    from service.store import MemoryStore
+    from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
+
+    cfg = make_config(model_entry("demo", namespace=NS, policy={"knobs_live": live}))
+    args = _run_args(scale_via="keda", drain_scale_in="off")
+    core_ref: list[ServiceCore] = []
+    (act,) = _kube_actuators(args, None, cfg, core_ref)
+    try:
+        core = ServiceCore(
+            cfg, FakeSource({"demo": 10.0}), MemoryStore(), clock=FakeClock(),
+            actuators=[], logger=quiet_logger(),
+        )  # fmt: skip
+        core_ref.append(core)
+        assert act.worth is not None
+        assert act.worth("demo", K2, K1) is not live  # 64 -> 128 seqs: +100 %
+        assert not act.worth("demo", K1, K1)
+    finally:
+        act.close()
 
 
 def test_a_new_leader_rolls_out_what_its_predecessor_left_pending(api: FakeKubeAPI) -> None:

@@ -291,3 +291,62 @@ def idle_time(start: object, finish: object) -> float:
             idle += s[i] - busy_until
         busy_until = max(busy_until, f[i])
     return idle
+
+
+# --- live knobs (the governor's scheduler plugin) -----------------------------------------
+
+
+def test_live_cap_lowered_preempts_the_newest_at_the_next_step_start() -> None:
+    eng, log, steps = make(mns=8, mnbt=8192)
+    ids = [submit(eng, log, 0.0, 40, 400) for _ in range(4)]
+    eng.advance_to(0.5)  # all four decode (a jump in flight)
+    eng.set_knobs(Knobs(2, 8192), 0.5)
+    assert eng.knobs == Knobs(2, 8192)
+    eng.advance_to(0.6)
+    assert [r.rid for r in eng.waiting] == [ids[2], ids[3]]
+    run_all(eng)
+    # The steps that started before 0.5 kept their four decodes; the first one after
+    # preempts the two newest (back to the queue's front in arrival order) and runs two.
+    assert all(len(s.decodes) == 4 for s in steps[1:] if s.start_s < 0.5)
+    cut = next(s for s in steps if s.start_s >= 0.5)
+    assert cut.preempted == (ids[3], ids[2])
+    assert cut.decodes == (ids[0], ids[1])
+    later = [s for s in steps if s.start_s >= 0.5]
+    assert max(len(s.decodes) + len(s.chunks) for s in later) <= 2
+    rec = log.arrays()
+    assert all(rec.finish_s[i] > 0 for i in ids)  # every request still finishes
+    assert rec.preemptions[ids[2]] == rec.preemptions[ids[3]] == 1
+
+
+def test_live_cap_raised_admits_the_waiting_at_the_next_step_start() -> None:
+    eng, log, _ = make(mns=1, mnbt=8192)
+    a = submit(eng, log, 0.0, 40, 2000)
+    b = submit(eng, log, 0.0, 40, 5)
+    eng.advance_to(1.0)
+    eng.set_knobs(Knobs(2, 8192), 1.0)
+    run_all(eng)
+    rec = log.arrays()
+    # B waited behind A's cap of 1; raised at 1.0, it is admitted at the first step that
+    # starts after it (a decode step lasts well under 50 ms), long before A finishes.
+    assert 1.0 <= rec.sched_s[b] < 1.05
+    assert rec.finish_s[b] < rec.finish_s[a]
+
+
+def test_live_token_budget_applies_to_the_next_steps() -> None:
+    eng, log, steps = make(mns=64, mnbt=8192)
+    for _ in range(4):
+        submit(eng, log, 0.0, 3000, 4)
+    eng.advance_to(0.001)  # the first step is in flight
+    eng.set_knobs(Knobs(64, 512), 0.001)
+    run_all(eng)
+    # The step in flight keeps the old budget (8,192 tokens of the first three prompts);
+    # every later one runs within 512.
+    assert sum(c for _, c, _ in steps[0].chunks) == 8192
+    assert all(len(s.decodes) + sum(c for _, c, _ in s.chunks) <= 512 for s in steps[1:])
+
+
+def test_live_knobs_refused_like_vllm_change_nothing() -> None:
+    eng, _, _ = make(mns=8, mnbt=512)
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        eng.set_knobs(Knobs(256, 128), 0.0)
+    assert eng.knobs == Knobs(8, 512) and (eng.mns, eng.mnbt) == (8, 512)

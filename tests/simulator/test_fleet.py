@@ -1,4 +1,4 @@
-"""Fleet lifecycle: cold start, router queue, draining, GPU-seconds, knobs at start."""
+"""Fleet lifecycle: cold start, router queue, draining, GPU-seconds, knobs at start or live."""
 
 from __future__ import annotations
 
@@ -106,6 +106,25 @@ def test_knobs_apply_to_replicas_started_afterwards() -> None:
     assert (engines[1].mns, engines[1].mnbt) == (128, 4096)
     with pytest.raises(ValueError, match="max_num_seqs"):
         fleet.set_knobs(Knobs(512, 256))
+
+
+def test_live_knobs_reach_serving_and_starting_replicas() -> None:
+    k1, k2 = Knobs(64, 2048), Knobs(16, 1024)
+    fleet = Fleet(knobs=k1, initial_replicas=2, cold_start_s=5.0, live_knobs=True)
+    fleet.scale_to(3, 0.0)  # replica 2 starts, requested with k1
+    fleet.advance_to(1.0)
+    fleet.set_knobs(k2)
+    engines = dict(fleet.live_engines())
+    assert sorted(engines) == [0, 1]
+    assert all((e.mns, e.mnbt) == (16, 1024) for e in engines.values())  # at once
+    fleet.advance_to(10.0)
+    engines = dict(fleet.live_engines())
+    assert sorted(engines) == [0, 1, 2]
+    assert (engines[2].mns, engines[2].mnbt) == (16, 1024)  # ready with the new knobs
+    assert fleet.outdated_replicas() == 0
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        fleet.set_knobs(Knobs(512, 256))
+    assert all(e.knobs == k2 for e in engines.values())
 
 
 def test_least_outstanding_routing_balances() -> None:

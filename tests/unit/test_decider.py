@@ -601,6 +601,24 @@ def test_big_knob_changes_ask_for_a_rollout_small_ones_do_not() -> None:
     assert "rollout" not in dec.explain()
 
 
+def test_engines_with_live_knobs_are_not_rolled_out_and_run_the_new_knobs_at_once() -> None:
+    """With `knobs_live` the same big change asks for no roll-out, and no replica is
+    remembered as running the old knobs (they all take the new ones at their next step);
+    without it, the three replicas run the old knobs until the roll-out has replaced them."""
+    kw = {"knob_sustain_s": 0.0, "knob_rollout_gain_frac": 0.25, "lengths_half_life_s": 0.01}
+    for live in (False, True):
+        d = Decider(make_model(), make_policy(knobs_live=live, **kw))
+        dec, s = d.decide(obs(rate=30.0), d.initial_state(3), ORIGIN_S)  # 256/8192 -> 160/2560
+        assert dec.knob_reason == Reason.KNOBS_CHANGED
+        assert dec.rollout is not live
+        assert s.knob_memory.changes == 1
+        if live:
+            assert s.knob_memory.running is None and s.knob_memory.running_replicas == 0
+        else:
+            assert s.knob_memory.running == Knobs(256, 8192)
+            assert s.knob_memory.running_replicas == 3
+
+
 @pytest.mark.parametrize(
     ("kw", "requests", "violated"),
     [

@@ -85,14 +85,28 @@ ScaledObjects and engines live in the models' namespaces. */}}
 
 {{/* The values' models, each with its namespace filled in: a model without one runs in
 the release namespace (the governor's own default, `default`, would put a sidecar
-release's ScaledObject and RBAC somewhere the install never meant). YAML `models: [...]`;
-read it with (include "llm-governor.models" . | fromYaml).models. */}}
+release's ScaledObject and RBAC somewhere the install never meant). A model whose engines
+the chart starts (every model in sidecar mode; exampleEngine's model) with engine.liveKnobs
+gets `policy.knobs_live: true` unless its entry sets it: the governor then asks for no
+roll-out and counts the new knobs on every replica at once. YAML `models: [...]`; read it
+with (include "llm-governor.models" . | fromYaml).models. */}}
 {{- define "llm-governor.models" -}}
 {{- $out := list -}}
+{{- $live := eq (include "llm-governor.liveKnobs" .) "true" -}}
+{{- $ex := default dict .Values.exampleEngine -}}
+{{- $exampleFound := false -}}
 {{- range .Values.models -}}
 {{- if kindIs "map" . -}}
 {{- $m := deepCopy . -}}
 {{- if not $m.namespace }}{{ $_ := set $m "namespace" $.Release.Namespace }}{{ end -}}
+{{- $chartEngine := eq $.Values.mode "sidecar" -}}
+{{- if and $ex.enabled (not $exampleFound) (or (not $ex.model) (eq $m.name $ex.model)) -}}
+{{- $chartEngine = true }}{{ $exampleFound = true -}}
+{{- end -}}
+{{- $pol := default dict $m.policy -}}
+{{- if and $live $chartEngine (kindIs "map" $pol) (not (hasKey $pol "knobs_live")) -}}
+{{- $_ := set $pol "knobs_live" true }}{{ $_ := set $m "policy" $pol -}}
+{{- end -}}
 {{- $out = append $out $m -}}
 {{- else -}}
 {{- $out = append $out . -}}
