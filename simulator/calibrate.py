@@ -192,10 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def add_calibrate(sub: argparse._SubParsersAction) -> None:
     """`governor calibrate [--capacity] [--out FILE]` (registered by simulator.cli)."""
     p = sub.add_parser(
@@ -216,3 +212,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     argv = ["--out", args.out] if args.out else []
     return capacity_main(argv) if args.capacity else main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

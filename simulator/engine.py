@@ -150,7 +150,6 @@ class Engine:
         self.profile = profile
         self.knobs = knobs
         self.mns, self.mnbt = checked_knobs(knobs)
-        self._over_cap = False  # a lowered cap: preempt over it at the next step start
         self.bs = bs = profile.memory.block_size_tokens
         self.total_blocks = (
             int(kv_capacity_blocks)
@@ -302,7 +301,6 @@ class Engine:
             self.advance_to(t_s)
         if self.fl_kind == 2:
             self._truncate_jump(t_s)
-        self._over_cap = self._over_cap or mns < self.mns
         self.knobs, self.mns, self.mnbt = knobs, mns, mnbt
 
     # -- time ----------------------------------------------------------------------------------
@@ -340,7 +338,7 @@ class Engine:
 
     def _schedule(self, t0: float) -> None:
         """Decide the step starting at `t0` (or a pure-decode jump) and put it in flight."""
-        if self._over_cap:
+        if self.n_dec + (self.partial is not None) > self.mns:  # a cap lowered live
             self._preempt_over_cap(t0)
         k = self.k
         nd = self.n_dec
@@ -656,9 +654,9 @@ class Engine:
         return held
 
     def _preempt_over_cap(self, t0: float) -> None:
-        """A lowered cap (`set_knobs`): preempt the newest running requests (the partial
-        prefill first, then decoders from the newest admitted) until the cap holds."""
-        self._over_cap = False
+        """A cap lowered below the running requests (`set_knobs`; admission never runs
+        more than the cap): preempt the newest (the partial prefill first, then decoders
+        from the newest admitted) until the cap holds."""
         free = self.free
         while self.n_dec + (self.partial is not None) > self.mns:
             if self.partial is not None:
