@@ -201,7 +201,14 @@ class ScalingPolicy(_Strict):
         RateLimit(type="pods", value=4, period_s=15),
     )
     scale_down_limits: tuple[RateLimit, ...] = (RateLimit(type="percent", value=100, period_s=15),)
-    cooldown_after_scale_up_s: NonNegativeFloat = Field(default=60.0, le=3600)
+    cooldown_after_scale_up_s: NonNegativeFloat = Field(
+        default=600.0,
+        le=3600,
+        description=(
+            "no scale-down within this many s of the last scale-up, so a scale-up is "
+            "never reversed within the window that counts a reversal as a flap (10 min)"
+        ),
+    )
     falling_release_after_s: NonNegativeFloat | None = Field(
         default=600.0,
         le=86_400,

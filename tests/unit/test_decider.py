@@ -93,16 +93,20 @@ def test_scale_down_waits_for_stabilization_window() -> None:
     assert Reason.SCALE_DOWN_STABILIZED in decs[0].reasons
 
 
-def test_cooldown_blocks_scale_down_after_scale_up() -> None:
-    policy = make_policy(scale_down_stabilization_s=0.0, cooldown_after_scale_up_s=120.0)
-    d = Decider(make_model(), policy)
+@pytest.mark.parametrize(("cooldown_s", "held_s"), [(120.0, 120.0), (None, 600.0)])
+def test_cooldown_blocks_scale_down_after_scale_up(cooldown_s: float | None, held_s: float) -> None:
+    """However far the load falls, no scale-down within the cooldown of the last
+    scale-up. By default (None) 600 s: a scale-up is not reversed within the window in
+    which the simulator's scoring counts a reversal as a flap (simulator.scenario)."""
+    kw = {} if cooldown_s is None else {"cooldown_after_scale_up_s": cooldown_s}
+    d = Decider(make_model(), make_policy(scale_down_stabilization_s=0.0, **kw))
     s = d.initial_state(2)
-    dec, s = d.decide(obs(rate=100.0), s, ORIGIN_S)
-    assert dec.replicas > 2
-    dec, _ = d.decide(obs(rate=1.0), s, ORIGIN_S + 60)
-    assert dec.replicas == s.replicas and Reason.SCALE_DOWN_COOLDOWN in dec.reasons
-    dec, _ = d.decide(obs(rate=1.0), s, ORIGIN_S + 121)
-    assert dec.replicas < s.replicas
+    up, s = d.decide(obs(rate=100.0), s, ORIGIN_S)
+    assert up.replicas > 2
+    dec, _ = d.decide(obs(rate=1.0), s, ORIGIN_S + held_s - 5.0)
+    assert dec.replicas == up.replicas and Reason.SCALE_DOWN_COOLDOWN in dec.reasons
+    dec, _ = d.decide(obs(rate=1.0), s, ORIGIN_S + held_s)
+    assert dec.replicas < up.replicas
 
 
 def test_missing_data_holds_then_falls_back_never_lowers() -> None:

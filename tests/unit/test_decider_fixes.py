@@ -337,8 +337,10 @@ def test_replicas_asked_to_drain_a_queue_go_once_it_is_drained(queued: float) ->
     """The queue's share of a recommendation (waiting / backlog_drain_s) is acted on but
     not remembered by the scale-down window: once the queue is gone, the fleet returns
     to what the load alone asks for after the cooldown, not after the 300 s window.
-    900 queued (30 req/s over 40) scales up without panic, 4,000 (133 req/s) panics."""
-    policy = make_policy()
+    900 queued (30 req/s over 40) scales up without panic, 4,000 (133 req/s) panics.
+    The cooldown is set to 60 s: this is about the window, not the cooldown (600 s by
+    default, which would hold the fleet past the end of the test)."""
+    policy = make_policy(cooldown_after_scale_up_s=60.0)
     d = Decider(make_model(max_replicas=64), policy)
     decs, s = run(d, replace(d.initial_state(4), health=long_history()), [40.0] * 24)
     settled = s.replicas
@@ -356,8 +358,9 @@ def test_replicas_asked_to_drain_a_queue_go_once_it_is_drained(queued: float) ->
 
 def test_replicas_asked_to_drain_a_queue_stay_while_the_queue_is_unknown() -> None:
     """The queue's share goes once the queue reads drained; an absent waiting gauge is an
-    unknown queue, not an empty one: the fleet holds (NO_DATA_HOLD) for the window."""
-    policy = make_policy()
+    unknown queue, not an empty one: the fleet holds (NO_DATA_HOLD) for the window, past
+    a 60 s cooldown (the default 600 s would hold it anyway)."""
+    policy = make_policy(cooldown_after_scale_up_s=60.0)
     d = Decider(make_model(max_replicas=64), policy)
     decs, s = run(d, replace(d.initial_state(4), health=long_history()), [40.0] * 24)
     decs, s = run(d, s, [40.0] * 3, start=decs[-1].at_s + 5.0, waiting=900.0)
