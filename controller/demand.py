@@ -421,7 +421,9 @@ class DemandSteps:
         scale-down window after it is gone. Example: one replica met by 50 req/s
         queues ~3,000 requests; at a 30 s drain that is 100 req/s more, and the fleet
         asks for 14 where the load needs 7. Once the queue is down, the window holds
-        the 7 the load asked for, not the 14. A queue that stays keeps its share in
+        the 7 the load asked for, not the 14 (the 14 then go when the cooldown after
+        their scale-up ends: cooldown_after_scale_up_s, 600 s by default, so that a
+        scale-up is not reversed within 10 minutes). A queue that stays keeps its share in
         every tick's own recommendation, so nothing drops while it lasts. In panic the
         window remembers what the observed load needs, not the count panic holds (the
         hold is panic_hold_s; a surge to keep capacity for is the burst memory's,
