@@ -17,6 +17,7 @@ from pathlib import Path
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES
 from simulator.calibrate import add_calibrate
+from simulator.fleet import ROUTERS
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
 from simulator.plant import Plant
@@ -125,6 +126,14 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
         "default) instead of at start only; the governor is told so (policy.knobs_live)",
     )
     p.add_argument(
+        "--plant-router",
+        choices=ROUTERS,
+        default=ROUTERS[0],
+        help="how the cluster spreads requests over the replicas: a gateway's "
+        "least-outstanding balancing (default) or kube-proxy's random endpoint; the "
+        "decider is not told",
+    )
+    p.add_argument(
         "--scrape-interval-s",
         type=_positive(float, "--scrape-interval-s"),
         default=DEFAULT_SCRAPE_INTERVAL_S,
@@ -138,6 +147,7 @@ def plant_from_args(args: argparse.Namespace) -> Plant:
         overhead_ms=args.plant_overhead_ms,
         cold_start_factor=args.plant_cold_start_x,
         live_knobs=args.live_knobs,
+        router=args.plant_router,
     )
 
 
@@ -354,6 +364,7 @@ SINGLE_RUN_FLAGS = (
     "plant_speed",
     "plant_cold_start_x",
     "live_knobs",
+    "plant_router",
     "scrape_interval_s",
     "sla_ttft_p95_ms",
     "sla_itl_p95_ms",

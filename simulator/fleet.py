@@ -16,9 +16,12 @@ first STARTING replicas, newest request first (they cost GPU time and serve noth
 then SERVING replicas with the fewest outstanding requests (least work to drain), ties
 broken newest first.
 
-Routing: least outstanding requests (waiting + running on the engine) among SERVING
-replicas, ties broken round-robin. With no SERVING replica, requests queue FIFO at the
-router (counted, never dropped) and are dispatched when a replica becomes ready.
+Routing (`router`): "least-outstanding" (the default; a gateway's least-request
+balancing): fewest outstanding requests (waiting + running on the engine) among SERVING
+replicas, ties broken round-robin; "random": a SERVING replica drawn uniformly per request
+(kube-proxy's choice of endpoint behind a plain Service), from its own generator seeded
+by the fleet's seed. With no SERVING replica, requests queue FIFO at the router (counted,
+never dropped) and are dispatched when a replica becomes ready.
 
 Accounting: GPU-seconds count each replica from the moment it is requested (cold start
 included) until it is GONE (or until now); the replica timeline records (t, ready, total)
@@ -108,8 +111,12 @@ class _Pending:
     i: int = 0
 
 
+ROUTERS = ("least-outstanding", "random")
+"""The routing rules a fleet can use (module doc)."""
+
+
 class Fleet:
-    """A fleet of simulated replicas of one model behind a least-outstanding router.
+    """A fleet of simulated replicas of one model behind a router (`router`, ROUTERS).
 
     `profile` is a `Profile` or a profile name/path; `knobs` default to the profile's
     engine defaults. `initial_replicas` start SERVING at `start_s` when `initial_ready`
@@ -137,9 +144,14 @@ class Fleet:
         max_model_len: int | None = None,
         overhead_s: float = 0.0,
         live_knobs: bool = False,
+        router: str = ROUTERS[0],
     ) -> None:
         if not (math.isfinite(overhead_s) and overhead_s >= 0):
             raise ValueError(f"overhead_s must be finite and >= 0, got {overhead_s}")
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        # Its own generator: the random router leaves every other draw of the seed as is.
+        self._route_rng = random.Random(seed) if router == "random" else None
         self.overhead_s = float(overhead_s)
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         d = self.profile.engine_defaults
@@ -353,6 +365,11 @@ class Fleet:
                 e = serving[0]
                 if e.wake_s <= ta:
                     e.advance_to(ta)
+            elif self._route_rng is not None:
+                best = self._route_rng.randrange(ns)
+                e = serving[best]
+                if e.wake_s <= ta:
+                    e.advance_to(ta)
             else:
                 best = -1
                 bn = 1 << 62
@@ -375,7 +392,10 @@ class Fleet:
     def _route_now(self, rid: int, t_s: float) -> None:
         """Dispatch one request at `t_s` (engines already advanced to `t_s`)."""
         serving = self._serving
-        best = min(range(len(serving)), key=lambda j: serving[j].n_out)
+        if self._route_rng is not None:
+            best = self._route_rng.randrange(len(serving))
+        else:
+            best = min(range(len(serving)), key=lambda j: serving[j].n_out)
         self.log.replica[rid] = self._serving_ids[best]
         serving[best].enqueue(rid, t_s, self.log.prompt_tokens[rid], self.log.output_tokens[rid])
 

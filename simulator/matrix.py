@@ -6,11 +6,14 @@ under the default condition (start at min replicas, 15 s scrape, plant speed 1.0
 calibrated per-request overhead, the configured cold start) and then one factor at a
 time: start at 4 replicas; scrape every 5 s and 30 s; plant step times x0.7 and x1.3;
 cold start 2x the configured one; engines that follow knob changes live (the chart's
-default; in the other rows they restart to take new knobs). A cell is (SLO attainment,
-GPU-hours / oracle, flaps).
+default; in the other rows they restart to take new knobs); requests spread over the
+replicas at random (kube-proxy's choice of endpoint behind a plain Service) instead of by
+a gateway's least-outstanding balancing, which the decider's capacity model assumes. A
+cell is (SLO attainment, GPU-hours / oracle, flaps).
 
 Cost: cells run in parallel worker processes (default 2); the oracle is computed once per
-trace and plant speed (neither the start, the scrape nor the cold start changes it), and
+trace, plant speed and router (neither the start, the scrape nor the cold start changes
+it), and
 `static` holds that oracle's peak. `--matrix-quick` runs short slices of the same traces
 under two conditions (a smoke run for tests). `--matrix-combined` runs the full traces
 under several factors changed at once (COMBINED_CONDITIONS: slower or faster plants with
@@ -40,6 +43,7 @@ from typing import Any
 
 from controller.config import SLA, ScalingPolicy
 from simulator.autoscalers import CEILING, POLICY_NAMES
+from simulator.fleet import ROUTERS
 from simulator.oracle import OracleResult, scenario_oracle
 from simulator.plant import Plant
 from simulator.pool import process_pool
@@ -78,6 +82,14 @@ class Condition:
     plant_speed: float = 1.0
     cold_start_factor: float = 1.0
     live_knobs: bool = False
+    router: str = ROUTERS[0]
+
+    @property
+    def oracle_plant(self) -> tuple[float, str]:
+        """What of the condition changes the oracle (plant speed, router): neither the
+        start, the scrape, the cold start nor live knobs do (it runs warm fleets on fixed
+        knobs, one per window)."""
+        return self.plant_speed, self.router
 
 
 TRACES: tuple[MatrixTrace, ...] = (
@@ -95,6 +107,7 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("speed 1.3", plant_speed=1.3),
     Condition("cold start 2x", cold_start_factor=2.0),
     Condition("knobs live", live_knobs=True),
+    Condition("random routing", router="random"),
 )
 
 
@@ -169,9 +182,15 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
             overhead_ms=spec.overhead_ms,
             cold_start_factor=cond.cold_start_factor,
             live_knobs=cond.live_knobs,
+            router=cond.router,
         ),
         **kw,
     )
+
+
+def _oracle_condition(speed: float, router: str) -> Condition:
+    """The condition an oracle runs on (Condition.oracle_plant)."""
+    return Condition("oracle", plant_speed=speed, router=router)
 
 
 def _oracle_job(args: tuple[MatrixSpec, MatrixTrace, Condition]) -> OracleResult:
@@ -202,15 +221,15 @@ def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> di
     """Run every cell (see module doc); returns the JSON document."""
     t_start = time.perf_counter()
     say = log or (lambda _m: None)
-    oracle_keys = sorted({(t.key, c.plant_speed) for t in spec.traces for c in spec.conditions})
+    oracle_keys = sorted({(t.key, *c.oracle_plant) for t in spec.traces for c in spec.conditions})
     by_key = {t.key: t for t in spec.traces}
     runs = (*spec.policies, CEILING) if spec.bound else spec.policies
     cells = [(t, c, p) for t in spec.traces for c in spec.conditions for p in runs]
     results: dict[tuple[str, str, str], dict[str, Any]] = {}
-    oracles: dict[tuple[str, float], OracleResult] = {}
+    oracles: dict[tuple[str, float, str], OracleResult] = {}
     with process_pool(spec.workers) as pool:
-        ofut: dict[tuple[str, float], Future[OracleResult]] = {
-            k: pool.submit(_oracle_job, (spec, by_key[k[0]], Condition("oracle", plant_speed=k[1])))
+        ofut: dict[tuple[str, float, str], Future[OracleResult]] = {
+            k: pool.submit(_oracle_job, (spec, by_key[k[0]], _oracle_condition(k[1], k[2])))
             for k in oracle_keys
         }
         cfut = {
@@ -220,10 +239,10 @@ def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> di
         }
         for k, f in ofut.items():
             oracles[k] = f.result()
-            say(f"oracle {k[0]} speed {k[1]:g}: {oracles[k].gpu_hours:.2f} GPU-h")
+            say(f"oracle {k[0]} speed {k[1]:g} {k[2]}: {oracles[k].gpu_hours:.2f} GPU-h")
         for t, c, p in cells:
             if p == "static":
-                peak = max(1, max(oracles[(t.key, c.plant_speed)].replicas, default=1))
+                peak = max(1, max(oracles[(t.key, *c.oracle_plant)].replicas, default=1))
                 cfut[(t.key, c.name, p)] = pool.submit(_cell_job, (spec, t, c, p, peak))
         for key, f in cfut.items():
             results[key] = f.result()
@@ -239,7 +258,7 @@ def _plot_missed(
     spec: MatrixSpec,
     doc: Mapping[str, Any],
     series: Mapping[tuple[str, str, str], dict[str, list[float]]],
-    oracles: Mapping[tuple[str, float], OracleResult],
+    oracles: Mapping[tuple[str, float, str], OracleResult],
 ) -> list[str]:
     """A PNG per row with a goal missed (load, replicas of the governor, hpa-queue and
     the oracle, p95 TTFT per minute), named `<trace>_<condition>.png`; their paths."""
@@ -279,7 +298,7 @@ def _plot_missed(
         path = plot(
             scenario_for(spec, tr, cond),
             results,
-            oracles[(tr.key, cond.plant_speed)],
+            oracles[(tr.key, *cond.oracle_plant)],
             f"{spec.plots_dir}/{name}",
         )
         out.append(str(path))
@@ -289,13 +308,13 @@ def _plot_missed(
 def _document(
     spec: MatrixSpec,
     results: Mapping[tuple[str, str, str], dict[str, Any]],
-    oracles: Mapping[tuple[str, float], OracleResult],
+    oracles: Mapping[tuple[str, float, str], OracleResult],
     wall_s: float,
 ) -> dict[str, Any]:
     rows = []
     for t in spec.traces:
         for c in spec.conditions:
-            orc = oracles[(t.key, c.plant_speed)]
+            orc = oracles[(t.key, *c.oracle_plant)]
             pol = {}
             for p in spec.policies:
                 pol[p] = _with_ratios(dict(results[(t.key, c.name, p)]), orc.gpu_hours)

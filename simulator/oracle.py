@@ -20,7 +20,7 @@ import numpy as np
 from controller.config import SLA
 from controller.types import Knobs
 from estimators.stepmodel import Profile
-from simulator.fleet import Fleet
+from simulator.fleet import ROUTERS, Fleet
 from simulator.pool import process_pool
 from simulator.scenario import Scenario, governor_knobs_for, slo_met
 from simulator.traces import Trace
@@ -59,30 +59,40 @@ class OracleResult:
 
 
 def _met(
-    trace: Trace, n: int, profile: Profile, knobs: Knobs, sla: SLA, seed: int, overhead_s: float
+    trace: Trace,
+    n: int,
+    profile: Profile,
+    knobs: Knobs,
+    sla: SLA,
+    seed: int,
+    overhead_s: float,
+    router: str = ROUTERS[0],
 ) -> np.ndarray:
     """Per-request SLO mask of `trace` served by `n` warm replicas to completion."""
-    fleet = Fleet(profile, knobs=knobs, initial_replicas=n, seed=seed, overhead_s=overhead_s)
+    fleet = Fleet(
+        profile, knobs=knobs, initial_replicas=n, seed=seed, overhead_s=overhead_s, router=router
+    )
     fleet.submit_trace(trace, offset_s=0.0)
     fleet.run()
     return slo_met(fleet.records(), sla)
 
 
-def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int, float]) -> int:
+def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int, float, str]) -> int:
     """Smallest warm replica count serving `trace` (one window) at the goal.
 
-    `args`: (trace, plant profile, knobs, sla, max replicas, seed, overhead seconds)."""
-    trace, profile, knobs, sla, max_replicas, seed, overhead_s = args
+    `args`: (trace, plant profile, knobs, sla, max replicas, seed, overhead seconds,
+    router)."""
+    trace, profile, knobs, sla, max_replicas, seed, overhead_s, router = args
     if len(trace) == 0:
         return 0
-    servable = _met(trace, max_replicas, profile, knobs, sla, seed, overhead_s)
+    servable = _met(trace, max_replicas, profile, knobs, sla, seed, overhead_s, router)
     if not servable.any():
         return 0  # nothing any count could serve: the oracle holds no replica
     cache: dict[int, bool] = {max_replicas: True}
 
     def ok(n: int) -> bool:
         if n not in cache:
-            met = _met(trace, n, profile, knobs, sla, seed, overhead_s)
+            met = _met(trace, n, profile, knobs, sla, seed, overhead_s, router)
             cache[n] = met[servable].sum() / servable.sum() >= ATTAINMENT_GOAL
         return cache[n]
 
@@ -110,9 +120,11 @@ def oracle(
     seed: int = 0,
     workers: int | None = None,
     overhead_s: float = 0.0,
+    router: str = ROUTERS[0],
 ) -> OracleResult:
     """Run the oracle over `trace` in windows of `window_s` (see module doc) on the plant
-    `profile` with `overhead_s` of per-request server overhead."""
+    `profile` with `overhead_s` of per-request server overhead, behind `router`
+    (simulator.fleet.ROUTERS)."""
     n_windows = max(1, math.ceil(trace.span_s / window_s)) if len(trace) else 0
     jobs = []
     for i in range(n_windows):
@@ -124,7 +136,7 @@ def oracle(
             trace.output_tokens[a:b],
             trace.name,
         )
-        jobs.append((sub, profile, knobs, sla, max_replicas, seed, overhead_s))
+        jobs.append((sub, profile, knobs, sla, max_replicas, seed, overhead_s, router))
     with process_pool(min(2 if workers is None else workers, len(jobs))) as pool:
         counts = list(pool.map(window_replicas, jobs))
     return OracleResult(
@@ -144,4 +156,5 @@ def scenario_oracle(sc: Scenario, workers: int | None = None) -> OracleResult:
         seed=sc.seed,
         workers=workers,
         overhead_s=sc.plant.overhead_s(sc.profile),
+        router=sc.plant.router,
     )

@@ -8,8 +8,11 @@ before the first step (HTTP, tokenization; default: the profile's calibrated
 With `live_knobs` the engines follow knob changes at their next step (the governor's
 scheduler plugin, the chart's default), else only replicas started after a change run
 the new knobs (a roll-out replaces the others); the governor is told which
-(`policy.knobs_live`). Baselines and the oracle run on the same plant, so every policy
-is judged on one truth.
+(`policy.knobs_live`). `router` is how the cluster spreads requests over the replicas
+(simulator.fleet: a gateway's least-outstanding balancing by default, or kube-proxy's
+random endpoint), which the decider is not told: its capacity model pools the fleet as a
+least-request router does. Baselines and the oracle run on the same plant, so every
+policy is judged on one truth.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from estimators.stepmodel import Profile, StepTimeCoefficients
+from simulator.fleet import ROUTERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,13 +31,15 @@ class Plant:
     `speed`: step-time factor (> 0, 1 = exactly the profile). `overhead_ms`: per-request
     server overhead in ms (>= 0; None = the profile's `request_overhead_ms`).
     `cold_start_factor`: actual cold start / configured cold start (> 0).
-    `live_knobs`: the engines follow knob changes live.
+    `live_knobs`: the engines follow knob changes live. `router`: one of
+    simulator.fleet.ROUTERS.
     """
 
     speed: float = 1.0
     overhead_ms: float | None = None
     cold_start_factor: float = 1.0
     live_knobs: bool = False
+    router: str = ROUTERS[0]
 
     def __post_init__(self) -> None:
         for name in ("speed", "cold_start_factor"):
@@ -43,6 +49,9 @@ class Plant:
         o = self.overhead_ms
         if o is not None and not (math.isfinite(o) and o >= 0):
             raise ValueError(f"plant overhead_ms must be a finite number >= 0, got {o}")
+        if self.router not in ROUTERS:
+            known = ", ".join(ROUTERS)
+            raise ValueError(f"plant router must be one of {known}, got {self.router!r}")
 
     def profile(self, belief: Profile) -> Profile:
         """`belief` with every step-time coefficient x `speed` (the same object at 1.0)."""
@@ -61,11 +70,13 @@ class Plant:
         """The plant's cold start for a configured one, seconds."""
         return configured_s * self.cold_start_factor
 
-    def describe(self, belief: Profile) -> dict[str, float | bool]:
-        """JSON-ready summary (speed, overhead in ms, cold-start factor, live knobs)."""
+    def describe(self, belief: Profile) -> dict[str, float | bool | str]:
+        """JSON-ready summary (speed, overhead in ms, cold-start factor, live knobs,
+        router)."""
         return {
             "speed": self.speed,
             "overhead_ms": self.overhead_s(belief) * 1000.0,
             "cold_start_factor": self.cold_start_factor,
             "live_knobs": self.live_knobs,
+            "router": self.router,
         }

@@ -119,6 +119,7 @@ class Scenario:
             cold_start_s=self.plant.cold_start_s(self.configured_cold_start_s),
             overhead_s=self.plant.overhead_s(self.profile),
             live_knobs=self.plant.live_knobs,
+            router=self.plant.router,
         )
 
     def governor_config(self) -> GovernorConfig:

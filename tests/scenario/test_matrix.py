@@ -64,6 +64,7 @@ def test_the_matrix_covers_the_issue_conditions() -> None:
         "speed 1.3",
         "cold start 2x",
         "knobs live",
+        "random routing",
     ]
 
 

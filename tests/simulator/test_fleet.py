@@ -136,6 +136,35 @@ def test_least_outstanding_routing_balances() -> None:
     assert loads == [10, 10, 10]
 
 
+def _after_a_long_request(router: str, seed: int = 0) -> list[int]:
+    """Outstanding requests per replica (in replica order) after one long request on
+    replica 0 and then 40 short ones at once, behind `router`."""
+    fleet = Fleet(initial_replicas=2, router=router, seed=seed)
+    n = 41
+    tr = Trace.from_arrays(
+        np.r_[0.0, np.full(n - 1, 0.001)], np.full(n, 100), np.r_[4000, np.full(n - 1, 500)]
+    )
+    fleet.submit_trace(tr)
+    fleet.advance_to(0.001)
+    return [e.n_out for _, e in fleet.live_engines()]
+
+
+def test_random_routing_ignores_load_and_least_outstanding_does_not() -> None:
+    """kube-proxy's random endpoint: each request lands on any SERVING replica, however
+    much the other holds; the least-outstanding router evens the count out (the 41st
+    request goes to the replica without the long one). Seeded: the same split twice."""
+    assert _after_a_long_request("least-outstanding") == [21, 20]
+    split = _after_a_long_request("random")
+    assert sum(split) == 41 and split != [21, 20] and min(split) >= 10
+    assert _after_a_long_request("random") == split
+    assert _after_a_long_request("random", seed=1) != split
+
+
+def test_an_unknown_router_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="router must be one of least-outstanding, random"):
+        Fleet(router="round-robin")
+
+
 def test_scale_down_drains_while_starting_cancelled_first() -> None:
     fleet = Fleet(initial_replicas=2, cold_start_s=60.0)
     fleet.scale_to(4, 10.0)

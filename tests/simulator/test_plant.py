@@ -68,9 +68,10 @@ def test_engine_ttft_metric_includes_the_overhead() -> None:
         pytest.param({"speed": math.nan}, "speed", id="nan-speed"),
         pytest.param({"overhead_ms": -1.0}, "overhead_ms", id="negative-overhead"),
         pytest.param({"cold_start_factor": math.inf}, "cold_start_factor", id="inf-cold"),
+        pytest.param({"router": "kube-proxy"}, "router must be one of", id="unknown-router"),
     ],
 )
-def test_plant_refuses_bad_values(kwargs: dict[str, float], needle: str) -> None:
+def test_plant_refuses_bad_values(kwargs: dict[str, float | str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         Plant(**kwargs)
 
@@ -176,6 +177,7 @@ def test_an_engine_that_vanishes_from_the_scrape_is_a_down_target() -> None:
         pytest.param(["--plant-speed", "0"], "--plant-speed must be > 0", id="zero-speed"),
         pytest.param(["--plant-overhead-ms", "-5"], "must be >= 0", id="negative-overhead"),
         pytest.param(["--scrape-interval-s", "nan"], "--scrape-interval-s", id="nan-scrape"),
+        pytest.param(["--plant-router", "dns"], "--plant-router: invalid choice", id="router"),
     ],
 )
 def test_simulate_plant_flags_refuse_bad_values(
@@ -195,6 +197,7 @@ def test_simulate_plant_flags_refuse_bad_values(
         (["--max-replicas", "4", "--static-replicas", "9"], "--static-replicas 9 is above"),
         (["--matrix", "--trace", "azure:code"], "--trace: not read with --matrix"),
         (["--matrix-quick", "--plot", "p.png"], "--plot: not read with --matrix"),
+        (["--matrix", "--plant-router", "random"], "--plant-router: not read with --matrix"),
         (["--workers", "3"], "--workers: read only with --matrix"),
         (["--matrix-traces", "conv x16"], "--matrix-traces: read only with --matrix"),
         (["--matrix-combined", "--trace", "azure:code"], "--trace: not read with --matrix"),
