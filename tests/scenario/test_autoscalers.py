@@ -13,7 +13,8 @@ from controller.types import Knobs
 from estimators.stepmodel import load_profile
 from service.cli import main
 from simulator.autoscalers import Kpa, _HpaCore
-from simulator.oracle import oracle, window_replicas
+from simulator.oracle import oracle, scenario_oracle, window_replicas
+from simulator.plant import Plant
 from simulator.scenario import Scenario, count_flaps, run_policy
 from simulator.traces import Trace, load_trace
 
@@ -196,6 +197,20 @@ def test_oracle_more_load_needs_more_replicas() -> None:
     assert window_replicas((empty, p, k, SLA_STD, 32, 0, 0.0, "least-outstanding")) == 0
     res = oracle(heavy, p, k, SLA_STD, workers=1)
     assert res.replicas == [n_heavy] and res.gpu_hours == pytest.approx(n_heavy / 60)
+
+
+def test_the_oracle_runs_on_the_plants_router() -> None:
+    """The oracle sizes each window behind the router the policies run behind: 60 req/s
+    of conversation-like requests need 4 warm replicas behind the least-outstanding
+    router and 6 when kube-proxy spreads them at random (each replica then queues on its
+    own); a scenario's oracle takes the router from its plant."""
+    p = load_profile()
+    k = Knobs(160, 2560)
+    heavy = load_trace("synthetic:poisson:rate=60,duration=60", seed=1)
+    assert oracle(heavy, p, k, SLA_STD, workers=1).replicas == [4]
+    assert oracle(heavy, p, k, SLA_STD, workers=1, router="random").replicas == [6]
+    sc = Scenario(trace=heavy, sla=SLA_STD, plant=Plant(router="random"))
+    assert scenario_oracle(sc, workers=1).replicas[0] > 4
 
 
 def test_oracle_leaves_out_requests_no_count_could_serve() -> None:

@@ -80,8 +80,8 @@ def test_matrix_traces_filter_refuses_unknown_keys(capsys) -> None:  # type: ign
 def test_oracle_ratio_is_over_the_trace_and_missed_rows_are_plotted(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A tiny matrix (a 2-minute step from 4 to 24 req/s that one replica cannot absorb
     behind a 90 s cold start): the ratio to the oracle is taken over the trace's minutes
-    (the oracle's window), the whole run's (with the drain tail) beside it, and every row
-    with a goal missed gets a PNG."""
+    (the oracle's window), the whole run's (with the drain tail) beside it, every row
+    with a goal missed gets a PNG, and the oracle follows the row's router."""
     from simulator.matrix import Condition, MatrixSpec, MatrixTrace, run_matrix
 
     spec = MatrixSpec(
@@ -95,7 +95,11 @@ def test_oracle_ratio_is_over_the_trace_and_missed_rows_are_plotted(tmp_path) ->
                 smooth=True,
             ),
         ),
-        conditions=(Condition("default"), Condition("cold start 2x", cold_start_factor=2.0)),
+        conditions=(
+            Condition("default"),
+            Condition("cold start 2x", cold_start_factor=2.0),
+            Condition("random routing", router="random"),
+        ),
         policies=("governor", "hpa-queue"),
         workers=1,
         plots_dir=str(tmp_path),
@@ -117,6 +121,9 @@ def test_oracle_ratio_is_over_the_trace_and_missed_rows_are_plotted(tmp_path) ->
     for row in doc["rows"]:
         assert all(c["slo_attainment"] <= row["attainment_bound"] for c in row["policies"].values())
     assert bounds["cold start 2x"] < bounds["default"] < 1.0
+    # Each row's oracle runs behind that row's router: at random, replicas queue alone.
+    oracle = {row["condition"]: row["oracle_gpu_hours"] for row in doc["rows"]}
+    assert oracle["random routing"] > oracle["default"] == oracle["cold start 2x"]
 
 
 def test_the_ceiling_asks_the_most_replicas_at_once() -> None:

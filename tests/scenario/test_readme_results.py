@@ -49,6 +49,7 @@ FULL_RERUN = (
     ("long-context", "default", "hpa-queue"),
     ("diurnal", "default", "governor"),
     ("diurnal", "knobs live", "governor"),  # the engines' live knob path, end to end
+    ("diurnal", "random routing", "governor"),  # kube-proxy's random endpoint
 )
 COMBINED_RERUN = (("diurnal", "slow + cold 2x", "governor"),)
 """A cheap cell of the combined matrix."""
