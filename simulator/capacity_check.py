@@ -15,7 +15,9 @@ every matrix trace.
 Each measurement: Poisson arrivals over `DURATION_S` (lengths drawn with replacement
 from the trace, the trace's SLA), a fleet of N replicas already serving the knobs the
 governor picks for the trace's lengths (`simulator.scenario.governor_knobs_for`), the
-profile's request overhead, routed by the fleet's least-outstanding router; attainment
+profile's request overhead, routed by the fleet's least-outstanding router (`--router
+random`: kube-proxy's random endpoint, which the model does not assume; that table is
+printed, not committed); attainment
 is the mean over `SEEDS` runs. The 99 % rate is bisected (`STEPS` halvings of
 [LOW, HIGH] x the model's rate); a rate at the top of that bracket is printed with ">=".
 Plant speed 1.0: this is the model's error, not the plant's drift (controller.plant).
@@ -33,7 +35,7 @@ from controller.capacity import binding_limit, capacity_rps
 from controller.config import SLA, ScalingPolicy
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, load_profile
-from simulator.fleet import Fleet
+from simulator.fleet import ROUTERS, Fleet
 from simulator.matrix import TRACES, MatrixTrace
 from simulator.outputs import output_problem, write_output
 from simulator.pool import process_pool
@@ -102,6 +104,7 @@ class _Setup:
     replicas: int
     model_rps: float
     duration_s: float
+    router: str = ROUTERS[0]
 
     def attainment(self, per_replica_rps: float) -> float:
         """Mean attainment over SEEDS of the warm fleet at this per-replica rate."""
@@ -116,6 +119,7 @@ class _Setup:
                 initial_replicas=self.replicas,
                 seed=0,
                 overhead_s=self.profile.request_overhead_ms / 1000.0,
+                router=self.router,
             )
             fleet.submit_trace(trace, offset_s=0.0)
             fleet.run()
@@ -123,7 +127,9 @@ class _Setup:
         return float(np.mean(out))
 
 
-def _setup(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> _Setup:
+def _setup(
+    tr: MatrixTrace, replicas: int, profile: Profile | None = None, router: str = ROUTERS[0]
+) -> _Setup:
     profile = profile or load_profile()
     base = load_trace(
         tr.spec, rate_multiplier=tr.rate_scale, duration_s=tr.duration_s, seed=TRACE_SEED
@@ -133,12 +139,14 @@ def _setup(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> _S
     lengths = trace_lengths(base)
     model = capacity_rps(knobs, lengths, sla, profile, 1.0, replicas)
     duration = max(DURATION_S, MIN_REQUESTS / (model * replicas))
-    return _Setup(base, lengths, sla, profile, knobs, replicas, model, duration)
+    return _Setup(base, lengths, sla, profile, knobs, replicas, model, duration, router)
 
 
-def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> Row:
-    """The row of one trace's lengths at one fleet size (module doc)."""
-    s = _setup(tr, replicas, profile)
+def measure(
+    tr: MatrixTrace, replicas: int, profile: Profile | None = None, router: str = ROUTERS[0]
+) -> Row:
+    """The row of one trace's lengths at one fleet size behind `router` (module doc)."""
+    s = _setup(tr, replicas, profile, router)
     model = s.model_rps
     lo, hi = LOW * model, HIGH * model
     for _ in range(STEPS):
@@ -161,24 +169,33 @@ def measure(tr: MatrixTrace, replicas: int, profile: Profile | None = None) -> R
     )
 
 
-def _job(args: tuple[MatrixTrace, int]) -> Row:
-    return measure(*args)
+def _job(args: tuple[MatrixTrace, int, str]) -> Row:
+    tr, n, router = args
+    return measure(tr, n, router=router)
 
 
 def check(
-    traces: tuple[MatrixTrace, ...] = TRACES, sizes: tuple[int, ...] = SIZES, workers: int = 2
+    traces: tuple[MatrixTrace, ...] = TRACES,
+    sizes: tuple[int, ...] = SIZES,
+    workers: int = 2,
+    router: str = ROUTERS[0],
 ) -> list[Row]:
-    """Every (trace, size) row, in that order, measured in `workers` processes."""
-    jobs = [(tr, n) for tr in traces for n in sizes]
+    """Every (trace, size) row, in that order, measured in `workers` processes behind
+    `router`."""
+    jobs = [(tr, n, router) for tr in traces for n in sizes]
     with process_pool(workers) as pool:
         return list(pool.map(_job, jobs))
 
 
-def report(rows: list[Row]) -> str:
-    """The markdown of `docs/capacity.md`."""
+def report(rows: list[Row], router: str = ROUTERS[0]) -> str:
+    """The markdown of `docs/capacity.md` (rows measured behind the default router), or
+    of the same table behind another `router` (its title says which)."""
     util = ScalingPolicy().target_utilization_frac
+    title = "# The capacity model against the plant"
+    if router != ROUTERS[0]:
+        title += f" behind {router} routing (`--router {router}`; not committed)"
     lines = [
-        "# The capacity model against the plant",
+        title,
         "",
         "Regenerate with `python -m simulator.capacity_check --out docs/capacity.md` "
         "(or `governor calibrate --capacity`); how each number is measured is in "
@@ -223,6 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=None, help="write the markdown table here")
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    parser.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default=ROUTERS[0],
+        help="how the plant spreads requests over the replicas (default: least-outstanding, "
+        "what the model's pooling assumes and docs/capacity.md shows)",
+    )
     args = parser.parse_args(argv)
     if bad := output_problem("--out", args.out):
         print(f"capacity_check: {bad}", file=sys.stderr)
@@ -230,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         print(f"capacity_check: --workers must be >= 1, got {args.workers}", file=sys.stderr)
         return 2
-    text = report(check(workers=args.workers))
+    text = report(check(workers=args.workers, router=args.router), args.router)
     print(text)
     if args.out:
         write_output(args.out, text)

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "capacity.md"
 README = ROOT / "README.md"
 CONV = next(t for t in TRACES if t.key == "conv x16")
+DIURNAL = next(t for t in TRACES if t.key == "diurnal")
 
 
 def test_the_plant_rate_is_where_the_goal_is_met_and_just_above_it_is_not() -> None:
@@ -36,6 +37,21 @@ def test_the_report_flags_a_sized_rate_that_misses_and_a_bracket_top() -> None:
     assert "| a | 1 | 16 / 1280 | 2 | TTFT | 1 | 2.00 | 95.00 % (misses) |" in text
     assert "| b | 4 | 16 / 1280 | 1 | ITL | >= 2.5 | 0.40 | 99.90 % |" in text
     assert "Most optimistic: a on 1 (2.00x the plant). Most pessimistic: b on 4 (0.40x)." in text
+
+
+def test_random_routing_is_measured_behind_that_router() -> None:
+    """`--router random`: the plant spreads requests at random (the model does not know),
+    and a fleet sized like the decider's does worse there than behind the
+    least-outstanding router (diurnal lengths, 4 replicas: 98.96 % against 94.71 % in
+    docs/decider-history.md's table; here one seed)."""
+    least, rand = _setup(DIURNAL, 4), _setup(DIURNAL, 4, router="random")
+    assert rand.router == "random" and rand.model_rps == least.model_rps
+    sized = 0.85 * least.model_rps
+    assert rand.attainment(sized) < least.attainment(sized) - 0.01
+    row = Row("diurnal", 4, least.knobs, 16.8, "ITL", 14.5, False, 14.3, 0.95)
+    title = report([row], "random").splitlines()[0]
+    assert title.endswith("behind random routing (`--router random`; not committed)")
+    assert report([row]).splitlines()[0] == "# The capacity model against the plant"
 
 
 def test_bad_workers_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,8 +94,8 @@ def test_out_into_a_missing_folder_is_written(
     the run (about a minute and a half) with FileNotFoundError: the folders are made."""
     import simulator.capacity_check as cc
 
-    monkeypatch.setattr(cc, "check", lambda workers: [])
-    monkeypatch.setattr(cc, "report", lambda rows: "| table |\n")
+    monkeypatch.setattr(cc, "check", lambda workers, router: [])
+    monkeypatch.setattr(cc, "report", lambda rows, router: "| table |\n")
     out = tmp_path / "nodir" / "sub" / "capacity.md"
     assert main(["--out", str(out)]) == 0
     assert out.read_text() == "| table |\n"
