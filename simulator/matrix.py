@@ -13,8 +13,7 @@ cell is (SLO attainment, GPU-hours / oracle, flaps).
 
 Cost: cells run in parallel worker processes (default 2); the oracle is computed once per
 trace, plant speed and router (neither the start, the scrape nor the cold start changes
-it), and
-`static` holds that oracle's peak. `--matrix-quick` runs short slices of the same traces
+it), and `static` holds that oracle's peak. `--matrix-quick` runs short slices of the same traces
 under two conditions (a smoke run for tests). `--matrix-combined` runs the full traces
 under several factors changed at once (COMBINED_CONDITIONS: slower or faster plants with
 a 30 s scrape and a 2x cold start), the same cells, goals and columns.
