@@ -33,7 +33,7 @@ import numpy as np
 
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
-from simulator.fleet import Fleet
+from simulator.fleet import ROUTERS, Fleet
 from simulator.outputs import output_problem, write_output
 from simulator.plant import Plant
 from simulator.traces import Trace
@@ -204,14 +204,26 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
         help="instead: the decider's capacity model vs the plant per matrix trace and "
         "fleet size (docs/capacity.md; about a minute and a half on 2 cores)",
     )
+    p.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default=None,
+        help="with --capacity: the plant's router (default least-outstanding, what the "
+        "model's pooling assumes; random: kube-proxy's endpoint choice)",
+    )
     p.set_defaults(func=_calibrate)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
     from simulator.capacity_check import main as capacity_main  # it imports the matrix
 
+    if args.router is not None and not args.capacity:
+        print("governor calibrate: --router is read only with --capacity", file=sys.stderr)
+        return 2
     argv = ["--out", args.out] if args.out else []
-    return capacity_main(argv) if args.capacity else main(argv)
+    if not args.capacity:
+        return main(argv)
+    return capacity_main(argv + (["--router", args.router] if args.router else []))
 
 
 if __name__ == "__main__":

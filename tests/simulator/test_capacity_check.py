@@ -87,6 +87,25 @@ def test_committed_doc_and_the_readme_are_what_the_command_prints() -> None:
     assert long_rows[0].plant_rps < long_rows[-1].plant_rps  # "grows with the fleet"
 
 
+def test_calibrate_capacity_passes_the_router_and_refuses_it_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`governor calibrate --capacity --router random` measures behind that router;
+    `--router` without `--capacity` (the published-measurements table has no fleet to
+    route) is refused by name and runs nothing."""
+    import simulator.capacity_check as cc
+    from service.cli import main as governor
+
+    seen: list[str] = []
+    monkeypatch.setattr(cc, "check", lambda workers, router: seen.append(router) or [])
+    monkeypatch.setattr(cc, "report", lambda rows, router: f"| {router} |\n")
+    assert governor(["calibrate", "--capacity", "--router", "random"]) == 0
+    assert seen == ["random"] and "| random |" in capsys.readouterr().out
+    assert governor(["calibrate", "--router", "random"]) == 2
+    assert "--router is read only with --capacity" in capsys.readouterr().err
+    assert seen == ["random"]
+
+
 def test_out_into_a_missing_folder_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
