@@ -45,9 +45,30 @@ class OracleResult:
         total = sum(self.replicas)
         if total <= 0:
             return None
+        return sum(self._held(hold_s)) / total
+
+    def flap_free_ratio(self, hold_s: float, flap_s: float, start: int) -> float | None:
+        """GPU-hours of the cheapest fleet that runs at least these per-window counts
+        held for `hold_s` seconds (`held_ratio`), starts at `start` replicas and never
+        reverses a scaling direction within `flap_s` seconds (a flap, as the scenario
+        counts them), over the oracle's own; None without GPU-hours. What a policy that
+        keeps a scale-down window of `hold_s` and makes no flap pays even when it knows
+        every window's need exactly. A change happens between windows; two changes of
+        opposite direction must be at least ceil(flap_s / window_s) windows apart.
+        Example: counts [1, 3, 1, 1], 60 s windows, no hold, flaps over 120 s, start 1
+        -> [1, 3, 3, 1] (3 cannot drop right after its rise) -> 8 / 6 = 1.33."""
+        total = sum(self.replicas)
+        if total <= 0:
+            return None
+        return (
+            _cheapest_flap_free(self._held(hold_s), start, math.ceil(flap_s / self.window_s - 1e-9))
+            / total
+        )
+
+    def _held(self, hold_s: float) -> list[int]:
+        """Each window's count raised to the largest asked within `hold_s` before its end."""
         back = max(0, math.ceil(hold_s / self.window_s - 1e-9) - 1)
-        held = [max(self.replicas[max(0, i - back) : i + 1]) for i in range(len(self.replicas))]
-        return sum(held) / total
+        return [max(self.replicas[max(0, i - back) : i + 1]) for i in range(len(self.replicas))]
 
     def summary(self) -> dict[str, float | int]:
         return {
@@ -56,6 +77,28 @@ class OracleResult:
             "max_replicas": max(self.replicas, default=0),
             "mean_replicas": float(np.mean(self.replicas)) if self.replicas else 0.0,
         }
+
+
+def _cheapest_flap_free(need: list[int], start: int, gap: int) -> int:
+    """The least sum over windows of a count n[i] >= need[i] that starts at `start`
+    and changes direction only `gap` or more windows after its last change (replica-
+    windows). A dynamic program over (count, direction of the last change, windows
+    since it, capped at `gap`). Example: need [1, 1, 2, 2], start 4, gap 3 -> 8
+    ([2, 2, 2, 2]: dropping to 1 first would need a rise 2 windows later)."""
+    top = max([start, *need])
+    states: dict[tuple[int, int, int], int] = {(start, 0, gap): 0}
+    for r in need:
+        nxt: dict[tuple[int, int, int], int] = {}
+        for (n, last, since), cost in states.items():
+            for m in range(r, top + 1):
+                step = (m > n) - (m < n)
+                if step and last and step != last and since < gap:
+                    continue  # a reversal within the flap window
+                key = (m, step, 1) if step else (m, last, min(gap, since + 1))
+                if cost + m < nxt.get(key, cost + m + 1):
+                    nxt[key] = cost + m
+        states = nxt
+    return min(states.values())
 
 
 def _met(

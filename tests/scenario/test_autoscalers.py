@@ -422,6 +422,31 @@ def test_oracle_held_through_a_scale_down_window(hold_s: float, want: float) -> 
     assert OracleResult(gpu_hours=0.0, window_s=60.0, replicas=[0, 0]).held_ratio(300.0) is None
 
 
+@pytest.mark.parametrize(
+    ("counts", "hold_s", "flap_s", "start", "want"),
+    [
+        ([1, 3, 1, 1], 60.0, 0.0, 1, 6),  # no flap window: the oracle itself
+        ([1, 3, 1, 1], 60.0, 120.0, 1, 8),  # [1, 3, 3, 1]: 3 cannot drop right after it rose
+        ([1, 3, 1, 1], 60.0, 180.0, 1, 10),  # [1, 3, 3, 3]: nor in the two windows after
+        ([1, 1, 2, 2], 60.0, 120.0, 4, 6),  # [1, 1, 2, 2]: the rise comes 2 windows later
+        ([1, 1, 2, 2], 60.0, 180.0, 4, 8),  # [2, 2, 2, 2]: one step down from the start
+        ([3, 1, 1, 1], 120.0, 120.0, 1, 8),  # held [3, 3, 1, 1], the rise 2 windows back
+        ([0, 0], 300.0, 600.0, 4, None),  # no GPU-hours: no ratio
+    ],
+)
+def test_oracle_held_without_a_flap(
+    counts: list[int], hold_s: float, flap_s: float, start: int, want: float | None
+) -> None:
+    """The cheapest cover of the held counts from `start` that never reverses within
+    `flap_s` (matrix "no flap"): what 0 flaps with that window cost even knowing every
+    minute's need. `want` in replica-windows over the oracle's own."""
+    from simulator.oracle import OracleResult
+
+    orc = OracleResult(gpu_hours=sum(counts) / 60, window_s=60.0, replicas=counts)
+    got = orc.flap_free_ratio(hold_s, flap_s, start)
+    assert got == (None if want is None else pytest.approx(want / sum(counts)))
+
+
 def test_the_demo_judges_gpu_hours_as_the_matrix_does() -> None:
     """Over the trace's minutes (`oracle_ratio_trace`), not the whole run with its drain
     tail (found in review, session 15: the same run met the goal in the matrix and
