@@ -30,12 +30,8 @@ after that step), so the summed decode context is `s_off + n_dec * k` (O(1)), it
 finishes at a known step (a heap keyed by finishing step), and it needs a new block at
 step `k` exactly when `(off + k - 1) % 16 == 0`: requests are counted per residue class
 of `off mod 16`, so the number of blocks a step allocates, and the first step at which
-allocation would fail, follow from 16 counters. When no arrival can be admitted and no
-partial prefill is running, the engine schedules a *jump*: all pure-decode steps up to
-the next completion or block failure, whose durations form an arithmetic sequence
-(`A + B*j` ms), applied in O(16 + histogram buckets crossed). A jump is truncated when a
-request arrives (steps that start before the arrival keep their composition) and can be
-applied partially for an exact scrape. Only a preempting step walks the running list.
+allocation would fail, follow from 16 counters, and runs of pure-decode steps go as one
+*jump* (simulator.engine_jump). Only a preempting step walks the running list.
 `tests/simulator/test_differential.py` checks this against a per-request reference.
 
 Timing model: steps run back to back while the engine has work; a step is decided at
@@ -55,6 +51,7 @@ from heapq import heappop, heappush
 from controller.types import Knobs
 from estimators.histogram import E2E_BUCKETS_S, QUEUE_BUCKETS_S, TTFT_BUCKETS_S
 from estimators.stepmodel import Profile
+from simulator.engine_jump import DecodeJumps, steps_within
 from simulator.engine_metrics import (
     ITERATION_TOKENS_BUCKETS,
     ITL_BUCKETS_MS,
@@ -124,7 +121,7 @@ class _Req:
         self.npre = 0
 
 
-class Engine:
+class Engine(DecodeJumps):
     """One vLLM V1 engine replica on the simulation clock.
 
     Drive it with `enqueue(rid, t_s, prompt_tokens, output_tokens)` for arrivals in time
@@ -329,7 +326,7 @@ class Engine:
             self._schedule(self.t_next)
         self.wake_s = self.t_end
         if exact and kind == 2 and self.j_t0 < t_s:
-            mm = _steps_within(self.j_a, self.j_b, self.j_t0, t_s, self.j_m, strict=False)
+            mm = steps_within(self.j_a, self.j_b, self.j_t0, t_s, self.j_m, strict=False)
             if mm > 0:
                 self._apply_jump(mm)
                 self.wake_s = self.t_end
@@ -520,13 +517,7 @@ class Engine:
             m.itl[bisect_left(ITL_BUCKETS_MS, d)] += nd
             m.itl_sum += nd * d / 1000.0
             m.generation_tokens += nd
-            heap = self.heap
-            dec = self.dec
-            while heap and heap[0][0] <= k:
-                f, rid = heappop(heap)
-                r = dec.get(rid)
-                if r is not None and r.fin == f:
-                    self._complete_decoder(r, t1, k)
+            self._complete_decoders(t1, k)
         if self.fl_first:
             self._first_tokens(self.fl_first, t1, k)
         self.k = k + 1
@@ -571,6 +562,17 @@ class Engine:
                 self.n_dec += 1
                 self.s_off += off
                 heappush(self.heap, (fin, r.rid))
+
+    def _complete_decoders(self, t1: float, k: int) -> None:
+        """Complete every decoder whose last token came at step `k` or before (the
+        step or jump ending at `t1`); heap entries of preempted requests are dropped."""
+        heap = self.heap
+        dec = self.dec
+        while heap and heap[0][0] <= k:
+            f, rid = heappop(heap)
+            r = dec.get(rid)
+            if r is not None and r.fin == f:
+                self._complete_decoder(r, t1, k)
 
     def _complete_decoder(self, r: _Req, t1: float, k: int) -> None:
         """Decoding request `r` produced its last token in step `k` ending at `t1`."""
@@ -692,145 +694,6 @@ class Engine:
                 free -= 1
             i += 1
         self.free = free
-
-    # -- pure-decode jumps -----------------------------------------------------------------
-
-    def _jump_len(self, k: int, free: int, nd: int) -> int:
-        """Steps from `k` that are pure decode: up to the next completion, before the
-        first step whose block allocation would fail."""
-        heap = self.heap
-        dec = self.dec
-        while True:
-            f, rid = heap[0]
-            r = dec.get(rid)
-            if r is not None and r.fin == f:
-                break
-            heappop(heap)
-        m_done = f - k + 1
-        bs = self.bs
-        q = free // nd
-        if m_done <= q * bs:
-            return m_done
-        cnt = self.cnt
-        cum = q * nd
-        m = q * bs
-        kk = k + m
-        while True:
-            cum += cnt[(1 - kk) % bs]
-            if cum > free:
-                return m if m < m_done else m_done
-            m += 1
-            kk += 1
-
-    def _start_jump(self, t0: float, k: int, m: int) -> None:
-        nd = self.n_dec
-        lin = self._base + self._per_token * nd
-        if lin < self._floor:
-            lin = self._floor
-        a = lin + self._fixed + self._per_seq * nd + self._per_kv * (self.s_off + nd * k)
-        b = self._per_kv * nd
-        self.j_k0 = k
-        self.j_m = m
-        self.j_a = a
-        self.j_b = b
-        self.j_t0 = t0
-        self.fl_kind = 2
-        self.t_end = t0 + (a * m + b * (m * (m - 1) // 2)) / 1000.0
-
-    def _truncate_jump(self, t_s: float) -> None:
-        """Keep only the jump's steps that start before `t_s` (an arrival at `t_s`)."""
-        keep = _steps_within(self.j_a, self.j_b, self.j_t0, t_s, self.j_m, strict=True) + 1
-        if keep < self.j_m:
-            self.j_m = keep
-            self.t_end = (
-                self.j_t0 + (self.j_a * keep + self.j_b * (keep * (keep - 1) // 2)) / 1000.0
-            )
-            self.wake_s = self.t_end
-
-    def _apply_jump(self, mm: int) -> None:
-        """Apply the first `mm` steps of the in-flight jump."""
-        k0 = self.j_k0
-        a = self.j_a
-        b = self.j_b
-        nd = self.n_dec
-        bs = self.bs
-        s_ms = a * mm + b * (mm * (mm - 1) // 2)
-        t1 = self.j_t0 + s_ms / 1000.0
-        q, rem = divmod(mm, bs)
-        need = q * nd
-        cnt = self.cnt
-        for j in range(rem):
-            need += cnt[(1 - k0 - j) % bs]
-        self.free -= need
-        m = self.metrics
-        m.busy_s += s_ms / 1000.0
-        m.steps += mm
-        m.iter_tokens[bisect_left(ITERATION_TOKENS_BUCKETS, nd)] += mm
-        m.iter_tokens_sum += nd * mm
-        m.generation_tokens += nd * mm
-        m.itl_sum += nd * s_ms / 1000.0
-        itl = m.itl
-        i0 = bisect_left(ITL_BUCKETS_MS, a)
-        i1 = bisect_left(ITL_BUCKETS_MS, a + b * (mm - 1))
-        if i0 == i1:
-            itl[i0] += nd * mm
-        else:
-            done = 0
-            for i in range(i0, i1):
-                # steps j with a + b*j <= bound
-                upto = min(mm, math.floor((ITL_BUCKETS_MS[i] - a) / b) + 1)
-                if upto > done:
-                    itl[i] += nd * (upto - done)
-                    done = upto
-            itl[i1] += nd * (mm - done)
-        last = k0 + mm - 1
-        self.k = last + 1
-        if self.step_log is not None:
-            self._log_step(self.j_t0, t1, k0, mm)
-        if mm >= self.j_m:
-            self.fl_kind = 0
-            self.t_next = self.t_end if mm == self.j_m else t1
-            t1 = self.t_next
-            heap = self.heap
-            dec = self.dec
-            while heap and heap[0][0] <= last:
-                f, rid = heappop(heap)
-                r = dec.get(rid)
-                if r is not None and r.fin == f:
-                    self._complete_decoder(r, t1, last)
-        else:
-            self.j_k0 = k0 + mm
-            self.j_m -= mm
-            self.j_a = a + b * mm
-            self.j_t0 = t1
-            rest = self.j_m
-            self.t_end = t1 + (self.j_a * rest + b * (rest * (rest - 1) // 2)) / 1000.0
-
-
-def _steps_within(a: float, b: float, t0: float, t_s: float, m_max: int, *, strict: bool) -> int:
-    """Largest j in [0, m_max] with t0 + (a*j + b*j*(j-1)/2)/1000 <= t_s (< t_s if strict).
-
-    The time of the end of the first j steps of a jump whose step durations are a + b*i ms.
-    """
-
-    def ok(j: int) -> bool:
-        t = t0 + (a * j + b * (j * (j - 1) // 2)) / 1000.0
-        return t < t_s if strict else t <= t_s
-
-    lim = (t_s - t0) * 1000.0
-    if lim <= 0:
-        return 0
-    if b > 0:
-        h = a - b / 2.0
-        j = int((-h + math.sqrt(h * h + 2.0 * b * lim)) / b)
-    else:
-        j = int(lim / a)
-    j = max(0, min(j, m_max))
-    while j > 0 and not ok(j):
-        j -= 1
-    while j < m_max and ok(j + 1):
-        j += 1
-    return j
 
 
 def checked_knobs(knobs: Knobs) -> tuple[int, int]:
