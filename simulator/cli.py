@@ -347,8 +347,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     print(
         "\ncell: SLO attainment / GPU-h x oracle (over the trace) / flaps. "
         f"goals met {s.met}/{s.goals} ({s.out_of_reach} of the misses out of reach: above the "
-        "best possible attainment); "
-        f"wall {doc['wall_s']:.0f} s, cells' CPU {doc['cpu_s']:.0f} s"
+        f"best possible attainment); wall {doc['wall_s']:.0f} s, cells' CPU {doc['cpu_s']:.0f} s"
     )
     for m in s.missed:
         print(f"missed: {m}")

@@ -16,6 +16,21 @@ def _cell(att: float, gpu_h: float, flaps: int = 0, ratio: float | None = None) 
     return {"slo_attainment": att, "gpu_hours": gpu_h, "flaps": flaps, "oracle_ratio": ratio}
 
 
+def _smooth_row(
+    trace: str, condition: str, policies: dict[str, Any], **fields: Any
+) -> dict[str, Any]:
+    """A smooth trace's matrix row with `fields` (oracle figures, bounds) and its goals."""
+    row: dict[str, Any] = {
+        "trace": trace,
+        "condition": condition,
+        "smooth": True,
+        **fields,
+        "policies": policies,
+    }
+    row["goals"] = row_goals(row)
+    return row
+
+
 def test_smooth_row_goals() -> None:
     row = {
         "smooth": True,
@@ -147,16 +162,8 @@ def test_table_marks_goals_above_the_best_possible_as_out_of_reach() -> None:
     from simulator.matrix import MatrixSummary, matrix_table
 
     def row(condition: str, bound: float) -> dict[str, Any]:
-        r: dict[str, Any] = {
-            "trace": "conv x16",
-            "condition": condition,
-            "smooth": True,
-            "oracle_gpu_hours": 6.0,
-            "attainment_bound": bound,
-            "policies": {"governor": _cell(0.98, 8.0, 0, 1.2)},
-        }
-        r["goals"] = row_goals(r)
-        return r
+        gov = {"governor": _cell(0.98, 8.0, 0, 1.2)}
+        return _smooth_row("conv x16", condition, gov, oracle_gpu_hours=6.0, attainment_bound=bound)
 
     doc = {
         "spec": {"policies": ["governor"]},
@@ -177,17 +184,9 @@ def test_table_shows_the_oracle_held_without_a_flap() -> None:
     from simulator.matrix import MatrixSummary, matrix_table
 
     def row(condition: str, floor: float) -> dict[str, Any]:
-        r: dict[str, Any] = {
-            "trace": "diurnal",
-            "condition": condition,
-            "smooth": True,
-            "oracle_gpu_hours": 1.0,
-            "oracle_held_ratio": 1.25,
-            "oracle_flap_free_ratio": floor,
-            "policies": {"governor": _cell(0.995, 1.57, 0, 1.57)},
-        }
-        r["goals"] = row_goals(r)
-        return r
+        gov = {"governor": _cell(0.995, 1.57, 0, 1.57)}
+        held = {"oracle_held_ratio": 1.25, "oracle_flap_free_ratio": floor}
+        return _smooth_row("diurnal", condition, gov, oracle_gpu_hours=1.0, **held)
 
     doc = {"spec": {"policies": ["governor"]}, "rows": [row("start 4", 1.574), row("x", 1.28)]}
     table = matrix_table(doc)
@@ -287,15 +286,8 @@ def test_table_shows_the_held_oracle_and_the_learned_speed() -> None:
     from simulator.matrix import matrix_table
 
     gov = {**_cell(0.99, 8.0, 0, 1.2), "learned_speed": 1.2849}
-    row: dict[str, Any] = {
-        "trace": "diurnal",
-        "condition": "speed 1.3",
-        "smooth": True,
-        "oracle_gpu_hours": 6.0,
-        "oracle_held_ratio": 1.384,
-        "policies": {"governor": gov, "hpa-queue": _cell(0.9, 9.0, 0, 1.5)},
-    }
-    row["goals"] = row_goals(row)
+    pol = {"governor": gov, "hpa-queue": _cell(0.9, 9.0, 0, 1.5)}
+    row = _smooth_row("diurnal", "speed 1.3", pol, oracle_gpu_hours=6.0, oracle_held_ratio=1.384)
     spec = {
         "policies": ["governor", "hpa-queue"],
         "conditions": [{"name": "speed 1.3", "plant_speed": 1.3}],
