@@ -42,10 +42,7 @@ class OracleResult:
         GPU-hours. What a policy that keeps such a window pays even when it knows every
         window's need exactly (before cold starts and margins). Example: counts [3, 1, 1]
         in 60 s windows held 120 s -> [3, 3, 1] -> 7 / 5 = 1.4."""
-        total = sum(self.replicas)
-        if total <= 0:
-            return None
-        return sum(self._held(hold_s)) / total
+        return self._over_own(sum(self._held(hold_s)))
 
     def flap_free_ratio(self, hold_s: float, flap_s: float, start: int) -> float | None:
         """GPU-hours of the cheapest fleet that runs at least these per-window counts
@@ -57,17 +54,21 @@ class OracleResult:
         opposite direction must be at least ceil(flap_s / window_s) windows apart.
         Example: counts [1, 3, 1, 1], 60 s windows, no hold, flaps over 120 s, start 1
         -> [1, 3, 3, 1] (3 cannot drop right after its rise) -> 8 / 6 = 1.33."""
+        gap = self._windows(flap_s)
+        return self._over_own(_cheapest_flap_free(self._held(hold_s), start, gap))
+
+    def _over_own(self, replica_windows: int) -> float | None:
+        """`replica_windows` over the oracle's own (None when it has none)."""
         total = sum(self.replicas)
-        if total <= 0:
-            return None
-        return (
-            _cheapest_flap_free(self._held(hold_s), start, math.ceil(flap_s / self.window_s - 1e-9))
-            / total
-        )
+        return replica_windows / total if total > 0 else None
+
+    def _windows(self, s: float) -> int:
+        """Windows that `s` seconds span (rounded up)."""
+        return math.ceil(s / self.window_s - 1e-9)
 
     def _held(self, hold_s: float) -> list[int]:
         """Each window's count raised to the largest asked within `hold_s` before its end."""
-        back = max(0, math.ceil(hold_s / self.window_s - 1e-9) - 1)
+        back = max(0, self._windows(hold_s) - 1)
         return [max(self.replicas[max(0, i - back) : i + 1]) for i in range(len(self.replicas))]
 
     def summary(self) -> dict[str, float | int]:
