@@ -480,9 +480,16 @@ class Fleet:
                 (r for r in active if r.state is ReplicaState.SERVING),
                 key=lambda r: (r.engine.n_out if r.engine else 0, -r.ready_s, -r.replica_id),
             )
+            # A ready surge whose outdated replica still serves (held by _retire_replaced)
+            # goes last, with that replica: the pair is one wanted replica.
+            serving.sort(key=lambda r: r.replica_id in self._replacing)
             for rep in (starting + serving)[: len(active) - n]:
+                old_id = self._replacing.get(rep.replica_id)
                 self._stop_replica(rep, t)
+                if old_id is not None:
+                    self._stop_replica(self.replicas[old_id], t)
             self._reap()
+            self._retire_replaced(t)
 
     def _cold_start(self) -> float:
         cs = self.cold_start_s
@@ -515,9 +522,22 @@ class Fleet:
         self._serving_ids.append(rep.replica_id)
         while self._router:
             self._route_now(self._router.popleft(), t_s)
-        old_id = self._replacing.pop(rep.replica_id, None)
-        if old_id is not None:
+        self._retire_replaced(t_s)
+
+    def _retire_replaced(self, t_s: float) -> None:
+        """Stop the outdated replica of a ready surge when the fleet can spare it, then
+        start the next replacement. As a Deployment with maxUnavailable 0 scales its old
+        ReplicaSet down only while more pods are available than it wants (Kubernetes'
+        deployment controller, `reconcileOldReplicaSets`): a replica added by a scale-up
+        during the roll-out and still starting keeps the outdated one serving until it is
+        ready, so the ready count never falls below the wanted one."""
+        for new_id, old_id in list(self._replacing.items()):
+            if self.replicas[new_id].state is not ReplicaState.SERVING:
+                continue
             old = self.replicas[old_id]
+            if old.state is ReplicaState.SERVING and len(self._serving) <= self.active_replicas:
+                return  # wanted: the outdated replica serves until another is ready
+            del self._replacing[new_id]
             if old.state is ReplicaState.SERVING:
                 self._stop_replica(old, t_s)
             self._roll_next(t_s)

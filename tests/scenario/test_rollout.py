@@ -63,3 +63,36 @@ def test_scale_up_during_rollout_counts_the_surge_once() -> None:
     assert f.active_replicas == 4 and f.total_replicas == 5
     f.advance_to(400.0)
     assert f.active_replicas == 4 and _serving_knobs(f) == [NEW] * 4
+
+
+def test_scale_up_during_rollout_keeps_the_outdated_replica_until_the_new_one_is_ready() -> None:
+    """maxUnavailable 0 (Kubernetes' deployment controller scales the old ReplicaSet down
+    only while more pods are available than wanted): the surge is ready at 45 s, the
+    replica a scale-up added at 30 s at 75 s; the outdated replica serves until then."""
+    f = Fleet(knobs=OLD, initial_replicas=1, cold_start_s=45.0)
+    f.set_knobs(NEW)
+    f.roll_out(0.0)
+    f.scale_to(2, 30.0)
+    f.advance_to(50.0)
+    assert f.ready_replicas == 2 and f.active_replicas == 2
+    assert sorted(_serving_knobs(f), key=str) == sorted([OLD, NEW], key=str)
+    f.advance_to(80.0)
+    assert f.ready_replicas == 2 and _serving_knobs(f) == [NEW] * 2
+    assert f.outdated_replicas() == 0
+
+
+def test_scale_down_while_the_outdated_replica_is_held_keeps_the_new_one() -> None:
+    """A scale-down while a ready surge's outdated replica is held stops other replicas
+    first (the starting one, then an outdated one), never the new one; the held
+    replica then leaves as the pair's surge is enough."""
+    f = Fleet(knobs=OLD, initial_replicas=2, cold_start_s=45.0)
+    f.set_knobs(NEW)
+    f.roll_out(0.0)
+    f.scale_to(3, 30.0)
+    f.advance_to(50.0)  # surge ready, the scale-up's replica not yet: outdated one held
+    assert f.ready_replicas == 3 and f.outdated_replicas() == 2
+    f.scale_to(1, 55.0)
+    assert f.active_replicas == 1
+    assert _serving_knobs(f) == [NEW] and f.outdated_replicas() == 0
+    f.advance_to(400.0)
+    assert f.active_replicas == 1 and _serving_knobs(f) == [NEW]
