@@ -14,7 +14,8 @@ GONE at once.
 Scale-down order (like a Kubernetes ReplicaSet prefers not-ready and newer pods):
 first STARTING replicas, newest request first (they cost GPU time and serve nothing);
 then SERVING replicas with the fewest outstanding requests (least work to drain), ties
-broken newest first.
+broken newest first. During a knob roll-out (`roll_out`) a ready surge replica and the
+outdated one it replaces count as one, and go last, together.
 
 Routing (`router`): "least-outstanding" (the default; a gateway's least-request
 balancing): fewest outstanding requests (waiting + running on the engine) among SERVING
@@ -219,7 +220,8 @@ class Fleet:
         """Replace every SERVING replica whose knobs differ from the fleet's, one at a
         time, like a Deployment rolling update with maxSurge 1, maxUnavailable 0: a new
         replica is requested (cold start, GPU time counted); when it is ready the
-        outdated one (fewest outstanding requests first) drains; then the next."""
+        outdated one (fewest outstanding requests first) drains, as soon as the fleet has
+        as many others ready as it wants (`_retire_replaced`); then the next."""
         if now_s is not None:
             self.advance_to(now_s)
         self.rollouts_started += 1
