@@ -17,7 +17,7 @@ from pathlib import Path
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES
 from simulator.calibrate import add_calibrate
-from simulator.fleet import ROUTERS
+from simulator.fleet import ROLLOUTS, ROUTERS
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
 from simulator.plant import Plant
@@ -134,6 +134,15 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
         "decider is not told",
     )
     p.add_argument(
+        "--plant-rollout",
+        choices=ROLLOUTS,
+        default=ROLLOUTS[0],
+        help="how a knob roll-out replaces the replicas (engines without live knobs): "
+        "'surge' (default) as a Deployment with maxSurge 1, maxUnavailable 0, or "
+        "'unavailable' with maxSurge 0, maxUnavailable 1 (one replica fewer ready during "
+        "each restart); the decider is not told",
+    )
+    p.add_argument(
         "--scrape-interval-s",
         type=_positive(float, "--scrape-interval-s"),
         default=DEFAULT_SCRAPE_INTERVAL_S,
@@ -148,6 +157,7 @@ def plant_from_args(args: argparse.Namespace) -> Plant:
         cold_start_factor=args.plant_cold_start_x,
         live_knobs=args.live_knobs,
         router=args.plant_router,
+        rollout=args.plant_rollout,
     )
 
 
@@ -365,6 +375,7 @@ SINGLE_RUN_FLAGS = (
     "plant_cold_start_x",
     "live_knobs",
     "plant_router",
+    "plant_rollout",
     "scrape_interval_s",
     "sla_ttft_p95_ms",
     "sla_itl_p95_ms",

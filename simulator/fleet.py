@@ -113,6 +113,13 @@ class _Pending:
 
 
 ROUTERS = ("least-outstanding", "random")
+ROLLOUTS = ("surge", "unavailable")
+"""How a knob roll-out replaces replicas (`Fleet.roll_out`), as a Deployment's rolling
+update: "surge" is maxSurge 1, maxUnavailable 0 (a new replica first, the outdated one
+leaves once the fleet can spare it); "unavailable" is maxSurge 0, maxUnavailable 1 (the
+outdated replica drains first and its replacement starts at once: one replica fewer
+ready during each cold start, no extra GPU; the chart's example engine for template
+changes)."""
 """The routing rules a fleet can use (module doc)."""
 
 
@@ -146,11 +153,15 @@ class Fleet:
         overhead_s: float = 0.0,
         live_knobs: bool = False,
         router: str = ROUTERS[0],
+        rollout: str = ROLLOUTS[0],
     ) -> None:
         if not (math.isfinite(overhead_s) and overhead_s >= 0):
             raise ValueError(f"overhead_s must be finite and >= 0, got {overhead_s}")
         if router not in ROUTERS:
             raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        if rollout not in ROLLOUTS:
+            raise ValueError(f"rollout must be one of {', '.join(ROLLOUTS)}, got {rollout!r}")
+        self.rollout = rollout
         # Its own generator: the random router leaves every other draw of the seed as is.
         self._route_rng = random.Random(seed) if router == "random" else None
         self.overhead_s = float(overhead_s)
@@ -188,6 +199,7 @@ class Fleet:
         self.router_queued_total = 0
         self._rr = 0
         self._replacing: dict[int, int] = {}  # surge replica id -> outdated replica id
+        self._replacement: int | None = None  # "unavailable": the replacement starting
         self.rollouts_started = 0
         for _ in range(initial_replicas):
             rep = self._request_replica(self.now_s)
@@ -218,10 +230,12 @@ class Fleet:
 
     def roll_out(self, now_s: float | None = None) -> None:
         """Replace every SERVING replica whose knobs differ from the fleet's, one at a
-        time, like a Deployment rolling update with maxSurge 1, maxUnavailable 0: a new
-        replica is requested (cold start, GPU time counted); when it is ready the
-        outdated one (fewest outstanding requests first) drains, as soon as the fleet has
-        as many others ready as it wants (`_retire_replaced`); then the next."""
+        time, like a Deployment's rolling update (`rollout`, ROLLOUTS). "surge" (maxSurge
+        1, maxUnavailable 0): a new replica is requested (cold start, GPU time counted);
+        when it is ready the outdated one (fewest outstanding requests first) drains, as
+        soon as the fleet has as many others ready as it wants (`_retire_replaced`); then
+        the next. "unavailable" (maxSurge 0, maxUnavailable 1): the outdated one drains
+        and its replacement is requested at once; when that is ready, the next."""
         if now_s is not None:
             self.advance_to(now_s)
         self.rollouts_started += 1
@@ -234,8 +248,8 @@ class Fleet:
         )
 
     def _roll_next(self, t_s: float) -> None:
-        if self._replacing:
-            return  # one surge replica at a time
+        if self._replacing or self._replacement is not None:
+            return  # one replacement at a time
         outdated = [
             r for r in self.replicas if r.state is ReplicaState.SERVING and r.knobs != self.knobs
         ]
@@ -243,7 +257,11 @@ class Fleet:
             return
         old = min(outdated, key=lambda r: (r.engine.n_out if r.engine else 0, r.replica_id))
         new = self._request_replica(t_s)
-        self._replacing[new.replica_id] = old.replica_id
+        if self.rollout == "surge":
+            self._replacing[new.replica_id] = old.replica_id
+        else:  # maxUnavailable 1: the outdated replica goes first, its replacement counts
+            self._replacement = new.replica_id
+            self._stop_replica(old, t_s)
 
     def add_scraper(
         self, interval_s: float, callback: Callable[[float], None], first_s: float | None = None
@@ -524,6 +542,9 @@ class Fleet:
         self._serving_ids.append(rep.replica_id)
         while self._router:
             self._route_now(self._router.popleft(), t_s)
+        if self._replacement == rep.replica_id:
+            self._replacement = None
+            self._roll_next(t_s)
         self._retire_replaced(t_s)
 
     def _retire_replaced(self, t_s: float) -> None:
@@ -546,8 +567,11 @@ class Fleet:
 
     def _stop_replica(self, rep: Replica, t_s: float) -> None:
         # A cancelled surge leaves its outdated replica serving (the rollout resumes later);
-        # a surge whose outdated replica is stopped simply stays as a replica.
+        # a surge whose outdated replica is stopped simply stays as a replica; a cancelled
+        # replacement ("unavailable") stops the roll-out until the next one.
         self._replacing.pop(rep.replica_id, None)
+        if self._replacement == rep.replica_id:
+            self._replacement = None
         for new_id, old_id in list(self._replacing.items()):
             if old_id == rep.replica_id:
                 del self._replacing[new_id]

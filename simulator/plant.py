@@ -11,8 +11,10 @@ the new knobs (a roll-out replaces the others); the governor is told which
 (`policy.knobs_live`). `router` is how the cluster spreads requests over the replicas
 (simulator.fleet: a gateway's least-outstanding balancing by default, or kube-proxy's
 random endpoint), which the decider is not told: its capacity model pools the fleet as a
-least-request router does. Baselines and the oracle run on the same plant, so every
-policy is judged on one truth.
+least-request router does. `rollout` is the Deployment's rolling-update strategy a knob
+roll-out meets (simulator.fleet.ROLLOUTS: a surge replica first by default, or the
+outdated replica down first), which the decider is not told either. Baselines and the
+oracle run on the same plant, so every policy is judged on one truth.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from estimators.stepmodel import Profile, StepTimeCoefficients
-from simulator.fleet import ROUTERS
+from simulator.fleet import ROLLOUTS, ROUTERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +34,8 @@ class Plant:
     server overhead in ms (>= 0; None = the profile's `request_overhead_ms`).
     `cold_start_factor`: actual cold start / configured cold start (> 0).
     `live_knobs`: the engines follow knob changes live. `router`: one of
-    simulator.fleet.ROUTERS.
+    simulator.fleet.ROUTERS. `rollout`: how a knob roll-out replaces replicas, one of
+    simulator.fleet.ROLLOUTS.
     """
 
     speed: float = 1.0
@@ -40,6 +43,7 @@ class Plant:
     cold_start_factor: float = 1.0
     live_knobs: bool = False
     router: str = ROUTERS[0]
+    rollout: str = ROLLOUTS[0]
 
     def __post_init__(self) -> None:
         for name in ("speed", "cold_start_factor"):
@@ -52,6 +56,9 @@ class Plant:
         if self.router not in ROUTERS:
             known = ", ".join(ROUTERS)
             raise ValueError(f"plant router must be one of {known}, got {self.router!r}")
+        if self.rollout not in ROLLOUTS:
+            known = ", ".join(ROLLOUTS)
+            raise ValueError(f"plant rollout must be one of {known}, got {self.rollout!r}")
 
     def profile(self, belief: Profile) -> Profile:
         """`belief` with every step-time coefficient x `speed` (the same object at 1.0)."""
@@ -72,11 +79,12 @@ class Plant:
 
     def describe(self, belief: Profile) -> dict[str, float | bool | str]:
         """JSON-ready summary (speed, overhead in ms, cold-start factor, live knobs,
-        router)."""
+        router, roll-out)."""
         return {
             "speed": self.speed,
             "overhead_ms": self.overhead_s(belief) * 1000.0,
             "cold_start_factor": self.cold_start_factor,
             "live_knobs": self.live_knobs,
             "router": self.router,
+            "rollout": self.rollout,
         }

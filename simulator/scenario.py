@@ -120,6 +120,7 @@ class Scenario:
             overhead_s=self.plant.overhead_s(self.profile),
             live_knobs=self.plant.live_knobs,
             router=self.plant.router,
+            rollout=self.plant.rollout,
         )
 
     def governor_config(self) -> GovernorConfig:

@@ -1,4 +1,5 @@
-"""Knob rollout on the simulated fleet: a rolling restart with maxSurge 1, maxUnavailable 0."""
+"""Knob rollout on the simulated fleet: a rolling restart with maxSurge 1, maxUnavailable 0
+(the default), or maxSurge 0, maxUnavailable 1 (`rollout="unavailable"`)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,38 @@ def test_scale_down_while_the_outdated_replica_is_held_keeps_the_new_one() -> No
     assert _serving_knobs(f) == [NEW] and f.outdated_replicas() == 0
     f.advance_to(400.0)
     assert f.active_replicas == 1 and _serving_knobs(f) == [NEW]
+
+
+def test_unavailable_rollout_takes_one_replica_down_at_a_time_without_a_surge() -> None:
+    """maxSurge 0, maxUnavailable 1: each outdated replica drains first and its
+    replacement starts at once, so one replica fewer is ready during each 45 s cold
+    start, never two fewer, and no GPU is spent beyond the fleet's own."""
+    f = Fleet(knobs=OLD, initial_replicas=3, cold_start_s=45.0, rollout="unavailable")
+    f.set_knobs(NEW)
+    f.roll_out(0.0)
+    assert f.active_replicas == 3 and f.ready_replicas == 2
+    ready = []
+    for t in range(5, 200, 5):
+        f.advance_to(float(t))
+        assert f.active_replicas == 3 and f.total_replicas <= 3
+        ready.append(f.ready_replicas)
+    assert min(ready) == 2 and ready[-1] == 3
+    assert _serving_knobs(f) == [NEW] * 3 and f.outdated_replicas() == 0
+    assert f.gpu_seconds() == 3 * 195  # idle outdated replicas leave at once
+
+
+def test_unavailable_rollout_of_one_replica_queues_requests_until_its_replacement() -> None:
+    """With one replica and maxSurge 0 nothing serves during the restart: requests wait at
+    the router for the replacement's cold start and none is lost."""
+    trace = load_trace("synthetic:poisson:rate=5,duration=60", seed=3)
+    f = Fleet(knobs=OLD, initial_replicas=1, cold_start_s=30.0, rollout="unavailable")
+    f.submit_trace(trace, offset_s=0.0)
+    f.advance_to(10.0)
+    f.set_knobs(NEW)
+    f.roll_out()
+    f.advance_to(20.0)
+    assert f.ready_replicas == 0 and f.active_replicas == 1
+    f.run()
+    rec = f.records()
+    assert rec.done.all() and f.router_queued_total > 0
+    assert _serving_knobs(f) == [NEW]

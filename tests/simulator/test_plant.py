@@ -69,6 +69,7 @@ def test_engine_ttft_metric_includes_the_overhead() -> None:
         pytest.param({"overhead_ms": -1.0}, "overhead_ms", id="negative-overhead"),
         pytest.param({"cold_start_factor": math.inf}, "cold_start_factor", id="inf-cold"),
         pytest.param({"router": "kube-proxy"}, "router must be one of", id="unknown-router"),
+        pytest.param({"rollout": "recreate"}, "rollout must be one of", id="unknown-rollout"),
     ],
 )
 def test_plant_refuses_bad_values(kwargs: dict[str, float | str], needle: str) -> None:
@@ -178,6 +179,9 @@ def test_an_engine_that_vanishes_from_the_scrape_is_a_down_target() -> None:
         pytest.param(["--plant-overhead-ms", "-5"], "must be >= 0", id="negative-overhead"),
         pytest.param(["--scrape-interval-s", "nan"], "--scrape-interval-s", id="nan-scrape"),
         pytest.param(["--plant-router", "dns"], "--plant-router: invalid choice", id="router"),
+        pytest.param(
+            ["--plant-rollout", "recreate"], "--plant-rollout: invalid choice", id="rollout"
+        ),
     ],
 )
 def test_simulate_plant_flags_refuse_bad_values(
@@ -198,6 +202,10 @@ def test_simulate_plant_flags_refuse_bad_values(
         (["--matrix", "--trace", "azure:code"], "--trace: not read with --matrix"),
         (["--matrix-quick", "--plot", "p.png"], "--plot: not read with --matrix"),
         (["--matrix", "--plant-router", "random"], "--plant-router: not read with --matrix"),
+        (
+            ["--matrix", "--plant-rollout", "unavailable"],
+            "--plant-rollout: not read with --matrix",
+        ),
         (["--workers", "3"], "--workers: read only with --matrix"),
         (["--matrix-traces", "conv x16"], "--matrix-traces: read only with --matrix"),
         (["--matrix-combined", "--trace", "azure:code"], "--trace: not read with --matrix"),
