@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -17,15 +16,13 @@ from pathlib import Path
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES
 from simulator.calibrate import add_calibrate
-from simulator.fleet import ROLLOUTS, ROUTERS
+from simulator.cli_args import add_plant_args, non_negative, plant_from_args, positive
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
-from simulator.plant import Plant
 from simulator.report import document, plot, table
 from simulator.scenario import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MIN_REPLICAS,
-    DEFAULT_SCRAPE_INTERVAL_S,
     PolicyResult,
     Scenario,
     run_policy,
@@ -34,19 +31,6 @@ from simulator.scenario import (
 from simulator.traces import MAX_RATE_MULTIPLIER, Trace, load_trace
 
 EXIT_USAGE = 2
-
-
-def _positive(kind: type, name: str):
-    def conv(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not (isinstance(v, int) or math.isfinite(v)) or v <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text!r}")
-        return v
-
-    return conv
 
 
 def _seed(text: str) -> int:
@@ -64,10 +48,10 @@ def _seed(text: str) -> int:
 
 def _rate_scale(name: str):
     """A rate multiplier in (0, MAX_RATE_MULTIPLIER] (simulator.traces says why)."""
-    positive = _positive(float, name)
+    above_zero = positive(float, name)
 
     def conv(text: str) -> float:
-        v = positive(text)
+        v = above_zero(text)
         if v > MAX_RATE_MULTIPLIER:
             raise argparse.ArgumentTypeError(
                 f"{name} must be <= {MAX_RATE_MULTIPLIER:g}, got {text!r}: the scaled trace is "
@@ -82,83 +66,6 @@ RATE_SCALE_HELP = (
     f"(0, {MAX_RATE_MULTIPLIER:g}]: the trace is scaled whole in memory before --duration "
     "cuts it (x100 makes azure:conv 1.9 million requests)"
 )
-
-
-def _non_negative(name: str):
-    def conv(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
-        if not math.isfinite(v) or v < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text!r}")
-        return v
-
-    return conv
-
-
-def add_plant_args(p: argparse.ArgumentParser) -> None:
-    """The plant and metric-source flags shared by `simulate` and `demo`."""
-    p.add_argument(
-        "--plant-speed",
-        type=_positive(float, "--plant-speed"),
-        default=1.0,
-        help="simulated step times x F (1.3 = GPU 30%% slower than the profile the "
-        "decider believes; the decider keeps its profile)",
-    )
-    p.add_argument(
-        "--plant-overhead-ms",
-        type=_non_negative("--plant-overhead-ms"),
-        default=None,
-        help="per-request server overhead before the first token, ms "
-        "(default: the profile's calibrated value)",
-    )
-    p.add_argument(
-        "--plant-cold-start-x",
-        type=_positive(float, "--plant-cold-start-x"),
-        default=1.0,
-        help="actual cold start = X x the configured one",
-    )
-    p.add_argument(
-        "--live-knobs",
-        action="store_true",
-        help="the engines follow knob changes live (the scheduler plugin, the chart's "
-        "default) instead of at start only; the governor is told so (policy.knobs_live)",
-    )
-    p.add_argument(
-        "--plant-router",
-        choices=ROUTERS,
-        default=ROUTERS[0],
-        help="how the cluster spreads requests over the replicas: a gateway's "
-        "least-outstanding balancing (default) or kube-proxy's random endpoint; the "
-        "decider is not told",
-    )
-    p.add_argument(
-        "--plant-rollout",
-        choices=ROLLOUTS,
-        default=ROLLOUTS[0],
-        help="how a knob roll-out replaces the replicas (engines without live knobs): "
-        "'surge' (default) as a Deployment with maxSurge 1, maxUnavailable 0, or "
-        "'unavailable' with maxSurge 0, maxUnavailable 1 (one replica fewer ready during "
-        "each restart); the decider is not told",
-    )
-    p.add_argument(
-        "--scrape-interval-s",
-        type=_positive(float, "--scrape-interval-s"),
-        default=DEFAULT_SCRAPE_INTERVAL_S,
-        help="resolution of the simulated metric source, seconds",
-    )
-
-
-def plant_from_args(args: argparse.Namespace) -> Plant:
-    return Plant(
-        speed=args.plant_speed,
-        overhead_ms=args.plant_overhead_ms,
-        cold_start_factor=args.plant_cold_start_x,
-        live_knobs=args.live_knobs,
-        router=args.plant_router,
-        rollout=args.plant_rollout,
-    )
 
 
 def _policies(text: str) -> list[str]:
@@ -212,33 +119,33 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--duration",
-        type=_positive(float, "--duration"),
+        type=positive(float, "--duration"),
         default=None,
         help="seconds of trace to replay",
     )
-    p.add_argument("--sla-ttft-p95-ms", type=_positive(float, "--sla-ttft-p95-ms"), default=500.0)
-    p.add_argument("--sla-itl-p95-ms", type=_positive(float, "--sla-itl-p95-ms"), default=50.0)
+    p.add_argument("--sla-ttft-p95-ms", type=positive(float, "--sla-ttft-p95-ms"), default=500.0)
+    p.add_argument("--sla-itl-p95-ms", type=positive(float, "--sla-itl-p95-ms"), default=50.0)
     p.add_argument("--seed", type=_seed, default=0, help="random seed, >= 0")
     p.add_argument(
         "--start-replicas",
-        type=_positive(int, "--start-replicas"),
+        type=positive(int, "--start-replicas"),
         default=None,
         help="replicas serving at t = 0 (default: the model's min replicas)",
     )
     p.add_argument(
-        "--min-replicas", type=_positive(int, "--min-replicas"), default=DEFAULT_MIN_REPLICAS
+        "--min-replicas", type=positive(int, "--min-replicas"), default=DEFAULT_MIN_REPLICAS
     )
     p.add_argument(
-        "--max-replicas", type=_positive(int, "--max-replicas"), default=DEFAULT_MAX_REPLICAS
+        "--max-replicas", type=positive(int, "--max-replicas"), default=DEFAULT_MAX_REPLICAS
     )
     add_plant_args(p)
     p.add_argument(
         "--static-replicas",
-        type=_positive(int, "--static-replicas"),
+        type=positive(int, "--static-replicas"),
         default=None,
         help="replicas of the static policy (default: the oracle's peak)",
     )
-    p.add_argument("--hpa-sync-s", type=_positive(float, "--hpa-sync-s"), default=15.0)
+    p.add_argument("--hpa-sync-s", type=positive(float, "--hpa-sync-s"), default=15.0)
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle (faster)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results JSON here")
     p.add_argument("--plot", dest="plot_out", default=None, help="write the PNG plot here")
@@ -275,7 +182,7 @@ def _add_matrix_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--workers",
-        type=_positive(int, "--workers"),
+        type=positive(int, "--workers"),
         default=2,
         help="worker processes for the matrix cells",
     )
@@ -531,13 +438,13 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--duration",
-        type=_positive(float, "--duration"),
+        type=positive(float, "--duration"),
         default=1200.0,
         help="seconds of trace to replay (default 20 minutes)",
     )
     p.add_argument(
         "--speed",
-        type=_non_negative("--speed"),
+        type=non_negative("--speed"),
         default=60.0,
         help="simulated seconds per real second in the live view (0 = as fast as possible)",
     )
@@ -549,7 +456,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--start-replicas",
-        type=_positive(int, "--start-replicas"),
+        type=positive(int, "--start-replicas"),
         default=6,
         help="replicas serving when the replay starts, within the fleet's bounds "
         f"[{DEFAULT_MIN_REPLICAS}, {DEFAULT_MAX_REPLICAS}] (default 6: what the service runs at "
@@ -557,7 +464,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--drain-tail-s",
-        type=_non_negative("--drain-tail-s"),
+        type=non_negative("--drain-tail-s"),
         default=60.0,
         help="seconds after the last arrival that are scored (its requests finish); the "
         "settling tail after that is shown, not scored",
@@ -566,7 +473,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=_seed, default=0, help="random seed, >= 0")
     p.add_argument(
         "--settle-max-s",
-        type=_non_negative("--settle-max-s"),
+        type=non_negative("--settle-max-s"),
         default=1800.0,
         help="after the trace, run on until the fleet has settled (no scale-down pending), "
         "at most this long",

@@ -1,0 +1,102 @@
+"""Argument types of the simulator's command line, and the plant flags `governor
+simulate` and `governor demo` share (simulator.plant: what the simulated engines do,
+apart from what the decider believes)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from simulator.fleet import ROLLOUTS, ROUTERS
+from simulator.plant import Plant
+from simulator.scenario import DEFAULT_SCRAPE_INTERVAL_S
+
+
+def positive(kind: type, name: str):
+    def conv(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not (isinstance(v, int) or math.isfinite(v)) or v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text!r}")
+        return v
+
+    return conv
+
+
+def non_negative(name: str):
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not math.isfinite(v) or v < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {text!r}")
+        return v
+
+    return conv
+
+
+def add_plant_args(p: argparse.ArgumentParser) -> None:
+    """The plant and metric-source flags shared by `simulate` and `demo`."""
+    p.add_argument(
+        "--plant-speed",
+        type=positive(float, "--plant-speed"),
+        default=1.0,
+        help="simulated step times x F (1.3 = GPU 30%% slower than the profile the "
+        "decider believes; the decider keeps its profile)",
+    )
+    p.add_argument(
+        "--plant-overhead-ms",
+        type=non_negative("--plant-overhead-ms"),
+        default=None,
+        help="per-request server overhead before the first token, ms "
+        "(default: the profile's calibrated value)",
+    )
+    p.add_argument(
+        "--plant-cold-start-x",
+        type=positive(float, "--plant-cold-start-x"),
+        default=1.0,
+        help="actual cold start = X x the configured one",
+    )
+    p.add_argument(
+        "--live-knobs",
+        action="store_true",
+        help="the engines follow knob changes live (the scheduler plugin, the chart's "
+        "default) instead of at start only; the governor is told so (policy.knobs_live)",
+    )
+    p.add_argument(
+        "--plant-router",
+        choices=ROUTERS,
+        default=ROUTERS[0],
+        help="how the cluster spreads requests over the replicas: a gateway's "
+        "least-outstanding balancing (default) or kube-proxy's random endpoint; the "
+        "decider is not told",
+    )
+    p.add_argument(
+        "--plant-rollout",
+        choices=ROLLOUTS,
+        default=ROLLOUTS[0],
+        help="how a knob roll-out replaces the replicas (engines without live knobs): "
+        "'surge' (default) as a Deployment with maxSurge 1, maxUnavailable 0, or "
+        "'unavailable' with maxSurge 0, maxUnavailable 1 (one replica fewer ready during "
+        "each restart); the decider is not told",
+    )
+    p.add_argument(
+        "--scrape-interval-s",
+        type=positive(float, "--scrape-interval-s"),
+        default=DEFAULT_SCRAPE_INTERVAL_S,
+        help="resolution of the simulated metric source, seconds",
+    )
+
+
+def plant_from_args(args: argparse.Namespace) -> Plant:
+    return Plant(
+        speed=args.plant_speed,
+        overhead_ms=args.plant_overhead_ms,
+        cold_start_factor=args.plant_cold_start_x,
+        live_knobs=args.live_knobs,
+        router=args.plant_router,
+        rollout=args.plant_rollout,
+    )
