@@ -13,6 +13,9 @@ from simulator.scenario import DEFAULT_SCRAPE_INTERVAL_S
 
 
 def positive(kind: type, name: str):
+    """An argparse type: `kind` (int or float) parsed from the text, finite and > 0; the
+    error names the flag `name`."""
+
     def conv(text: str):
         try:
             v = kind(text)
@@ -26,6 +29,8 @@ def positive(kind: type, name: str):
 
 
 def non_negative(name: str):
+    """An argparse type: a finite float >= 0; the error names the flag `name`."""
+
     def conv(text: str) -> float:
         try:
             v = float(text)
@@ -92,6 +97,7 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
 
 
 def plant_from_args(args: argparse.Namespace) -> Plant:
+    """The Plant the flags of `add_plant_args` describe."""
     return Plant(
         speed=args.plant_speed,
         overhead_ms=args.plant_overhead_ms,

@@ -113,6 +113,7 @@ class _Pending:
 
 
 ROUTERS = ("least-outstanding", "random")
+"""The routing rules a fleet can use (module doc)."""
 ROLLOUTS = ("surge", "unavailable")
 """How a knob roll-out replaces replicas (`Fleet.roll_out`), as a Deployment's rolling
 update: "surge" is maxSurge 1, maxUnavailable 0 (a new replica first, the outdated one
@@ -120,7 +121,6 @@ leaves once the fleet can spare it); "unavailable" is maxSurge 0, maxUnavailable
 outdated replica drains first and its replacement starts at once: one replica fewer
 ready during each cold start, no extra GPU; the chart's example engine for template
 changes)."""
-"""The routing rules a fleet can use (module doc)."""
 
 
 class Fleet:
