@@ -14,6 +14,13 @@ Rules, per model:
   updated than desired replicas) is not patched; the request waits (WAITING_ROLLOUT);
 - never during panic: while the model's latest decision is in panic the request waits
   (WAITING_PANIC); restarting replicas in a surge would cut capacity when it is short;
+- never below what the load needs: the replicas the Deployment's strategy keeps ready
+  during the roll-out (`spec.replicas` less what `replicas_down_during_rollout` lets it
+  take down: maxUnavailable, 1 when both fenceposts resolve to 0, all of them for
+  Recreate) must serve the model's latest raw replica need (`replicas_needed`), else
+  the request waits (WAITING_CAPACITY) until a scale-up or a lighter load makes room.
+  With the chart's engine strategy (maxSurge 0, maxUnavailable 1) a 1-replica fleet
+  under load never restarts its only replica; a surge strategy never waits here;
 - rate-limited: at most one roll-out per `min_interval_s(model)` seconds
   (`policy.rollout_min_interval_s`), else RATE_LIMITED until then;
 - the newest request wins: a later knob change replaces a waiting one;
@@ -37,6 +44,7 @@ knobs and why it waits.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +80,7 @@ class RolloutReason(StrEnum):
     UNCHANGED = "ROLLOUT_UNCHANGED"  # the template already carries these knobs
     WAITING_ROLLOUT = "ROLLOUT_WAITING_IN_PROGRESS"
     WAITING_PANIC = "ROLLOUT_WAITING_PANIC"
+    WAITING_CAPACITY = "ROLLOUT_WAITING_CAPACITY"  # the strategy would leave too few ready
     RATE_LIMITED = "ROLLOUT_RATE_LIMITED"
     NOT_FOUND = "ROLLOUT_NOT_FOUND"
     FAILED = "ROLLOUT_FAILED"
@@ -82,6 +91,7 @@ WAITING = frozenset(
     {
         RolloutReason.WAITING_ROLLOUT,
         RolloutReason.WAITING_PANIC,
+        RolloutReason.WAITING_CAPACITY,
         RolloutReason.RATE_LIMITED,
         RolloutReason.FAILED,
     }
@@ -117,6 +127,67 @@ def rollout_in_progress(dep: Any) -> bool:
     updated = status.updated_replicas or 0
     available = status.available_replicas or 0
     return updated < want or (status.replicas or 0) > updated or available < updated
+
+
+DEFAULT_FENCEPOST = "25%"
+"""maxSurge and maxUnavailable where a Deployment leaves them out (the API server's
+defaulting writes these on create, so a read Deployment always carries both)."""
+
+
+def _scaled(value: Any, total: int, round_up: bool, field: str) -> int:
+    """An IntOrString fencepost as Kubernetes scales it (`GetScaledValueFromIntOrPercent`):
+    an int as is, "N%" of `total` rounded up or down. Raises ValueError on anything else."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.endswith("%") and value[:-1].isdigit():
+        scaled = int(value[:-1]) * total / 100
+        return math.ceil(scaled) if round_up else math.floor(scaled)
+    raise ValueError(f"{field} must be a count or a percentage, got {value!r}")
+
+
+def replicas_down_during_rollout(strategy: Any, desired: int) -> int:
+    """How many of `desired` replicas a roll-out of a Deployment with `spec.strategy`
+    (the client's V1DeploymentStrategy, or None) may have unavailable at once, as the
+    deployment controller resolves it (`ResolveFenceposts` in
+    pkg/controller/deployment/util): "Recreate" stops all of them; "RollingUpdate"
+    allows maxUnavailable (a count, or a percentage of `desired` rounded down), and 1
+    when it and maxSurge (a percentage rounded up) both come to 0. A missing field reads
+    as the API server defaults it (RollingUpdate, 25 % each). 0 for 0 desired (nothing to
+    replace). Raises ValueError on a value the API server would refuse."""
+    if desired <= 0:
+        return 0
+    kind = getattr(strategy, "type", None) or "RollingUpdate"
+    if kind == "Recreate":
+        return desired
+    if kind != "RollingUpdate":
+        raise ValueError(f"spec.strategy.type must be RollingUpdate or Recreate, got {kind!r}")
+    rolling = getattr(strategy, "rolling_update", None)
+    surge_v, down_v = (
+        (DEFAULT_FENCEPOST, DEFAULT_FENCEPOST)
+        if rolling is None
+        else (
+            DEFAULT_FENCEPOST if rolling.max_surge is None else rolling.max_surge,
+            DEFAULT_FENCEPOST if rolling.max_unavailable is None else rolling.max_unavailable,
+        )
+    )
+    surge = _scaled(surge_v, desired, True, "maxSurge")
+    down = _scaled(down_v, desired, False, "maxUnavailable")
+    return min(desired, 1 if surge == 0 and down == 0 else down)
+
+
+def replicas_needed(decision: Decision) -> float:
+    """Replicas the model's load needs now: the decision's raw count (demand over the
+    capacity of one replica at the SLA), its final replicas where it has none."""
+    raw = decision.raw_replicas
+    return float(decision.replicas) if raw is None or not math.isfinite(raw) else raw
+
+
+def can_spare(desired: int, down: int, needed: float) -> bool:
+    """Whether a roll-out that takes `down` of `desired` replicas down at a time
+    (`replicas_down_during_rollout`) leaves enough ready for a need of `needed` replicas
+    (`replicas_needed`). One that takes none down (a surge) always does: it never serves
+    with fewer than it has, even where the load needs more."""
+    return down <= 0 or desired - down >= needed
 
 
 class KnobRolloutActuator(QueuedActuatorBase):
@@ -160,6 +231,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
         self._lock = threading.Condition()
         self._pending: dict[str, Knobs] = {}
         self._panic: dict[str, bool] = {}
+        self._needed: dict[str, float] = {}  # replicas_needed of the latest decision
         self._last_start: dict[str, float] = {}  # monotonic s of our last roll-out start
         self._status: dict[str, RolloutStatus] = {}
         self._stopped = False
@@ -178,6 +250,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 if not d.valid:
                     continue
                 self._panic[d.model] = d.panic
+                self._needed[d.model] = replicas_needed(d)
                 if d.rollout:
                     self._pending[d.model] = d.knobs
                     self._catch_up.discard(d.model)
@@ -189,6 +262,12 @@ class KnobRolloutActuator(QueuedActuatorBase):
             self._lock.notify_all()
         if self._worker is None:
             self.run_pending()
+
+    def rollout_waiting(self, model: str) -> bool:
+        """controller.actuation.RolloutGate: a roll-out asked for `model` is queued and
+        not started (a leader's take-over check is no such request)."""
+        with self._lock:
+            return model in self._pending and model not in self._catch_up
 
     def stand_down(self) -> int:
         """`QueuedActuatorBase.stand_down`, and forget which models this instance has
@@ -248,6 +327,24 @@ class KnobRolloutActuator(QueuedActuatorBase):
                     self._catch_up.discard(model)
         return out
 
+    def _too_few_stay_ready(self, model: str, dep: Any) -> str:
+        """Why the Deployment's strategy would leave fewer replicas ready during a roll-out
+        than the model's latest decision needs ("" when it leaves enough)."""
+        spec = dep.spec
+        desired = spec.replicas if spec is not None and spec.replicas is not None else 0
+        try:
+            down = replicas_down_during_rollout(getattr(spec, "strategy", None), desired)
+        except ValueError as exc:
+            return f"the Deployment's strategy cannot be read ({exc}); not rolling out"
+        with self._lock:
+            needed = self._needed.get(model, float(desired))
+        if can_spare(desired, down, needed):
+            return ""
+        return (
+            f"its strategy takes {down} of {desired} replicas down at a time, leaving "
+            f"{desired - down} ready; the load needs {needed:.2f}"
+        )
+
     def _try(
         self, model: str, namespace: str, deployment: str, knobs: Knobs, catch_up: bool = False
     ) -> RolloutStatus:
@@ -285,6 +382,9 @@ class KnobRolloutActuator(QueuedActuatorBase):
                         return done(RolloutReason.UNCHANGED, f"template knobs: {current}")
                 if rollout_in_progress(dep):
                     return done(RolloutReason.WAITING_ROLLOUT, f"{where} is still rolling out")
+                short = self._too_few_stay_ready(model, dep)
+                if short:
+                    return done(RolloutReason.WAITING_CAPACITY, short)
                 body = {
                     "metadata": {"resourceVersion": dep.metadata.resource_version},
                     "spec": {

@@ -24,3 +24,15 @@ class Actuator(Protocol):
         """Apply `decisions`; invalid ones are skipped. Must not raise for one model's
         failure: report it (log, metrics) and go on with the others."""
         ...
+
+
+@runtime_checkable
+class RolloutGate(Protocol):
+    """An actuator that may hold a knob roll-out the decider asked for (the roll-out
+    actuator: in progress, panic, too few replicas to spare, rate limit). The loop asks
+    it before each decision, so the decider knows the replicas still run the knobs from
+    before the change (`Decider.rollout_waiting`)."""
+
+    def rollout_waiting(self, model: str) -> bool:
+        """True while a roll-out asked for `model` has not started."""
+        ...

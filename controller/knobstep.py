@@ -8,6 +8,8 @@ A mixin of `Decider`: the methods read the decider's `model`, `policy`, `profile
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controller.batching import clamp_knobs, seed_policy_knobs, slo_knobs
 from controller.config import ModelConfig, ScalingPolicy
 from controller.plant import model_speed, scaled_profile, streaming_violated
@@ -74,6 +76,19 @@ class KnobSteps:
             and self._material(knobs, state.knobs, self.policy.knob_rollout_gain_frac)
         )
         return rollout, self._knob_memory(state, knobs, reason, pending, rollout, now_s)
+
+    def rollout_waiting(self, state: ModelState, now_s: float) -> ModelState:
+        """`state` for a tick on which the roll-out it asked for still waits (an
+        actuator holds it, controller.actuation.RolloutGate): the replicas on the knobs
+        from before the change run them for a whole roll-out from `now_s` (a cold start
+        each), not from when it was asked for. Unchanged when no roll-out is counted."""
+        mem = state.knob_memory
+        if mem.running is None or mem.running_until_s is None:
+            return state
+        until = now_s + self.model.cold_start_s * max(1, mem.running_replicas)
+        return replace(
+            state, knob_memory=replace(mem, running_until_s=max(mem.running_until_s, until))
+        )
 
     def _bounded(self, state: ModelState) -> Knobs:
         """The knobs in force moved inside the model's knob bounds configured now (they

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from controller.actuation import Actuator
+from controller.actuation import Actuator, RolloutGate
 from controller.config import GovernorConfig, ModelConfig
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics
@@ -383,6 +383,8 @@ class ControlLoop:
         size_unknown = False
         if state is not None and name in self._resumed:
             state = decider.resumed_state(state, now)
+        if state is not None and self._rollout_waiting(name):
+            state = decider.rollout_waiting(state, now)
         if state is None:
             start = seen_size(obs) if isinstance(obs, Observation) else None
             if start is None and self._initial_replicas is not None:
@@ -403,6 +405,10 @@ class ControlLoop:
             # the first scrape cannot shrink a bigger fleet toward min replicas.
             return decision, None
         return decision, new_state
+
+    def _rollout_waiting(self, model: str) -> bool:
+        """Whether an actuator holds a roll-out asked for `model` (RolloutGate)."""
+        return any(isinstance(a, RolloutGate) and a.rollout_waiting(model) for a in self.actuators)
 
     def _actuate(self, decisions: list[Decision]) -> None:
         for act in self.actuators:

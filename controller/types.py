@@ -231,7 +231,8 @@ class Decision:
         if self.rollout:
             lines.append(
                 "  rollout: knob change worth a rolling restart; requested (applied by the "
-                "Kubernetes actuator: one per model at a time, never in panic, rate-limited)"
+                "Kubernetes actuator: one per model at a time, never in panic, never leaving "
+                "fewer replicas ready than raw, rate-limited)"
             )
         if self.detail:
             lines.append(f"  note: {self.detail}")

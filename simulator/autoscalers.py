@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from actuators.rollout import replicas_needed
 from controller.actuation import Actuator
 from controller.config import GovernorConfig, RateLimit
 from controller.loop import ControlLoop
@@ -69,6 +70,16 @@ class Autoscaler(Protocol):
 
     def rollout(self) -> bool:
         """True when the last knob change should be rolled out to running replicas."""
+        ...
+
+    def replicas_needed(self) -> float | None:
+        """Replicas the load needs now, as the policy computes it (None: it computes
+        none); a roll-out that takes replicas down waits until the rest serve this."""
+        ...
+
+    def rollout_held(self, waiting: bool) -> None:
+        """Whether the roll-out the policy asked for waits for room (told after each
+        evaluation; the governor's roll-out actuator tells its loop so)."""
         ...
 
     @property
@@ -146,6 +157,12 @@ class _Base:
 
     def rollout(self) -> bool:
         return False
+
+    def replicas_needed(self) -> float | None:
+        return None
+
+    def rollout_held(self, waiting: bool) -> None:
+        return None
 
     def scale_down_pending(self) -> bool:
         return False
@@ -373,10 +390,15 @@ class Ceiling(Static):
 
 
 class _Capture:
-    """Actuator that keeps the latest valid decision (what KEDA would read)."""
+    """Actuator that keeps the latest valid decision (what KEDA would read), and tells
+    the loop whether the scenario holds the roll-out it asked for (RolloutGate)."""
 
     def __init__(self) -> None:
         self.latest: Decision | None = None
+        self.waiting = False
+
+    def rollout_waiting(self, model: str) -> bool:
+        return self.waiting
 
     def apply(self, decisions: Sequence[Decision]) -> None:
         for d in decisions:
@@ -431,6 +453,14 @@ class Governor(_Base):
         # so replicas that would not start anyway also get the new knobs.
         d = self.capture.latest
         return d is not None and d.rollout
+
+    def replicas_needed(self) -> float | None:
+        # What the roll-out actuator holds a roll-out against (actuators.rollout).
+        d = self.capture.latest
+        return None if d is None else replicas_needed(d)
+
+    def rollout_held(self, waiting: bool) -> None:
+        self.capture.waiting = waiting
 
     def learned_speed(self) -> float | None:
         # The decider's learned speed (controller.plant), as its latest decision reports it.

@@ -86,7 +86,8 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
         help="how a knob roll-out replaces the replicas (engines without live knobs): "
         "'surge' (default) as a Deployment with maxSurge 1, maxUnavailable 0, or "
         "'unavailable' with maxSurge 0, maxUnavailable 1 (one replica fewer ready during "
-        "each restart); the decider is not told",
+        "each restart; a roll-out waits, as the roll-out actuator holds it, until the rest "
+        "serve the load); the decider is not told",
     )
     p.add_argument(
         "--scrape-interval-s",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from actuators.rollout import can_spare
 from controller.config import (
     SLA,
     GovernorConfig,
@@ -261,13 +262,22 @@ class _Run:
     peak_queue: int = 0
     learned: list[tuple[float, float]] = field(default_factory=list)
     """(time s, learned speed) at each evaluation that reported one."""
+    rollout_waiting: bool = False
+    """A roll-out asked for and not started: the fleet could not spare a replica."""
     series: dict[str, list[float]] = field(
         default_factory=lambda: {k: [] for k in ("t", "desired", "ready", "total", "waiting")}
     )
 
 
+ROLLOUT_DOWN = {"surge": 0, "unavailable": 1}
+"""Replicas each simulated roll-out strategy (simulator.fleet.ROLLOUTS) takes down at a
+time: its maxUnavailable."""
+
+
 def _apply_policy(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None:
-    """A policy evaluation: remember its desired count, hand new knobs to the fleet."""
+    """A policy evaluation: remember its desired count, hand new knobs to the fleet, and
+    start a roll-out it asked for once the fleet can spare the replicas the strategy
+    takes down, as the roll-out actuator does (actuators.rollout.can_spare)."""
     want = policy.evaluate(t)
     if want is not None:
         run.desired = want
@@ -278,8 +288,17 @@ def _apply_policy(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None
     if k is not None and k != fleet.knobs:
         fleet.set_knobs(k)
         run.knob_changes += 1
-        if policy.rollout():
+        run.rollout_waiting = run.rollout_waiting or policy.rollout()
+    if run.rollout_waiting:
+        # Replicas still starting count as none: the actuator waits for a Deployment
+        # whose updated replicas are not all available (WAITING_ROLLOUT).
+        ready = min(fleet.active_replicas, fleet.ready_replicas)
+        needed = policy.replicas_needed()
+        down = min(ready, ROLLOUT_DOWN[fleet.rollout])
+        if can_spare(ready, down, fleet.active_replicas if needed is None else needed):
             fleet.roll_out()
+            run.rollout_waiting = False
+    policy.rollout_held(run.rollout_waiting)
 
 
 def _hpa_sync(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None:

@@ -1,10 +1,12 @@
 """Knob rollout on the simulated fleet: a rolling restart with maxSurge 1, maxUnavailable 0
-(the default), or maxSurge 0, maxUnavailable 1 (`rollout="unavailable"`)."""
+(the default), or maxSurge 0, maxUnavailable 1 (`rollout="unavailable"`), started by a
+policy evaluation only once the fleet can spare what the strategy takes down."""
 
 from __future__ import annotations
 
 from controller.types import Knobs
 from simulator.fleet import Fleet, ReplicaState
+from simulator.scenario import _apply_policy, _Run
 from simulator.traces import load_trace
 
 OLD, NEW = Knobs(1024, 8192), Knobs(160, 2560)
@@ -132,3 +134,66 @@ def test_unavailable_rollout_of_one_replica_queues_requests_until_its_replacemen
     rec = f.records()
     assert rec.done.all() and f.router_queued_total > 0
     assert _serving_knobs(f) == [NEW]
+
+
+class _AsksRollout:
+    """A policy that adopts NEW and asks for its roll-out on one evaluation
+    (`adopt`), needing `need` replicas."""
+
+    name, interval_s, passthrough = "asks-rollout", 5.0, True
+
+    def __init__(self, need: float) -> None:
+        self.need, self.current, self.asks, self.held = need, OLD, False, False
+
+    def adopt(self) -> None:
+        self.current, self.asks = NEW, True
+
+    def evaluate(self, now_s: float) -> int | None:
+        return None
+
+    def knobs(self) -> Knobs | None:
+        return self.current
+
+    def rollout(self) -> bool:
+        asks, self.asks = self.asks, False
+        return asks
+
+    def replicas_needed(self) -> float | None:
+        return self.need
+
+    def rollout_held(self, waiting: bool) -> None:
+        self.held = waiting
+
+    def scale_down_pending(self) -> bool:
+        return False
+
+    def learned_speed(self) -> float | None:
+        return None
+
+
+def test_a_rollout_that_would_stop_the_only_replica_waits_for_a_second() -> None:
+    """maxSurge 0 on one replica under load: the roll-out the policy asks for waits (as
+    actuators.rollout holds it) until a second replica is ready, then replaces one at a
+    time, so a replica serves throughout."""
+    f = Fleet(knobs=OLD, initial_replicas=1, cold_start_s=30.0, rollout="unavailable")
+    policy, run = _AsksRollout(need=0.6), _Run()
+    policy.adopt()
+    _apply_policy(run, policy, f, 0.0)
+    assert run.rollout_waiting and f.outdated_replicas() == 1 and f.ready_replicas == 1
+    f.advance_to(5.0)
+    _apply_policy(run, policy, f, 5.0)  # asked once; still waiting, nothing stopped
+    assert run.rollout_waiting and policy.held and f.ready_replicas == 1
+    f.scale_to(2, 5.0)
+    for t in range(10, 200, 5):
+        f.advance_to(float(t))
+        _apply_policy(run, policy, f, float(t))
+        assert f.ready_replicas >= 1
+    assert not run.rollout_waiting and not policy.held and _serving_knobs(f) == [NEW, NEW]
+
+
+def test_a_surge_rollout_never_waits_for_room() -> None:
+    f = Fleet(knobs=OLD, initial_replicas=1, cold_start_s=30.0)
+    policy, run = _AsksRollout(need=3.0), _Run()  # more than the fleet has
+    policy.adopt()
+    _apply_policy(run, policy, f, 0.0)
+    assert not run.rollout_waiting and f.total_replicas == 2  # the surge replica starts

@@ -87,6 +87,13 @@ class Fault:
     hold: Hold | None = None  # status "hold"
 
 
+DEFAULT_STRATEGY = {
+    "type": "RollingUpdate",
+    "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"},
+}
+"""A Deployment's spec.strategy after the API server's defaulting (apps/v1)."""
+
+
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {
         "kind": "Status",
@@ -308,9 +315,12 @@ class FakeKubeAPI:
         replicas: int,
         labels: dict[str, str] | None = None,
         selector: dict[str, Any] | None = None,
+        strategy: dict[str, Any] | None = None,
     ) -> None:
         """A Deployment whose pods carry `labels` (default app=<name>); `selector`: its
-        spec.selector as the API writes it (default matchLabels: `labels`)."""
+        spec.selector as the API writes it (default matchLabels: `labels`); `strategy`:
+        its spec.strategy (default as the API server's defaulting writes it:
+        RollingUpdate, maxSurge and maxUnavailable 25 %)."""
         labels = dict(labels or {"app": name})
         with self._lock:
             self.deployments[(namespace, name)] = {
@@ -322,6 +332,7 @@ class FakeKubeAPI:
                 "labels": labels,
                 "selector": {"matchLabels": labels} if selector is None else selector,
                 "annotations": {},
+                "strategy": copy.deepcopy(strategy or DEFAULT_STRATEGY),
             }
             for _ in range(replicas):
                 self._add_pod(namespace, name)
@@ -383,6 +394,12 @@ class FakeKubeAPI:
             else:
                 d["available"] = available
             d["rv"] = self._next_rv()
+
+    def set_strategy(self, namespace: str, name: str, strategy: dict[str, Any]) -> None:
+        """The Deployment's spec.strategy is edited (e.g. `kubectl edit`)."""
+        with self._lock:
+            d = self.deployments[(namespace, name)]
+            d.update(strategy=copy.deepcopy(strategy), rv=self._next_rv())
 
     def template_annotations(self, namespace: str, name: str) -> dict[str, str]:
         with self._lock:
@@ -636,6 +653,7 @@ class FakeKubeAPI:
             "spec": {
                 "replicas": d["replicas"],
                 "selector": copy.deepcopy(d["selector"]),
+                "strategy": copy.deepcopy(d["strategy"]),
                 "template": {
                     "metadata": {
                         "labels": dict(d["labels"]),

@@ -49,9 +49,26 @@ class Clock:
         return self.t
 
 
-def _decision(knobs: Knobs, *, rollout: bool = True, panic: bool = False, replicas: int = 4):
+def _decision(
+    knobs: Knobs,
+    *,
+    rollout: bool = True,
+    panic: bool = False,
+    replicas: int = 4,
+    raw: float | None = 2.0,
+) -> Decision:
+    """A decision for "demo"; `raw`: the replicas its load needs (None: none computed)."""
     return Decision(
-        "demo", 0.0, True, replicas, knobs, (), Reason.KNOBS_CHANGED, panic=panic, rollout=rollout
+        "demo",
+        0.0,
+        True,
+        replicas,
+        knobs,
+        (),
+        Reason.KNOBS_CHANGED,
+        raw_replicas=raw,
+        panic=panic,
+        rollout=rollout,
     )
 
 
@@ -141,6 +158,89 @@ def test_never_during_panic(api: FakeKubeAPI) -> None:
     assert _reason(act) == RolloutReason.WAITING_PANIC
     act.apply([_decision(K1, rollout=False, panic=False)])
     assert _reason(act) == RolloutReason.STARTED
+
+
+ROLLING_NO_SURGE = {
+    "type": "RollingUpdate",
+    "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1},
+}  # the chart's example engine: no surge pod that may not fit on the GPUs
+
+
+def test_a_rollout_that_would_leave_too_few_ready_waits_for_room(api: FakeKubeAPI) -> None:
+    """maxSurge 0, maxUnavailable 1 on one replica: the roll-out would stop the only
+    replica for a whole cold start while it serves load. It waits (nothing patched)
+    until a second replica makes room, then starts."""
+    api.set_strategy(NS, "demo", ROLLING_NO_SURGE)
+    api.scale_to(NS, "demo", 1)
+    act = _rollouts(api, Clock())
+    act.apply([_decision(K1, replicas=1, raw=0.4)])
+    st = act.status()["demo"]
+    assert st.reason == RolloutReason.WAITING_CAPACITY
+    assert st.detail == (
+        "its strategy takes 1 of 1 replicas down at a time, leaving 0 ready; the load needs 0.40"
+    )
+    assert act.pending() == {"demo": K1} and api.count("PATCH", "/deployments/demo") == 0
+    api.scale_to(NS, "demo", 2)  # the load rose: a second replica, now ready
+    api.finish_rollout(NS, "demo")
+    act.apply([_decision(K1, rollout=False, replicas=2, raw=1.0)])
+    assert _reason(act) == RolloutReason.STARTED  # one of two down leaves the 1.0 needed
+    assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=64,tokens=4096"
+
+
+@pytest.mark.parametrize(
+    ("strategy", "replicas", "raw", "starts"),
+    [
+        (None, 4, 3.0, True),  # the API's default 25 %/25 %: 1 of 4 down, 3 stay
+        (None, 4, 3.2, False),
+        (None, 3, 2.9, True),  # 25 % of 3 rounds down to 0 and maxSurge up to 1: a surge
+        (
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            1,
+            3.0,
+            True,
+        ),  # a surge never serves with fewer than it has, even short of the need
+        (
+            {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": "50%", "maxUnavailable": "50%"},
+            },
+            4,
+            2.5,
+            False,
+        ),
+        ({"type": "Recreate"}, 2, 0.5, False),  # every replica down at once
+        ({"type": "Recreate"}, 2, 0.0, True),  # an idle fleet may restart whole
+        (ROLLING_NO_SURGE, 1, None, False),  # no raw count: the decision's replicas (1)
+    ],
+)
+def test_the_replicas_a_strategy_keeps_ready_must_serve_the_load(
+    api: FakeKubeAPI,
+    strategy: dict[str, Any] | None,
+    replicas: int,
+    raw: float | None,
+    starts: bool,
+) -> None:
+    if strategy is not None:
+        api.set_strategy(NS, "demo", strategy)
+    api.scale_to(NS, "demo", replicas)
+    api.finish_rollout(NS, "demo")
+    act = _rollouts(api, Clock())
+    act.apply([_decision(K1, replicas=replicas, raw=raw)])
+    want = RolloutReason.STARTED if starts else RolloutReason.WAITING_CAPACITY
+    assert _reason(act) == want
+    assert api.count("PATCH", "/deployments/demo") == (1 if starts else 0)
+
+
+def test_a_strategy_that_cannot_be_read_holds_the_rollout_and_says_why(api: FakeKubeAPI) -> None:
+    api.set_strategy(
+        NS, "demo", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "one"}}
+    )
+    act = _rollouts(api, Clock())
+    act.apply([_decision(K1)])
+    st = act.status()["demo"]
+    assert st.reason == RolloutReason.WAITING_CAPACITY
+    assert "maxUnavailable must be a count or a percentage, got 'one'" in st.detail
+    assert api.count("PATCH", "/deployments/demo") == 0
 
 
 def test_conflicts_are_retried_then_kept_for_the_next_tick(api: FakeKubeAPI) -> None:

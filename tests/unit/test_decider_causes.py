@@ -124,6 +124,29 @@ def test_capacity_counts_the_knobs_the_replicas_run() -> None:
     assert s.knob_memory.running is None
 
 
+def test_a_held_rollout_keeps_counting_the_knobs_the_replicas_run() -> None:
+    """A roll-out an actuator holds (controller.actuation.RolloutGate: a maxSurge 0
+    Deployment that cannot spare a replica) has replaced nothing yet: the replicas on
+    the old knobs run them for a whole roll-out from now, not from when it was asked."""
+    model = make_model()
+    d = Decider(model, make_policy())
+    base = replace(d.initial_state(4), knobs=Knobs(160, 2560))
+    o = obs(t=ORIGIN_S, rate=40.0, ready_replicas=4)
+    published, _ = d.decide(o, base, ORIGIN_S)
+    old = KnobMemory(running=Knobs(16, 512), running_replicas=2, running_until_s=ORIGIN_S - 1)
+    asked_long_ago = replace(base, knob_memory=old)
+    held = d.rollout_waiting(asked_long_ago, ORIGIN_S)
+    assert held.knob_memory.running_until_s == ORIGIN_S + 2 * model.cold_start_s
+    dec, s = d.decide(o, held, ORIGIN_S)
+    assert dec.capacity_rps_per_replica < published.capacity_rps_per_replica  # type: ignore[operator]
+    assert s.knob_memory.running == Knobs(16, 512)
+    _, s = d.decide(o, asked_long_ago, ORIGIN_S)  # not held: its roll-out is over
+    assert s.knob_memory.running is None
+    # a change that asked for no roll-out (new replicas only) has no clock to restart
+    small = replace(base, knob_memory=replace(old, running_until_s=None))
+    assert d.rollout_waiting(small, ORIGIN_S) is small
+
+
 # ---------------------------------------------------------------------- a dead fleet
 @pytest.mark.parametrize("stabilization_s", [0.0, 10.0, 300.0])
 @pytest.mark.parametrize(

@@ -11,9 +11,10 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from controller.config import GovernorConfig
+from controller.decider import Decider
 from controller.loop import ControlLoop, RealTimeRunner
 from controller.metrics import GovernorMetrics
-from controller.types import Decision, Reason
+from controller.types import Decision, KnobMemory, Knobs, Reason
 from estimators.types import ModelQuery, NoDataError, Observation, SourceError
 from tests.conftest import FakeClock, make_model
 from tests.unit.helpers import obs
@@ -55,6 +56,17 @@ class RecordingActuator:
 class BrokenActuator:
     def apply(self, decisions: Sequence[Decision]) -> None:
         raise RuntimeError("kaboom")
+
+
+class GatingActuator(RecordingActuator):
+    """Holds the knob roll-outs of `waiting` models (controller.actuation.RolloutGate)."""
+
+    def __init__(self, waiting: set[str]) -> None:
+        super().__init__()
+        self.waiting = waiting
+
+    def rollout_waiting(self, model: str) -> bool:
+        return model in self.waiting
 
 
 def _config(*names: str) -> GovernorConfig:
@@ -413,3 +425,28 @@ def test_a_held_fleet_still_obeys_a_lowered_max_replicas() -> None:
     down = obs(model="m", t=5.0, rate=20.0, ready_replicas=7, targets_up=7, targets_down=1)
     decision, _ = decider.decide(down, state, 5.0)
     assert decision.replicas == 5, [(s.name, s.reason, s.value) for s in decision.stages]
+
+
+def test_the_decider_hears_of_a_rollout_an_actuator_holds(clock: FakeClock) -> None:
+    """Both models asked for a roll-out long ago (the clock of their old knobs ran out);
+    the actuator still holds a's, so a's replicas keep counting the old knobs, b's not."""
+    config = _config("a", "b")
+    old = KnobMemory(running=Knobs(16, 512), running_replicas=2, running_until_s=clock.now - 1)
+    states = {
+        m.name: replace(
+            Decider(m, config.policy).initial_state(2), knobs=Knobs(160, 2560), knob_memory=old
+        )
+        for m in config.models
+    }
+    loop = ControlLoop(
+        config,
+        FakeSource({"a": 40.0, "b": 40.0}),
+        [GatingActuator({"a"})],
+        clock=clock,
+        metrics=GovernorMetrics(CollectorRegistry()),
+        states=states,
+    )
+    loop.tick(clock.now)
+    after = loop.states()
+    assert after["a"].knob_memory.running == Knobs(16, 512)
+    assert after["b"].knob_memory.running is None
