@@ -208,6 +208,12 @@ def test_a_rollout_that_would_leave_too_few_ready_waits_for_room(api: FakeKubeAP
             2.5,
             False,
         ),
+        (
+            {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": "25%"}},
+            3,
+            2.5,
+            False,
+        ),  # both fenceposts come to 0 for 3 replicas: Kubernetes takes 1 down
         ({"type": "Recreate"}, 2, 0.5, False),  # every replica down at once
         ({"type": "Recreate"}, 2, 0.0, True),  # an idle fleet may restart whole
         (ROLLING_NO_SURGE, 1, None, False),  # no raw count: the decision's replicas (1)
