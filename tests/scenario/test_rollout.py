@@ -4,9 +4,12 @@ policy evaluation only once the fleet can spare what the strategy takes down."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from controller.types import Knobs
 from simulator.fleet import Fleet, ReplicaState
-from simulator.scenario import _apply_policy, _Run
+from simulator.matrix import CONDITIONS, TRACES, MatrixSpec, scenario_for
+from simulator.scenario import _apply_policy, _Run, run_policy
 from simulator.traces import load_trace
 
 OLD, NEW = Knobs(1024, 8192), Knobs(160, 2560)
@@ -197,3 +200,23 @@ def test_a_surge_rollout_never_waits_for_room() -> None:
     policy.adopt()
     _apply_policy(run, policy, f, 0.0)
     assert not run.rollout_waiting and f.total_replicas == 2  # the surge replica starts
+
+
+def test_the_governor_on_a_maxsurge_0_engine_never_stops_its_only_replica() -> None:
+    """The matrix's diurnal trace (trace seed 0) with every knob roll-out as a Deployment
+    with maxSurge 0, maxUnavailable 1: the governor rolls its knobs out only once a
+    second replica is ready, so no HPA sync sees an empty fleet and the smooth-trace
+    attainment goal holds (97.69 % with 3 empty syncs when roll-outs did not wait)."""
+    trace = next(t for t in TRACES if t.key == "diurnal")
+    default = next(c for c in CONDITIONS if c.name == "default")
+    sc = scenario_for(MatrixSpec(), trace, default)
+    sc = replace(sc, plant=replace(sc.plant, rollout="unavailable"))
+    empty: list[float] = []
+
+    def on_sync(t: float, fleet: Fleet, policy: object) -> None:
+        if fleet.ready_replicas == 0:
+            empty.append(t)
+
+    res = run_policy("governor", sc, on_sync=on_sync)
+    assert res.knob_changes >= 1  # it did change knobs
+    assert empty == [] and res.slo_attainment >= 0.99
