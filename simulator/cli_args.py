@@ -87,7 +87,7 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
         "'surge' (default) as a Deployment with maxSurge 1, maxUnavailable 0, or "
         "'unavailable' with maxSurge 0, maxUnavailable 1 (one replica fewer ready during "
         "each restart; a roll-out waits, as the roll-out actuator holds it, until the rest "
-        "serve the load); the decider is not told",
+        "serve the load); the decider is not told the strategy",
     )
     p.add_argument(
         "--scrape-interval-s",
