@@ -39,7 +39,9 @@ Works the same whether KEDA or the governor scales the Deployment: the roll-out 
 touches the pod template, never spec.replicas.
 
 Status per model (`status()`, shown by `governor status`): the last outcome with the
-knobs and why it waits.
+knobs and why it waits. `register_metrics(registry)` exports how long each waiting
+request has waited, by why (`WAITING_SECONDS`), so an alert can catch a roll-out that
+never gets its room.
 """
 
 from __future__ import annotations
@@ -47,12 +49,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from actuators.kubeapi import CallAbandoned, KubeCallError, QueuedActuatorBase
 from actuators.kubernetes import failure_reason
@@ -190,6 +194,38 @@ def can_spare(desired: int, down: int, needed: float) -> bool:
     return down <= 0 or desired - down >= needed
 
 
+WAITING_SECONDS = "governor_knob_rollout_waiting_seconds"
+WAITING_SECONDS_HELP = (
+    "Seconds the model's queued knob roll-out has waited, labelled with why it waits now "
+    "(a RolloutReason of WAITING); no series while none waits"
+)
+
+
+def _waiting_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily(WAITING_SECONDS, WAITING_SECONDS_HELP, labels=["model", "reason"])
+
+
+class _WaitingCollector:
+    """Exports `WAITING_SECONDS` from `waiting()` (KnobRolloutActuator.waiting) at each
+    scrape, against the wall clock `wall` (seconds)."""
+
+    def __init__(
+        self,
+        waiting: Callable[[], Mapping[str, tuple[RolloutReason, float]]],
+        wall: Callable[[], float],
+    ) -> None:
+        self.waiting, self.wall = waiting, wall
+
+    def describe(self) -> list[Metric]:
+        return [_waiting_family()]
+
+    def collect(self) -> Iterator[Metric]:
+        family, now = _waiting_family(), self.wall()
+        for model, (reason, since) in sorted(self.waiting().items()):
+            family.add_metric([model, reason.value], max(0.0, now - since))
+        yield family
+
+
 class KnobRolloutActuator(QueuedActuatorBase):
     """Applies `Decision.rollout` as a pod-template annotation patch (see module doc).
 
@@ -234,6 +270,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
         self._needed: dict[str, float] = {}  # replicas_needed of the latest decision
         self._last_start: dict[str, float] = {}  # monotonic s of our last roll-out start
         self._status: dict[str, RolloutStatus] = {}
+        self._waiting_since: dict[str, float] = {}  # wall s of a queued request's first wait
         self._stopped = False
         self._applied = 0  # `apply` calls so far (the worker runs once per new one)
         self._worker: threading.Thread | None = None
@@ -252,6 +289,8 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 self._panic[d.model] = d.panic
                 self._needed[d.model] = replicas_needed(d)
                 if d.rollout:
+                    if d.model not in self._pending:
+                        self._waiting_since.pop(d.model, None)  # a new request
                     self._pending[d.model] = d.knobs
                     self._catch_up.discard(d.model)
                 elif d.model not in self._seen and self.worth is not None:
@@ -268,6 +307,20 @@ class KnobRolloutActuator(QueuedActuatorBase):
         not started (a leader's take-over check is no such request)."""
         with self._lock:
             return model in self._pending and model not in self._catch_up
+
+    def waiting(self) -> dict[str, tuple[RolloutReason, float]]:
+        """model -> (why it waits now, wall s it first waited) for each queued roll-out
+        whose last try waited."""
+        with self._lock:
+            return {
+                m: (self._status[m].reason, since)
+                for m, since in self._waiting_since.items()
+                if m in self._pending and m in self._status
+            }
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Export `WAITING_SECONDS` on `registry` (the service's /metrics)."""
+        registry.register(_WaitingCollector(self.waiting, self._wall))  # type: ignore[arg-type]
 
     def stand_down(self) -> int:
         """`QueuedActuatorBase.stand_down`, and forget which models this instance has
@@ -322,6 +375,10 @@ class KnobRolloutActuator(QueuedActuatorBase):
             out[model] = st
             with self._lock:
                 self._status[model] = st
+                if st.reason in WAITING:
+                    self._waiting_since.setdefault(model, st.at_unix_s)
+                else:
+                    self._waiting_since.pop(model, None)
                 if st.reason not in WAITING and self._pending.get(model) == knobs:
                     del self._pending[model]
                     self._catch_up.discard(model)

@@ -55,6 +55,8 @@ from service.store import FileStore, MemoryStore, Store, StoreError
 from service.streams import canonical_ip
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from estimators.prometheus import PrometheusSource
 
 ADMIN_TOKEN_ENV = "GOVERNOR_ADMIN_TOKEN_FILE"
@@ -531,6 +533,15 @@ def _kube_actuators(
     return out
 
 
+def register_actuator_metrics(registry: CollectorRegistry, actuators: list[Actuator]) -> None:
+    """Let each actuator that exports metrics of its own (`register_metrics`, e.g. the
+    roll-out actuator's waiting time) add them to the service's /metrics registry."""
+    for act in actuators:
+        register = getattr(act, "register_metrics", None)
+        if callable(register):
+            register(registry)
+
+
 def run_service(args: argparse.Namespace) -> int:
     """`governor run`: 0 after a graceful shutdown (SIGTERM/SIGINT), 2 for bad
     arguments or config, 1 when the service cannot start."""
@@ -567,6 +578,7 @@ def _run(args: argparse.Namespace) -> int:
     except StoreError as exc:
         raise _RunError(f"cannot restore state: {exc}", 1) from None
     core_ref.append(core)
+    register_actuator_metrics(core.metrics.registry, actuators)
     try:
         server = GovernorServer(
             core,

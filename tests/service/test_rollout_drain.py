@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from actuators.drain import (
     DELETION_COST,
@@ -20,7 +21,12 @@ from actuators.drain import (
 )
 from actuators.kubeapi import api_client
 from actuators.kubernetes import KubernetesScaleActuator
-from actuators.rollout import ROLLOUT_ANNOTATION, KnobRolloutActuator, RolloutReason
+from actuators.rollout import (
+    ROLLOUT_ANNOTATION,
+    WAITING_SECONDS,
+    KnobRolloutActuator,
+    RolloutReason,
+)
 from controller.types import Decision, Knobs, Reason
 from tests.service.fake_kube import FakeKubeAPI
 from tests.service.fakes import quiet_logger
@@ -72,7 +78,9 @@ def _decision(
     )
 
 
-def _rollouts(api: FakeKubeAPI, clock: Clock, interval_s: float = 600.0) -> KnobRolloutActuator:
+def _rollouts(
+    api: FakeKubeAPI, clock: Clock, interval_s: float = 600.0, wall: Clock | None = None
+) -> KnobRolloutActuator:
     return KnobRolloutActuator(
         api_client(api.url),
         lambda: {"demo": (NS, "demo")},
@@ -80,6 +88,7 @@ def _rollouts(api: FakeKubeAPI, clock: Clock, interval_s: float = 600.0) -> Knob
         background=False,
         sleep=lambda s: None,
         monotonic=clock,
+        wall=wall or Clock(),
         request_timeout_s=0.3,
         backoff_s=0.01,
     )
@@ -185,6 +194,31 @@ def test_a_rollout_that_would_leave_too_few_ready_waits_for_room(api: FakeKubeAP
     act.apply([_decision(K1, rollout=False, replicas=2, raw=1.0)])
     assert _reason(act) == RolloutReason.STARTED  # one of two down leaves the 1.0 needed
     assert api.template_annotations(NS, "demo")[ROLLOUT_ANNOTATION] == "seqs=64,tokens=4096"
+
+
+def test_a_waiting_rollout_exports_how_long_it_has_waited(api: FakeKubeAPI) -> None:
+    """/metrics carries `governor_knob_rollout_waiting_seconds{model, reason}` while a
+    roll-out waits (from its first wait, on the wall clock), and no series once it
+    starts: an alert on it catches a roll-out that never gets its room."""
+    api.set_strategy(NS, "demo", ROLLING_NO_SURGE)
+    api.scale_to(NS, "demo", 1)
+    wall, registry = Clock(), CollectorRegistry()
+    act = _rollouts(api, Clock(), wall=wall)
+    act.register_metrics(registry)
+    labels = {"model": "demo", "reason": "ROLLOUT_WAITING_CAPACITY"}
+    assert registry.get_sample_value(WAITING_SECONDS, labels) is None
+    act.apply([_decision(K1, replicas=1, raw=0.4)])
+    wall.t += 90.0
+    act.apply([_decision(K1, rollout=False, replicas=1, raw=0.5)])
+    assert registry.get_sample_value(WAITING_SECONDS, labels) == 90.0
+    wall.t += 30.0  # a scrape between ticks reads the time up to now
+    assert registry.get_sample_value(WAITING_SECONDS, labels) == 120.0
+    api.scale_to(NS, "demo", 2)
+    api.finish_rollout(NS, "demo")
+    act.apply([_decision(K1, rollout=False, replicas=2, raw=1.0)])
+    assert _reason(act) == RolloutReason.STARTED
+    assert registry.get_sample_value(WAITING_SECONDS, labels) is None
+    assert "# HELP " + WAITING_SECONDS in generate_latest(registry).decode()
 
 
 @pytest.mark.parametrize(
@@ -516,7 +550,7 @@ def _run_args(**over: str) -> argparse.Namespace:
 def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: FakeKubeAPI) -> None:
     from actuators.drain import DrainBeforeScaleDown
     from service.core import ServiceCore
-    from service.run import _kube_actuators
+    from service.run import _kube_actuators, register_actuator_metrics
     from service.store import MemoryStore
     from tests.service.fakes import FakeClock, FakeSource, make_config, model_entry
 
@@ -545,6 +579,8 @@ def test_governor_run_wires_the_engine_actuators_and_status_shows_each(api: Fake
             actuators=[acts[1], drain], logger=quiet_logger(),
         )  # fmt: skip
         core_ref.append(core)
+        register_actuator_metrics(core.metrics.registry, [acts[1], drain])
+        assert "# HELP " + WAITING_SECONDS in generate_latest(core.metrics.registry).decode()
         drain.apply([_decision(K1, rollout=False, replicas=4)])
         drain.apply([_decision(K1, rollout=False, replicas=3)])
         acts[1].apply([_decision(K1)])
