@@ -221,6 +221,40 @@ def test_a_waiting_rollout_exports_how_long_it_has_waited(api: FakeKubeAPI) -> N
     assert "# HELP " + WAITING_SECONDS in generate_latest(registry).decode()
 
 
+def test_a_request_that_replaces_one_that_started_waits_from_its_own_first_wait(
+    api: FakeKubeAPI,
+) -> None:
+    """A newer knob change lands while the worker's try of a waiting request starts it
+    (the newest wins, the race `run_pending` allows): the newer request's wait counts
+    from its own first wait, not from the started one's."""
+    api.set_strategy(NS, "demo", ROLLING_NO_SURGE)
+    api.scale_to(NS, "demo", 1)
+    wall, registry = Clock(), CollectorRegistry()
+    act = _rollouts(api, Clock(), interval_s=0.0, wall=wall)
+    act.register_metrics(registry)
+    act.apply([_decision(K1, replicas=1, raw=0.4)])  # waits from wall 100
+    api.scale_to(NS, "demo", 2)
+    api.finish_rollout(NS, "demo")
+    wall.t += 60.0
+    try_once = act._try
+
+    def newer_lands_during_the_try(*args: Any, **kw: Any) -> Any:
+        out = try_once(*args, **kw)
+        act._pending["demo"] = K2  # an apply on the loop's thread, mid-run
+        return out
+
+    act._try = newer_lands_during_the_try  # type: ignore[method-assign]
+    act.run_pending()
+    act._try = try_once  # type: ignore[method-assign]
+    assert _reason(act) == RolloutReason.STARTED and act.pending() == {"demo": K2}
+    wall.t += 10.0
+    act.run_pending()  # K1 still rolling out: K2 waits from now
+    assert _reason(act) == RolloutReason.WAITING_ROLLOUT
+    wall.t += 5.0
+    labels = {"model": "demo", "reason": "ROLLOUT_WAITING_IN_PROGRESS"}
+    assert registry.get_sample_value(WAITING_SECONDS, labels) == 5.0
+
+
 @pytest.mark.parametrize(
     ("strategy", "replicas", "raw", "starts"),
     [
