@@ -203,7 +203,7 @@ def test_a_waiting_rollout_exports_how_long_it_has_waited(api: FakeKubeAPI) -> N
     api.set_strategy(NS, "demo", ROLLING_NO_SURGE)
     api.scale_to(NS, "demo", 1)
     wall, registry = Clock(), CollectorRegistry()
-    act = _rollouts(api, Clock(), wall=wall)
+    act = _rollouts(api, Clock(), interval_s=0.0, wall=wall)
     act.register_metrics(registry)
     labels = {"model": "demo", "reason": "ROLLOUT_WAITING_CAPACITY"}
     assert registry.get_sample_value(WAITING_SECONDS, labels) is None
@@ -219,6 +219,14 @@ def test_a_waiting_rollout_exports_how_long_it_has_waited(api: FakeKubeAPI) -> N
     assert _reason(act) == RolloutReason.STARTED
     assert registry.get_sample_value(WAITING_SECONDS, labels) is None
     assert "# HELP " + WAITING_SECONDS in generate_latest(registry).decode()
+    # a waiting request dropped (leadership lost) waits no more
+    api.finish_rollout(NS, "demo")
+    api.scale_to(NS, "demo", 1)
+    act.apply([_decision(K2, replicas=1, raw=0.4)])
+    assert _reason(act) == RolloutReason.WAITING_CAPACITY
+    assert registry.get_sample_value(WAITING_SECONDS, labels) == 0.0
+    act.stand_down()
+    assert registry.get_sample_value(WAITING_SECONDS, labels) is None
 
 
 def test_a_request_that_replaces_one_that_started_waits_from_its_own_first_wait(
