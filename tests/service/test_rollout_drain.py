@@ -227,6 +227,9 @@ def test_a_waiting_rollout_exports_how_long_it_has_waited(api: FakeKubeAPI) -> N
     assert registry.get_sample_value(WAITING_SECONDS, labels) == 0.0
     act.stand_down()
     assert registry.get_sample_value(WAITING_SECONDS, labels) is None
+    wall.t += 50.0
+    act.apply([_decision(K3, replicas=1, raw=0.4)])  # leading again: a new request
+    assert registry.get_sample_value(WAITING_SECONDS, labels) == 0.0
 
 
 def test_a_request_that_replaces_one_that_started_waits_from_its_own_first_wait(
