@@ -320,6 +320,49 @@ def test_serving_down_fires_when_it_stays_down_not_on_one_restart(tmp_path: Path
     _run_tests(tmp_path, _rules(), tests)
 
 
+def test_knob_rollout_waiting_fires_on_a_roll_out_that_never_gets_room(tmp_path: Path) -> None:
+    """`governor_knob_rollout_waiting_seconds` past `knobRolloutWaitingAfterSeconds` (set
+    to 600 here) fires, with the model and why; a roll-out that waited 5 minutes and
+    started (its series ends) does not."""
+    stuck = {**GOV, "instance": "10.0.0.1:9464", "model": "a", "reason": "ROLLOUT_WAITING_CAPACITY"}
+    started = {**stuck, "model": "b", "reason": "ROLLOUT_WAITING_IN_PROGRESS"}
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": [
+                _series("governor_knob_rollout_waiting_seconds", stuck, "0+15x80"),
+                _series("governor_knob_rollout_waiting_seconds", started, "0+15x20 _x60"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "9m", "alertname": "GovernorKnobRolloutWaiting", "exp_alerts": []},
+                {
+                    "eval_time": "12m",
+                    "alertname": "GovernorKnobRolloutWaiting",
+                    "exp_alerts": [
+                        {
+                            "exp_labels": {
+                                "severity": "warning",
+                                "model": "a",
+                                "reason": "ROLLOUT_WAITING_CAPACITY",
+                            },
+                            "exp_annotations": {
+                                "summary": "an llm-governor knob roll-out has not started",
+                                "description": "a's knob roll-out has waited 12m 0s "
+                                "(ROLLOUT_WAITING_CAPACITY); its replicas run older knobs. "
+                                "ROLLOUT_WAITING_CAPACITY: the Deployment's strategy would "
+                                "take down replicas the load needs (allow a maxSurge, or let "
+                                "it scale out); see 'governor status'.",
+                            },
+                        }
+                    ],
+                },
+            ],
+        },
+    ]
+    rules = _rules(monitoring={"prometheusRule": {"knobRolloutWaitingAfterSeconds": 600}})
+    _run_tests(tmp_path, rules, tests)
+
+
 def test_actuation_failing_fires_on_sustained_errors(tmp_path: Path) -> None:
     pod = {**GOV, "instance": "10.0.0.1:9464", "actuator": "KubernetesScaleActuator"}
     tests = [
