@@ -374,7 +374,9 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         fit = window_parts(
             obs, lengths, self.profile, self.policy.window_s, budget, FIT_MAX_WAITING_PER_REPLICA
         )
-        return learn_plant(state.plant, parts, dt, now_s, self.policy.window_s / 2.0, allowed, fit)
+        clean = window_parts(obs, lengths, self.profile, self.policy.window_s, budget, max_chunks=1)
+        confirm_s = self.policy.window_s / 2.0
+        return learn_plant(state.plant, parts, dt, now_s, confirm_s, allowed, fit, clean)
 
     def _panic(
         self, state: ModelState, now_s: float, demand: Demand, raw: Raw

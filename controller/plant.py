@@ -114,11 +114,12 @@ SEQ_RATIO_MIN = 0.25
 SEQ_RATIO_MAX = 64.0
 """Bounds of the learned per-sequence ratio (next_seq_ratio)."""
 SEQ_FIT_MIN_SPEED = 2.0
-"""The per-sequence ratio is learned only on engines believed at least this far off the
-profile at a window's batch (next_seq_ratio: the speed with the per-sequence part at the
-learned ratio, against the profile's step). vLLM's CPU build serving a tiny model reads
-2.5-4.3x on a quiet 2-core machine and 4-25x on a loaded one; the simulated plants, the
-profile's own shape at 0.7-1.3x, are learned within 0.7-1.4x."""
+"""The per-sequence ratio is learned only on engines at least this far off the profile
+at a window's batch: so believed (next_seq_ratio: the speed with the per-sequence part at
+the learned ratio, against the profile's step), or so read by clean windows for half a
+window (clean_off). vLLM's CPU build serving a tiny model reads 2-4.3x on a quiet
+2-core machine (about 2x at small batches on the faster ones) and 4-25x on a loaded one; the
+simulated plants, the profile's own shape at 0.7-1.3x, are learned within 0.7-1.4x."""
 SEQ_FIT_MIN_SPREAD = 0.05
 """1 - cos^2 of the angle between the windows' rest and per-sequence parts that the
 per-sequence fit needs (0: every window at one batch shape)."""
@@ -131,11 +132,13 @@ def window_parts(
     window_s: float,
     budget_tokens: int,
     max_waiting_per_replica: float = MAX_WAITING_PER_REPLICA,
+    max_chunks: float = math.inf,
 ) -> tuple[float, float, float] | None:
     """(observed mean ITL, the profile's predicted step split into its per-sequence
     part and the rest, ms) of one window, or None when the window has not enough data
-    to say (see the module doc for the model) or more than `max_waiting_per_replica`
-    requests waiting per replica."""
+    to say (see the module doc for the model), more than `max_waiting_per_replica`
+    requests waiting per replica, or a mean prompt prefilled in more than `max_chunks`
+    chunks."""
     itl = obs.itl_mean_ms
     n = obs.ready_replicas if obs.ready_replicas is not None else obs.targets_up
     if itl is None or itl <= 0 or lengths is None or n is None or n <= 0:
@@ -158,6 +161,8 @@ def window_parts(
     per_seq = c.per_sampled_seq_ms + c.per_decode_kv_token_ms * ctx
     # A prompt is prefilled in chunks of at most the token budget left by the decodes.
     chunks = max(1, math.ceil(lin / max(1.0, budget_tokens - b)))
+    if chunks > max_chunks:
+        return None
     # Attention grows with the square of a prompt: E[L^2] = mean^2 exp(sigma^2) for
     # lognormal prompts (x4.2 at the long-context trace's sigma; the mean's square alone
     # read that trace's windows as a 4.7x slower plant).
@@ -202,7 +207,12 @@ def window_speed(parts: tuple[float, float, float] | None, seq_ratio: float) -> 
 
 
 def next_seq_ratio(
-    belief: PlantBelief, parts: tuple[float, float, float] | None, dt_s: float
+    belief: PlantBelief,
+    parts: tuple[float, float, float] | None,
+    dt_s: float,
+    clean: tuple[float, float, float] | None = None,
+    now_s: float = 0.0,
+    confirm_s: float = 0.0,
 ) -> PlantBelief:
     """`belief` with its per-sequence ratio after this window (`parts` from
     window_parts; None: unchanged).
@@ -219,9 +229,11 @@ def next_seq_ratio(
     different batch shapes to tell x from y (their rest/seqs vectors at least
     SEQ_FIT_MIN_SPREAD from collinear): windows at one batch size say nothing about
     the split and leave r where it is. Within [SEQ_RATIO_MIN, SEQ_RATIO_MAX], and only
-    on engines believed at least SEQ_FIT_MIN_SPEED off the profile at this window's
-    batch (other hardware).
+    on engines at least SEQ_FIT_MIN_SPEED off the profile at this window's batch
+    (other hardware): so believed, or so read by this tick's `clean` window
+    (`clean_off`).
     """
+    belief, seen = clean_off(belief, clean, now_s, confirm_s)
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
         return belief
     itl, seqs, rest = parts
@@ -231,6 +243,8 @@ def next_seq_ratio(
     # fit off and left the ratio at 22.9 for the rest of the run, 0.93x; x1.62 at 39.4,
     # 0.48x).
     off = belief.speed * (rest + belief.seq_ratio * seqs) / (rest + seqs)
+    if seen is not None:
+        off = max(off, seen) if seen > 1.0 else min(off, seen)
     if 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED:
         # Engines within 2x of the profile run the hardware it was measured on, shape
         # included: there the fit only learns the step model's own approximations (the
@@ -250,6 +264,45 @@ def next_seq_ratio(
         if x > 0 and y > 0:
             ratio = min(SEQ_RATIO_MAX, max(SEQ_RATIO_MIN, y / x))
     return replace(belief, seq_ratio=ratio, seq_fit=fit)  # type: ignore[arg-type]
+
+
+def clean_off(
+    belief: PlantBelief,
+    clean: tuple[float, float, float] | None,
+    now_s: float,
+    confirm_s: float,
+) -> tuple[PlantBelief, float | None]:
+    """(`belief` with its streak of clean windows off the profile updated, how far off
+    the profile `clean` reads the engines if that counts, else None).
+
+    A clean window (window_parts with no queue past MAX_WAITING_PER_REPLICA and its
+    mean prompt in one chunk, so its chunk steps are priced at what the engines admit)
+    reads the engines' step against the profile's at its own batch, the shape
+    included: ITL / (rest + seqs). The learned speed is a half-life average over
+    batches, and on engines whose steps grow faster with the batch than the profile's
+    it stays under SEQ_FIT_MIN_SPEED while the windows at large batches read far past
+    it: vLLM's CPU build on a faster machine read 11-16 ms at 1-8 running sequences
+    (about 2x the profile) and 23-34 ms at 15-29, the speed reached x1.92, the fit
+    never ran, and the capacity at the slot cap was learned 1.63x the one measured
+    (ci-20261204T1025; 1.05x with this reading). One window is one window's word: it
+    counts once every clean window for `confirm_s` seconds has read at least
+    SEQ_FIT_MIN_SPEED off (`PlantBelief.seq_off_since_s`, as a speed jump is
+    confirmed). A single simulated conversation window read 2.5x, the queue drained
+    within it, and taken alone it set a ratio of 5.8 for the rest of the hour (2.1x the
+    GPU-hours at a 5 s scrape). Long prompts never count: their chunk steps are priced
+    at the arrival rate, and the simulated long-context windows read 2.7-2.9x.
+    Example: clean windows reading 3.0 at t = 100 and 3.2 at t = 105, confirm_s 5 ->
+    (since 100, 3.2) at t = 105; a window reading 1.5 clears the streak."""
+    since = belief.seq_off_since_s
+    if clean is None:
+        return belief, None
+    itl, seqs, rest = clean
+    off = itl / (rest + seqs)
+    if 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED:
+        return replace(belief, seq_off_since_s=None), None
+    if since is None:
+        return replace(belief, seq_off_since_s=now_s), (off if confirm_s <= 0 else None)
+    return belief, (off if now_s - since >= confirm_s else None)
 
 
 def learn_speed(
@@ -324,16 +377,19 @@ def learn_plant(
     confirm_s: float,
     allowed: bool,
     fit_parts: tuple[float, float, float] | None = None,
+    clean_parts: tuple[float, float, float] | None = None,
 ) -> PlantBelief:
     """`belief` after one window (`parts` from window_parts, None: nothing learned):
     the speed (next_speed, the sample priced with the learned per-sequence ratio), the
     windows counted, then the per-sequence ratio (next_seq_ratio) from `fit_parts`
-    (window_parts up to FIT_MAX_WAITING_PER_REPLICA; None: `parts`)."""
+    (window_parts up to FIT_MAX_WAITING_PER_REPLICA; None: `parts`), its gate read
+    from `clean_parts` too (window_parts with one chunk a prompt; clean_off)."""
     sample = window_speed(parts, belief.seq_ratio)
     learned = next_speed(belief, sample, dt_s, now_s, confirm_s, allowed)
     samples = belief.speed_samples + (1 if sample is not None else 0)
     fit = parts if fit_parts is None else fit_parts
-    return next_seq_ratio(replace(learned, speed_samples=samples), fit, dt_s)
+    learned = replace(learned, speed_samples=samples)
+    return next_seq_ratio(learned, fit, dt_s, clean_parts, now_s, confirm_s)
 
 
 def model_speed(speed: float) -> float:

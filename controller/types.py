@@ -387,6 +387,10 @@ class PlantBelief:
     """Learned extra factor on the profile's per-sequence step costs (controller.plant)."""
     seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     """Half-life sums of the per-sequence ratio's least-squares fit (ms^2)."""
+    seq_off_since_s: float | None = None
+    """Since when every clean window (controller.plant.next_seq_ratio) has read the
+    engines SEQ_FIT_MIN_SPEED off the profile (loop's monotonic seconds; None: the
+    last one did not)."""
     cold_start_s: float | None = None
     """Learned time from asking for replicas to seeing them all ready, s (None: none
     seen yet; the configured cold start is used). controller.plant.next_cold_start."""
@@ -469,6 +473,7 @@ class SavedState:
     plant_speed_jump_since_s: float | None = None
     plant_seq_ratio: float = 1.0
     plant_seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    plant_seq_off_since_s: float | None = None
     fleet_full_since_s: float | None = None
     plant_cold_start_s: float | None = None
     fleet_calm_since_s: float | None = None
@@ -517,6 +522,7 @@ class SavedState:
             plant_speed_jump_since_s=s.plant.speed_jump_since_s,
             plant_seq_ratio=s.plant.seq_ratio,
             plant_seq_fit=s.plant.seq_fit,
+            plant_seq_off_since_s=s.plant.seq_off_since_s,
             plant_cold_start_s=s.plant.cold_start_s,
         )
 
@@ -569,6 +575,7 @@ class SavedState:
                 speed_jump_since_s=self.plant_speed_jump_since_s,
                 seq_ratio=self.plant_seq_ratio,
                 seq_fit=self.plant_seq_fit,
+                seq_off_since_s=self.plant_seq_off_since_s,
                 cold_start_s=self.plant_cold_start_s,
             ),
             rules=RuleMemory(states=self.rules),

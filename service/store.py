@@ -79,6 +79,7 @@ TIME_FIELDS = (
     "short_at_s",
     "short_sample_s",
     "plant_speed_jump_since_s",
+    "plant_seq_off_since_s",
     "fleet_full_since_s",
     "fleet_calm_since_s",
     "fleet_whole_at_s",

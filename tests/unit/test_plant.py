@@ -459,3 +459,85 @@ def test_a_queued_window_teaches_the_step_at_the_slot_cap_but_no_speed() -> None
     assert step_at_cap(True)[0] == pytest.approx(40.0, rel=0.10)
     assert step_at_cap(False)[0] < 0.6 * 40.0
     assert step_at_cap(True)[1] == step_at_cap(False)[1] == 96  # unqueued windows only
+
+
+def _ladder(fixed_ms: float, per_seq_ms: float, clean: bool) -> PlantBelief:
+    """The belief after a load ladder as the engine suite runs one (rungs at 1 to 28
+    sequences, 12 s each, a window every 2 s confirmed over 5 s) on engines whose step
+    is `fixed_ms` + `per_seq_ms` x b; each window also a clean one (`clean`) or not."""
+    from controller.plant import learn_plant
+
+    belief, t = PlantBelief(), 0.0
+    for b in (1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0):
+        for _ in range(6):
+            t += 2.0
+            parts = _seq_parts(b, fixed_ms, per_seq_ms)
+            belief = learn_plant(belief, parts, 2.0, t, 5.0, True, None, parts if clean else None)
+    return belief
+
+
+def test_clean_windows_past_the_gate_open_the_fit_under_a_belief_within_it() -> None:
+    """ci-20261204T1025's shape: engines 1.55x the profile's step at 1 sequence and
+    3.5x at 32 (10 ms + 0.6 ms a sequence). Over a 2-minute ladder the learned speed
+    averages the small batches and stays under SEQ_FIT_MIN_SPEED (x1.96), so the belief
+    alone never opens the per-sequence fit and the step at 32 is believed 0.56 of the
+    engines'. The windows at 8 sequences and more read past 2x, each confirmed by those
+    after it: they open the fit, and the step at 32 is the engines' within 10 %."""
+    itl, seqs, rest = _seq_parts(32.0, 10.0, 0.6)
+    shut = _ladder(10.0, 0.6, clean=False)
+    assert shut.seq_ratio == 1.0 and shut.speed < SEQ_FIT_MIN_SPEED, shut
+    assert shut.speed * (rest + seqs) < 0.6 * itl
+    opened = _ladder(10.0, 0.6, clean=True)
+    assert opened.seq_ratio > 4.0, opened
+    assert opened.speed * (rest + opened.seq_ratio * seqs) == pytest.approx(itl, rel=0.10)
+
+
+def test_a_clean_window_off_the_profile_counts_once_confirmed() -> None:
+    """One clean window 2.5x off the profile is one window's word (a simulated
+    conversation window whose queue drained within it read 2.5x, and alone it set a
+    ratio of 5.8 for the hour): it starts a streak and counts only once every clean
+    window over `confirm_s` has read past SEQ_FIT_MIN_SPEED; one within it ends the
+    streak, and a tick without a clean window leaves it."""
+    from controller.plant import clean_off
+
+    slow, near = (25.0, 1.0, 9.0), (15.0, 1.0, 9.0)  # 2.5x, 1.5x
+    b, seen = clean_off(PlantBelief(), slow, 100.0, 30.0)
+    assert (b.seq_off_since_s, seen) == (100.0, None)
+    b, seen = clean_off(b, slow, 110.0, 30.0)
+    assert (b.seq_off_since_s, seen) == (100.0, None)
+    b, seen = clean_off(b, None, 120.0, 30.0)
+    assert (b.seq_off_since_s, seen) == (100.0, None)
+    b2, seen = clean_off(b, slow, 130.0, 30.0)
+    assert (b2.seq_off_since_s, seen) == (100.0, 2.5)
+    b3, seen = clean_off(b, near, 130.0, 30.0)
+    assert (b3.seq_off_since_s, seen) == (None, None)
+    fast = (4.0, 1.0, 9.0)  # 0.4x: faster hardware counts too
+    assert clean_off(PlantBelief(seq_off_since_s=0.0), fast, 30.0, 30.0)[1] == 0.4
+
+
+def test_long_prompts_never_open_the_fit() -> None:
+    """A clean window needs its mean prompt in one chunk of the token budget: the
+    chunk steps of longer prompts are priced at the arrival rate, and the simulated
+    long-context windows (prompts 12k mean), unqueued, read 2.4-3.1x the profile for up
+    to 25 s on a plant with the profile's own shape. The decider, a minute of windows
+    at a 60 ms mean ITL: conversation prompts read 2.5x and start a streak; 12k-token
+    prompts read 0.17x (their chunk steps priced at 10 req/s a replica) and start
+    none."""
+    from controller.plant import window_parts
+
+    for prompt, streak in ((1155.0, True), (12000.0, False)):
+        kw = {**LOADED, "prompt_tokens_mean": prompt, "prompt_tokens_p95": 3.5 * prompt}
+        o = obs(itl_mean_ms=60.0, **kw)
+        lengths = Lengths(prompt, 3.5 * prompt, 211.0, 451.0)
+        parts = window_parts(o, lengths, PROFILE, 60.0, BUDGET)
+        assert parts is not None
+        off = parts[0] / (parts[1] + parts[2])
+        assert not 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED, off
+        one_chunk = window_parts(o, lengths, PROFILE, 60.0, BUDGET, max_chunks=1)
+        assert (one_chunk is not None) is streak
+        d = Decider(make_model(max_replicas=64), make_policy())
+        s = d.initial_state(4, now_s=ORIGIN_S - 1000)
+        for k in range(12):
+            t = ORIGIN_S + 5.0 * k
+            _, s = d.decide(obs(t=t, itl_mean_ms=60.0, **kw), replace(s, replicas=4), t)
+        assert (s.plant.seq_off_since_s is not None) is streak, (prompt, s.plant)
