@@ -289,8 +289,10 @@ def clean_off(
     SEQ_FIT_MIN_SPEED off (`PlantBelief.seq_off_since_s`, as a speed jump is
     confirmed). A single simulated conversation window read 2.5x, the queue drained
     within it, and taken alone it set a ratio of 5.8 for the rest of the hour (2.1x the
-    GPU-hours at a 5 s scrape). Long prompts never count: their chunk steps are priced
-    at the arrival rate, and the simulated long-context windows read 2.7-2.9x.
+    GPU-hours at a 5 s scrape). Long prompts never count: the model prices their chunk
+    steps roughly (attention over a lognormal spread, chunks at the arrival rate), and
+    the simulated long-context windows, unqueued, read 2.4-3.1x for up to 30 s on a
+    plant of the profile's own shape.
     Example: clean windows reading 3.0 at t = 100 and 3.2 at t = 105, confirm_s 5 ->
     (since 100, 3.2) at t = 105; a window reading 1.5 clears the streak."""
     since = belief.seq_off_since_s

@@ -388,7 +388,7 @@ class PlantBelief:
     seq_fit: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     """Half-life sums of the per-sequence ratio's least-squares fit (ms^2)."""
     seq_off_since_s: float | None = None
-    """Since when every clean window (controller.plant.next_seq_ratio) has read the
+    """Since when every clean window (controller.plant.clean_off) has read the
     engines SEQ_FIT_MIN_SPEED off the profile (loop's monotonic seconds; None: the
     last one did not)."""
     cold_start_s: float | None = None
