@@ -151,13 +151,11 @@ def _scaled(value: Any, total: int, round_up: bool, field: str) -> int:
 
 def replicas_down_during_rollout(strategy: Any, desired: int) -> int:
     """How many of `desired` replicas a roll-out of a Deployment with `spec.strategy`
-    (the client's V1DeploymentStrategy, or None) may have unavailable at once, as the
-    deployment controller resolves it (`ResolveFenceposts` in
-    pkg/controller/deployment/util): "Recreate" stops all of them; "RollingUpdate"
-    allows maxUnavailable (a count, or a percentage of `desired` rounded down), and 1
-    when it and maxSurge (a percentage rounded up) both come to 0. A missing field reads
-    as the API server defaults it (RollingUpdate, 25 % each). 0 for 0 desired (nothing to
-    replace). Raises ValueError on a value the API server would refuse."""
+    (the client's V1DeploymentStrategy, or None) may have unavailable at once:
+    "Recreate" stops all of them; "RollingUpdate" as `fenceposts_down` resolves its
+    maxSurge and maxUnavailable. A missing field reads as the API server defaults it
+    (RollingUpdate, 25 % each). Raises ValueError on a value the API server would
+    refuse."""
     if desired <= 0:
         return 0
     kind = getattr(strategy, "type", None) or "RollingUpdate"
@@ -166,16 +164,26 @@ def replicas_down_during_rollout(strategy: Any, desired: int) -> int:
     if kind != "RollingUpdate":
         raise ValueError(f"spec.strategy.type must be RollingUpdate or Recreate, got {kind!r}")
     rolling = getattr(strategy, "rolling_update", None)
-    surge_v, down_v = (
-        (DEFAULT_FENCEPOST, DEFAULT_FENCEPOST)
-        if rolling is None
-        else (
-            DEFAULT_FENCEPOST if rolling.max_surge is None else rolling.max_surge,
-            DEFAULT_FENCEPOST if rolling.max_unavailable is None else rolling.max_unavailable,
-        )
+    if rolling is None:
+        return fenceposts_down(DEFAULT_FENCEPOST, DEFAULT_FENCEPOST, desired)
+    return fenceposts_down(
+        DEFAULT_FENCEPOST if rolling.max_surge is None else rolling.max_surge,
+        DEFAULT_FENCEPOST if rolling.max_unavailable is None else rolling.max_unavailable,
+        desired,
     )
-    surge = _scaled(surge_v, desired, True, "maxSurge")
-    down = _scaled(down_v, desired, False, "maxUnavailable")
+
+
+def fenceposts_down(max_surge: Any, max_unavailable: Any, desired: int) -> int:
+    """Replicas of `desired` a rolling update with these fenceposts (each a count or
+    "N%") takes down at once, as the deployment controller resolves them
+    (`ResolveFenceposts` in pkg/controller/deployment/util): maxUnavailable (a
+    percentage of `desired` rounded down), and 1 when it and maxSurge (a percentage
+    rounded up) both come to 0; never more than `desired`, 0 for 0 desired (nothing to
+    replace). Raises ValueError on a value that is neither."""
+    if desired <= 0:
+        return 0
+    surge = _scaled(max_surge, desired, True, "maxSurge")
+    down = _scaled(max_unavailable, desired, False, "maxUnavailable")
     return min(desired, 1 if surge == 0 and down == 0 else down)
 
 
@@ -315,7 +323,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
             return {
                 m: (self._status[m].reason, since)
                 for m, since in self._waiting_since.items()
-                if m in self._pending and m in self._status
+                if m in self._pending  # set with a waiting status, dropped with it
             }
 
     def register_metrics(self, registry: CollectorRegistry) -> None:

@@ -51,8 +51,7 @@ class KnobSteps:
             if self.policy.knobs_live:
                 until = now_s  # every replica runs them from its next step
             else:
-                # A roll-out restarts one surge replica at a time, each a cold start.
-                until = now_s + self.model.cold_start_s * max(1, n) if rollout else None
+                until = self._rollout_end_s(now_s, n) if rollout else None
         if running is None or running == knobs or n <= 0 or (until is not None and now_s >= until):
             running, n, until = None, 0, None
         return KnobMemory(
@@ -77,6 +76,11 @@ class KnobSteps:
         )
         return rollout, self._knob_memory(state, knobs, reason, pending, rollout, now_s)
 
+    def _rollout_end_s(self, now_s: float, replicas: int) -> float:
+        """When a roll-out of `replicas` started at `now_s` is over, seconds: it restarts
+        one replica at a time, each a cold start."""
+        return now_s + self.model.cold_start_s * max(1, replicas)
+
     def rollout_waiting(self, state: ModelState, now_s: float) -> ModelState:
         """`state` for a tick on which the roll-out it asked for still waits (an
         actuator holds it, controller.actuation.RolloutGate): the replicas on the knobs
@@ -85,7 +89,7 @@ class KnobSteps:
         mem = state.knob_memory
         if mem.running is None or mem.running_until_s is None:
             return state
-        until = now_s + self.model.cold_start_s * max(1, mem.running_replicas)
+        until = self._rollout_end_s(now_s, mem.running_replicas)
         return replace(
             state, knob_memory=replace(mem, running_until_s=max(mem.running_until_s, until))
         )

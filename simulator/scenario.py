@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from actuators.rollout import can_spare
+from actuators.rollout import can_spare, fenceposts_down
 from controller.config import (
     SLA,
     GovernorConfig,
@@ -269,9 +269,9 @@ class _Run:
     )
 
 
-ROLLOUT_DOWN = {"surge": 0, "unavailable": 1}
-"""Replicas each simulated roll-out strategy (simulator.fleet.ROLLOUTS) takes down at a
-time: its maxUnavailable."""
+ROLLOUT_FENCEPOSTS = {"surge": (1, 0), "unavailable": (0, 1)}
+"""(maxSurge, maxUnavailable) of each simulated roll-out strategy (simulator.fleet.ROLLOUTS),
+resolved as the roll-out actuator resolves a Deployment's (actuators.rollout.fenceposts_down)."""
 
 
 def _apply_policy(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None:
@@ -294,7 +294,7 @@ def _apply_policy(run: _Run, policy: Autoscaler, fleet: Fleet, t: float) -> None
         # whose updated replicas are not all available (WAITING_ROLLOUT).
         ready = min(fleet.active_replicas, fleet.ready_replicas)
         needed = policy.replicas_needed()
-        down = min(ready, ROLLOUT_DOWN[fleet.rollout])
+        down = fenceposts_down(*ROLLOUT_FENCEPOSTS[fleet.rollout], ready)
         if can_spare(ready, down, fleet.active_replicas if needed is None else needed):
             fleet.roll_out()
             run.rollout_waiting = False
