@@ -47,12 +47,13 @@ from dataclasses import dataclass, replace
 
 from controller.capacity import CAPACITY_FLOOR_RPS, capacity_rps, fleet_capacity_rps, relaxed_sla
 from controller.config import SLA, ModelConfig, ScalingPolicy
-from controller.demand import Demand, DemandSteps, Raw
+from controller.demand import SATURATED_SLOTS_FRAC, Demand, DemandSteps, Raw
 from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
 from controller.plant import (
     FIT_MAX_WAITING_PER_REPLICA,
     LOADED_FRAC,
+    MAX_WAITING_PER_REPLICA,
     learn_plant,
     model_speed,
     next_cold_start,
@@ -365,18 +366,61 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         # The token budget the engines ran: replicas still on knobs from before a change
         # run theirs (a bigger budget makes bigger chunk steps; the new knobs' budget
         # read them as a 4.8x slower plant when 256/8192 -> 16/1536 on long prompts).
-        budget = memory.largest(knobs).max_num_batched_tokens
+        in_force = memory.largest(knobs)
+        budget = in_force.max_num_batched_tokens
         # A jump to a much slower belief needs a window past the last scale-up's dead
         # time (one holding the burst that asked for it read code x4 at a 30 s scrape
         # 5.1x slow), confirmed by windows half a window apart (new scrapes).
         parts = window_parts(obs, lengths, self.profile, self.policy.window_s, budget)
         allowed = self._past_scale_up(state, now_s)
+        standing = None
+        if parts is None and self._standing_queue(obs, state, now_s, in_force):
+            standing = window_parts(
+                obs, lengths, self.profile, self.policy.window_s, budget, math.inf, step_priced=True
+            )
         fit = window_parts(
             obs, lengths, self.profile, self.policy.window_s, budget, FIT_MAX_WAITING_PER_REPLICA
         )
         clean = window_parts(obs, lengths, self.profile, self.policy.window_s, budget, max_chunks=1)
         confirm_s = self.policy.window_s / 2.0
-        return learn_plant(state.plant, parts, dt, now_s, confirm_s, allowed, fit, clean)
+        return learn_plant(state.plant, parts, dt, now_s, confirm_s, allowed, fit, clean, standing)
+
+    def _standing_queue(
+        self, obs: Observation, state: ModelState, now_s: float, knobs: Knobs
+    ) -> bool:
+        """Whether the engines ran at their limit for the window behind a queue: one
+        past MAX_WAITING_PER_REPLICA stood at this reading and the last tick's, on a
+        fleet whole for a window (DataHealth.full_since_s), with `knobs` (the largest in
+        force) at least SATURATED_SLOTS_FRAC spent in sequence slots, token budget
+        (`step_tokens_mean`) or KV cache. An engine queues only what it cannot admit: a
+        queue beside free slots, budget and KV is in transit (the conversation trace's
+        start-up with a 2x cold start held 56 waiting per replica beside 34 of 144
+        slots, 92 of 2,560 tokens a step and 8 % of the KV cache; its ITL read a plant
+        of the profile's speed as 2.1x).
+
+        Such a window teaches the speed too (priced at the tokens its steps ran,
+        window_parts' `step_priced`). Without it a fleet that never catches up never
+        learns why: engines 4x slower than the profile, started at one replica on the
+        long-context trace, held a queue for 14 minutes at a believed speed of 1.00
+        while 1,602 of the first 1,653 requests missed their SLA (51.27 % for the half
+        hour). Its queued windows read 3.9-4.6x, at 37-40 of 80 slots, 1,370-1,446 of
+        2,304 tokens a step and 60 % of the KV cache; with them the speed jumps to 3.87
+        in the sixth minute and 84.20 % meet the SLA (tests/scenario/test_far_off.py)."""
+        n = obs.ready_replicas if obs.ready_replicas is not None else state.replicas
+        before = state.forecast.short_waiting
+        if obs.waiting is None or before is None or obs.running is None or n <= 0:
+            return False
+        full = state.health.after_good(now_s, obs.ready_replicas, state.replicas).full_since_s
+        if full is None or now_s - obs.staleness_s - full < self.policy.window_s:
+            return False  # the window ends at the sample, and must start on the fleet
+        if min(obs.waiting, before) / n <= MAX_WAITING_PER_REPLICA:
+            return False
+        spent = (
+            obs.running / n / knobs.max_num_seqs,
+            (obs.step_tokens_mean or 0.0) / knobs.max_num_batched_tokens,
+            obs.kv_usage_frac or 0.0,
+        )
+        return max(spent) >= SATURATED_SLOTS_FRAC
 
     def _panic(
         self, state: ModelState, now_s: float, demand: Demand, raw: Raw

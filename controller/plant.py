@@ -12,7 +12,9 @@ bounded and smoothed:
   capacity and knob models use the profile's step times x speed. Learned only from a
   window with enough requests, sequences running on every replica and no queue (a
   queued fleet's ITL is set by its knobs, not its speed), as a half-life average of
-  log(speed) and within [SPEED_MIN, SPEED_MAX].
+  log(speed) and within [SPEED_MIN, SPEED_MAX]. A fleet that never drains its queue
+  is read from windows queued at the engines' limit too, priced at the tokens their
+  steps ran; those only ever jump the belief to a much slower plant (learn_plant).
 - **capacity correction** (feedback from SLA violations, in [CORRECTION_MIN, 1]):
   shrinks while the observed SLA is violated on a whole fleet that was believed big
   enough, recovers while it is met with margin on a loaded fleet. It catches what the
@@ -133,12 +135,16 @@ def window_parts(
     budget_tokens: int,
     max_waiting_per_replica: float = MAX_WAITING_PER_REPLICA,
     max_chunks: float = math.inf,
+    step_priced: bool = False,
 ) -> tuple[float, float, float] | None:
     """(observed mean ITL, the profile's predicted step split into its per-sequence
     part and the rest, ms) of one window, or None when the window has not enough data
     to say (see the module doc for the model), more than `max_waiting_per_replica`
     requests waiting per replica, or a mean prompt prefilled in more than `max_chunks`
-    chunks."""
+    chunks. `step_priced`: the share of steps that carry a chunk is read from the
+    tokens the engines scheduled per step (`Observation.step_tokens_mean`; None
+    without it), not from the arrival rate: a queued engine admits what its slots
+    free, not what arrives."""
     itl = obs.itl_mean_ms
     n = obs.ready_replicas if obs.ready_replicas is not None else obs.targets_up
     if itl is None or itl <= 0 or lengths is None or n is None or n <= 0:
@@ -151,9 +157,13 @@ def window_parts(
     if obs.arrival_rate_rps * window_s < MIN_REQUESTS_PER_WINDOW:
         return None
     short = obs.arrival_rate_short_rps
-    if short is not None and abs(short - obs.arrival_rate_rps) > STEADY_FRAC * obs.arrival_rate_rps:
+    unsteady = (
+        short is not None and abs(short - obs.arrival_rate_rps) > STEADY_FRAC * obs.arrival_rate_rps
+    )
+    if unsteady and not step_priced:
         # Not a steady window: tokens were produced mostly while the batch was big, and
-        # a window mean of the load says too little about the steps they saw.
+        # a window mean of the load says too little about the steps they saw. (Steps
+        # priced at their own tokens do not depend on the load.)
         return None
     c = profile.step_time
     ctx = lengths.prompt_mean + lengths.output_mean / 2.0
@@ -175,9 +185,16 @@ def window_parts(
         + c.fixed_ms
         + c.prefill_attention_ms_per_token2 * lin * lin * spread / 2.0 / chunks
     )
-    # Fraction of steps that carry a chunk: chunks arriving per step (the observed
-    # step time x the per-replica arrival rate x chunks per prompt), at most all.
-    f = min(1.0, obs.arrival_rate_rps / n * chunks * itl / 1000.0)
+    if step_priced:
+        # Fraction of steps that carry a chunk: the prefill tokens of a step (those
+        # scheduled past one per running sequence) over a chunk's, at most all.
+        if obs.step_tokens_mean is None:
+            return None
+        f = min(1.0, max(0.0, obs.step_tokens_mean - b) / chunk)
+    else:
+        # Fraction of steps that carry a chunk: chunks arriving per step (the observed
+        # step time x the per-replica arrival rate x chunks per prompt), at most all.
+        f = min(1.0, obs.arrival_rate_rps / n * chunks * itl / 1000.0)
     rest = (1.0 - f) * decode + f * mixed
     seqs = (b + f) * per_seq  # b sequences per step, one more in a chunk step
     return itl, seqs, rest
@@ -380,13 +397,26 @@ def learn_plant(
     allowed: bool,
     fit_parts: tuple[float, float, float] | None = None,
     clean_parts: tuple[float, float, float] | None = None,
+    standing_parts: tuple[float, float, float] | None = None,
 ) -> PlantBelief:
     """`belief` after one window (`parts` from window_parts, None: nothing learned):
     the speed (next_speed, the sample priced with the learned per-sequence ratio), the
     windows counted, then the per-sequence ratio (next_seq_ratio) from `fit_parts`
     (window_parts up to FIT_MAX_WAITING_PER_REPLICA; None: `parts`), its gate read
-    from `clean_parts` too (window_parts with one chunk a prompt; clean_off)."""
+    from `clean_parts` too (window_parts with one chunk a prompt; clean_off).
+
+    `standing_parts`: a window queued at the engines' limit (window_parts'
+    `step_priced`), the sample only where `parts` has none and only towards a jump
+    (SPEED_JUMP_RATIO x slower than the belief, `allowed`, confirmed as any jump): a
+    fleet that never drains its queue is learned only so, and a queued window says
+    less than an unqueued one: conversation at a 30 s scrape read a plant of the
+    profile's own speed 1.6x in its start-up, its queue on one outdated replica (1,024
+    slots) of nine while the other eight ran 58 % of theirs, and averaging that in
+    cost a flap."""
     sample = window_speed(parts, belief.seq_ratio)
+    standing = window_speed(standing_parts, belief.seq_ratio) if sample is None else None
+    if standing is not None and allowed and standing > SPEED_JUMP_RATIO * belief.speed:
+        sample = standing
     learned = next_speed(belief, sample, dt_s, now_s, confirm_s, allowed)
     samples = belief.speed_samples + (1 if sample is not None else 0)
     fit = parts if fit_parts is None else fit_parts
