@@ -263,9 +263,9 @@ def test_an_sla_out_of_every_fleets_reach_is_sized_relaxed_not_to_the_maximum() 
         t += 5.0
     assert Reason.SLA_INFEASIBLE in dec.reasons, dec.explain()
     assert s.plant.speed == 20.0
-    # 2 req/s on engines 20x slower than an H100: ~0.3 req/s each, not ~0.001
-    assert dec.raw_replicas is not None and dec.raw_replicas < 12, dec.explain()
-    assert dec.replicas < 12, dec.explain()
+    # 2 req/s on engines 20x slower than an H100: ~0.1 req/s each, not ~0.001
+    assert dec.raw_replicas is not None and dec.raw_replicas < 24, dec.explain()
+    assert dec.replicas < 24, dec.explain()
     assert s.plant.capacity_correction == 1.0
     # the same engines at the profile's speed meet it: sized as usual
     d2, s2 = Decider(make_model(max_replicas=64), make_policy()), d.initial_state(4)
