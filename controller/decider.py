@@ -74,6 +74,7 @@ from controller.stages import (
     stabilize,
 )
 from controller.types import (
+    DataHealth,
     Decision,
     Forecast,
     Hysteresis,
@@ -206,7 +207,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             windows=windows.memory,
             forecast=self._forecast(obs, demand, lengths, burst, now_s),
             knob_memory=knob_memory,
-            health=state.health.after_good(now_s, obs.ready_replicas, state.replicas, obs.waiting),
+            health=self._health_after(obs, state, now_s),
             plant=plant,
             rules=rules,
         )
@@ -410,7 +411,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         before = state.forecast.short_waiting
         if obs.waiting is None or before is None or obs.running is None or n <= 0:
             return False
-        full = state.health.after_good(now_s, obs.ready_replicas, state.replicas).full_since_s
+        full = self._health_after(obs, state, now_s).full_since_s
         if full is None or now_s - obs.staleness_s - full < self.policy.window_s:
             return False  # the window ends at the sample, and must start on the fleet
         if min(obs.waiting, before) / n <= MAX_WAITING_PER_REPLICA:
@@ -568,11 +569,15 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         after the controller starts holds whatever happened before we were in charge.
         """
         # Calm on this tick too: the same rule the tick's health record keeps.
-        since = state.health.after_good(
-            now_s, obs.ready_replicas, state.replicas, obs.waiting
-        ).calm_since_s
+        since = self._health_after(obs, state, now_s).calm_since_s
         calm = since is not None and now_s - since >= self.policy.window_s
         return calm and self._past_scale_up(state, now_s) and state.replicas > 0
+
+    @staticmethod
+    def _health_after(obs: Observation, state: ModelState, now_s: float) -> DataHealth:
+        """The data health after this tick's good observation (DataHealth.after_good):
+        what the tick's new state keeps, and what its judgements read."""
+        return state.health.after_good(now_s, obs.ready_replicas, state.replicas, obs.waiting)
 
     def _past_scale_up(self, state: ModelState, now_s: float) -> bool:
         """Whether the last scale-up (if any) is a cold start plus a window ago, s: the

@@ -324,6 +324,17 @@ def clean_off(
     return belief, (off if now_s - since >= confirm_s else None)
 
 
+def _bounded_speed(sample: float) -> float:
+    """A speed sample within [SPEED_MIN, SPEED_MAX]."""
+    return min(SPEED_MAX, max(SPEED_MIN, sample))
+
+
+def _jumps(belief: PlantBelief, sample: float, allowed: bool) -> bool:
+    """Whether `sample` (bounded) is past SPEED_JUMP_RATIO x slower than the belief, on
+    a window that may jump it (`allowed`: past the last scale-up's dead time)."""
+    return allowed and _bounded_speed(sample) > SPEED_JUMP_RATIO * belief.speed
+
+
 def learn_speed(
     previous: float,
     sample: float | None,
@@ -336,7 +347,7 @@ def learn_speed(
     much slower sample is jumped to instead, once confirmed: `next_speed`.)"""
     if sample is None or dt_s <= 0:
         return previous
-    s = min(SPEED_MAX, max(SPEED_MIN, sample))
+    s = _bounded_speed(sample)
     keep = 0.5 ** (dt_s / half_life_s)
     return math.exp(keep * math.log(previous) + (1.0 - keep) * math.log(s))
 
@@ -376,8 +387,8 @@ def next_speed(
         pending = since = None
     if sample is None or dt_s <= 0:
         return replace(belief, speed_jump=pending, speed_jump_since_s=since)
-    s = min(SPEED_MAX, max(SPEED_MIN, sample))
-    if allowed and s > SPEED_JUMP_RATIO * belief.speed:
+    s = _bounded_speed(sample)
+    if _jumps(belief, s, allowed):
         if pending is None or since is None:
             return replace(belief, speed_jump=s, speed_jump_since_s=now_s)
         low = min(pending, s)
@@ -415,7 +426,7 @@ def learn_plant(
     cost a flap."""
     sample = window_speed(parts, belief.seq_ratio)
     standing = window_speed(standing_parts, belief.seq_ratio) if sample is None else None
-    if standing is not None and allowed and standing > SPEED_JUMP_RATIO * belief.speed:
+    if standing is not None and _jumps(belief, standing, allowed):
         sample = standing
     learned = next_speed(belief, sample, dt_s, now_s, confirm_s, allowed)
     samples = belief.speed_samples + (1 if sample is not None else 0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from controller.types import DataHealth
@@ -31,3 +32,16 @@ def long_history() -> DataHealth:
     ORIGIN_S - 1000 s): the correction may judge and a surge may arm the burst memory."""
     since = ORIGIN_S - 1000
     return DataHealth(first_good_s=since, full_since_s=since, calm_since_s=since)
+
+
+def itl_reading(read: Callable[[float], float | None], speed: float) -> float:
+    """The mean ITL (ms) at which `read` (a window's speed at a mean ITL, monotone in
+    it) reads `speed`, by bisection: what engines `speed` x slower than the profile
+    would show."""
+    lo, hi = 0.1, 2000.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        s = read(mid)
+        assert s is not None
+        lo, hi = (mid, hi) if s < speed else (lo, mid)
+    return (lo + hi) / 2

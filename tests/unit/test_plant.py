@@ -33,7 +33,7 @@ from controller.types import (
 )
 from estimators.stepmodel import load_profile
 from tests.conftest import ORIGIN_S, make_model, make_policy
-from tests.unit.helpers import obs
+from tests.unit.helpers import itl_reading, obs
 
 PROFILE = load_profile("llama-3.1-8b-h100")
 LENGTHS = Lengths(1155.0, 4083.0, 211.0, 451.0)
@@ -43,13 +43,10 @@ BUDGET = 8192
 def _itl_for(speed: float, **kw: float) -> float:
     """The mean ITL (ms) at which a window reads `speed` (bisection on the monotone
     sample): what engines `speed` x slower than the profile would show."""
-    lo, hi = 0.1, 2000.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        s = speed_sample(obs(itl_mean_ms=mid, **kw), LENGTHS, PROFILE, 60.0, BUDGET)
-        assert s is not None
-        lo, hi = (mid, hi) if s < speed else (lo, mid)
-    return (lo + hi) / 2
+    return itl_reading(
+        lambda itl: speed_sample(obs(itl_mean_ms=itl, **kw), LENGTHS, PROFILE, 60.0, BUDGET),
+        speed,
+    )
 
 
 # 40 req/s on 4 replicas, 20 running and none waiting per replica

@@ -19,7 +19,7 @@ from controller.plant import (
 from controller.types import Knobs, Lengths, ModelState, PlantBelief
 from estimators.stepmodel import load_profile
 from tests.conftest import ORIGIN_S, make_model, make_policy
-from tests.unit.helpers import long_history, obs
+from tests.unit.helpers import itl_reading, long_history, obs
 
 PROFILE = load_profile("llama-3.1-8b-h100")
 LENGTHS = Lengths(1155.0, 4083.0, 211.0, 451.0)
@@ -48,13 +48,7 @@ def _standing_speed(itl: float, **kw: float) -> float | None:
 def _itl_for(speed: float, **kw: float) -> float:
     """The mean ITL (ms) at which a QUEUED window (`kw` overriding), step-priced,
     reads `speed`."""
-    lo, hi = 0.1, 2000.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        s = _standing_speed(mid, **kw)
-        assert s is not None
-        lo, hi = (mid, hi) if s < speed else (lo, mid)
-    return (lo + hi) / 2
+    return itl_reading(lambda itl: _standing_speed(itl, **kw), speed)
 
 
 def test_step_pricing_agrees_with_arrival_pricing_where_both_see_the_same_chunks() -> None:
