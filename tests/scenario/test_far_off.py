@@ -54,21 +54,25 @@ def test_an_sla_no_replica_meets_is_sized_to_meet_most_requests() -> None:
 
 
 @pytest.mark.parametrize(
-    ("trace_key", "policy", "attainment_pct", "gpu_hours"),
+    ("trace_key", "speed", "policy", "attainment_pct", "gpu_hours"),
     [
-        ("long-context", "governor", 84.20, 32.63),
-        ("long-context", "hpa-queue", 94.61, 24.53),
-        ("diurnal", "governor", 92.35, 16.80),
-        ("diurnal", "hpa-queue", 90.35, 13.17),
-        ("conv x16", "governor", 81.17, 60.12),
-        ("conv x16", "hpa-queue", 52.17, 49.00),
+        ("code x4", 2.5, "governor", 77.68, 35.78),
+        ("code x4", 2.5, "hpa-queue", 81.43, 31.15),
+        ("long-context", 4.0, "governor", 84.20, 32.63),
+        ("long-context", 4.0, "hpa-queue", 94.61, 24.53),
+        ("diurnal", 4.0, "governor", 92.35, 16.80),
+        ("diurnal", 4.0, "hpa-queue", 90.35, 13.17),
+        ("conv x16", 4.0, "governor", 81.17, 60.12),
+        ("conv x16", 4.0, "hpa-queue", 52.17, 49.00),
     ],
 )
 def test_the_readmes_far_off_cells(
-    trace_key: str, policy: str, attainment_pct: float, gpu_hours: float
+    trace_key: str, speed: float, policy: str, attainment_pct: float, gpu_hours: float
 ) -> None:
-    """The cells on engines 4x slower that the README quotes ("For an operator with a
-    different GPU"), seeded: attainment within 0.01 points, GPU-hours within 0.01."""
-    result = run_policy(policy, _default_cell(trace_key, 4.0))
+    """The cells on engines `speed` x slower that the README quotes ("For an operator
+    with a different GPU"), misses included (code x4 at 2.5x, where hpa-queue beats the
+    governor on both counts: docs/decider-history.md), seeded: attainment within 0.01
+    points, GPU-hours within 0.01."""
+    result = run_policy(policy, _default_cell(trace_key, speed))
     assert 100.0 * result.slo_attainment == pytest.approx(attainment_pct, abs=0.01)
     assert result.gpu_hours == pytest.approx(gpu_hours, abs=0.01)
