@@ -188,7 +188,10 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         caps, plant, hard = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
         if lengths is None and not demand.idle and state.replicas > 0:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
-            return self._hold(obs.model, state, now_s, "demand without length statistics")
+            # The data is good: the fleet's health (whole since, calm since, no-data
+            # ticks) is as seen, or a fleet whole through these ticks is judged late.
+            d, _ = self._hold(obs.model, state, now_s, "demand without length statistics")
+            return d, replace(state, health=self._health_after(obs, state, now_s))
         raw = self._raw(state, now_s, demand, caps, plant, hard)  # steps 4 and 5
         panic_state = self._panic(state, now_s, demand, raw)
         burst = self._burst(state, now_s, demand, (panic_state[2], raw.reason))

@@ -505,7 +505,28 @@ def test_demand_without_lengths_holds() -> None:
     dec, s2 = d.decide(
         obs(rate=40.0, prompt_tokens_mean=None, output_tokens_mean=None), s, ORIGIN_S
     )
-    assert not dec.valid and dec.replicas == 4 and s2 == s
+    assert not dec.valid and dec.replicas == 4
+    assert replace(s2, health=s.health) == s  # only the data's health moves
+
+
+def test_a_hold_for_lengths_still_sees_the_fleet() -> None:
+    """Ticks that hold for want of length statistics are good data: after two missed
+    scrapes, they clear the no-data count, and a fleet whole and calm through them is
+    so from the first of them (the standing queue's and the correction's windows start
+    there), not from the first tick that has lengths."""
+    d = Decider(make_model(), make_policy())
+    s = d.initial_state(4)
+    for k in range(2):
+        _, s = d.decide(NoDataError("llama", "arrival_rate"), s, ORIGIN_S + 5.0 * k)
+    assert s.health.no_data_ticks == 2
+    no_lengths = obs(rate=40.0, prompt_tokens_mean=None, output_tokens_mean=None, ready_replicas=4)
+    _, s = d.decide(no_lengths, s, ORIGIN_S + 10.0)
+    assert s.health.no_data_ticks == 0
+    assert s.health.full_since_s == ORIGIN_S + 10.0
+    assert s.health.calm_since_s == ORIGIN_S + 10.0
+    assert s.health.last_good_s == ORIGIN_S + 10.0
+    _, s = d.decide(obs(rate=40.0, ready_replicas=4), s, ORIGIN_S + 15.0)
+    assert s.health.full_since_s == ORIGIN_S + 10.0
 
 
 def test_forecast_scales_ahead_of_a_ramp() -> None:
