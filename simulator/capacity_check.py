@@ -26,12 +26,13 @@ Plant speed 1.0: this is the model's error, not the plant's drift (controller.pl
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from controller.capacity import binding_limit, capacity_rps
+from controller.capacity import binding_limit, capacity_rps, operating_point
 from controller.config import SLA, ScalingPolicy
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, load_profile
@@ -39,6 +40,7 @@ from simulator.fleet import ROUTERS, Fleet
 from simulator.matrix import TRACES, MatrixTrace
 from simulator.outputs import output_problem, write_output
 from simulator.pool import process_pool
+from simulator.requests import RequestRecords
 from simulator.scenario import Scenario, governor_knobs_for, slo_met, trace_lengths
 from simulator.traces import Trace, load_trace
 
@@ -58,10 +60,28 @@ TRACE_SEED = 0
 
 
 @dataclass(frozen=True)
+class Split:
+    """Where the plant misses at one rate, and what the model says there: the share of
+    requests over each target (TTFT, mean ITL; a request may be over both), and the
+    goal quantile (p99 at a 99 % goal) of each, the plant's and the model's (ms; the
+    model's None where it has no operating point, a replica it says cannot keep up).
+    A model quantile over the plant's is pessimistic on that target."""
+
+    ttft_miss: float
+    itl_miss: float
+    ttft_q_ms: float
+    itl_q_ms: float
+    model_ttft_q_ms: float | None
+    model_itl_q_ms: float | None
+
+
+@dataclass(frozen=True)
 class Row:
     """One (trace, fleet size): the model's and the plant's 99 % rates (req/s per
     replica), the target that bounds the model's (controller.capacity.binding_limit),
-    the knobs, and the plant's attainment at the rate the decider sizes for."""
+    the knobs, the plant's attainment at the rate the decider sizes for, and `split`:
+    each target's share of the plant's misses at its 99 % rate, against the model's
+    quantiles there (which of the model's two targets is off, and which way)."""
 
     trace: str
     replicas: int
@@ -72,6 +92,7 @@ class Row:
     plant_at_top: bool
     sized_rps: float
     sized_attainment: float
+    split: Split | None = None
 
     @property
     def ratio(self) -> float:
@@ -106,8 +127,9 @@ class _Setup:
     duration_s: float
     router: str = ROUTERS[0]
 
-    def attainment(self, per_replica_rps: float) -> float:
-        """Mean attainment over SEEDS of the warm fleet at this per-replica rate."""
+    def runs(self, per_replica_rps: float) -> list[RequestRecords]:
+        """The request records of the warm fleet at this per-replica rate, one per seed
+        of SEEDS."""
         out = []
         for seed in SEEDS:
             trace = bootstrap_poisson(
@@ -123,8 +145,33 @@ class _Setup:
             )
             fleet.submit_trace(trace, offset_s=0.0)
             fleet.run()
-            out.append(float(slo_met(fleet.records(), self.sla).mean()))
-        return float(np.mean(out))
+            out.append(fleet.records())
+        return out
+
+    def attainment(self, per_replica_rps: float) -> float:
+        """Mean attainment over SEEDS of the warm fleet at this per-replica rate."""
+        return float(np.mean([slo_met(r, self.sla).mean() for r in self.runs(per_replica_rps)]))
+
+    def split(self, per_replica_rps: float) -> Split:
+        """Each target's misses and goal quantile at this per-replica rate, the plant's
+        (over every seed's requests; an unfinished request counts as over both) and the
+        model's (`Split`)."""
+        recs = self.runs(per_replica_rps)
+        ttft = np.concatenate([np.where(r.done, r.ttft_s, np.inf) for r in recs]) * 1000.0
+        itl = np.concatenate([np.where(r.done, r.mean_itl_s, np.inf) for r in recs]) * 1000.0
+        streams = ~np.isnan(itl)  # a one-token output has no ITL
+        q = 100.0 * self.sla.attainment_goal_frac
+        op = operating_point(
+            per_replica_rps, self.knobs, self.lengths, self.sla, self.profile, self.replicas
+        )
+        return Split(
+            ttft_miss=float(np.mean(ttft > self.sla.ttft_p95_ms)),
+            itl_miss=float(np.mean(streams & (itl > self.sla.itl_p95_ms))),
+            ttft_q_ms=float(np.percentile(ttft, q)),
+            itl_q_ms=float(np.percentile(itl[streams], q)),
+            model_ttft_q_ms=None if op is None else op.ttft_q_ms,
+            model_itl_q_ms=None if op is None else op.itl_q_ms,
+        )
 
 
 def _setup(
@@ -166,6 +213,7 @@ def measure(
         sized_rps=sized,
         sized_attainment=s.attainment(sized),
         model_limit=binding_limit(s.knobs, s.lengths, s.sla, s.profile, replicas),
+        split=s.split(lo),
     )
 
 
@@ -229,8 +277,50 @@ def report(rows: list[Row], router: str = ROUTERS[0]) -> str:
         f"Most optimistic: {worst.trace} on {worst.replicas} ({worst.ratio:.2f}x the plant). "
         f"Most pessimistic: {best.trace} on {best.replicas} ({best.ratio:.2f}x).",
         "",
+        *_split_table([r for r in rows if r.split is not None]),
     ]
     return "\n".join(lines)
+
+
+def _split_table(rows: list[Row]) -> list[str]:
+    """The second table of `report`: each row's `Split` at the plant's rate."""
+    if not rows:
+        return []
+    lines = [
+        "Where the model is off: at the plant's rate above, the share of requests over "
+        "each target (TTFT, mean ITL), and each target's goal quantile (p99), the model's "
+        "against the plant's, ms (model / plant in brackets: under 1 the model is "
+        "optimistic on that target, over 1 pessimistic; `-` where the model says a "
+        "replica cannot keep up). A rate within the table above can still rest on two "
+        "errors that cancel.",
+        "",
+        "| trace | replicas | plant | misses: TTFT / ITL | TTFT p99: model / plant "
+        "| ITL p99: model / plant |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        sp = r.split
+        assert sp is not None
+        lines.append(
+            f"| {r.trace} | {r.replicas} | {r.plant_rps:.3g} | {100 * sp.ttft_miss:.2f} % / "
+            f"{100 * sp.itl_miss:.2f} % | {_pair(sp.model_ttft_q_ms, sp.ttft_q_ms)} | "
+            f"{_pair(sp.model_itl_q_ms, sp.itl_q_ms)} |"
+        )
+    return [*lines, ""]
+
+
+def _pair(model: float | None, plant: float) -> str:
+    """`model / plant (ratio)`, ms (`_ms`); `-` for the model when None."""
+    if model is None or not math.isfinite(model):
+        return f"- / {_ms(plant)}"
+    ratio = f" ({model / plant:.2f})" if plant > 0 and math.isfinite(plant) else ""
+    return f"{_ms(model)} / {_ms(plant)}{ratio}"
+
+
+def _ms(v: float) -> str:
+    """Milliseconds at 3 significant digits, whole ones from 1,000. Example: 10,612.4 ->
+    10,612; 43.82 -> 43.8."""
+    return f"{v:,.0f}" if v >= 1000 else f"{v:.3g}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from statistics import NormalDist
 
 import pytest
 
+from controller.capacity import lognormal_sigma, operating_point
 from controller.types import Knobs
-from simulator.capacity_check import Row, _setup, check, main, measure, report
+from simulator.capacity_check import SIZES, Row, Split, _setup, check, main, measure, report
 from simulator.matrix import TRACES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,6 +18,7 @@ DOC = ROOT / "docs" / "capacity.md"
 README = ROOT / "README.md"
 CONV = next(t for t in TRACES if t.key == "conv x16")
 DIURNAL = next(t for t in TRACES if t.key == "diurnal")
+CODE = next(t for t in TRACES if t.key == "code x4")
 
 
 def test_the_plant_rate_is_where_the_goal_is_met_and_just_above_it_is_not() -> None:
@@ -37,6 +41,57 @@ def test_the_report_flags_a_sized_rate_that_misses_and_a_bracket_top() -> None:
     assert "| a | 1 | 16 / 1280 | 2 | TTFT | 1 | 2.00 | 95.00 % (misses) |" in text
     assert "| b | 4 | 16 / 1280 | 1 | ITL | >= 2.5 | 0.40 | 99.90 % |" in text
     assert "Most optimistic: a on 1 (2.00x the plant). Most pessimistic: b on 4 (0.40x)." in text
+    assert "Where the model is off" not in text  # rows without a split: no second table
+
+
+def test_the_split_table_pairs_each_target_model_against_plant() -> None:
+    """The second table: the plant's misses per target at its rate and each target's
+    p99, the model's over the plant's (ratio < 1: optimistic on that target); a model
+    with no operating point there reads `-`; thousands of ms read whole."""
+    knobs = Knobs(max_num_seqs=16, max_num_batched_tokens=1280)
+    rows = [
+        Row(
+            "a",
+            2,
+            knobs,
+            2.0,
+            "ITL",
+            1.5,
+            False,
+            1.7,
+            0.99,
+            Split(0.001, 0.0089, 6630.4, 44.6, 3230.0, 56.2),
+        ),
+        Row(
+            "b",
+            8,
+            knobs,
+            1.0,
+            "TTFT",
+            1.2,
+            False,
+            0.85,
+            0.999,
+            Split(0.0022, 0.002, 396.0, 44.7, None, None),
+        ),
+    ]
+    text = report(rows)
+    assert "| a | 2 | 1.5 | 0.10 % / 0.89 % | 3,230 / 6,630 (0.49) | 56.2 / 44.6 (1.26) |" in text
+    assert "| b | 8 | 1.2 | 0.22 % / 0.20 % | - / 396 | - / 44.7 |" in text
+
+
+def test_the_split_reads_each_target_at_the_goal_quantile() -> None:
+    """Conversation lengths on two replicas at 18.5 req/s each, just past the plant's
+    99 % rate: 2-3 % of the requests are over the TTFT target, so its p99 is over 500 ms
+    (a p95 would not be), while under 1 % are over the ITL target and its p99 is within
+    50 ms; the model's quantiles are its operating point's at that rate."""
+    setup = _setup(CONV, 2)
+    sp = setup.split(18.5)
+    assert 0.01 < sp.ttft_miss < 0.05 and sp.ttft_q_ms > setup.sla.ttft_p95_ms
+    assert sp.itl_miss < 0.01 and sp.itl_q_ms <= setup.sla.itl_p95_ms
+    op = operating_point(18.5, setup.knobs, setup.lengths, setup.sla, setup.profile, 2)
+    assert op is not None
+    assert (sp.model_ttft_q_ms, sp.model_itl_q_ms) == (op.ttft_q_ms, op.itl_q_ms)
 
 
 def test_random_routing_is_measured_behind_that_router() -> None:
@@ -80,6 +135,36 @@ def test_committed_doc_and_the_readme_are_what_the_command_prints() -> None:
         f"by {by['long-context', 1].ratio:.2f}x on one long-context",
         f"pessimistic by {code[0]:.2f}-{code[-1]:.2f}x on the code trace",
         "on the long-context trace it is the ITL at every fleet size",
+    ):
+        assert quoted in readme
+
+    def split_ratios(trace: str, target: str, sizes: tuple[int, ...]) -> list[float]:
+        out = []
+        for n in sizes:
+            sp = by[trace, n].split
+            assert sp is not None
+            model = sp.model_ttft_q_ms if target == "ttft" else sp.model_itl_q_ms
+            assert model is not None
+            out.append(model / (sp.ttft_q_ms if target == "ttft" else sp.itl_q_ms))
+        return sorted(out)
+
+    d_ttft, d_itl = split_ratios("diurnal", "ttft", SIZES), split_ratios("diurnal", "itl", SIZES)
+    c_itl = split_ratios("code x4", "itl", (2, 4, 8))
+    assert d_ttft[-1] < 1 and d_itl[-1] < 1 and c_itl[0] > 1  # "optimistically", "pessimistically"
+    conv4 = by["conv x16", 4].split
+    assert conv4 is not None and conv4.model_ttft_q_ms and conv4.model_itl_q_ms
+    # The code trace's prompts: the lognormal's p99 against the longest one.
+    code = _setup(CODE, 1)
+    sigma = lognormal_sigma(code.lengths.prompt_mean, code.lengths.prompt_p95)
+    mu = math.log(code.lengths.prompt_mean) - sigma * sigma / 2
+    p99 = math.exp(mu + sigma * NormalDist().inv_cdf(0.99))
+    for quoted in (
+        f"(TTFT {d_ttft[0]:.2f}-{d_ttft[-1]:.2f}x, ITL {d_itl[0]:.2f}-{d_itl[-1]:.2f}x)",
+        f"from 2 replicas up ({c_itl[0]:.2f}-{c_itl[-1]:.2f}x:",
+        f"p99 at {p99:,.0f} tokens, where the trace's longest is "
+        f"{int(max(code.base.prompt_tokens)):,}",
+        f"a TTFT at {conv4.model_ttft_q_ms / conv4.ttft_q_ms:.2f}x and an ITL at "
+        f"{conv4.model_itl_q_ms / conv4.itl_q_ms:.2f}x cancel",
     ):
         assert quoted in readme
     long_rows = [by["long-context", n] for n in (1, 2, 4, 8)]
