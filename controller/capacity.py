@@ -169,6 +169,39 @@ def capacity_rps(
     (profile, knobs, lengths so read, SLA, fleet size): the smoothed lengths move little
     from tick to tick, and the model costs ~0.5 ms of CPU per answer.
     """
+    key, rounded = _key(knobs, lengths, sla, profile, replicas)
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not profile:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.clear()
+        answer = _capacity(knobs, Lengths(*rounded), sla, profile, replicas)
+        hit = _CACHE[key] = (profile, answer)
+    return max(hit[1] * target_utilization_frac, CAPACITY_FLOOR_RPS)
+
+
+def capacity_limit(
+    knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int = 1
+) -> str:
+    """`binding_limit` (which target bounds `capacity_rps`: "ITL", "TTFT" or
+    "saturation"), kept per key as `capacity_rps` keeps its answers: what a decision
+    reports about its sizing, so a tick that reuses a capacity reuses its limit."""
+    key, rounded = _key(knobs, lengths, sla, profile, replicas)
+    hit = _LIMITS.get(key)
+    if hit is None or hit[0] is not profile:
+        if len(_LIMITS) >= _CACHE_SIZE:
+            _LIMITS.clear()
+        hit = _LIMITS[key] = (
+            profile,
+            binding_limit(knobs, Lengths(*rounded), sla, profile, replicas),
+        )
+    return hit[1]
+
+
+def _key(
+    knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int
+) -> tuple[tuple[Any, ...], tuple[float, ...]]:
+    """The cache key of `capacity_rps` and `capacity_limit`, and the lengths as they read
+    them (`_rounded`)."""
     # The key from plain fields (a dataclass's `astuple` deep-copies: ~10 us a call),
     # the rounding kept for the last Lengths object (held, so its id cannot be reused):
     # a decider asks for 2-3 fleet sizes with the same lengths in a row.
@@ -188,13 +221,7 @@ def capacity_rps(
         sla.attainment_goal_frac,
         replicas if replicas > 1 else 1,
     )
-    hit = _CACHE.get(key)
-    if hit is None or hit[0] is not profile:
-        if len(_CACHE) >= _CACHE_SIZE:
-            _CACHE.clear()
-        answer = _capacity(knobs, Lengths(*rounded), sla, profile, replicas)
-        hit = _CACHE[key] = (profile, answer)
-    return max(hit[1] * target_utilization_frac, CAPACITY_FLOOR_RPS)
+    return key, rounded
 
 
 CAPACITY_FLOOR_RPS = 1e-3
@@ -239,6 +266,7 @@ LENGTH_DIGITS = 3
 _LAST_ROUNDED: list[tuple[Any, tuple[float, ...]]] = [(None, ())]
 _CACHE_SIZE = 16_384  # > 3 fleet sizes x 5,000 models: a full table is cleared
 _CACHE: dict[tuple[Any, ...], tuple[Profile, float]] = {}
+_LIMITS: dict[tuple[Any, ...], tuple[Profile, str]] = {}
 
 
 def _rounded(lengths: Lengths) -> tuple[float, float, float, float]:

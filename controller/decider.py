@@ -45,7 +45,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from controller.capacity import CAPACITY_FLOOR_RPS, capacity_rps, fleet_capacity_rps, relaxed_sla
+from controller.capacity import (
+    CAPACITY_FLOOR_RPS,
+    capacity_limit,
+    capacity_rps,
+    fleet_capacity_rps,
+    relaxed_sla,
+)
 from controller.config import SLA, ModelConfig, ScalingPolicy
 from controller.demand import SATURATED_SLOTS_FRAC, Demand, DemandSteps, Raw
 from controller.knobstep import KnobSteps
@@ -229,10 +235,26 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             plant_seq_ratio=plant.seq_ratio,
             plant_cold_start_s=self._cold_start(plant),
             capacity_correction=plant.capacity_correction,
+            capacity_limit=self._limit(knobs, lengths, plant, hard, raw),
             panic=panic_state[0],
             rollout=rollout,
         )
         return decision, new_state
+
+    def _limit(
+        self, knobs: Knobs, lengths: Lengths | None, plant: PlantBelief, hard: bool, raw: Raw
+    ) -> str | None:
+        """Which SLA target bounds the capacity this tick sized with (controller.capacity.
+        capacity_limit: "ITL", "TTFT" or "saturation"), at the fleet the raw count asks
+        for, on the profile x the learned speed; None when idle, without lengths, or at
+        a relaxed SLA (SLA_INFEASIBLE says that one)."""
+        if raw.capacity is None or lengths is None or hard:
+            return None
+        profile = scaled_profile(
+            self.profile, model_speed(plant.speed), model_speed(plant.seq_ratio)
+        )
+        n = max(1, math.ceil(raw.raw - 1e-9))
+        return capacity_limit(knobs, lengths, self.model.sla, profile, n)
 
     # ------------------------------------------------------------------ steps
     @staticmethod

@@ -179,6 +179,9 @@ class Decision:
     """The cold start planned with (ask to all ready), s: learned, else configured."""
     capacity_correction: float | None = None
     """The feedback correction on capacity from observed SLA violations, in [0.4, 1]."""
+    capacity_limit: str | None = None
+    """The SLA target that bounds `capacity_rps_per_replica` ("ITL", "TTFT", or
+    "saturation": the replica cannot keep up first): the one that costs replicas."""
     rollout: bool = False
     """True on the tick a knob change big enough to be worth restarting the running
     replicas is adopted (a rolling restart); smaller changes reach new replicas only."""
@@ -202,6 +205,7 @@ class Decision:
             lines.append(
                 f"  demand={self.demand_rps:.3f} req/s  capacity/replica="
                 + (f"{cap:.3f} req/s" if cap is not None else "n/a")
+                + (f" ({self.capacity_limit}-bound)" if self.capacity_limit else "")
                 + (f"  raw={self.raw_replicas:.2f}" if self.raw_replicas is not None else "")
             )
         if self.plant_speed is not None:

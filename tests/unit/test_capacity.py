@@ -9,6 +9,7 @@ import pytest
 from controller.capacity import (
     SIGMA_MAX,
     binding_limit,
+    capacity_limit,
     capacity_rps,
     erlang_c,
     fleet_capacity_rps,
@@ -66,6 +67,28 @@ def test_binding_limit_names_the_target_just_above_capacity(
         assert above is not None
         assert (above.itl_q_ms > sla.itl_p95_ms) == (limit == "ITL")
         assert (above.ttft_q_ms > sla.ttft_p95_ms) == (limit == "TTFT")
+
+
+def test_capacity_limit_is_the_binding_limit_kept_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a decision reports: binding_limit's answer, computed once per key (a tick
+    that reuses a capacity reuses its limit) and again for another fleet size or SLA."""
+    import controller.capacity as cap
+
+    p = load_profile()
+    calls: list[int] = []
+    real = cap.binding_limit
+    monkeypatch.setattr(
+        cap,
+        "binding_limit",
+        lambda *a: calls.append(a[-1]) or real(*a),  # type: ignore[func-returns-value]
+    )
+    cap._LIMITS.clear()
+    assert capacity_limit(KNOBS, CONV, SLA_STD, p, 1) == "TTFT"
+    assert capacity_limit(KNOBS, CONV, SLA_STD, p, 1) == "TTFT"
+    assert calls == [1]
+    itl_tight = SLA(ttft_p95_ms=500.0, itl_p95_ms=15.0)
+    assert capacity_limit(KNOBS, CONV, itl_tight, p, 1) == "ITL"
+    assert calls == [1, 1]
 
 
 def test_mean_step_matches_the_plant_measurement() -> None:

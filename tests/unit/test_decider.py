@@ -557,6 +557,20 @@ def test_explain_lists_every_stage() -> None:
         assert name in text
 
 
+def test_explain_names_the_target_that_bounds_capacity() -> None:
+    """The decision says which SLA target its capacity is bound by: conversation
+    lengths at the default SLA on 4 replicas' worth of load, the ITL (docs/capacity.md);
+    with a TTFT target of 250 ms, the TTFT; idle, none."""
+    d = Decider(make_model(), make_policy())
+    dec, _ = d.decide(obs(rate=50.0), d.initial_state(4), ORIGIN_S)
+    assert dec.capacity_limit == "ITL" and "req/s (ITL-bound)" in dec.explain()
+    tight = Decider(make_model(ttft_p95_ms=250.0), make_policy())
+    dec, _ = tight.decide(obs(rate=50.0), tight.initial_state(4), ORIGIN_S)
+    assert dec.capacity_limit == "TTFT" and "(TTFT-bound)" in dec.explain()
+    dec, _ = d.decide(obs(rate=0.0, running=0.0), d.initial_state(1), ORIGIN_S)
+    assert dec.capacity_limit is None and "-bound" not in dec.explain()
+
+
 def test_violation_on_demand_known_to_exceed_the_fleet_does_not_correct() -> None:
     """3 replicas of ~17.6 req/s cannot serve 200 req/s: a violation then says nothing
     about the capacity model (the fix is more replicas, not a smaller estimate)."""
