@@ -372,6 +372,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             print(
                 f"  decision: valid={d.valid} replicas={d.replicas} "
                 f"stages={' '.join(d.stage_reasons)}"
+                + (f" capacity={d.capacity_limit}-bound" if d.capacity_limit else "")
             )
             if d.HasField("plant_speed"):
                 corr = d.capacity_correction if d.HasField("capacity_correction") else 1.0

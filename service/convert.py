@@ -108,6 +108,7 @@ def decision_to_pb(d: Decision) -> governor_v1_pb2.DecisionSummary:
         at_s=d.at_s,
         panic=d.panic,
         detail=d.detail,
+        capacity_limit=d.capacity_limit or "",
     )
     for name in (
         "demand_rps",

@@ -443,8 +443,10 @@ def test_cli_target_lifecycle_status_explain_pause(
     code, out, _ = _cli(capsys, "status", "small", *a)
     assert code == 0
     assert "published: replicas=" in out and "p50=120ms" in out and "p90=250ms" in out
+    limit = svc.core.loop.snapshot().models["small"].decision.capacity_limit
+    assert limit and f"capacity={limit}-bound" in out
     code, out, _ = _cli(capsys, "explain", "small", *a)
-    assert code == 0 and "raw" in out and "clamp" in out
+    assert code == 0 and "raw" in out and "clamp" in out and f"({limit}-bound)" in out
     # shadow mode: decisions go on, nothing is published
     code, out, _ = _cli(capsys, "pause", "small", *a)
     assert code == 0 and "paused" in out
@@ -474,6 +476,8 @@ def test_admin_status_explain_and_optimistic_concurrency(svc: Service) -> None:
     assert demo.observation.ttft.p50_ms == 120 and demo.observation.ttft.p95_ms == 300
     assert demo.observation.itl.p99_ms == 35
     assert demo.decision.valid and demo.decision.stage_reasons[0].startswith("raw:")
+    limit = svc.core.loop.snapshot().models["demo"].decision.capacity_limit
+    assert limit and demo.decision.capacity_limit == limit
     svc.tick()
     ex = svc.admin.Explain(pb.ExplainRequest(model="demo"), timeout=5)
     assert len(ex.decisions) == 2
