@@ -21,6 +21,12 @@ printed, not committed); attainment
 is the mean over `SEEDS` runs. The 99 % rate is bisected (`STEPS` halvings of
 [LOW, HIGH] x the model's rate); a rate at the top of that bracket is printed with ">=".
 Plant speed 1.0: this is the model's error, not the plant's drift (controller.plant).
+
+A second table (`Split`, one more run at the plant's 99 % rate) says which target the
+model misreads there: the share of requests over each target and each target's goal
+quantile, the plant's against the model's (`operating_point`). A row whose rate the
+model gets right can rest on a TTFT it reads optimistic and an ITL it reads
+pessimistic (docs/decider-history.md).
 """
 
 from __future__ import annotations
