@@ -29,6 +29,14 @@ from controller.types import Decision
 REASONS_NAME = "governor_stage_reasons"
 REASONS_HELP = "Reason codes returned by each stage"
 REASON_LABELS = ["model", "stage", "reason"]
+LIMIT_NAME = "governor_capacity_limit"
+LIMIT_HELP = (
+    "1 for the SLA target that bounds the last valid decision's per-replica capacity "
+    "(target ITL, TTFT or saturation), 0 for the others"
+)
+LIMIT_TARGETS = ("ITL", "TTFT", "saturation")
+"""controller.capacity.binding_limit's answers: every target has a series, so a change
+of target is a change of value, not a series that appears (a stale one would linger)."""
 
 
 class _ModelSeries:
@@ -36,10 +44,12 @@ class _ModelSeries:
     a model whose decisions were all held has no desired-replicas series, not a 0) and
     its reason counters' cells, by (stage, reason)."""
 
-    __slots__ = ("last", "reasons")
+    __slots__ = ("last", "limit", "reasons")
 
     def __init__(self) -> None:
         self.last: list[float | None] = [None] * len(MODEL_GAUGES)
+        self.limit: str | None = None
+        """The last valid decision's capacity limit (None: none yet, no series)."""
         self.reasons: dict[tuple[str, str], list[float]] = {}
         """(stage, reason) -> [count, created Unix s], the cell `GovernorMetrics` keeps."""
 
@@ -113,7 +123,11 @@ class _PerModelCollector:
         gauges: list[Metric] = [
             GaugeMetricFamily(n, h, labels=["model"]) for _a, n, h in MODEL_GAUGES
         ]
-        return [*gauges, CounterMetricFamily(REASONS_NAME, REASONS_HELP, labels=REASON_LABELS)]
+        return [
+            *gauges,
+            GaugeMetricFamily(LIMIT_NAME, LIMIT_HELP, labels=["model", "target"]),
+            CounterMetricFamily(REASONS_NAME, REASONS_HELP, labels=REASON_LABELS),
+        ]
 
     def collect(self) -> Iterator[Metric]:
         """The per-model families, from a snapshot of the values (one C call each)."""
@@ -125,6 +139,12 @@ class _PerModelCollector:
                 if v is not None:  # never set: no series, not a 0 read as a value
                     family.add_metric([model], float(v))
             yield family
+        limits = GaugeMetricFamily(LIMIT_NAME, LIMIT_HELP, labels=["model", "target"])
+        for model, s in series:
+            if s.limit is not None:
+                for target in LIMIT_TARGETS:
+                    limits.add_metric([model, target], 1.0 if target == s.limit else 0.0)
+        yield limits
         reasons = CounterMetricFamily(REASONS_NAME, REASONS_HELP, labels=REASON_LABELS)
         for (model, stage, reason), (count, created) in list(self.metrics._reasons.items()):
             reasons.add_metric([model, stage, reason], count, created=created)
@@ -209,6 +229,8 @@ class GovernorMetrics:
         for i, v in enumerate(values):
             if v is not None:
                 last[i] = v
+        if d.capacity_limit is not None:
+            series.limit = d.capacity_limit
         last[_PANIC] = 1 if d.panic else 0
 
     def forget(self, model: str) -> None:

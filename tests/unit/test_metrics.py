@@ -106,3 +106,27 @@ def test_exported_as_prometheus_client_children_were() -> None:
     assert "# TYPE governor_desired_replicas gauge" in text
     with pytest.raises(ValueError, match="Duplicated"):
         Gauge("governor_desired_replicas", "again", ["model"], registry=m.registry)
+
+
+def test_capacity_limit_marks_the_bounding_target() -> None:
+    """One series per target: 1 for the last valid decision's limit, 0 for the others;
+    a decision without one (idle) or an invalid one leaves it; no series before any."""
+    m = GovernorMetrics(CollectorRegistry())
+
+    def limits() -> dict[str, float | None]:
+        return {
+            t: m.registry.get_sample_value("governor_capacity_limit", {"model": "m", "target": t})
+            for t in ("ITL", "TTFT", "saturation")
+        }
+
+    m.record(GOOD, 1.0)
+    assert set(limits().values()) == {None}
+    m.record(replace(GOOD, capacity_limit="ITL"), 1.0)
+    assert limits() == {"ITL": 1.0, "TTFT": 0.0, "saturation": 0.0}
+    m.record(replace(GOOD, capacity_limit="TTFT"), 1.0)
+    assert limits() == {"ITL": 0.0, "TTFT": 1.0, "saturation": 0.0}
+    m.record(replace(GOOD, capacity_limit=None, capacity_rps_per_replica=None), 1.0)
+    m.record(replace(GOOD, valid=False, capacity_limit="ITL"), 1.0)
+    assert limits()["TTFT"] == 1.0
+    m.forget("m")
+    assert set(limits().values()) == {None}
