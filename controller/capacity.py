@@ -170,30 +170,37 @@ def capacity_rps(
     from tick to tick, and the model costs ~0.5 ms of CPU per answer.
     """
     key, rounded = _key(knobs, lengths, sla, profile, replicas)
-    hit = _CACHE.get(key)
-    if hit is None or hit[0] is not profile:
-        if len(_CACHE) >= _CACHE_SIZE:
-            _CACHE.clear()
-        answer = _capacity(knobs, Lengths(*rounded), sla, profile, replicas)
-        hit = _CACHE[key] = (profile, answer)
-    return max(hit[1] * target_utilization_frac, CAPACITY_FLOOR_RPS)
+    answer = _cached_capacity(key, knobs, Lengths(*rounded), sla, profile, replicas)
+    return max(answer * target_utilization_frac, CAPACITY_FLOOR_RPS)
 
 
 def capacity_limit(
     knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int = 1
 ) -> str:
-    """`binding_limit` (which target bounds `capacity_rps`: "ITL", "TTFT" or
-    "saturation"), kept per key as `capacity_rps` keeps its answers: what a decision
-    reports about its sizing, so a tick that reuses a capacity reuses its limit."""
+    """`binding_limit` (which target bounds `capacity_rps`: one of LIMITS), kept per key
+    as `capacity_rps` keeps its answers, and read above the capacity it keeps: what a
+    decision reports about its sizing, so a tick that reuses a capacity reuses its limit
+    and a new key costs one operating point more than its capacity."""
     key, rounded = _key(knobs, lengths, sla, profile, replicas)
     hit = _LIMITS.get(key)
     if hit is None or hit[0] is not profile:
         if len(_LIMITS) >= _CACHE_SIZE:
             _LIMITS.clear()
-        hit = _LIMITS[key] = (
-            profile,
-            binding_limit(knobs, Lengths(*rounded), sla, profile, replicas),
-        )
+        read = Lengths(*rounded)
+        lam = _cached_capacity(key, knobs, read, sla, profile, replicas)
+        hit = _LIMITS[key] = (profile, _limit_above(knobs, read, sla, profile, replicas, lam))
+    return hit[1]
+
+
+def _cached_capacity(
+    key: tuple[Any, ...], knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int
+) -> float:
+    """`_capacity` on `lengths` (already rounded), kept under `key` (`_key`)."""
+    hit = _CACHE.get(key)
+    if hit is None or hit[0] is not profile:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.clear()
+        hit = _CACHE[key] = (profile, _capacity(knobs, lengths, sla, profile, replicas))
     return hit[1]
 
 
@@ -314,8 +321,20 @@ def binding_limit(
     the capacity, on the lengths as `capacity_rps` reads them. Example: conversation lengths,
     SLA 500 / 50 ms, 152 / 2,560 knobs, one replica -> "TTFT"."""
     lengths = Lengths(*_rounded(lengths))
-    model = _Model.of(knobs, lengths, sla, profile, replicas)
     lam = _capacity(knobs, lengths, sla, profile, replicas)
+    return _limit_above(knobs, lengths, sla, profile, replicas, lam)
+
+
+LIMITS = ("ITL", "TTFT", "saturation")
+"""What `binding_limit` answers."""
+
+
+def _limit_above(
+    knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile, replicas: int, lam: float
+) -> str:
+    """`binding_limit` given the capacity `lam` (req/s per replica, `_capacity`'s answer
+    on these rounded `lengths`)."""
+    model = _Model.of(knobs, lengths, sla, profile, replicas)
     op = model.at(lam * (1.0 + _LIMIT_STEP) + model.ceiling_rps / 2.0**_BISECTION_STEPS)
     if op is None:
         return "saturation"

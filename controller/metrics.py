@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from controller.capacity import LIMITS
 from controller.types import Decision
 
 REASONS_NAME = "governor_stage_reasons"
@@ -34,9 +35,8 @@ LIMIT_HELP = (
     "1 for the SLA target that bounds the last valid decision's per-replica capacity "
     "(target ITL, TTFT or saturation), 0 for the others"
 )
-LIMIT_TARGETS = ("ITL", "TTFT", "saturation")
-"""controller.capacity.binding_limit's answers: every target has a series, so a change
-of target is a change of value, not a series that appears (a stale one would linger)."""
+# Every target of controller.capacity.LIMITS has a series, so a change of target is a
+# change of value, not a series that appears (a stale one would linger).
 
 
 class _ModelSeries:
@@ -142,7 +142,7 @@ class _PerModelCollector:
         limits = GaugeMetricFamily(LIMIT_NAME, LIMIT_HELP, labels=["model", "target"])
         for model, s in series:
             if s.limit is not None:
-                for target in LIMIT_TARGETS:
+                for target in LIMITS:
                     limits.add_metric([model, target], 1.0 if target == s.limit else 0.0)
         yield limits
         reasons = CounterMetricFamily(REASONS_NAME, REASONS_HELP, labels=REASON_LABELS)

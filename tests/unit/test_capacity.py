@@ -76,11 +76,11 @@ def test_capacity_limit_is_the_binding_limit_kept_per_key(monkeypatch: pytest.Mo
 
     p = load_profile()
     calls: list[int] = []
-    real = cap.binding_limit
+    real = cap._limit_above
     monkeypatch.setattr(
         cap,
-        "binding_limit",
-        lambda *a: calls.append(a[-1]) or real(*a),  # type: ignore[func-returns-value]
+        "_limit_above",
+        lambda *a: calls.append(a[4]) or real(*a),  # type: ignore[func-returns-value]
     )
     cap._LIMITS.clear()
     assert capacity_limit(KNOBS, CONV, SLA_STD, p, 1) == "TTFT"
@@ -89,6 +89,7 @@ def test_capacity_limit_is_the_binding_limit_kept_per_key(monkeypatch: pytest.Mo
     itl_tight = SLA(ttft_p95_ms=500.0, itl_p95_ms=15.0)
     assert capacity_limit(KNOBS, CONV, itl_tight, p, 1) == "ITL"
     assert calls == [1, 1]
+    assert binding_limit(KNOBS, CONV, itl_tight, p, 1) == "ITL"  # the same answer afresh
 
 
 def test_mean_step_matches_the_plant_measurement() -> None:
