@@ -60,11 +60,10 @@ from controller.plant import (
     FIT_MAX_WAITING_PER_REPLICA,
     LOADED_FRAC,
     MAX_WAITING_PER_REPLICA,
+    believed_profile,
     learn_plant,
-    model_speed,
     next_cold_start,
     next_correction,
-    scaled_profile,
     sla_evidence,
     window_parts,
 )
@@ -250,9 +249,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         a relaxed SLA (SLA_INFEASIBLE says that one)."""
         if raw.capacity is None or lengths is None or hard:
             return None
-        profile = scaled_profile(
-            self.profile, model_speed(plant.speed), model_speed(plant.seq_ratio)
-        )
+        profile = believed_profile(self.profile, plant)
         n = max(1, math.ceil(raw.raw - 1e-9))
         return capacity_limit(knobs, lengths, self.model.sla, profile, n)
 
@@ -316,9 +313,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         belief = self._speed(obs, state, memory, knobs, lengths, now_s, dt)
         cold = next_cold_start(self.model.cold_start_s, state, obs, now_s, self._max_gap_s)
         belief = replace(belief, cold_start_s=cold)
-        profile = scaled_profile(
-            self.profile, model_speed(belief.speed), model_speed(belief.seq_ratio)
-        )
+        profile = believed_profile(self.profile, belief)
         relaxed = self._relaxed_sla(knobs, lengths, profile, state.replicas)
         sla = relaxed or self.model.sla
         caps = (

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from controller.batching import clamp_knobs, seed_policy_knobs, slo_knobs
 from controller.config import ModelConfig, ScalingPolicy
-from controller.plant import model_speed, scaled_profile, streaming_violated
+from controller.plant import believed_profile, streaming_violated
 from controller.types import KnobMemory, Knobs, Lengths, ModelState, Reason
 from estimators.smoothing import ewma
 from estimators.stepmodel import Profile
@@ -191,10 +191,7 @@ class KnobSteps:
         else:
             # On the profile x the learned speed: slower engines fit fewer sequences
             # into the ITL target.
-            plant = state.plant
-            profile = scaled_profile(
-                self.profile, model_speed(plant.speed), model_speed(plant.seq_ratio)
-            )
+            profile = believed_profile(self.profile, state.plant)
             candidate = slo_knobs(
                 lengths, self.model.sla, profile, bounds, self.policy.itl_margin_frac
             )

@@ -442,11 +442,17 @@ def model_speed(speed: float) -> float:
     return 1.0 if abs(q - 1.0) < SPEED_QUANTUM - 1e-9 else round(q, 6)
 
 
+def believed_profile(profile: Profile, belief: PlantBelief) -> Profile:
+    """`profile` as the models use it under `belief`: x its learned speed and
+    per-sequence ratio, each as `model_speed` rounds it (`scaled_profile`)."""
+    return scaled_profile(profile, model_speed(belief.speed), model_speed(belief.seq_ratio))
+
+
 def scaled_profile(profile: Profile, speed: float, seq_ratio: float = 1.0) -> Profile:
     """`profile` with every step-time coefficient x `speed` and the per-sequence ones
     x `seq_ratio` more (the same object at 1, 1; the same object for the same profile
     object and factors, kept by identity: hashing a profile walks all its fields, ~4 us,
-    and this runs twice per model per tick)."""
+    and this runs up to three times per model per tick)."""
     if speed == 1.0 and seq_ratio == 1.0:
         return profile
     key = (id(profile), speed, seq_ratio)
