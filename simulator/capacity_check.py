@@ -22,7 +22,7 @@ is the mean over `SEEDS` runs. The 99 % rate is bisected (`STEPS` halvings of
 [LOW, HIGH] x the model's rate); a rate at the top of that bracket is printed with ">=".
 Plant speed 1.0: this is the model's error, not the plant's drift (controller.plant).
 
-A second table (`Split`, one more run at the plant's 99 % rate) says which target the
+A second table (`Split`, from the bisection's runs at the plant's 99 % rate) says which target the
 model misreads there: the share of requests over each target and each target's goal
 quantile, the plant's against the model's (`operating_point`). A row whose rate the
 model gets right can rest on a TTFT it reads optimistic and an ITL it reads
@@ -156,13 +156,18 @@ class _Setup:
 
     def attainment(self, per_replica_rps: float) -> float:
         """Mean attainment over SEEDS of the warm fleet at this per-replica rate."""
-        return float(np.mean([slo_met(r, self.sla).mean() for r in self.runs(per_replica_rps)]))
+        return self.attainment_of(self.runs(per_replica_rps))
 
-    def split(self, per_replica_rps: float) -> Split:
+    def attainment_of(self, recs: list[RequestRecords]) -> float:
+        """Mean attainment over the runs `recs` (`runs`)."""
+        return float(np.mean([slo_met(r, self.sla).mean() for r in recs]))
+
+    def split(self, per_replica_rps: float, recs: list[RequestRecords] | None = None) -> Split:
         """Each target's misses and goal quantile at this per-replica rate, the plant's
-        (over every seed's requests; an unfinished request counts as over both) and the
-        model's (`Split`)."""
-        recs = self.runs(per_replica_rps)
+        (over every seed's requests, `recs` when already run there; an unfinished
+        request counts as over both) and the model's (`Split`)."""
+        if recs is None:
+            recs = self.runs(per_replica_rps)
         ttft = np.concatenate([np.where(r.done, r.ttft_s, np.inf) for r in recs]) * 1000.0
         itl = np.concatenate([np.where(r.done, r.mean_itl_s, np.inf) for r in recs]) * 1000.0
         streams = ~np.isnan(itl)  # a one-token output has no ITL
@@ -202,10 +207,12 @@ def measure(
     s = _setup(tr, replicas, profile, router)
     model = s.model_rps
     lo, hi = LOW * model, HIGH * model
+    at_lo = None  # the runs at `lo`, kept for its split
     for _ in range(STEPS):
         mid = (lo + hi) / 2.0
-        if s.attainment(mid) >= s.sla.attainment_goal_frac:
-            lo = mid
+        recs = s.runs(mid)
+        if s.attainment_of(recs) >= s.sla.attainment_goal_frac:
+            lo, at_lo = mid, recs
         else:
             hi = mid
     sized = model * ScalingPolicy().target_utilization_frac
@@ -219,7 +226,7 @@ def measure(
         sized_rps=sized,
         sized_attainment=s.attainment(sized),
         model_limit=binding_limit(s.knobs, s.lengths, s.sla, s.profile, replicas),
-        split=s.split(lo),
+        split=s.split(lo, at_lo),
     )
 
 
