@@ -12,10 +12,9 @@ Restart safety: state is saved after every tick with monotonic times converted t
 time (service.store.to_wall) and restored at start; the tick's values are served only
 after that save (`DecisionBoard.hold`), so a restart does not serve an older generation
 than engines saw (unless the save failed: served anyway, a store outage must not freeze
-scaling), and the stabilization windows
-continue across a restart and a restart never causes a scale-down burst. Only the
-leader saves, asked again right before each write: a tick that lost the leadership
-while it ran does not write over the new leader's state.
+scaling), and the stabilization windows continue across a restart and a restart never
+causes a scale-down burst. Only the leader saves, asked again right before each write:
+a tick that lost the leadership while it ran does not write over the new leader's state.
 """
 
 from __future__ import annotations
@@ -29,11 +28,7 @@ from typing import Any
 import grpc
 import structlog
 
-from actuators.publisher import (
-    ORIGIN_LEADER,
-    DecisionBoard,
-    LatencyDistribution,
-)
+from actuators.publisher import ORIGIN_LEADER, DecisionBoard, LatencyDistribution
 from controller.actuation import Actuator
 from controller.config import ConfigError, GovernorConfig, ModelConfig
 from controller.loop import Clock, ControlLoop, SystemClock
@@ -120,9 +115,9 @@ class ServiceCore:
         self._loop_logger = logger  # None: the loop's own default logger
         self.board = DecisionBoard(wall=self.clock.wall, logger=logger)
         self._targets_lock = threading.RLock()
-        # A tick runs under one target set: an admin edit waits for the tick in flight
-        # (lock order: tick, then targets), else a tick begun under the old target could
-        # publish its knobs after the edit's (seen on a real engine as 4 -> 32 -> 4).
+        # A tick decides under one target set: an admin edit waits for the decision in
+        # flight (lock order: tick, then targets), else a tick that decided under the old
+        # target could publish after the edit (seen on a real engine as 4 -> 32 -> 4).
         self._tick_lock = threading.RLock()
         self._engines = EngineTracker(self.clock.monotonic)  # for status (engines_seen)
         self.counters = _Counters()
@@ -286,7 +281,11 @@ class ServiceCore:
 
     # ------------------------------------------------------------------ tick
     def tick(self, now_s: float | None = None) -> list[Decision]:
-        """One service tick at `now_s` (monotonic seconds; default the clock's)."""
+        """One service tick at `now_s` (monotonic seconds; default the clock's). The
+        metrics are read before the tick lock is taken (a leader's): an admin edit waits
+        for the decision, not for a slow Prometheus (a CI run's SetTarget once waited
+        past its 10 s deadline); the loop decides under the targets it holds by then."""
+        observed = self.loop.observe(now_s) if self.elector.is_leader() else None
         with self._tick_lock:
             self.seed_targets()
             self.poll_targets()
@@ -309,7 +308,7 @@ class ServiceCore:
             saved = False
             try:
                 with self.board.batch():  # one change for the serving process's feed
-                    decisions = self.loop.tick(now_s)
+                    decisions = self.loop.tick(now_s, observed)
                     self._publish_latency()
                 saved = self._save_state()
             finally:

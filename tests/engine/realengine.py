@@ -434,8 +434,9 @@ def set_knobs(world: EngineWorld, seqs: int, tokens: int = 2048) -> float:
         target.knobs.default_max_num_seqs = seqs
         target.knobs.default_max_num_batched_tokens = tokens
         # Change the target right after a tick has ended, so the measured time is the
-        # engine's, not a wait for the tick in flight (an edit is applied after it: the
-        # 4 -> 32 -> 4 flap once seen here is tests/service/test_tick_target_race.py).
+        # engine's, not a wait for a tick's decision (an edit made while one decides is
+        # applied after it: the 4 -> 32 -> 4 flap once seen here is
+        # tests/service/test_tick_target_race.py).
         last = admin.GetStatus(pb.GetStatusRequest(), timeout=10).last_tick_unix_s
         end = time.monotonic() + 10.0
         while time.monotonic() < end:
@@ -446,7 +447,9 @@ def set_knobs(world: EngineWorld, seqs: int, tokens: int = 2048) -> float:
         watch = pb_grpc.BatchingServiceStub(channel).WatchBatchingConfig(
             pb.GetBatchingConfigRequest(model=MODEL_NAME), timeout=30
         )
-        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=10)
+        # 30 s: what this test measures is the engine; how long an edit waits is
+        # tests/service's (a CI run's edit once waited 10 s behind a slow tick's queries).
+        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=30)
         for msg in watch:
             if msg.max_num_seqs == seqs and msg.max_num_batched_tokens == tokens:
                 published = time.monotonic()

@@ -222,10 +222,17 @@ def test_running_and_waiting_follow_a_lowered_cap_live(engine_world: EngineWorld
     assert engine.proc is not None and engine.proc.poll() is None  # never restarted
     # Timing is measured and recorded (out/engine.json), not held to the 1 s goal here: a
     # loaded test machine must not fail a correct engine. The bound only says "live".
+    ticks_ms = sorted(
+        json.loads(line)["duration_ms"]
+        for line in engine_world.governor.lines
+        if '"event": "tick"' in line
+    )
     _record(
         cap_lowered_effective_s=round(effective_s, 3),
         cap_raised_effective_s=round(raised_s, 3),
         cap_applied_after_arrival_ms=float(applied.group(1)),
+        governor_tick_ms_median=ticks_ms[len(ticks_ms) // 2] if ticks_ms else None,
+        governor_tick_ms_max=ticks_ms[-1] if ticks_ms else None,
     )
     assert effective_s <= LIVE_BOUND_S, f"the lowered cap took {effective_s:.2f} s"
 

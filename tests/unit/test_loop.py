@@ -184,6 +184,31 @@ def test_set_config_keeps_state_of_remaining_models(clock: FakeClock) -> None:
     assert metrics.registry.get_sample_value("governor_desired_replicas", {"model": "b"}) is None
 
 
+def test_a_tick_decides_on_metrics_read_before_it_and_reads_again_when_a_query_changed(
+    clock: FakeClock,
+) -> None:
+    """`observe` then `tick(observed=...)`: the tick reuses the reading when every
+    model's query is the same (a model removed meanwhile is dropped), and reads every
+    model again when a model was added or its SLA changed while it was being read."""
+    src = FakeSource({"a": 100.0, "b": 40.0, "c": 10.0})
+    loop, _ = _loop(src, "a", "b", clock=clock)
+    observed = loop.observe(clock.now)
+    loop.set_config(_config("a"))
+    (d,) = loop.tick(observed=observed)
+    assert src.calls == 1 and d.model == "a" and d.at_s == clock.now
+
+    observed = loop.observe(clock.advance(5))
+    loop.set_config(_config("a", "c"))
+    assert {d.model for d in loop.tick(observed=observed)} == {"a", "c"}
+    assert src.calls == 3 and src.seen[-1] == ["a", "c"]
+
+    observed = loop.observe(clock.advance(5))
+    sla = make_model("a").sla.model_copy(update={"itl_p95_ms": 80.0})
+    loop.set_config(GovernorConfig(models=(make_model("a").model_copy(update={"sla": sla}),)))
+    loop.tick(observed=observed)
+    assert src.calls == 5
+
+
 def test_first_decision_of_each_model_is_logged_in_full(clock: FakeClock) -> None:
     loop, _ = _loop(FakeSource({"a": 40.0, "b": 80.0}), "a", "b", clock=clock)
     loop.log = structlog.get_logger("test")
