@@ -89,7 +89,7 @@ def _rollouts(
         sleep=lambda s: None,
         monotonic=clock,
         wall=wall or Clock(),
-        request_timeout_s=0.3,
+        request_timeout_s=REQUEST_TIMEOUT_S,
         backoff_s=0.01,
     )
 
@@ -412,7 +412,7 @@ def _scaler(api: FakeKubeAPI, prom: FakeProm | None) -> KubernetesScaleActuator:
         lambda: {"demo": (NS, "demo")},
         background=False,
         sleep=lambda s: None,
-        request_timeout_s=0.3,
+        request_timeout_s=REQUEST_TIMEOUT_S,
         logger=quiet_logger(),
         drain=drain,
     )
