@@ -226,7 +226,10 @@ class ControlLoop:
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.source = source
-        self.actuators = list(actuators)
+        self.actuators = tuple(actuators)
+        # isinstance against a runtime-checkable Protocol walks its attributes: once
+        # here, not per model per tick (~8 ms a tick at 1,000 models, benchmarks/bench_tick)
+        self._gates = tuple(a for a in self.actuators if isinstance(a, RolloutGate))
         self.metrics = metrics or GovernorMetrics()
         self.log = logger or structlog.get_logger("governor.loop")
         self._initial_replicas = initial_replicas
@@ -452,7 +455,7 @@ class ControlLoop:
 
     def _rollout_waiting(self, model: str) -> bool:
         """Whether an actuator holds a roll-out asked for `model` (RolloutGate)."""
-        return any(isinstance(a, RolloutGate) and a.rollout_waiting(model) for a in self.actuators)
+        return any(gate.rollout_waiting(model) for gate in self._gates)
 
     def _actuate(self, decisions: list[Decision]) -> None:
         for act in self.actuators:
