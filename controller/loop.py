@@ -59,6 +59,7 @@ from estimators.types import (
     ModelQuery,
     NoDataError,
     Observation,
+    ObservationResult,
     SourceError,
     sees_demand_at_zero,
 )
@@ -141,7 +142,7 @@ class SystemClock:
         return time.time()
 
 
-TickObservation = Observation | NoDataError | SourceError
+TickObservation = ObservationResult | SourceError
 """What a tick has for one model: its observation, why there is none, or the source's
 failure (every model of that tick gets it)."""
 
