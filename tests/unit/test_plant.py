@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controller.config import KnobBounds
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics
 from controller.plant import (
@@ -538,3 +539,106 @@ def test_long_prompts_never_open_the_fit() -> None:
             t = ORIGIN_S + 5.0 * k
             _, s = d.decide(obs(t=t, itl_mean_ms=60.0, **kw), replace(s, replicas=4), t)
         assert (s.plant.seq_off_since_s is not None) is streak, (prompt, s.plant)
+
+
+def _cap_ladder(confirm_s: float = 5.0) -> PlantBelief:
+    """The belief after ci-20261205T0159's ladder shape: engines whose step is 10 ms +
+    0.3 ms a sequence (1.5x the profile's at 1 sequence, 1.95x at 16, 2.3x at its
+    30-slot cap), unqueued windows at 1-16 sequences (12 s a rung, a window every 2 s),
+    then 24 s of queued windows at the cap, each read for the gate (the decider's
+    `_at_limit`: the queue stands beside no free slot)."""
+    from controller.plant import learn_plant
+
+    belief, t = PlantBelief(), 0.0
+    for b in (1.0, 2.0, 4.0, 6.0, 8.0, 12.0, 16.0):
+        for _ in range(6):
+            t += 2.0
+            parts = _seq_parts(b, 10.0, 0.3)
+            belief = learn_plant(belief, parts, 2.0, t, confirm_s, True, None, parts)
+    for _ in range(12):
+        t += 2.0
+        cap = _seq_parts(30.0, 10.0, 0.3)
+        belief = learn_plant(belief, None, 2.0, t, confirm_s, True, cap, cap)
+    return belief
+
+
+def test_windows_at_the_slot_cap_open_the_fit_on_sums_kept_while_it_was_shut() -> None:
+    """ci-20261205T0159: vLLM's CPU build read x1.3-1.9 of the profile unqueued and
+    x2.0-2.6 at its 32-slot cap, where the profile's step is flat. The unqueued windows
+    never open the per-sequence fit (the belief and every one of them under
+    SEQ_FIT_MIN_SPEED); the queued windows at the cap do, once confirmed, and the fit
+    then reads the ratio from sums it kept over the whole ladder: the step believed at
+    the cap is the engines' within 10 % (with sums that start when the gate opens, only
+    windows at the cap, too alike to split: the ratio stayed 1, the step 0.6 of the
+    engines', and the capacity 1.46x the one measured)."""
+    itl, seqs, rest = _seq_parts(30.0, 10.0, 0.3)
+    belief = _cap_ladder()
+    assert belief.speed < SEQ_FIT_MIN_SPEED, belief
+    assert belief.seq_ratio > 2.0, belief
+    assert belief.speed * (rest + belief.seq_ratio * seqs) == pytest.approx(itl, rel=0.10)
+    unconfirmed = _cap_ladder(confirm_s=60.0)  # the cap's windows never confirmed
+    assert unconfirmed.seq_ratio == 1.0, unconfirmed
+    assert unconfirmed.speed * (rest + seqs) < 0.8 * itl
+
+
+def test_the_shut_fit_keeps_the_sums_of_unqueued_windows_only() -> None:
+    """While the gate is shut the fit's sums take the unqueued windows (a gate opened
+    later at the slot cap splits the step over them) but not the queued ones: a
+    start-up backlog on engines 4x slower, summed before the speed was known, taught a
+    ratio of 2-3.4 on a plant of the profile's own shape (conversation 81.17 -> 60.05 %
+    met the SLA). Open, the fit takes queued windows too."""
+    from controller.plant import learn_plant
+
+    window = _seq_parts(8.0, 9.0, 0.2)  # 1.4x the profile: the gate stays shut
+    unqueued = learn_plant(PlantBelief(), window, 5.0, 5.0, 30.0, True)
+    assert unqueued.seq_ratio == 1.0 and unqueued.seq_fit != PlantBelief().seq_fit
+    queued = learn_plant(PlantBelief(), None, 5.0, 5.0, 30.0, True, window)
+    assert queued.seq_fit == PlantBelief().seq_fit
+    far = PlantBelief(speed=3.0)  # believed 3x off the profile: the gate is open
+    assert learn_plant(far, None, 5.0, 5.0, 30.0, True, window).seq_fit != far.seq_fit
+
+
+def test_a_queue_at_the_slot_cap_reads_for_the_gate_and_one_beside_free_slots_does_not() -> None:
+    """The decider reads a queued window for the per-sequence gate only where the
+    engines queue at their limit (at least SATURATED_SLOTS_FRAC of slots, budget or KV
+    spent; `Decider._at_limit`), even on a fleet still waiting for a scale-up, and only
+    within SPEED_JUMP_RATIO of the belief. The engine suite's one engine at its 32-slot
+    cap, 200 waiting, believed x1.3 and reading 2.3x the profile (18.2 ms), starts the
+    gate's streak. The simulated conversation start-up queues beside free slots (34 of
+    144) and its windows read a plant of the profile's own shape 2.1-3.2x: a queue at 10
+    of 32 slots, a tenth of the budget a step, starts none. Nor does a reading past
+    2 x the belief (25 ms, 3.2x): that is a speed to jump to, not a shape, and on
+    engines 4x slower the start-up backlog's windows, counted, opened the fit before
+    the speed was known (conversation 81.17 -> 60.05 % met the SLA)."""
+    knobs = KnobBounds(
+        default_max_num_seqs=32,
+        default_max_num_batched_tokens=2048,
+        max_num_seqs_max=32,
+        max_num_batched_tokens_max=2048,
+    )
+    lengths = {
+        "prompt_tokens_mean": 60.0,
+        "prompt_tokens_p95": 120.0,
+        "output_tokens_mean": 16.0,
+        "output_tokens_p95": 30.0,
+    }
+    cases = ((32.0, 100.0, 18.2, True), (10.0, 200.0, 18.2, False), (32.0, 100.0, 25.0, False))
+    for running, step_tokens, itl_ms, streak in cases:
+        d = Decider(make_model(batching_policy="static", knobs=knobs), make_policy())
+        s = d.initial_state(1, now_s=ORIGIN_S - 1000)
+        s = replace(s, plant=replace(s.plant, speed=1.3))
+        for k in range(6):
+            t = ORIGIN_S + 5.0 * k
+            o = obs(
+                t=t,
+                rate=120.0,
+                arrival_rate_short_rps=120.0,
+                running=running,
+                waiting=200.0,
+                ready_replicas=1,
+                itl_mean_ms=itl_ms,
+                step_tokens_mean=step_tokens,
+                **lengths,
+            )
+            _, s = d.decide(o, replace(s, replicas=3), t)  # a scale-up not yet served
+        assert (s.plant.seq_off_since_s is not None) is streak, (running, itl_ms, s.plant)
