@@ -60,14 +60,12 @@ from controller.plant import (
     FIT_MAX_WAITING_PER_REPLICA,
     LOADED_FRAC,
     MAX_WAITING_PER_REPLICA,
-    SPEED_JUMP_RATIO,
     believed_profile,
     learn_plant,
     next_cold_start,
     next_correction,
     sla_evidence,
     window_parts,
-    window_speed,
 )
 from controller.rules import rules_stage
 from controller.stages import (
@@ -401,38 +399,25 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             standing = window_parts(
                 obs, lengths, self.profile, self.policy.window_s, budget, math.inf, step_priced=True
             )
-        # The per-sequence gate's window (clean_off): one chunk a prompt, unqueued, or
-        # behind a queue at the engines' limit priced at the tokens its steps ran (the
-        # step at the slot cap, which no unqueued window shows), and then within
-        # SPEED_JUMP_RATIO of the belief: past it the engines are slower, not shaped
-        # otherwise, a speed for next_speed to jump to (a start-up backlog on engines 4x
-        # slower opened the fit before the speed was known: 81.17 -> 60.05 % met the
-        # SLA, tests/scenario/test_far_off.py).
-        queued = parts is None and self._at_limit(obs, state, in_force)
-        clean = window_parts(
-            obs,
-            lengths,
-            self.profile,
-            self.policy.window_s,
-            budget,
-            math.inf if queued else MAX_WAITING_PER_REPLICA,
-            max_chunks=1,
-            step_priced=queued,
-        )
-        sample = window_speed(clean, state.plant.seq_ratio) if queued else None
-        if sample is not None and sample > SPEED_JUMP_RATIO * state.plant.speed:
-            clean = None
         fit = window_parts(
             obs, lengths, self.profile, self.policy.window_s, budget, FIT_MAX_WAITING_PER_REPLICA
         )
+        clean = window_parts(obs, lengths, self.profile, self.policy.window_s, budget, max_chunks=1)
         confirm_s = self.policy.window_s / 2.0
         return learn_plant(state.plant, parts, dt, now_s, confirm_s, allowed, fit, clean, standing)
 
     def _standing_queue(
         self, obs: Observation, state: ModelState, now_s: float, knobs: Knobs
     ) -> bool:
-        """Whether the engines ran at their limit (`_at_limit`) for the window, on a
-        fleet whole for a window (DataHealth.full_since_s).
+        """Whether the engines ran at their limit for the window behind a queue: one
+        past MAX_WAITING_PER_REPLICA stood at this reading and the last tick's, on a
+        fleet whole for a window (DataHealth.full_since_s), with `knobs` (the largest in
+        force) at least SATURATED_SLOTS_FRAC spent in sequence slots, token budget
+        (`step_tokens_mean`) or KV cache. An engine queues only what it cannot admit: a
+        queue beside free slots, budget and KV is in transit (the conversation trace's
+        start-up with a 2x cold start held 56 waiting per replica beside 34 of 144
+        slots, 92 of 2,560 tokens a step and 8 % of the KV cache; its ITL read a plant
+        of the profile's speed as 2.1x).
 
         Such a window teaches the speed too (priced at the tokens its steps ran,
         window_parts' `step_priced`). Without it a fleet that never catches up never
@@ -442,27 +427,13 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         hour). Its queued windows read 3.9-4.6x, at 37-40 of 80 slots, 1,370-1,446 of
         2,304 tokens a step and 60 % of the KV cache; with them the speed jumps to 3.87
         in the sixth minute and 84.20 % meet the SLA (tests/scenario/test_far_off.py)."""
-        if not self._at_limit(obs, state, knobs):
-            return False
-        full = self._health_after(obs, state, now_s).full_since_s
-        # The window ends at the sample, and must start on the fleet.
-        return full is not None and now_s - obs.staleness_s - full >= self.policy.window_s
-
-    def _at_limit(self, obs: Observation, state: ModelState, knobs: Knobs) -> bool:
-        """Whether the engines ran at their limit behind a queue: one past
-        MAX_WAITING_PER_REPLICA stood at this reading and the last tick's, with `knobs`
-        (the largest in force) at least SATURATED_SLOTS_FRAC spent in sequence slots,
-        token budget (`step_tokens_mean`) or KV cache. An engine queues only what it
-        cannot admit: a queue beside free slots, budget and KV is in transit (the
-        conversation trace's start-up with a 2x cold start held 56 waiting per replica
-        beside 34 of 144 slots, 92 of 2,560 tokens a step and 8 % of the KV cache; its
-        ITL read a plant of the profile's speed as 2.1x; on the slower plant such
-        windows read 2.1-3.2x for minutes, and taken as the per-sequence gate's they
-        moved four matrix cells, docs/real-engine-runs.md)."""
         n = obs.ready_replicas if obs.ready_replicas is not None else state.replicas
         before = state.forecast.short_waiting
         if obs.waiting is None or before is None or obs.running is None or n <= 0:
             return False
+        full = self._health_after(obs, state, now_s).full_since_s
+        if full is None or now_s - obs.staleness_s - full < self.policy.window_s:
+            return False  # the window ends at the sample, and must start on the fleet
         if min(obs.waiting, before) / n <= MAX_WAITING_PER_REPLICA:
             return False
         spent = (

@@ -230,7 +230,6 @@ def next_seq_ratio(
     clean: tuple[float, float, float] | None = None,
     now_s: float = 0.0,
     confirm_s: float = 0.0,
-    unqueued: bool = True,
 ) -> PlantBelief:
     """`belief` with its per-sequence ratio after this window (`parts` from
     window_parts; None: unchanged).
@@ -249,14 +248,7 @@ def next_seq_ratio(
     the split and leave r where it is. Within [SEQ_RATIO_MIN, SEQ_RATIO_MAX], and only
     on engines at least SEQ_FIT_MIN_SPEED off the profile at this window's batch
     (other hardware): so believed, or so read by this tick's `clean` window
-    (`clean_off`). The sums take the `unqueued` windows while the gate is shut too, and
-    r is read from them once it opens: a gate that opens at the slot cap (a queued
-    window's reading) finds there only windows at the cap, too alike to split
-    (ci-20261205T0159's opened on its last rungs with r still 1.00, 1.46x the capacity
-    measured; with the sums of its unqueued rungs r = 10.8 and 0.86x). Queued windows
-    wait for the gate: a start-up backlog on engines 4x slower, summed before the
-    speed was known, taught a ratio of 2-3.4 on a plant of the profile's own shape
-    (tests/scenario/test_far_off.py: conversation 81.17 -> 60.05 % met the SLA).
+    (`clean_off`).
     """
     belief, seen = clean_off(belief, clean, now_s, confirm_s)
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
@@ -270,16 +262,16 @@ def next_seq_ratio(
     off = belief.speed * (rest + belief.seq_ratio * seqs) / (rest + seqs)
     if seen is not None:
         off = max(off, seen) if seen > 1.0 else min(off, seen)
-    keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)
-    new = (rest * rest, rest * seqs, seqs * seqs, itl * rest, itl * seqs)
-    fit = tuple(keep * old + (1.0 - keep) * v for old, v in zip(belief.seq_fit, new, strict=True))
     if 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED:
         # Engines within 2x of the profile run the hardware it was measured on, shape
         # included: there the fit only learns the step model's own approximations (the
         # simulated plant, whose shape is the profile's, read r from 0.25 to 19 over one
         # conversation hour and cost 1.6x the GPU-hours; its learned speeds stay within
         # 0.7-1.4 in every matrix cell, so the fit never runs there).
-        return replace(belief, seq_fit=fit) if unqueued else belief  # type: ignore[arg-type]
+        return belief
+    keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)
+    new = (rest * rest, rest * seqs, seqs * seqs, itl * rest, itl * seqs)
+    fit = tuple(keep * old + (1.0 - keep) * v for old, v in zip(belief.seq_fit, new, strict=True))
     rr, rs, ss, ir, is_ = fit
     det = rr * ss - rs * rs
     ratio = belief.seq_ratio
@@ -300,31 +292,26 @@ def clean_off(
     """(`belief` with its streak of clean windows off the profile updated, how far off
     the profile `clean` reads the engines if that counts, else None).
 
-    A clean window (window_parts with its mean prompt in one chunk, and no queue past
-    MAX_WAITING_PER_REPLICA or one at the engines' limit priced at the tokens its
-    steps ran (`step_priced`; the decider's `_at_limit`), so its chunk steps are
-    priced at what the engines admit) reads the engines' step against the profile's at
-    its own batch, the shape included: ITL / (rest + seqs). Only a queued window shows
-    the step at the slot cap: vLLM's CPU build on a fast machine read x1.3-1.9 of the
-    profile unqueued and x2.0-2.6 at its 32-slot cap (ci-20261205T0159).
-
-    The learned speed is a half-life average over batches, and on engines whose steps
-    grow faster with the batch than the profile's it stays under SEQ_FIT_MIN_SPEED while
-    the windows at large batches read far past it: vLLM's CPU build on a faster machine
-    read 11-16 ms at 1-8 running sequences (about 2x the profile) and 23-34 ms at 15-29,
-    the speed reached x1.92, the fit never ran, and the capacity at the slot cap was
-    learned 1.63x the one measured (ci-20261204T1025; 1.05x with this reading, 0.83x
-    with queued windows at the cap too). One
-    window is one window's word: it counts once every clean window for `confirm_s`
-    seconds has read at least SEQ_FIT_MIN_SPEED off (`PlantBelief.seq_off_since_s`, as a
-    speed jump is confirmed). A single simulated conversation window read 2.5x, the
-    queue drained within it, and taken alone it set a ratio of 5.8 for the rest of the
-    hour (2.1x the GPU-hours at a 5 s scrape). Long prompts never count: the model
-    prices their chunk steps roughly (attention over a lognormal spread, chunks at the
-    arrival rate), and the simulated long-context windows, unqueued, read 2.4-3.1x for
-    up to 30 s on a plant of the profile's own shape. Example: clean windows reading 3.0
-    at t = 100 and 3.2 at t = 105, confirm_s 5 -> (since 100, 3.2) at t = 105; a window
-    reading 1.5 clears the streak."""
+    A clean window (window_parts with no queue past MAX_WAITING_PER_REPLICA and its
+    mean prompt in one chunk, so its chunk steps are priced at what the engines admit)
+    reads the engines' step against the profile's at its own batch, the shape
+    included: ITL / (rest + seqs). The learned speed is a half-life average over
+    batches, and on engines whose steps grow faster with the batch than the profile's
+    it stays under SEQ_FIT_MIN_SPEED while the windows at large batches read far past
+    it: vLLM's CPU build on a faster machine read 11-16 ms at 1-8 running sequences
+    (about 2x the profile) and 23-34 ms at 15-29, the speed reached x1.92, the fit
+    never ran, and the capacity at the slot cap was learned 1.63x the one measured
+    (ci-20261204T1025; 1.05x with this reading). One window is one window's word: it
+    counts once every clean window for `confirm_s` seconds has read at least
+    SEQ_FIT_MIN_SPEED off (`PlantBelief.seq_off_since_s`, as a speed jump is
+    confirmed). A single simulated conversation window read 2.5x, the queue drained
+    within it, and taken alone it set a ratio of 5.8 for the rest of the hour (2.1x the
+    GPU-hours at a 5 s scrape). Long prompts never count: the model prices their chunk
+    steps roughly (attention over a lognormal spread, chunks at the arrival rate), and
+    the simulated long-context windows, unqueued, read 2.4-3.1x for up to 30 s on a
+    plant of the profile's own shape.
+    Example: clean windows reading 3.0 at t = 100 and 3.2 at t = 105, confirm_s 5 ->
+    (since 100, 3.2) at t = 105; a window reading 1.5 clears the streak."""
     since = belief.seq_off_since_s
     if clean is None:
         return belief, None
@@ -445,7 +432,7 @@ def learn_plant(
     samples = belief.speed_samples + (1 if sample is not None else 0)
     fit = parts if fit_parts is None else fit_parts
     learned = replace(learned, speed_samples=samples)
-    return next_seq_ratio(learned, fit, dt_s, clean_parts, now_s, confirm_s, parts is not None)
+    return next_seq_ratio(learned, fit, dt_s, clean_parts, now_s, confirm_s)
 
 
 def model_speed(speed: float) -> float:
