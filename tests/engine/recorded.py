@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from estimators import promql
-from tests.engine.replay import Replay, replay_span, replay_world
+from tests.engine.replay import Replay, replay_span, replay_world, window_report
 
 RUNS_DIR = Path(__file__).resolve().parent / "data" / "runs"
 """Where the recorded runs live (NAME.json and NAME.om.xz)."""
@@ -266,8 +266,17 @@ def table(names: list[str] | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`python -m tests.engine.recorded record RUN.json [NAME]` records a kept run;
     `python -m tests.engine.recorded replay [NAME ...]` prints the README's table of the
-    recorded runs (all by default) replayed through today's decider."""
+    recorded runs (all by default) replayed through today's decider; `python -m
+    tests.engine.recorded windows NAME [NAME ...]` prints each one's window readings
+    (tests.engine.replay.window_report) and its row."""
     args = sys.argv[1:] if argv is None else argv
+    if len(args) >= 2 and args[0] == "windows":
+        for name in args[1:]:
+            with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
+                result = world(name, Path(tmp) / "world")
+                replayed = replay_world(result, windows=True)
+            print("\n".join([*window_report(replayed), table_row(name, result, replayed)]))
+        return 0
     if len(args) in (2, 3) and args[0] == "record":
         for path in record(Path(args[1]), args[2] if len(args) == 3 else None):
             print(f"{path} ({path.stat().st_size} bytes)")

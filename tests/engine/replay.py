@@ -9,7 +9,11 @@ tick's time, as `governor run` does), and prints, per rung, the live governor's 
 per replica next to the replayed one, then the replayed capacity at the end of the last
 rung within the SLA against the measured capacity, and the ticks from the step to the
 first scale-up. With `--rungs` it also prints where each rung's time went, from the
-engine's own histograms over the rung (`rung_means`). `make test`'s out/engine.json
+engine's own histograms over the rung (`rung_means`); with `--windows`, every tick's
+window readings as the plant learning took them (`WindowReading`: what the speed, the
+per-sequence fit and its gate read, and the belief after), for a change to
+controller/plant.py to be read window by window (`python -m tests.engine.recorded
+windows NAME` does it for a recorded run). `make test`'s out/engine.json
 replays too (its `capacity_at_sla`; the world's folder is pytest's tmp folder, which
 pytest keeps for its last three runs).
 
@@ -42,10 +46,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import structlog
 import yaml
 
+import controller.decider
 from controller.config import GovernorConfig
 from controller.loop import ControlLoop
 from estimators.types import MetricSource
@@ -129,6 +135,57 @@ def prometheus_query(url: str, timeout_s: float = 10.0) -> Query:
     return query
 
 
+Parts = tuple[float, float, float] | None
+"""A window's (observed mean ITL, the profile's per-sequence part, the rest), ms, as
+controller.plant.window_parts gives it; None: no such window."""
+
+
+@dataclass(frozen=True)
+class WindowReading:
+    """One tick's windows as the plant learning took them (controller.plant.learn_plant's
+    arguments): each window's step against the profile's at its own batch, ITL /
+    (rest + per-sequence part), for the speed's window, the per-sequence fit's (queued
+    ones too), its gate's (clean: one chunk a prompt) and a standing queue's (None: no
+    such window this tick); the fit window's parts (ms); the belief after the tick."""
+
+    at_s: float
+    speed_window: float | None
+    fit_window: float | None
+    clean_window: float | None
+    standing_window: float | None
+    fit_parts: Parts
+    speed: float
+    seq_ratio: float
+
+    @staticmethod
+    def off(parts: Parts) -> float | None:
+        """`parts`' step against the profile's (None without parts)."""
+        if parts is None:
+            return None
+        itl, seqs, rest = parts
+        return itl / (rest + seqs) if rest + seqs > 0 else None
+
+    def line(self, start_s: float) -> str:
+        """One printed row: seconds after `start_s`, then each reading."""
+        cells = " ".join(
+            f"{name} {_fmt(v, '5.2f')}"
+            for name, v in (
+                ("speed-window", self.speed_window),
+                ("fit", self.fit_window),
+                ("clean", self.clean_window),
+                ("standing", self.standing_window),
+            )
+        )
+        parts = ""
+        if self.fit_parts is not None:
+            itl, seqs, rest = self.fit_parts
+            parts = f"  itl {itl:6.1f} seqs {seqs:6.2f} rest {rest:6.2f} ms"
+        return (
+            f"  t+{self.at_s - start_s:6.1f}s {cells} -> x{self.speed:.2f} "
+            f"ratio {self.seq_ratio:.2f}{parts}"
+        )
+
+
 @dataclass
 class Replay:
     """What the replay found for one run (module doc)."""
@@ -142,6 +199,8 @@ class Replay:
     """The replayed capacity per replica at the end of the last rung within the SLA."""
     ticks_to_scale_up: int | None = None
     """Replayed ticks after the step up to and including the first above one replica."""
+    windows: list[WindowReading] = field(default_factory=list)
+    """Every tick's window readings (`replay(..., windows=True)`; empty otherwise)."""
 
     @property
     def over_measured(self) -> float | None:
@@ -187,10 +246,48 @@ def replay(
     config: GovernorConfig,
     source: MetricSource | None = None,
     query: Query | None = None,
+    windows: bool = False,
 ) -> Replay:
     """Tick today's loop over the run in `result` (a `capacity` JSON with rung end
     times) against `source` (default: the Prometheus in `config`, as `governor run`
-    reads it); see the module doc. With `query`, each rung's `rung_means` too."""
+    reads it); see the module doc. With `query`, each rung's `rung_means` too; with
+    `windows`, every tick's `WindowReading` (the decider's `learn_plant` wrapped for the
+    replay: the readings are its arguments, the decisions unchanged)."""
+    out = Replay()
+    if not windows:
+        return _replay(result, config, source, query, out)
+    learn = controller.decider.learn_plant
+
+    def logged(belief: Any, parts: Parts, dt: float, now_s: float, *args: Any) -> Any:
+        after = learn(belief, parts, dt, now_s, *args)
+        _confirm, _allowed, fit, clean, standing = args
+        off = WindowReading.off
+        out.windows.append(
+            WindowReading(
+                at_s=now_s,
+                speed_window=off(parts),
+                fit_window=off(fit),
+                clean_window=off(clean),
+                standing_window=off(standing),
+                fit_parts=fit,
+                speed=after.speed,
+                seq_ratio=after.seq_ratio,
+            )
+        )
+        return after
+
+    with mock.patch.object(controller.decider, "learn_plant", logged):
+        return _replay(result, config, source, query, out)
+
+
+def _replay(
+    result: dict[str, Any],
+    config: GovernorConfig,
+    source: MetricSource | None,
+    query: Query | None,
+    out: Replay,
+) -> Replay:
+    """`replay`'s ticks, into `out`."""
     from service.run import prometheus_source
 
     rungs = [_rung(r) for r in result["rungs"]]
@@ -206,7 +303,6 @@ def replay(
     )
     name = config.models[0].name
     start, stop = replay_span(result, tick_s)
-    out = Replay()
     ticks_after_step = 0
     for i in range(math.ceil((stop - start) / tick_s) + 1):
         now = start + i * tick_s
@@ -241,16 +337,16 @@ def replay(
     return out
 
 
-def replay_kept(path: Path) -> Replay:
+def replay_kept(path: Path, windows: bool = False) -> Replay:
     """`replay_world` of the run whose `capacity` JSON (or `make test`'s
     out/engine.json) is `path`."""
     result = json.loads(path.read_text())
-    return replay_world(result.get("capacity_at_sla", result))
+    return replay_world(result.get("capacity_at_sla", result), windows=windows)
 
 
-def replay_world(result: dict[str, Any]) -> Replay:
+def replay_world(result: dict[str, Any], windows: bool = False) -> Replay:
     """`replay` of the run `result` (a `capacity` JSON) on a Prometheus started on a copy
-    of its world's TSDB (`workdir`; the folder is not written)."""
+    of its world's TSDB (`workdir`; the folder is not written); `windows` as `replay`."""
     binary = find_prometheus()
     if binary is None:
         raise SystemExit("no Prometheus server binary (`make prometheus`)")
@@ -260,7 +356,7 @@ def replay_world(result: dict[str, Any]) -> Replay:
         prom.start(attempts=1)  # attempt 0 reads data-0
         try:
             config = replay_config(Path(result["workdir"]), prom.url)
-            return replay(result, config, query=prometheus_query(prom.url))
+            return replay(result, config, query=prometheus_query(prom.url), windows=windows)
         finally:
             prom.stop()
 
@@ -269,17 +365,49 @@ def _fmt(x: float | None, spec: str = "7.1f") -> str:
     return "-".rjust(len(format(0.0, spec))) if x is None else format(x, spec)
 
 
+def window_report(r: Replay) -> list[str]:
+    """`r`'s window readings (the ticks with any window), each rung's end among them:
+    the lines `--windows` prints."""
+    if not r.windows:
+        return []
+    start = r.windows[0].at_s
+    rungs = iter(r.rungs)
+    rung = next(rungs, None)
+    lines: list[str] = []
+    for w in r.windows:
+        while rung is not None and rung.at_s <= w.at_s:
+            lines.append(_rung_line(rung, start))
+            rung = next(rungs, None)
+        readings = (w.speed_window, w.fit_window, w.clean_window, w.standing_window)
+        if any(v is not None for v in readings):
+            lines.append(w.line(start))
+    lines.extend(_rung_line(g, start) for g in ([rung] if rung else []) + list(rungs))
+    return lines
+
+
+def _rung_line(g: ReplayedRung, start_s: float) -> str:
+    return (
+        f"-- t+{g.at_s - start_s:6.1f}s rung {g.rate_rps:.2f} req/s "
+        f"{'within' if g.within_sla else 'past'}: capacity {_fmt(g.capacity_rps).strip()} "
+        f"(live {_fmt(g.live_capacity_rps).strip()})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tests.engine.replay F [F ...] [--rungs] [--json OUT]` (module doc)."""
+    """`python -m tests.engine.replay F [F ...] [--rungs] [--windows] [--json OUT]`
+    (module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="capacity JSON files of kept runs")
     ap.add_argument("--rungs", action="store_true", help="print every rung")
+    ap.add_argument("--windows", action="store_true", help="print every tick's window readings")
     ap.add_argument("--json", type=Path, help="write every replay here")
     args = ap.parse_args(argv)
     done: dict[str, Any] = {}
     for path in args.runs:
-        r = replay_kept(path)
+        r = replay_kept(path, windows=args.windows)
         done[str(path)] = {**asdict(r), "over_measured": r.over_measured}
+        for line in window_report(r):
+            print(line)
         if args.rungs:
             for g in r.rungs:
                 print(

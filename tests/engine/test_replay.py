@@ -13,7 +13,14 @@ import yaml
 from estimators.types import ModelQuery, Observation, ObservationResult
 from tests.engine.capacity import LADDER_POLICY
 from tests.engine.realengine import MODEL_NAME, governor_config
-from tests.engine.replay import FIRST_RUNG_S, LEAD_S, replay, replay_config, rung_means
+from tests.engine.replay import (
+    FIRST_RUNG_S,
+    LEAD_S,
+    replay,
+    replay_config,
+    rung_means,
+    window_report,
+)
 
 LADDER_END_S = 1_000.0
 STEP_AT_S = 1_100.0
@@ -97,6 +104,50 @@ def test_a_replay_reads_each_rung_at_its_end_and_counts_the_step_ticks(tmp_path:
     assert out.over_measured == out.capacity_rps / 2.7
     # 150 req/s on one replica with a queue: a scale-up within the step's first ticks
     assert out.ticks_to_scale_up is not None and 1 <= out.ticks_to_scale_up <= 3
+
+
+def test_windows_log_every_tick_and_change_no_decision(tmp_path: Path) -> None:
+    """`replay(..., windows=True)` keeps each tick's window readings as the plant learning
+    took them, the belief after each matching the rungs', and decides exactly as
+    without them; the report puts each rung's end among the readings."""
+    (tmp_path / "governor.yaml").write_text(yaml.safe_dump(governor_config("http://kept:9090")))
+    config = replay_config(tmp_path, "http://replayed:9090")
+    result = {
+        "rungs": [_rung(3.0, LADDER_END_S), _rung(3.6, LADDER_END_S + 12.0, ttft=0.5)],
+        "step_started_unix_s": STEP_AT_S,
+    }
+    plain = replay(result, config, PlayedRun())
+    source = PlayedRun()
+    logged = replay(result, config, source, windows=True)
+
+    assert plain.windows == []
+    assert [w.at_s for w in logged.windows] == source.ticks
+    assert [(g.capacity_rps, g.speed) for g in logged.rungs] == [
+        (g.capacity_rps, g.speed) for g in plain.rungs
+    ]
+    assert logged.ticks_to_scale_up == plain.ticks_to_scale_up
+    # the ladder's windows (3 running, 20 ms) read the engine slower than the profile,
+    # and what the speed learned is what each rung's end saw
+    read = [w for w in logged.windows if w.speed_window is not None]
+    assert read and all(w.speed_window == w.fit_window and w.speed_window > 1.0 for w in read)
+    assert read[0].fit_parts is not None and read[0].fit_parts[0] == 20.0
+    # each reading's belief is the one after its own tick: the jump to the slower speed
+    # shows on the tick that confirms it, half a window after the reading that set it
+    # pending (the second: the first tick has no time behind it, dt 0)
+    jumped = next(w for w in logged.windows if w.speed > 1.0)
+    assert jumped.speed == pytest.approx(jumped.speed_window)
+    assert jumped.at_s - read[1].at_s == config.policy.window_s / 2.0
+    at_end = {w.at_s: w for w in logged.windows}
+    for g in logged.rungs:
+        assert at_end[g.at_s].speed == g.speed and at_end[g.at_s].seq_ratio == g.seq_ratio
+    lines = window_report(logged)
+    assert sum(line.startswith("-- ") for line in lines) == len(logged.rungs)
+    assert len(lines) == len(logged.rungs) + sum(
+        any(
+            v is not None for v in (w.speed_window, w.fit_window, w.clean_window, w.standing_window)
+        )
+        for w in logged.windows
+    )
 
 
 def test_rung_means_split_the_time_and_never_read_an_empty_window_as_zero() -> None:
