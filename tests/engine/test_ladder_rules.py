@@ -59,3 +59,24 @@ def test_the_capacity_measured_is_the_most_served_within_the_sla() -> None:
     ]
     assert served_within_sla(ladder) == 63.6
     assert served_within_sla(ladder[3:]) is None
+
+
+def test_a_rung_past_the_sla_that_its_confirmation_passes_does_not_end_the_ladder() -> None:
+    """ci-20261205T0526's ladder ended at 115 req/s asked on 92.8 % of first tokens
+    within the SLA (a 4 s transient; the engine finished 116.4 a second of 102.5 sent).
+    Judged again over that stretch and one more rung (`confirm`), a transient passes
+    and the ladder goes on; an engine past its capacity fails the confirmation too, and
+    the ladder ends at the rung before, as it did before confirmations."""
+    before = Rung(95.8, 1.0, 1.0, finished=844, done_rps=93.9, sent_rps=92.8)
+    past = Rung(115.0, 0.928, 1.0, finished=1040, done_rps=116.4, sent_rps=102.5)
+    passed = Rung(115.0, 0.962, 1.0, 2000, 110.2, 108.0, judged_s=21.0, confirms=True)
+    failed = Rung(115.0, 0.90, 1.0, 2000, 110.2, 108.0, judged_s=21.0, confirms=True)
+    higher = Rung(138.0, 1.0, 1.0, finished=1200, done_rps=128.0, sent_rps=130.0)
+    assert not past.within_sla and passed.within_sla
+    assert served_within_sla([before, past, passed, higher]) == 128.0
+    assert served_within_sla([before, past, passed]) == 108.0
+    assert served_within_sla([before, past, failed, higher]) == 92.8
+    assert served_within_sla([before, past]) == 92.8  # runs recorded before confirmations
+    # a confirmation stands only for the rung it follows: a later rung past the SLA
+    # with no confirmation still ends the ladder
+    assert served_within_sla([before, past, passed, Rung(138.0, 0.5, 1.0, 9, 9.0, 9.0)]) == 108.0
