@@ -23,9 +23,9 @@ Pieces used by the real-engine test (tests/engine/test_real_engine.py) and by
 - `DecisionWatch`: a thread polling the governor's status every 0.1 s, keeping each new
   decision (time, replicas, capacity per replica, learned speed and per-sequence ratio).
 - `measure(...)`: the ladder (rates x RUNG_STEP from `start_rps` to the first rung over
-  the SLA, confirmed), the highest rate served within the SLA and the governor's capacity at the
-  end of the last rung within it, then from
-  idle a step to a violating load and the ticks until the first scale-up request.
+  the SLA, confirmed), the highest rate served within the SLA and the governor's
+  capacity at the end of the last rung within it, then from idle a step to a violating
+  load and the ticks until the first scale-up request.
 
 Times are seconds (the monotonic clock, shared with the governor's decision times on
 one machine), rates req/s.
