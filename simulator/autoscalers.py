@@ -97,6 +97,11 @@ class Autoscaler(Protocol):
         (None: it learns none, or nothing yet); the plant's true one is `Plant.speed`."""
         ...
 
+    def decision(self) -> Decision | None:
+        """The policy's latest decision with its stage trace (None: it makes none, or
+        none yet; only the governor does)."""
+        ...
+
 
 @dataclass
 class _HpaCore:
@@ -171,6 +176,9 @@ class _Base:
         return None
 
     def learned_speed(self) -> float | None:
+        return None
+
+    def decision(self) -> Decision | None:
         return None
 
 
@@ -466,6 +474,9 @@ class Governor(_Base):
         # The decider's learned speed (controller.plant), as its latest decision reports it.
         d = self.capture.latest
         return None if d is None else d.plant_speed
+
+    def decision(self) -> Decision | None:
+        return self.capture.latest
 
 
 class _NullLogger:

@@ -11,15 +11,16 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from controller.config import SLA
-from simulator.autoscalers import POLICY_NAMES
+from simulator.autoscalers import POLICY_NAMES, Autoscaler, Governor
 from simulator.calibrate import add_calibrate
 from simulator.cli_args import add_plant_args, non_negative, plant_from_args, positive
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
-from simulator.report import document, plot, table
+from simulator.report import decision_record, document, plot, table
 from simulator.scenario import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MIN_REPLICAS,
@@ -149,6 +150,13 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-oracle", action="store_true", help="skip the oracle (faster)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results JSON here")
     p.add_argument("--plot", dest="plot_out", default=None, help="write the PNG plot here")
+    p.add_argument(
+        "--decisions",
+        dest="decisions_out",
+        default=None,
+        help="write the governor's decision at each tick here, one JSON object a line "
+        "(replicas, knobs, the numbers behind them, each stage's reason, the explain text)",
+    )
     _add_matrix_args(p)
     p.add_argument(
         "--progress",
@@ -292,6 +300,7 @@ SINGLE_RUN_FLAGS = (
     "hpa_sync_s",
     "no_oracle",
     "plot_out",
+    "decisions_out",
 )
 """`simulate` flags (argparse dests) of one run that the matrix sets itself, per cell."""
 MATRIX_FLAGS = ("matrix_traces", "workers", "matrix_base", "matrix_plots")
@@ -346,9 +355,17 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
     lo, hi, start = args.min_replicas, args.max_replicas, args.start_replicas
     problems += [
         x
-        for x in (output_problem("--json", args.json_out), output_problem("--plot", args.plot_out))
+        for x in (
+            output_problem("--json", args.json_out),
+            output_problem("--plot", args.plot_out),
+            output_problem("--decisions", args.decisions_out),
+        )
         if x
     ]
+    if args.decisions_out and Governor.name not in args.policies:
+        problems.append(
+            f"--decisions: the governor is not among --policies {','.join(args.policies)}"
+        )
     if lo > hi:
         problems.append(f"--min-replicas {lo} is above --max-replicas {hi}")
     if bad := start_replicas_problem(start, lo, hi, ("--min-replicas", "--max-replicas")):
@@ -413,16 +430,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if sc.static_replicas is None and orc is not None:
         sc = Scenario(**{**sc.__dict__, "static_replicas": max(1, max(orc.replicas, default=1))})
     results: dict[str, PolicyResult] = {}
+    decisions: list[str] = []
     for name in args.policies:
-        results[name] = run_policy(name, sc, progress=Progress(name, show))
+        on_tick = (
+            _decision_lines(decisions) if args.decisions_out and name == Governor.name else None
+        )
+        results[name] = run_policy(name, sc, progress=Progress(name, show), on_tick=on_tick)
     doc = document(sc, results, orc)
     print(table(doc))
     if args.json_out:
         write_output(args.json_out, json.dumps(doc, indent=2) + "\n")
         print(f"json: {args.json_out}")
+    if args.decisions_out:
+        write_output(args.decisions_out, "".join(line + "\n" for line in decisions))
+        print(f"decisions: {args.decisions_out} ({len(decisions)} ticks)")
     if args.plot_out:
         print(f"plot: {plot(sc, results, orc, args.plot_out)}")
     return 0
+
+
+def _decision_lines(into: list[str]) -> Callable[[float, Autoscaler], None]:
+    """An `on_tick` for `run_policy` that appends each new decision of the policy to
+    `into` as a JSON line (`decision_record`); a tick that decides nothing (no data)
+    adds none."""
+
+    def on_tick(t_s: float, policy: Autoscaler) -> None:
+        d = policy.decision()
+        if d is not None and d.at_s == t_s:
+            into.append(json.dumps(decision_record(d)))
+
+    return on_tick
 
 
 def add_demo(sub: argparse._SubParsersAction) -> None:

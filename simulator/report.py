@@ -14,8 +14,44 @@ from typing import Any
 
 import numpy as np
 
+from controller.types import Decision
 from simulator.oracle import OracleResult
 from simulator.scenario import PolicyResult, Scenario
+
+DECISION_NUMBERS = (
+    "raw_replicas",
+    "demand_rps",
+    "capacity_rps_per_replica",
+    "plant_speed",
+    "plant_seq_ratio",
+    "plant_cold_start_s",
+    "capacity_correction",
+)
+"""A decision's optional numbers that `decision_record` writes (None when absent)."""
+
+
+def decision_record(d: Decision) -> dict[str, Any]:
+    """One governor decision as `governor simulate --decisions` writes it (a JSON line):
+    simulated seconds, the replicas and knobs decided, the numbers behind them (req/s,
+    factors on the profile, seconds), each stage's replicas in and out with its reason,
+    and the `explain` text the service's admin API gives for the same decision."""
+    return {
+        "at_s": d.at_s,
+        "valid": d.valid,
+        "replicas": d.replicas,
+        "max_num_seqs": d.knobs.max_num_seqs,
+        "max_num_batched_tokens": d.knobs.max_num_batched_tokens,
+        "knob_reason": d.knob_reason.value,
+        **{name: getattr(d, name) for name in DECISION_NUMBERS},
+        "capacity_limit": d.capacity_limit,
+        "panic": d.panic,
+        "rollout": d.rollout,
+        "stages": [
+            {"name": s.name, "before": s.before, "after": s.after, "reason": s.reason.value}
+            for s in d.stages
+        ],
+        "explain": d.explain(),
+    }
 
 
 def document(

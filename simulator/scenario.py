@@ -339,9 +339,11 @@ def run_policy(
     progress: Callable[[float], None] | None = None,
     on_sync: Callable[[float, Fleet, Autoscaler], None] | None = None,
     settle_max_s: float = 0.0,
+    on_tick: Callable[[float, Autoscaler], None] | None = None,
 ) -> PolicyResult:
     """Simulate `name` over the scenario and score it. `progress(fraction)` is called
-    about once a simulated minute; `on_sync(t_s, fleet, policy)` after every HPA sync.
+    about once a simulated minute; `on_sync(t_s, fleet, policy)` after every HPA sync;
+    `on_tick(t_s, policy)` after every evaluation of the policy (the governor's ticks).
 
     Scores (attainment, GPU-hours, actions, flaps) cover [0, `sc.end_s`]. With
     `settle_max_s` > 0 the run goes on after that until the fleet has settled (see
@@ -379,6 +381,8 @@ def run_policy(
         fleet.advance_to(t)
         if kind == 0:
             _apply_policy(run, policy, fleet, t)
+            if on_tick is not None:
+                on_tick(t, policy)
             heapq.heappush(events, (t + policy.interval_s, 0))
         else:
             _hpa_sync(run, policy, fleet, t)

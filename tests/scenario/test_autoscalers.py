@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -269,6 +270,34 @@ def test_simulate_cli_writes_json_and_plot(
     assert gov["oracle_ratio_trace"] < gov["oracle_ratio"]
     row = next(line for line in printed.splitlines() if line.startswith("governor "))
     assert "trace x oracle" in printed and f"{gov['oracle_ratio_trace']:.2f}" in row.split()
+
+
+def test_simulate_cli_writes_each_governor_decision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--decisions F`: one JSON line per governor tick that decided (simulated seconds,
+    a tick interval apart from the first data on), each with its stage trace and the
+    explain text; the replicas decided are the last stage's output. Without the
+    governor among the policies, or with a matrix, the flag is refused before any run."""
+    out = tmp_path / "decisions.jsonl"
+    argv = ["simulate", "--trace", "synthetic:poisson:rate=8,duration=120", "--no-oracle"]
+    rc = main([*argv, "--policies", "governor,static", "--decisions", str(out), "--no-progress"])
+    assert rc == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) >= 20
+    times = [r["at_s"] for r in records]
+    assert times[0] > 0 and all(b - a == 5.0 for a, b in itertools.pairwise(times))
+    for r in records:
+        assert r["valid"] and r["replicas"] == r["stages"][-1]["after"] >= 1
+        assert r["stages"][0]["name"] == "raw" and r["stages"][0]["reason"]
+        assert f"replicas={r['replicas']}" in r["explain"]
+        assert r["max_num_seqs"] >= 1 and r["plant_speed"] is not None
+    assert any(r["demand_rps"] and r["capacity_rps_per_replica"] for r in records)
+    assert f"decisions: {out} ({len(records)} ticks)" in capsys.readouterr().out
+    assert main([*argv, "--policies", "static", "--decisions", str(out)]) == 2
+    assert "--decisions: the governor is not among --policies static" in capsys.readouterr().err
+    assert main(["simulate", "--matrix-quick", "--decisions", str(out)]) == 2
+    assert "--decisions: not read with --matrix" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
