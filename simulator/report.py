@@ -8,6 +8,7 @@ quantity the per-request SLO is judged on).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ def decision_record(d: Decision) -> dict[str, Any]:
         "max_num_seqs": d.knobs.max_num_seqs,
         "max_num_batched_tokens": d.knobs.max_num_batched_tokens,
         "knob_reason": d.knob_reason.value,
-        **{name: getattr(d, name) for name in DECISION_NUMBERS},
+        **{name: _finite(getattr(d, name)) for name in DECISION_NUMBERS},
         "capacity_limit": d.capacity_limit,
         "panic": d.panic,
         "rollout": d.rollout,
@@ -52,6 +53,11 @@ def decision_record(d: Decision) -> dict[str, Any]:
         ],
         "explain": d.explain(),
     }
+
+
+def _finite(x: float | None) -> float | None:
+    """`x`, or None where JSON has no number for it (NaN, infinite)."""
+    return x if x is not None and math.isfinite(x) else None
 
 
 def document(

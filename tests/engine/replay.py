@@ -54,6 +54,7 @@ import yaml
 import controller.decider
 from controller.config import GovernorConfig
 from controller.loop import ControlLoop
+from controller.plant import window_speed
 from estimators.types import MetricSource
 from tests.engine.capacity import LADDER_POLICY, Rung, served_within_sla
 from tests.integration.promserver import PrometheusServer, find_prometheus
@@ -157,14 +158,6 @@ class WindowReading:
     speed: float
     seq_ratio: float
 
-    @staticmethod
-    def off(parts: Parts) -> float | None:
-        """`parts`' step against the profile's (None without parts)."""
-        if parts is None:
-            return None
-        itl, seqs, rest = parts
-        return itl / (rest + seqs) if rest + seqs > 0 else None
-
     def line(self, start_s: float) -> str:
         """One printed row: seconds after `start_s`, then each reading."""
         cells = " ".join(
@@ -261,7 +254,10 @@ def replay(
     def logged(belief: Any, parts: Parts, dt: float, now_s: float, *args: Any) -> Any:
         after = learn(belief, parts, dt, now_s, *args)
         _confirm, _allowed, fit, clean, standing = args
-        off = WindowReading.off
+
+        def off(p: Parts) -> float | None:  # the step over the profile's, shape included
+            return window_speed(p, 1.0)
+
         out.windows.append(
             WindowReading(
                 at_s=now_s,

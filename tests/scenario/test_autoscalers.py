@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -298,6 +299,29 @@ def test_simulate_cli_writes_each_governor_decision(
     assert "--decisions: the governor is not among --policies static" in capsys.readouterr().err
     assert main(["simulate", "--matrix-quick", "--decisions", str(out)]) == 2
     assert "--decisions: not read with --matrix" in capsys.readouterr().err
+
+
+def test_a_decision_record_is_json_whatever_its_numbers() -> None:
+    """A number with no JSON form (an infinite raw count, a NaN) is written as null,
+    so every line of `--decisions` parses as strict JSON."""
+    from controller.types import Decision, Knobs, Reason
+    from simulator.report import decision_record
+
+    d = Decision(
+        model="m",
+        at_s=5.0,
+        valid=True,
+        replicas=2,
+        knobs=Knobs(8, 512),
+        stages=(),
+        knob_reason=Reason.KNOBS_UNCHANGED,
+        raw_replicas=math.inf,
+        demand_rps=math.nan,
+        capacity_rps_per_replica=3.5,
+    )
+    record = json.loads(json.dumps(decision_record(d), allow_nan=False))
+    assert record["raw_replicas"] is None and record["demand_rps"] is None
+    assert record["capacity_rps_per_replica"] == 3.5 and record["replicas"] == 2
 
 
 @pytest.mark.parametrize(
