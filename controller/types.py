@@ -243,6 +243,19 @@ class Decision:
         return "\n".join(lines)
 
 
+DECISION_NUMBERS = (
+    "demand_rps",
+    "capacity_rps_per_replica",
+    "raw_replicas",
+    "plant_speed",
+    "capacity_correction",
+    "plant_seq_ratio",
+    "plant_cold_start_s",
+)
+"""The `Decision` fields that are optional numbers (None: not computed), as the admin
+API (service.convert) and `governor simulate --decisions` (simulator.report) export them."""
+
+
 @dataclass(frozen=True, slots=True)
 class Hysteresis:
     """Memory of the post-processing stages (controller.stages).

@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from actuators.engines import quantiles_to_pb
 from actuators.publisher import latency_quantiles
 from controller.config import ModelConfig
-from controller.types import Decision
+from controller.types import DECISION_NUMBERS, Decision
 from estimators.types import NoDataError, Observation, SourceError
 from governor_api import governor_v1_pb2
 
@@ -110,15 +110,7 @@ def decision_to_pb(d: Decision) -> governor_v1_pb2.DecisionSummary:
         detail=d.detail,
         capacity_limit=d.capacity_limit or "",
     )
-    for name in (
-        "demand_rps",
-        "capacity_rps_per_replica",
-        "raw_replicas",
-        "plant_speed",
-        "capacity_correction",
-        "plant_seq_ratio",
-        "plant_cold_start_s",
-    ):
+    for name in DECISION_NUMBERS:
         v = getattr(d, name)
         if v is not None and math.isfinite(v):
             setattr(out, name, float(v))

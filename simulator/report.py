@@ -8,27 +8,16 @@ quantity the per-request SLO is judged on).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from controller.types import Decision
+from controller.types import DECISION_NUMBERS, Decision
+from estimators.types import finite_or_none
 from simulator.oracle import OracleResult
 from simulator.scenario import PolicyResult, Scenario
-
-DECISION_NUMBERS = (
-    "raw_replicas",
-    "demand_rps",
-    "capacity_rps_per_replica",
-    "plant_speed",
-    "plant_seq_ratio",
-    "plant_cold_start_s",
-    "capacity_correction",
-)
-"""A decision's optional numbers that `decision_record` writes (None when absent)."""
 
 
 def decision_record(d: Decision) -> dict[str, Any]:
@@ -43,7 +32,7 @@ def decision_record(d: Decision) -> dict[str, Any]:
         "max_num_seqs": d.knobs.max_num_seqs,
         "max_num_batched_tokens": d.knobs.max_num_batched_tokens,
         "knob_reason": d.knob_reason.value,
-        **{name: _finite(getattr(d, name)) for name in DECISION_NUMBERS},
+        **{name: finite_or_none(getattr(d, name)) for name in DECISION_NUMBERS},
         "capacity_limit": d.capacity_limit,
         "panic": d.panic,
         "rollout": d.rollout,
@@ -53,11 +42,6 @@ def decision_record(d: Decision) -> dict[str, Any]:
         ],
         "explain": d.explain(),
     }
-
-
-def _finite(x: float | None) -> float | None:
-    """`x`, or None where JSON has no number for it (NaN, infinite)."""
-    return x if x is not None and math.isfinite(x) else None
 
 
 def document(
