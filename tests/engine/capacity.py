@@ -54,6 +54,7 @@ import requests
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from tests.engine.realengine import (
+    ADMIN_DEADLINE_S,
     MODEL_NAME,
     SLA_GOAL_FRAC,
     EngineWorld,
@@ -457,18 +458,20 @@ class CapacityResult:
 def model_policy(world: EngineWorld, **overrides: float) -> Iterator[None]:
     """Per-model policy overrides set through the governor's admin API for the block,
     the previous ones restored after."""
-    with grpc.insecure_channel(world.governor_address) as channel:
+    with world.governor_channel() as channel:
         admin = pb_grpc.AdminServiceStub(channel)
         target = pb.ModelTarget()
-        target.CopyFrom(admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=10).target)
+        target.CopyFrom(
+            admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=ADMIN_DEADLINE_S).target
+        )
         before = pb.ModelTarget()
         before.CopyFrom(target)
         target.policy.update(overrides)
-        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=10)
+        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=ADMIN_DEADLINE_S)
         try:
             yield
         finally:
-            admin.SetTarget(pb.SetTargetRequest(target=before), timeout=10)
+            admin.SetTarget(pb.SetTargetRequest(target=before), timeout=ADMIN_DEADLINE_S)
 
 
 def profile_capacity_rps(knobs: tuple[int, int] = (32, 2048)) -> float:
