@@ -307,7 +307,7 @@ def test_the_governor_learns_how_much_slower_the_engine_is_than_its_profile(
     within it; then, from idle at one replica, a step to 2x that capacity and the ticks
     to the first scale-up request. All numbers go to out/engine.json (README "Real
     engine"). Runs after the load-step test (its fleet may stay decided above one
-    replica) and leaves the knobs at LOW_CAP for the governor-stopped test.
+    replica); leaves the knobs at LOW_CAP.
 
     Asserted: no failed request, and the governor learned that this engine is slower
     than its profile, so its capacity belief fell below the profile's (fails with
@@ -342,7 +342,12 @@ def test_the_governor_learns_how_much_slower_the_engine_is_than_its_profile(
 def test_engine_keeps_serving_at_the_last_values_when_the_governor_stops(
     engine_world: EngineWorld,
 ) -> None:
+    """The governor's last values (a cap of LOW_CAP, set here, so the test does not rest
+    on what an earlier one left) hold after it is killed: requests keep being served,
+    RUNNING stays within the cap, and the scheduler plugin reports the lost governor.
+    Kills the world's governor, so it runs last."""
     engine = engine_world.engine
+    set_knobs(engine_world, LOW_CAP)
     engine_world.governor.kill()
     with ClosedLoopLoad(engine.url, 12, prompt_len=16, max_tokens=32) as load:
         _poll(lambda: len(load.ok) >= 24, 120, "requests served without the governor", 0.2)
