@@ -47,6 +47,7 @@ from service.server import (
     MAX_WATCH_STREAMS,
     SERVING_MODES,
     SHUTDOWN_GRACE_S,
+    TICK_NICE,
     GovernorServer,
     parse_listen,
     serve,
@@ -180,6 +181,17 @@ def _add_server_arguments(p: argparse.ArgumentParser) -> None:
         "if it dies); inline: serve them from the ticking process (debugging)",
     )
     p.add_argument(
+        "--tick-nice",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"the tick thread's nice above the rest of the process, 0-19 (default "
+        f"{TICK_NICE} with the serving process, 0 inline): on a busy node the serving "
+        "process gets the CPU first, but admin calls, the Lease renewals and /metrics "
+        "share the ticking interpreter and wait on a tick descheduled while it holds "
+        "the interpreter lock",
+    )
+    p.add_argument(
         "--max-concurrent-rpcs",
         type=int,
         default=MAX_CONCURRENT_RPCS,
@@ -310,6 +322,12 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     if not math.isfinite(args.shutdown_grace_s) or args.shutdown_grace_s <= 0:
         raise _RunError(f"--shutdown-grace-s must be > 0 (got {args.shutdown_grace_s})", 2)
+    if args.tick_nice is not None and not 0 <= args.tick_nice <= 19:
+        raise _RunError(
+            f"--tick-nice must be within [0, 19] (got {args.tick_nice}): an increment of "
+            "the tick thread's nice; raising a thread's priority needs privileges",
+            2,
+        )
     # gRPC's limiter takes a C int: past it the server failed to build after the store
     # was opened, exit 1 with a traceback (or "did not start" in process mode).
     for flag, value in (
@@ -593,6 +611,7 @@ def _run(args: argparse.Namespace) -> int:
             admin_listen=args.admin_listen,
             serving=args.serving,
             log_level=args.log_level,
+            tick_nice=args.tick_nice,
         )
         return serve(server, args.shutdown_grace_s)
     except OSError as exc:

@@ -5,6 +5,7 @@ period), SIGKILL + restart (targets and hysteresis intact, no scale-down), and t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -234,6 +235,8 @@ def test_governor_run_bad_arguments_exit_2(
         (["run", "--simulated-fleet", str(tmp_path / "none.csv")], "not found"),
         (["run", "--simulated-fleet", "synthetic:"], "NAME"),
         (["run", "--config", str(cfg), "--shutdown-grace-s", "0"], "grace"),
+        (["run", "--config", str(cfg), "--tick-nice", "-1"], "--tick-nice must be within"),
+        (["run", "--config", str(cfg), "--tick-nice", "20"], "--tick-nice must be within"),
         (["run", "--config", str(cfg), "--identity", ""], "--identity must not be empty"),
         (["run", "--config", str(cfg), "--identity", "  "], "--identity must not be empty"),
         (
@@ -467,3 +470,40 @@ def test_a_start_that_cannot_bind_leaves_the_store_unseeded(tmp_path: Path) -> N
     assert done.returncode == 1, done.stderr
     assert f"cannot listen on {busy}" in done.stderr
     assert FileStore(state).load_targets() is None
+
+
+def _thread_nices(pid: int) -> list[int]:
+    """The nice of every thread of process `pid` (field 19 of /proc/PID/task/TID/stat)."""
+    nices = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            nices.append(int(stat.read_text().rsplit(")", 1)[1].split()[16]))
+    return nices
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flags", "nice"), [((), 10), (("--tick-nice", "3"), 3)])
+def test_governor_run_nices_only_its_tick_thread_by_tick_nice(
+    tmp_path: Path, flags: tuple[str, ...], nice: int
+) -> None:
+    """`governor run` (serving process): the tick thread runs `--tick-nice` (default
+    TICK_NICE, 10) above the process's nice, every other thread of the ticking process
+    at the process's own: the listeners there (admin calls, /metrics) and the Lease
+    elector keep their priority."""
+    cfg = _write_config(tmp_path / "config.yaml")
+    svc = ServiceProcess(
+        ["-m", "service.cli", "run", "--config", str(cfg), "--store", "memory",
+         "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", *flags],
+        cwd=str(ROOT),
+    )  # fmt: skip
+    try:
+        svc.ports()
+        base = os.getpriority(os.PRIO_PROCESS, svc.proc.pid)
+        niced = wait_until(
+            lambda: [n for n in _thread_nices(svc.proc.pid) if n != base] or None,
+            20,
+            "the tick thread (started at the first tick)",
+        )
+        assert niced == [min(19, base + nice)]
+    finally:
+        svc.kill()
