@@ -425,9 +425,10 @@ def start_world(
                 "--insecure-admin",
                 # The tick at the engine's priority: in a cluster the governor has a
                 # cgroup of its own, where only its serving process competes with the
-                # tick (what the default nice is for); here it shares the engine's, and
-                # at nice +10 its ticks took seconds and stalled its admin listener
-                # (benchmarks.tick_nice, "other work").
+                # tick (what the default nice is for); here it shares the engine's,
+                # where a tick at nice +10 descheduled holding the interpreter lock
+                # stalls the admin listener (a CI run's GetTarget waited past 10 s;
+                # benchmarks.tick_nice, "other work": admin p99 124 ms against 16).
                 "--tick-nice",
                 "0",
             ],
