@@ -14,7 +14,8 @@ run with every `--nices` value, alternated `--rounds` times:
 Measured in each run: the serving p50/p99 (the open loop), admin GetTarget latency
 sampled every 200 ms (p50/p99/max: the admin listener lives in the ticking process,
 with the Lease elector and /metrics), and the ticks' mean duration (the governor's
-/metrics). Each row: the median over the rounds. Needs 2 CPUs (else it says so).
+/metrics). Each row: the median over the rounds. A run with a failed call stops the
+bench (exit 1, naming it) rather than report numbers. Needs 2 CPUs (else it says so).
 
 Run: `.venv/bin/python -m benchmarks.tick_nice [--rounds 2] [--seconds 40] [--json F]`.
 """
@@ -22,6 +23,7 @@ Run: `.venv/bin/python -m benchmarks.tick_nice [--rounds 2] [--seconds 40] [--js
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing as mp
 import os
 import tempfile
@@ -158,8 +160,14 @@ def main(argv: list[str] | None = None) -> list[Row]:
         for case, (rate, busy) in cases.items():
             for nice in nices if k % 2 == 0 else reversed(nices):
                 r = _run(names, nice, rate, busy, args.seconds)
-                runs.setdefault(f"{case} | {nice}", []).append(r)
                 print(f"round {k} {case} nice {nice}: {r}", flush=True)
+                if r["serving_errors"] or r["admin_max_ms"] == math.inf:
+                    raise SystemExit(
+                        f"tick_nice: calls failed in round {k}, {case}, nice {nice} "
+                        f"({r['serving_errors']} serving errors, admin max "
+                        f"{r['admin_max_ms']} ms): no numbers reported"
+                    )
+                runs.setdefault(f"{case} | {nice}", []).append(r)
     rows = []
     for key, rs in runs.items():
         case, nice = key.split(" | ")
