@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 
 from benchmarks.bench_grpc import TICK_S, batching_call, open_loop, scrape, wait_ticks
-from benchmarks.common import Row, bench_args, median, print_rows, write_rows
+from benchmarks.common import Row, bench_args, median, percentile, print_rows, write_rows
 from benchmarks.procs import fake_prometheus, governor_run, write_governor_config
 from benchmarks.promreplay import model_names
 from governor_api import governor_v1_pb2 as pb
@@ -52,22 +52,10 @@ def _busy() -> None:
         pass
 
 
-def _process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants (/proc/PID/task/TID/children)."""
-    out = [pid]
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            kids = (task / "children").read_text().split()
-        except OSError:
-            kids = []
-        out += [p for k in kids for p in _process_tree(int(k))]
-    return out
-
-
-def _pin(pid: int, cpu: int) -> None:
-    """Every thread of `pid` and of its descendants onto `cpu` (threads started later
-    inherit their creator's affinity)."""
-    for p in _process_tree(pid):
+def _pin(pids: list[int], cpu: int) -> None:
+    """Every thread of `pids` onto `cpu` (threads started later inherit their creator's
+    affinity)."""
+    for p in pids:
         for task in Path(f"/proc/{p}/task").iterdir():
             os.sched_setaffinity(int(task.name), {cpu})
 
@@ -85,11 +73,6 @@ def _admin_loop(address: str, model: str, stop: threading.Event, out: list[float
                 out.append(float("inf"))
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def _run(names: list[str], nice: int, rate: float, busy: int, seconds: float) -> dict[str, Any]:
     """One governor at `--tick-nice nice`, measured for `seconds` (module doc)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +83,7 @@ def _run(names: list[str], nice: int, rate: float, busy: int, seconds: float) ->
         hogs: list[mp.Process] = []
         try:
             gov.port()
-            _pin(gov.pid, GOVERNOR_CPU)
+            _pin(gov.pids(), GOVERNOR_CPU)
             wait_ticks(gov, gov.ports[1], 2)
             address = f"127.0.0.1:{gov.ports[0]}"
             before = scrape(gov.ports[1])
@@ -129,8 +112,8 @@ def _run(names: list[str], nice: int, rate: float, busy: int, seconds: float) ->
         "serving_p50_ms": serving["p50_ms"],
         "serving_p99_ms": serving["p99_ms"],
         "serving_errors": serving["errors"],
-        "admin_p50_ms": 1e3 * _quantile(admin, 0.5),
-        "admin_p99_ms": 1e3 * _quantile(admin, 0.99),
+        "admin_p50_ms": 1e3 * percentile(admin, 0.5),
+        "admin_p99_ms": 1e3 * percentile(admin, 0.99),
         "admin_max_ms": 1e3 * max(admin),
         "admin_calls": len(admin),
         "tick_mean_ms": 1e3 * (after[total] - before[total]) / max(ticks, 1.0),

@@ -473,11 +473,12 @@ def test_a_start_that_cannot_bind_leaves_the_store_unseeded(tmp_path: Path) -> N
 
 
 def _thread_nices(pid: int) -> list[int]:
-    """The nice of every thread of process `pid` (field 19 of /proc/PID/task/TID/stat)."""
+    """The nice of every thread of process `pid` (Linux: a thread id is a PRIO_PROCESS
+    target)."""
     nices = []
-    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+    for task in Path(f"/proc/{pid}/task").iterdir():
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            nices.append(int(stat.read_text().rsplit(")", 1)[1].split()[16]))
+            nices.append(os.getpriority(os.PRIO_PROCESS, int(task.name)))
     return nices
 
 
