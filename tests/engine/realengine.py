@@ -355,6 +355,14 @@ class EngineWorld:
     engine_args: list[str]
     workdir: Path
 
+    def restart_governor(self) -> None:
+        """Kill the world's governor (if alive) and start a new one on the same config,
+        at a new port (its state starts afresh: in-memory store). The engine keeps
+        following the old address: its plugin keeps the last knobs it received."""
+        self.governor.kill()
+        self.governor = start_governor(self.workdir / "governor.yaml")
+        self.governor_port = self.governor.port()
+
     @property
     def governor_address(self) -> str:
         return f"127.0.0.1:{self.governor_port}"
@@ -377,6 +385,42 @@ class EngineWorld:
                     f"admin call failed: {exc.code()} {exc.details()}; the governor's last "
                     f"log lines:\n{tail}"
                 ) from exc
+
+
+def start_governor(config: Path) -> ServiceProcess:
+    """`governor run` on `config` (in-memory store, loopback gRPC and metrics on free
+    ports, admin open, the tick at nice 0); returns once it listens."""
+    governor = ServiceProcess(
+        [
+            "-m",
+            "service.cli",
+            "run",
+            "--config",
+            str(config),
+            "--store",
+            "memory",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--insecure-admin",
+            # The tick at the engine's priority: in a cluster the governor has a cgroup
+            # of its own, where only its serving process competes with the tick (what
+            # the default nice is for); here it shares the engine's, where a tick at
+            # nice +10 descheduled holding the interpreter lock stalls the admin
+            # listener (a CI run's GetTarget waited past 10 s; benchmarks.tick_nice,
+            # "other work": admin p99 124 ms against 16).
+            "--tick-nice",
+            "0",
+        ],
+        cwd=str(ROOT),
+    )
+    try:
+        governor.port(60.0)
+    except BaseException:
+        governor.kill()
+        raise
+    return governor
 
 
 @contextlib.contextmanager
@@ -402,6 +446,7 @@ def start_world(
     prom = PrometheusServer(prom_bin, workdir, {"vllm": [f"127.0.0.1:{engine_port}"]})
     governor: ServiceProcess | None = None
     engine: EngineProcess | None = None
+    world: EngineWorld | None = None
     try:
         prom.start()
         config = workdir / "governor.yaml"
@@ -409,32 +454,8 @@ def start_world(
         cfg["policy"]["knobs_live"] = live  # how the engine below is started
         cfg["policy"].update(policy_overrides or {})
         config.write_text(yaml.safe_dump(cfg))
-        governor = ServiceProcess(
-            [
-                "-m",
-                "service.cli",
-                "run",
-                "--config",
-                str(config),
-                "--store",
-                "memory",
-                "--grpc-listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--insecure-admin",
-                # The tick at the engine's priority: in a cluster the governor has a
-                # cgroup of its own, where only its serving process competes with the
-                # tick (what the default nice is for); here it shares the engine's,
-                # where a tick at nice +10 descheduled holding the interpreter lock
-                # stalls the admin listener (a CI run's GetTarget waited past 10 s;
-                # benchmarks.tick_nice, "other work": admin p99 124 ms against 16).
-                "--tick-nice",
-                "0",
-            ],
-            cwd=str(ROOT),
-        )
-        port = governor.port(60.0)
+        governor = start_governor(config)
+        port = governor.port()
         flags = ["--live"] if live else []
         done = governor_cli(
             "engine-args", "--model", MODEL_NAME, "--server", f"127.0.0.1:{port}", *flags
@@ -445,12 +466,15 @@ def start_world(
             python, model_dir, workdir, [*args, *extra_engine_args], port=engine_port
         ).start()
         engine.wait_ready()
-        yield EngineWorld(engine, prom, governor, port, args, workdir)
+        world = EngineWorld(engine, prom, governor, port, args, workdir)
+        yield world
     finally:
         if engine is not None:
             engine.stop()
         if governor is not None:
             governor.kill()
+        if world is not None:
+            world.governor.kill()  # a test may have started another (restart_governor)
         prom.stop()
 
 
@@ -546,9 +570,13 @@ class ClosedLoopLoad:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def halt(self) -> None:
+        """Stop sending, without waiting: each worker ends after its request in flight."""
+        self._stop.set()
+
     def stop(self) -> None:
         """Stop sending; wait for the requests in flight to finish."""
-        self._stop.set()
+        self.halt()
         for t in self._threads:
             t.join(180.0)
 
