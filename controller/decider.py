@@ -57,6 +57,8 @@ from controller.demand import SATURATED_SLOTS_FRAC, Demand, DemandSteps, Raw
 from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
 from controller.plant import (
+    AT_CAP_FRAC,
+    DECODE_BOUND_FRAC,
     FIT_MAX_WAITING_PER_REPLICA,
     LOADED_FRAC,
     MAX_WAITING_PER_REPLICA,
@@ -64,7 +66,9 @@ from controller.plant import (
     learn_plant,
     next_cold_start,
     next_correction,
+    next_knob_correction,
     sla_evidence,
+    streaming_evidence,
     window_parts,
 )
 from controller.rules import rules_stage
@@ -234,6 +238,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             plant_seq_ratio=plant.seq_ratio,
             plant_cold_start_s=self._cold_start(plant),
             capacity_correction=plant.capacity_correction,
+            knob_correction=plant.knob_correction,
             capacity_limit=self._limit(knobs, lengths, plant, hard, raw),
             panic=panic_state[0],
             rollout=rollout,
@@ -357,8 +362,49 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
         judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
         correction = next_correction(c, dt, violated, healthy, judge, loaded)
-        plant = replace(belief, capacity_correction=correction)
+        knob_correction = self._knob_correction(obs, state, memory, knobs, now_s, dt, requests)
+        plant = replace(belief, capacity_correction=correction, knob_correction=knob_correction)
         return caps, plant, relaxed is not None
+
+    def _knob_correction(
+        self,
+        obs: Observation,
+        state: ModelState,
+        memory: KnobMemory,
+        knobs: Knobs,
+        now_s: float,
+        dt: float,
+        requests: float,
+    ) -> float:
+        """Step 3's knob correction after this window (controller.plant.
+        next_knob_correction): judged on `slo` knobs only, at the sequence cap of the
+        knobs every ready replica runs (`knobs`, none still on older ones), published a
+        whole window before the sample with no candidate pending. The fleet need not be
+        whole: a replica's stream at its cap is its own knobs' doing, whatever the
+        others."""
+        k = state.plant.knob_correction
+        n = obs.ready_replicas
+        if self.model.batching_policy != "slo" or obs.running is None or not n:
+            return k
+        b = obs.running / n
+        at_cap = b >= AT_CAP_FRAC * knobs.max_num_seqs
+        # Decode-bound steps only: where prompts fill the steps' token budget (a queue
+        # behind chunked prefill: the conversation trace's start-up ran every step with
+        # a chunk), the stream is slow for the budget's chunks, which more replicas
+        # drain, not for the batch the knobs allow.
+        tokens = obs.step_tokens_mean
+        decode_bound = (
+            tokens is not None
+            and max(0.0, tokens - b) <= DECODE_BOUND_FRAC * knobs.max_num_batched_tokens
+        )
+        changed = memory.changed_at_s
+        settled = (
+            memory.running is None
+            and memory.candidate is None
+            and (changed is None or now_s - obs.staleness_s - changed >= self.policy.window_s)
+        )
+        violated, healthy = streaming_evidence(obs, self.model.sla, requests)
+        return next_knob_correction(k, dt, violated, healthy, at_cap and decode_bound, settled)
 
     def _relaxed_sla(
         self, knobs: Knobs, lengths: Lengths | None, profile: Profile, replicas: int

@@ -61,6 +61,7 @@ class KnobSteps:
             running=running,
             running_replicas=n,
             running_until_s=until,
+            changed_at_s=now_s if reason == Reason.KNOBS_CHANGED else old.changed_at_s,
         )
 
     def _knob_change(
@@ -192,9 +193,8 @@ class KnobSteps:
             # On the profile x the learned speed: slower engines fit fewer sequences
             # into the ITL target.
             profile = believed_profile(self.profile, state.plant)
-            candidate = slo_knobs(
-                lengths, self.model.sla, profile, bounds, self.policy.itl_margin_frac
-            )
+            margin = self.policy.itl_margin_frac * state.plant.knob_correction
+            candidate = slo_knobs(lengths, self.model.sla, profile, bounds, margin)
         if candidate == current:
             return current, Reason.KNOBS_UNCHANGED, KnobMemory()
         if not self._material(candidate, current):
@@ -205,11 +205,13 @@ class KnobSteps:
         prev, since = pending.candidate, pending.candidate_since_s
         if prev is None or since is None or self._material(candidate, prev):
             since = now_s
-        if now_s - since >= self._sustain_s(obs, state):
+        if now_s - since >= self._sustain_s(obs, state, candidate, current):
             return candidate, Reason.KNOBS_CHANGED, KnobMemory()
         return current, Reason.KNOBS_PENDING, KnobMemory(candidate, since)
 
-    def _sustain_s(self, obs: Observation, state: ModelState) -> float:
+    def _sustain_s(
+        self, obs: Observation, state: ModelState, candidate: Knobs, current: Knobs
+    ) -> float:
         """How long a candidate must hold before it replaces the knobs in force (s):
         `knob_sustain_s`, which keeps one window's lengths or speed from rolling the
         fleet to knobs of ours that the next window would move again; 0 while the
@@ -221,7 +223,14 @@ class KnobSteps:
         as the speed was learned, restarted its sustain for all 5 minutes
         (docs/decider-history.md)."""
         requests = obs.arrival_rate_rps * self.policy.window_s
-        if state.knob_memory.changes == 0 and streaming_violated(obs, self.model.sla, requests):
+        # The knob correction's fewer sequences, while tokens stream too slowly: what the
+        # stream says of the knobs in force needs no second window.
+        corrected = (
+            state.plant.knob_correction < 1.0 and candidate.max_num_seqs < current.max_num_seqs
+        )
+        if (state.knob_memory.changes == 0 or corrected) and streaming_violated(
+            obs, self.model.sla, requests
+        ):
             return 0.0
         return self.policy.knob_sustain_s
 

@@ -91,6 +91,12 @@ MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
         "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
     ),
     (
+        "knob_correction",
+        "governor_knob_correction",
+        "Feedback factor on the ITL step budget the slo knobs are sized for, from tokens "
+        "streaming too slowly at the sequence cap (0.25-1)",
+    ),
+    (
         "staleness",
         "governor_observation_staleness_seconds",
         "Age of the newest sample behind the observation",
@@ -215,7 +221,7 @@ class GovernorMetrics:
         if not d.valid:  # the last valid decision's values stay
             return
         knobs = d.knobs
-        values = (  # MODEL_GAUGES order up to `capacity_correction`; None: leave it
+        values = (  # MODEL_GAUGES order up to `knob_correction`; None: leave it
             d.replicas,
             knobs.max_num_seqs,
             knobs.max_num_batched_tokens,
@@ -225,6 +231,7 @@ class GovernorMetrics:
             d.plant_seq_ratio,
             d.plant_cold_start_s,
             d.capacity_correction,
+            d.knob_correction,
         )
         for i, v in enumerate(values):
             if v is not None:

@@ -506,10 +506,17 @@ def sla_evidence(obs: Observation, sla: SLA, requests: float | None = None) -> t
     return ttft[0] or itl[0], ttft[1] and itl[1]
 
 
+def streaming_evidence(
+    obs: Observation, sla: SLA, requests: float | None = None
+) -> tuple[bool, bool]:
+    """(violated, healthy) of the ITL half of `sla_evidence` (the batch a replica runs
+    sets it, where the queue sets TTFT)."""
+    return _evidence(*_streaming_signal(obs, sla, requests))
+
+
 def streaming_violated(obs: Observation, sla: SLA, requests: float | None = None) -> bool:
-    """Whether tokens stream slower than the SLA allows: the ITL half of `sla_evidence`
-    (the batch a replica runs sets it, where the queue sets TTFT)."""
-    return _evidence(*_streaming_signal(obs, sla, requests))[0]
+    """Whether tokens stream slower than the SLA allows (`streaming_evidence`)."""
+    return streaming_evidence(obs, sla, requests)[0]
 
 
 _Signal = tuple[float | None, float | None, float, float, float, float | None]
@@ -602,6 +609,37 @@ def next_cold_start(
     if learned_s is None:
         return sample
     return (1.0 - COLD_START_WEIGHT) * learned_s + COLD_START_WEIGHT * sample
+
+
+KNOB_CORRECTION_MIN = 0.25
+"""The smallest knob correction: the slo knobs sized for a quarter of the ITL budget."""
+AT_CAP_FRAC = 0.9
+"""Engines run at their sequence cap when their running sequences per replica reach
+this fraction of `max_num_seqs`: the knobs, not the load, set the batch."""
+DECODE_BOUND_FRAC = 0.25
+"""A window's steps are decode-bound when the prefill tokens they carry (tokens per
+step past one per running sequence) are at most this fraction of the token budget."""
+
+
+def next_knob_correction(
+    k: float, dt_s: float, violated: bool, healthy: bool, at_cap: bool, settled: bool
+) -> float:
+    """The knob correction after `dt_s` seconds.
+
+    The slo knobs come from the profile's step times x the learned speed; engines whose
+    steps grow with the batch in another shape than the profile's (vLLM's CPU build:
+    its step doubles from 1 to 32 sequences where an H100's grows 7 %) stream slower
+    at the cap than the model says, and a queued fleet teaches no speed. So where
+    tokens stream slower than the SLA allows (`violated`) on engines at their sequence
+    cap (`at_cap`) with knobs in force for a whole window and none pending (`settled`),
+    the ITL budget the knobs are sized for shrinks as the capacity correction does
+    (x0.74 a minute), until the knobs it gives differ from those in force; it recovers
+    (+0.3 in 10 minutes) while streaming is healthy at the cap. Else unchanged."""
+    if violated and at_cap and settled:
+        return max(KNOB_CORRECTION_MIN, k * math.exp(-CORRECTION_DECAY_PER_S * dt_s))
+    if healthy and not violated and at_cap:
+        return min(1.0, k + CORRECTION_RECOVERY_PER_S * dt_s)
+    return k
 
 
 def next_correction(

@@ -179,6 +179,9 @@ class Decision:
     """The cold start planned with (ask to all ready), s: learned, else configured."""
     capacity_correction: float | None = None
     """The feedback correction on capacity from observed SLA violations, in [0.4, 1]."""
+    knob_correction: float | None = None
+    """The feedback factor on the ITL step budget the `slo` knobs are sized for, from
+    tokens streaming too slowly at the sequence cap, in [0.25, 1]."""
     capacity_limit: str | None = None
     """The SLA target that bounds `capacity_rps_per_replica` ("ITL", "TTFT", or
     "saturation": the replica cannot keep up first): the one that costs replicas."""
@@ -222,6 +225,11 @@ class Decision:
                     else ""
                 )
                 + (
+                    f"  knob correction x{self.knob_correction:.2f}"
+                    if self.knob_correction is not None and self.knob_correction != 1.0
+                    else ""
+                )
+                + (
                     f"  cold start {self.plant_cold_start_s:.0f} s"
                     if self.plant_cold_start_s is not None
                     else ""
@@ -251,6 +259,7 @@ DECISION_NUMBERS = (
     "capacity_correction",
     "plant_seq_ratio",
     "plant_cold_start_s",
+    "knob_correction",
 )
 """The `Decision` fields that are optional numbers (None: not computed), as the admin
 API (service.convert) and `governor simulate --decisions` (simulator.report) export them."""
@@ -317,6 +326,9 @@ class KnobMemory:
     """How many replicas run `running` (at most the fleet's size)."""
     running_until_s: float | None = None
     """When a rolling restart is expected to have replaced them (None: no roll-out)."""
+    changed_at_s: float | None = None
+    """When the knobs in force were published (loop's monotonic seconds; None: the
+    model's default knobs, never changed)."""
 
     def largest(self, knobs: Knobs) -> Knobs:
         """The largest of each knob in force: the published `knobs` and those that
@@ -392,6 +404,10 @@ class PlantBelief:
 
     capacity_correction: float = 1.0
     """Feedback factor on the per-replica capacity from observed SLA violations."""
+    knob_correction: float = 1.0
+    """Feedback factor on the ITL step budget the `slo` knobs are sized for, from tokens
+    streaming slower than the SLA allows at the engines' sequence cap
+    (controller.plant.next_knob_correction)."""
     speed: float = 1.0
     """Learned step-time factor of the engines against the profile (> 1: slower)."""
     speed_samples: int = 0
@@ -495,6 +511,8 @@ class SavedState:
     plant_cold_start_s: float | None = None
     fleet_calm_since_s: float | None = None
     fleet_whole_at_s: float | None = None
+    plant_knob_correction: float = 1.0
+    knob_changed_at_s: float | None = None
 
     @classmethod
     def of(cls, s: ModelState) -> SavedState:
@@ -526,6 +544,7 @@ class SavedState:
             knob_running=k.running,
             knob_running_replicas=k.running_replicas,
             knob_running_until_s=k.running_until_s,
+            knob_changed_at_s=k.changed_at_s,
             short_rps=f.short_rps,
             short_at_s=f.short_at_s,
             short_waiting=f.short_waiting,
@@ -541,6 +560,7 @@ class SavedState:
             plant_seq_fit=s.plant.seq_fit,
             plant_seq_off_since_s=s.plant.seq_off_since_s,
             plant_cold_start_s=s.plant.cold_start_s,
+            plant_knob_correction=s.plant.knob_correction,
         )
 
     def state(self) -> ModelState:
@@ -575,6 +595,7 @@ class SavedState:
                 running=self.knob_running,
                 running_replicas=self.knob_running_replicas,
                 running_until_s=self.knob_running_until_s,
+                changed_at_s=self.knob_changed_at_s,
             ),
             health=DataHealth(
                 no_data_ticks=self.no_data_ticks,
@@ -586,6 +607,7 @@ class SavedState:
             ),
             plant=PlantBelief(
                 capacity_correction=self.capacity_correction,
+                knob_correction=self.plant_knob_correction,
                 speed=self.plant_speed,
                 speed_samples=self.plant_speed_samples,
                 speed_jump=self.plant_speed_jump,

@@ -382,9 +382,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
                     if d.HasField("plant_cold_start_s")
                     else ""
                 )
+                knob = d.knob_correction if d.HasField("knob_correction") else 1.0
                 print(
                     f"  plant (learned): step time x{d.plant_speed:.2f} of the profile, "
-                    f"per-sequence cost x{seq:.2f} more, capacity correction x{corr:.2f}" + cold
+                    f"per-sequence cost x{seq:.2f} more, capacity correction x{corr:.2f}, "
+                    f"knob correction x{knob:.2f}" + cold
                 )
         if m.actuation:
             print(f"  actuation: {m.actuation}")

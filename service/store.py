@@ -52,7 +52,14 @@ from pydantic import (
 )
 
 from controller.config import INT32_MAX, format_validation_error, load_yaml
-from controller.plant import CORRECTION_MIN, SEQ_RATIO_MAX, SEQ_RATIO_MIN, SPEED_MAX, SPEED_MIN
+from controller.plant import (
+    CORRECTION_MIN,
+    KNOB_CORRECTION_MIN,
+    SEQ_RATIO_MAX,
+    SEQ_RATIO_MIN,
+    SPEED_MAX,
+    SPEED_MIN,
+)
 from controller.targets import TargetError, TargetsDoc, targets_doc
 from controller.types import Knobs, ModelState, PlantBelief, SavedState
 
@@ -83,6 +90,7 @@ TIME_FIELDS = (
     "fleet_full_since_s",
     "fleet_calm_since_s",
     "fleet_whole_at_s",
+    "knob_changed_at_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions", "load_marks")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s
@@ -109,6 +117,7 @@ PLAIN_FIELDS = (
     "plant_seq_ratio",
     "plant_seq_fit",
     "plant_cold_start_s",
+    "plant_knob_correction",
 )
 
 
@@ -301,6 +310,7 @@ def _check_plant(plant: PlantBelief, where: str) -> None:
     of 0 loaded, and every tick of that model then raised ZeroDivisionError."""
     bounds = (
         ("capacity_correction", plant.capacity_correction, CORRECTION_MIN, 1.0),
+        ("plant_knob_correction", plant.knob_correction, KNOB_CORRECTION_MIN, 1.0),
         ("plant_speed", plant.speed, SPEED_MIN, SPEED_MAX),
         ("plant_speed_jump", plant.speed_jump, SPEED_MIN, SPEED_MAX),
         ("plant_seq_ratio", plant.seq_ratio, SEQ_RATIO_MIN, SEQ_RATIO_MAX),

@@ -52,6 +52,8 @@ STATE = SavedState(
     burst_rps=40.0,
     burst_at_s=950.0,
     rules=(RuleState("slow-decode", (940.0, None), floor=5, fired_at_s=990.0),),
+    plant_knob_correction=0.7,
+    knob_changed_at_s=960.0,
 ).state()
 
 
@@ -72,6 +74,8 @@ def test_wall_round_trip_moves_every_time_by_the_offset_difference() -> None:
     shift = 50_000.0
     assert back.windows.last_scale_up_s == 1000.0 + shift
     assert back.health.first_good_s == 900.0 + shift
+    assert back.knob_memory.changed_at_s == 960.0 + shift
+    assert back.plant.knob_correction == 0.7
     saved, restored = SavedState.of(STATE), SavedState.of(back)
     for f in fields(SavedState):
         old, new = getattr(saved, f.name), getattr(restored, f.name)
@@ -113,6 +117,8 @@ def test_saved_form_holds_every_state_field_and_round_trips() -> None:
         ({"plant_speed": 1e-9}, "plant_speed"),
         ({"plant_speed_jump": 1000.0}, "plant_speed_jump"),
         ({"plant_seq_ratio": 0.0}, "plant_seq_ratio"),
+        ({"plant_knob_correction": 0.0}, "plant_knob_correction"),
+        ({"plant_knob_correction": 1.5}, "plant_knob_correction"),
         ({"plant_cold_start_s": 0.0}, "plant_cold_start_s"),
         ({"plant_speed_samples": -3}, "plant_speed_samples"),
     ],

@@ -1,0 +1,147 @@
+"""The knob correction (controller.plant.next_knob_correction): `slo` knobs whose
+engines stream slower than the SLA allows at their sequence cap get fewer sequences.
+
+The profile's step shape is a belief: vLLM's CPU build's step doubles from 1 to 32
+sequences where the profile's grows 7 %, so at an ITL target of 10 ms the knobs stayed
+at 32 sequences while 35-70 % of requests streamed within it
+(`python -m benchmarks.engine_knobs`, docs/real-engine-runs.md). These tests drive the
+decider with such windows: at the cap, decode-bound, streaming violated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controller.decider import Decider
+from controller.metrics import GovernorMetrics
+from controller.plant import (
+    CORRECTION_DECAY_PER_S,
+    CORRECTION_RECOVERY_PER_S,
+    KNOB_CORRECTION_MIN,
+    next_knob_correction,
+)
+from controller.types import KnobMemory, Knobs, ModelState, PlantBelief, Reason, SavedState
+from tests.conftest import ORIGIN_S, make_model, make_policy
+from tests.unit.helpers import long_history, obs
+
+REPLICAS = 4
+KNOBS = Knobs(max_num_seqs=152, max_num_batched_tokens=2560)
+"""The slo knobs of the conversation lengths at ITL 50 ms (controller.batching)."""
+
+
+def _at_cap(**kw: Any) -> dict[str, Any]:
+    """An observation's fields for 4 replicas at 95 % of KNOBS' 152 sequences, decode-bound
+    (100 prefill tokens a step), with `kw` over them."""
+    b = 0.95 * KNOBS.max_num_seqs
+    fields: dict[str, Any] = dict(
+        running=b * REPLICAS,
+        waiting=40.0,
+        ready_replicas=REPLICAS,
+        step_tokens_mean=b + 100.0,
+        ttft_attainment_frac=1.0,
+        tpot_attainment_frac=0.6,  # 40 % of requests stream slower than the target
+    )
+    fields.update(kw)
+    return fields
+
+
+def _state(d: Decider, correction: float = 1.0) -> ModelState:
+    """4 replicas on KNOBS, published 1,000 s ago (one change made), a long healthy
+    history, the knob correction at `correction`."""
+    s = d.initial_state(REPLICAS, now_s=ORIGIN_S - 1000)
+    return replace(
+        s,
+        knobs=KNOBS,
+        knob_memory=KnobMemory(changes=1, changed_at_s=ORIGIN_S - 1000),
+        health=long_history(),
+        plant=PlantBelief(knob_correction=correction),
+    )
+
+
+def _run(d: Decider, s: ModelState, ticks: int, **kw: Any) -> tuple[list[Any], ModelState]:
+    """`ticks` decisions 5 s apart from ORIGIN_S on observations `_at_cap(**kw)`."""
+    out = []
+    for i in range(ticks):
+        t = ORIGIN_S + 5.0 * i
+        dec, s = d.decide(obs(t=t, **_at_cap(**kw)), s, t)
+        out.append(dec)
+    return out, s
+
+
+def test_the_correction_shrinks_while_violated_at_the_cap_and_recovers_while_healthy() -> None:
+    assert next_knob_correction(1.0, 60.0, True, False, True, True) == pytest.approx(
+        math.exp(-CORRECTION_DECAY_PER_S * 60.0)
+    )
+    assert next_knob_correction(0.3, 600.0, True, False, True, True) == KNOB_CORRECTION_MIN
+    for at_cap, settled in ((False, True), (True, False)):
+        assert next_knob_correction(0.8, 60.0, True, False, at_cap, settled) == 0.8
+    assert next_knob_correction(0.5, 100.0, False, True, True, True) == pytest.approx(
+        0.5 + CORRECTION_RECOVERY_PER_S * 100.0
+    )
+    assert next_knob_correction(0.5, 100.0, False, True, False, True) == 0.5  # not at the cap
+    assert next_knob_correction(0.99, 1000.0, False, True, True, False) == 1.0
+
+
+def test_slow_streaming_at_the_cap_lowers_the_sequences_at_once_when_the_budget_moves() -> None:
+    """Streaming violated at the cap of knobs in force for a long time: the correction
+    shrinks each tick until the knobs it gives have materially fewer sequences, which
+    are published on that tick (no 120 s sustain: the stream already says the knobs in
+    force are too many); then it stops (a window to judge the new knobs)."""
+    d = Decider(make_model(max_replicas=64), make_policy())
+    decisions, _ = _run(d, _state(d), 40)
+    changed = [i for i, dec in enumerate(decisions) if dec.knob_reason == Reason.KNOBS_CHANGED]
+    assert changed, [dec.knob_reason for dec in decisions]
+    first = decisions[changed[0]]
+    assert first.knobs.max_num_seqs < KNOBS.max_num_seqs
+    before = [dec.knob_reason for dec in decisions[: changed[0]]]
+    assert Reason.KNOBS_PENDING not in before, before  # adopted on the tick it appeared
+    assert decisions[changed[0] - 1].knob_correction < 1.0  # type: ignore[operator]
+    # no further shrinking for a window after the change
+    window_ticks = int(make_policy().window_s / 5.0)
+    after = [dec.knob_correction for dec in decisions[changed[0] : changed[0] + window_ticks]]
+    assert len(set(after)) == 1, after
+    assert f"knob correction x{first.knob_correction:.2f}" in first.explain()
+    m = GovernorMetrics(CollectorRegistry())
+    m.record(first, 0.0)
+    got = m.registry.get_sample_value("governor_knob_correction", {"model": first.model})
+    assert got == pytest.approx(first.knob_correction)
+
+
+@pytest.mark.parametrize(
+    "why,fields",
+    [
+        ("prefill-bound steps", {"step_tokens_mean": 0.95 * 152 + 2000.0}),
+        ("no step tokens", {"step_tokens_mean": None}),
+        ("below the cap", {"running": 50.0 * REPLICAS, "step_tokens_mean": 150.0}),
+        ("streaming within the SLA", {"tpot_attainment_frac": 0.999}),
+    ],
+)
+def test_the_correction_holds_where_the_knobs_are_not_what_slows_the_stream(
+    why: str, fields: dict[str, Any]
+) -> None:
+    """Prompts filling the steps' token budget (a queue behind chunked prefill, which
+    more replicas drain), a batch below the cap, or no evidence: no correction, no
+    knob change."""
+    d = Decider(make_model(max_replicas=64), make_policy())
+    decisions, s = _run(d, _state(d), 40, **fields)
+    assert s.plant.knob_correction == 1.0, why
+    assert all(dec.knobs == KNOBS for dec in decisions), why
+
+
+def test_static_knobs_are_never_corrected() -> None:
+    d = Decider(make_model(max_replicas=64, batching_policy="static"), make_policy())
+    _, s = _run(d, _state(d), 40)
+    assert s.plant.knob_correction == 1.0
+
+
+def test_the_correction_and_the_change_time_survive_a_restart() -> None:
+    d = Decider(make_model(max_replicas=64), make_policy())
+    _, s = _run(d, _state(d, correction=0.7), 3)
+    back = SavedState.of(s).state()
+    assert back.plant.knob_correction == s.plant.knob_correction
+    assert back.knob_memory.changed_at_s == s.knob_memory.changed_at_s
