@@ -361,13 +361,17 @@ def test_slo_knobs_come_down_where_tokens_stream_slower_than_the_sla_at_the_cap(
     """The knob correction (README "How it decides", Knobs) on the real engine: 40
     requests in flight at a cap of 32 (8 queued), then the model's ITL target set to
     SLO_ITL_MS and its batching policy to `slo`. The profile (an H100) steps 32 sequences
-    in ~8 ms; this engine's steps double from 1 to 32, so the model keeps 32, and without
-    the correction the knobs stayed there while 35-70 % of requests streamed within the
-    target (benchmarks.engine_knobs, docs/real-engine-runs.md). Asserted: fewer than 32
-    sequences published within KNOB_BOUND_S, no failed request; the streaming before and
-    after is recorded (out/engine.json `slo_knobs`). Skips where this machine's engine
-    meets the target at 32 (nothing to correct). Puts back the target it found and
-    LOW_CAP."""
+    in ~8 ms; this engine's steps double from 1 to 32, so at the profile's shape the
+    model keeps 32, and before the correction the knobs stayed there while 41-75 % of
+    requests streamed within the target (benchmarks.engine_knobs,
+    docs/real-engine-runs.md). Asserted: fewer than 32 sequences published within
+    KNOB_BOUND_S, no failed request; the streaming before and after is recorded
+    (out/engine.json `slo_knobs`). What brings them down depends on what the earlier
+    tests taught: where the capacity ladder opened the per-sequence fit (a CI run: ratio
+    5.0), the model itself asks for 8 at the switch (1 s); where it did not (ratio 1.0),
+    the knob correction does (32 -> 24 in 33 s); tests/unit/test_knob_correction.py
+    guards the correction itself. Skips where this machine's engine meets the target at
+    32 (nothing to correct). Puts back the target it found and LOW_CAP."""
     set_knobs(engine_world, HIGH_CAP)
     with ClosedLoopLoad(engine_world.engine.url, 40, prompt_len=32, max_tokens=32) as load:
         time.sleep(3.0)  # the cap and the queue settle
