@@ -33,13 +33,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from tests.engine.knobs import EDGES_MS, Window, governor_view, measure_window, set_slo
+from tests.engine.knobs import EDGES_MS, Window, governor_view, measure_window, slo_target
 from tests.engine.realengine import (
     ClosedLoopLoad,
     EngineUnavailable,
     EngineWorld,
     set_knobs,
     start_world,
+    target_changed,
 )
 
 PROMPT_LEN = OUTPUT_LEN = 32
@@ -64,19 +65,19 @@ def run(world: EngineWorld, args: argparse.Namespace) -> dict[str, object]:
             caps[cap] = asdict(w)
             print(f"static cap {cap:3d}      {_fmt(w)}", flush=True)
         set_knobs(world, max(args.caps))
-        set_slo(world, args.itl_ms)
-        start = time.monotonic()
-        while time.monotonic() - start < args.slo_s:
-            w = measure_window(world, args.itl_ms, args.window_s)
-            view = governor_view(world)
-            t = time.monotonic() - start
-            slo.append({"t_s": round(t, 1), **asdict(w), **view})
-            print(
-                f"slo t={t:5.0f} s  {_fmt(w)}  knobs {view['max_num_seqs']}/"
-                f"{view['max_num_batched_tokens']} {view['reason']} speed {view['speed']} "
-                f"ratio {view['seq_ratio']} knob correction {view['knob_correction']}",
-                flush=True,
-            )
+        with target_changed(world, slo_target(args.itl_ms)):
+            start = time.monotonic()
+            while time.monotonic() - start < args.slo_s:
+                w = measure_window(world, args.itl_ms, args.window_s)
+                view = governor_view(world)
+                t = time.monotonic() - start
+                slo.append({"t_s": round(t, 1), **asdict(w), **view})
+                print(
+                    f"slo t={t:5.0f} s  {_fmt(w)}  knobs {view['max_num_seqs']}/"
+                    f"{view['max_num_batched_tokens']} {view['reason']} speed {view['speed']} "
+                    f"ratio {view['seq_ratio']} knob correction {view['knob_correction']}",
+                    flush=True,
+                )
     return {
         "itl_target_ms": args.itl_ms,
         "workers": args.workers,

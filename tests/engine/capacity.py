@@ -54,12 +54,12 @@ import requests
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from tests.engine.realengine import (
-    ADMIN_DEADLINE_S,
     MODEL_NAME,
     SLA_GOAL_FRAC,
     EngineWorld,
     complete,
     metric_value,
+    target_changed,
 )
 
 PROMPT_TOKENS = 32
@@ -458,20 +458,8 @@ class CapacityResult:
 def model_policy(world: EngineWorld, **overrides: float) -> Iterator[None]:
     """Per-model policy overrides set through the governor's admin API for the block,
     the previous ones restored after."""
-    with world.governor_channel() as channel:
-        admin = pb_grpc.AdminServiceStub(channel)
-        target = pb.ModelTarget()
-        target.CopyFrom(
-            admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=ADMIN_DEADLINE_S).target
-        )
-        before = pb.ModelTarget()
-        before.CopyFrom(target)
-        target.policy.update(overrides)
-        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=ADMIN_DEADLINE_S)
-        try:
-            yield
-        finally:
-            admin.SetTarget(pb.SetTargetRequest(target=before), timeout=ADMIN_DEADLINE_S)
+    with target_changed(world, lambda target: target.policy.update(overrides)):
+        yield
 
 
 def profile_capacity_rps(knobs: tuple[int, int] = (32, 2048)) -> float:

@@ -10,6 +10,7 @@ within a target at an edge exact.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from governor_api import governor_v1_pb2 as pb
@@ -73,28 +74,15 @@ def measure_window(world: EngineWorld, itl_ms: int, window_s: float) -> Window:
     )
 
 
-def set_slo(world: EngineWorld, itl_ms: int) -> pb.ModelTarget:
-    """The model's ITL target to `itl_ms` and its batching policy to `slo`; returns the
-    target it replaced (for `set_target`)."""
-    with world.governor_channel() as channel:
-        admin = pb_grpc.AdminServiceStub(channel)
-        before = admin.GetTarget(
-            pb.GetTargetRequest(model=MODEL_NAME), timeout=ADMIN_DEADLINE_S
-        ).target
-        target = pb.ModelTarget()
-        target.CopyFrom(before)
+def slo_target(itl_ms: int) -> Callable[[pb.ModelTarget], None]:
+    """A change for realengine.target_changed: the ITL target `itl_ms` and the batching
+    policy `slo`."""
+
+    def change(target: pb.ModelTarget) -> None:
         target.sla.itl_p95_ms = itl_ms
         target.batching_policy = "slo"
-        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=ADMIN_DEADLINE_S)
-    return before
 
-
-def set_target(world: EngineWorld, target: pb.ModelTarget) -> None:
-    """Put `target` back (admin API)."""
-    with world.governor_channel() as channel:
-        pb_grpc.AdminServiceStub(channel).SetTarget(
-            pb.SetTargetRequest(target=target), timeout=ADMIN_DEADLINE_S
-        )
+    return change
 
 
 def governor_view(world: EngineWorld) -> dict[str, object]:

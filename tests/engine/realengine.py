@@ -27,7 +27,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,7 +351,6 @@ class EngineWorld:
     engine: EngineProcess
     prometheus: PrometheusServer
     governor: ServiceProcess
-    governor_port: int
     engine_args: list[str]
     workdir: Path
 
@@ -361,11 +360,10 @@ class EngineWorld:
         following the old address: its plugin keeps the last knobs it received."""
         self.governor.kill()
         self.governor = start_governor(self.workdir / "governor.yaml")
-        self.governor_port = self.governor.port()
 
     @property
     def governor_address(self) -> str:
-        return f"127.0.0.1:{self.governor_port}"
+        return f"127.0.0.1:{self.governor.port()}"
 
     @property
     def model(self) -> str:
@@ -455,10 +453,9 @@ def start_world(
         cfg["policy"].update(policy_overrides or {})
         config.write_text(yaml.safe_dump(cfg))
         governor = start_governor(config)
-        port = governor.port()
         flags = ["--live"] if live else []
         done = governor_cli(
-            "engine-args", "--model", MODEL_NAME, "--server", f"127.0.0.1:{port}", *flags
+            "engine-args", "--model", MODEL_NAME, "--server", f"127.0.0.1:{governor.port()}", *flags
         )
         assert done.returncode == 0, done.stderr
         args = done.stdout.split()
@@ -466,16 +463,35 @@ def start_world(
             python, model_dir, workdir, [*args, *extra_engine_args], port=engine_port
         ).start()
         engine.wait_ready()
-        world = EngineWorld(engine, prom, governor, port, args, workdir)
+        world = EngineWorld(engine, prom, governor, args, workdir)
         yield world
     finally:
         if engine is not None:
             engine.stop()
-        if governor is not None:
-            governor.kill()
-        if world is not None:
-            world.governor.kill()  # a test may have started another (restart_governor)
+        # the world's: a test may have started another (restart_governor)
+        last = world.governor if world is not None else governor
+        if last is not None:
+            last.kill()
         prom.stop()
+
+
+@contextlib.contextmanager
+def target_changed(
+    world: EngineWorld, change: Callable[[pb.ModelTarget], None]
+) -> Iterator[pb.ModelTarget]:
+    """The model's target with `change` applied through the governor's admin API for
+    the block (yields the target set); the target found is put back after."""
+    with world.governor_channel() as channel:
+        admin = pb_grpc.AdminServiceStub(channel)
+        before = admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=ADMIN_DEADLINE_S)
+        target = pb.ModelTarget()
+        target.CopyFrom(before.target)
+        change(target)
+        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=ADMIN_DEADLINE_S)
+        try:
+            yield target
+        finally:
+            admin.SetTarget(pb.SetTargetRequest(target=before.target), timeout=ADMIN_DEADLINE_S)
 
 
 def set_knobs(world: EngineWorld, seqs: int, tokens: int = 2048) -> float:

@@ -34,8 +34,8 @@ from estimators.types import ModelQuery, Observation
 from governor_api import governor_v1_pb2 as pb
 from governor_api import governor_v1_pb2_grpc as pb_grpc
 from governor_engine.middleware import format_header
-from tests.engine.capacity import measure
-from tests.engine.knobs import governor_view, measure_window, set_slo, set_target
+from tests.engine.capacity import measure, model_policy
+from tests.engine.knobs import governor_view, measure_window, slo_target
 from tests.engine.realengine import (
     ADMIN_DEADLINE_S,
     MODEL_NAME,
@@ -46,6 +46,7 @@ from tests.engine.realengine import (
     governor_cli,
     metric_value,
     set_knobs,
+    target_changed,
 )
 from tests.service.harness import keda_replicas
 
@@ -378,8 +379,7 @@ def test_slo_knobs_come_down_where_tokens_stream_slower_than_the_sla_at_the_cap(
         before = measure_window(engine_world, SLO_ITL_MS, 10.0)
         if before.within_frac is not None and before.within_frac >= SLA_GOAL_FRAC:
             pytest.skip(f"the engine meets {SLO_ITL_MS} ms at 32 sequences here: {before}")
-        original = set_slo(engine_world, SLO_ITL_MS)
-        try:
+        with target_changed(engine_world, slo_target(SLO_ITL_MS)):
             start = time.monotonic()
             view = _poll(
                 lambda: (v := governor_view(engine_world))["max_num_seqs"] < HIGH_CAP and v,  # type: ignore[operator]
@@ -390,9 +390,7 @@ def test_slo_knobs_come_down_where_tokens_stream_slower_than_the_sla_at_the_cap(
             took_s = time.monotonic() - start
             time.sleep(3.0)
             after = measure_window(engine_world, SLO_ITL_MS, 10.0)
-        finally:
-            set_target(engine_world, original)
-            set_knobs(engine_world, LOW_CAP)
+        set_knobs(engine_world, LOW_CAP)
     _record(
         slo_knobs={
             "itl_target_ms": SLO_ITL_MS,
@@ -454,17 +452,10 @@ def test_a_killed_engine_is_no_data_never_a_scale_down(engine_world: EngineWorld
     engine = engine_world.engine
     assert engine.proc is not None and engine.proc.poll() is None, "the engine is not running"
     engine_world.restart_governor()
-    with engine_world.governor_channel() as channel:
+    with (
         # The new governor believes the profile (an H100: ~230 req/s a replica), so a
         # queue it must drain within 50 ms is what sizes the fleet above one replica.
-        admin = pb_grpc.AdminServiceStub(channel)
-        target = pb.ModelTarget()
-        target.CopyFrom(
-            admin.GetTarget(pb.GetTargetRequest(model=MODEL_NAME), timeout=ADMIN_DEADLINE_S).target
-        )
-        target.policy.update({"backlog_drain_s": 0.05})
-        admin.SetTarget(pb.SetTargetRequest(target=target), timeout=ADMIN_DEADLINE_S)
-    with (
+        model_policy(engine_world, backlog_drain_s=0.05),
         ClosedLoopLoad(engine.url, 40, prompt_len=64, max_tokens=24) as load,
         engine_world.governor_channel() as channel,
     ):
