@@ -19,8 +19,9 @@ the tiny Llama with `governor engine-args --live`, Prometheus, `governor run`) a
 It answers whether the knobs the governor picks meet the ITL target on an engine whose
 steps grow with the batch in another shape than the profile's (an H100's steps grow ~7 %
 from 1 to 32 sequences; this CPU engine's about double). Not part of `make bench` (an
-engine start is minutes). `--json F` writes the numbers. Exit 0 when it ran, 1 when it
-could not.
+engine start is minutes). `--json F` writes the numbers (failed requests included). Exit
+0 when it ran, 1 when it could not or when requests failed: the shares above are then
+not of every request sent (as bench_grpc and tick_nice stop on failed calls).
 """
 
 from __future__ import annotations
@@ -108,6 +109,13 @@ def main() -> int:
         return 1
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if result["failed_requests"]:
+        print(
+            f"engine_knobs: {result['failed_requests']} requests failed: the shares above "
+            "are not of every request sent",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

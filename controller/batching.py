@@ -100,6 +100,12 @@ def clamp_knobs(knobs: Knobs, bounds: KnobBounds) -> Knobs:
     return knobs.within(floor, ceiling)
 
 
+def fewest_seqs(bounds: KnobBounds) -> int:
+    """The fewest sequences `slo_knobs` gives within `bounds`: one quantum, or the
+    bounds' minimum where that is more (their maximum where that is less)."""
+    return clamp_knobs(Knobs(SEQS_QUANTUM, TOKENS_QUANTUM), bounds).max_num_seqs
+
+
 def _step_model(profile: Profile) -> StepTimeModel:
     """`profile.step_model()`, kept per profile object (the decider asks three times per
     model per tick; profiles are immutable and few)."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from controller.batching import fewest_seqs
 from controller.capacity import (
     CAPACITY_FLOOR_RPS,
     capacity_limit,
@@ -404,7 +405,10 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             and (changed is None or now_s - obs.staleness_s - changed >= self.policy.window_s)
         )
         violated, healthy = streaming_evidence(obs, self.model.sla, requests)
-        return next_knob_correction(k, dt, violated, healthy, at_cap and decode_bound, settled)
+        floored = knobs.max_num_seqs <= fewest_seqs(self.model.knobs)
+        return next_knob_correction(
+            k, dt, violated, healthy, at_cap and decode_bound, settled, floored
+        )
 
     def _relaxed_sla(
         self, knobs: Knobs, lengths: Lengths | None, profile: Profile, replicas: int

@@ -622,7 +622,13 @@ step past one per running sequence) are at most this fraction of the token budge
 
 
 def next_knob_correction(
-    k: float, dt_s: float, violated: bool, healthy: bool, at_cap: bool, settled: bool
+    k: float,
+    dt_s: float,
+    violated: bool,
+    healthy: bool,
+    at_cap: bool,
+    settled: bool,
+    floored: bool,
 ) -> float:
     """The knob correction after `dt_s` seconds.
 
@@ -634,8 +640,19 @@ def next_knob_correction(
     cap (`at_cap`) with knobs in force for a whole window and none pending (`settled`),
     the ITL budget the knobs are sized for shrinks as the capacity correction does
     (x0.74 a minute), until the knobs it gives differ from those in force; it recovers
-    (+0.3 in 10 minutes) while streaming is healthy at the cap. Else unchanged."""
+    (+0.3 in 10 minutes) while streaming is healthy at the cap. Else unchanged.
+
+    Not below what the knobs in force need: where they already run the fewest
+    sequences the knobs may have (`floored`: batching.fewest_seqs), a smaller budget
+    changes no knob, and a correction run down to its floor meanwhile would keep the
+    knobs there for up to 25 minutes after the target is relaxed or the engines got
+    faster (the recovery's pace; a fleet grown for 8 sequences a replica may not run at
+    its cap again to recover at all). Example: vLLM's CPU build at an ITL target of
+    10 ms (no cap meets it for 95 % of requests): 32 -> 8 sequences at x0.55, held
+    there, not run down to 0.25."""
     if violated and at_cap and settled:
+        if floored:
+            return k
         return max(KNOB_CORRECTION_MIN, k * math.exp(-CORRECTION_DECAY_PER_S * dt_s))
     if healthy and not violated and at_cap:
         return min(1.0, k + CORRECTION_RECOVERY_PER_S * dt_s)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controller.config import KnobBounds
 from controller.decider import Decider
 from controller.metrics import GovernorMetrics
 from controller.plant import (
@@ -50,13 +51,13 @@ def _at_cap(**kw: Any) -> dict[str, Any]:
     return fields
 
 
-def _state(d: Decider, correction: float = 1.0) -> ModelState:
-    """4 replicas on KNOBS, published 1,000 s ago (one change made), a long healthy
+def _state(d: Decider, correction: float = 1.0, knobs: Knobs = KNOBS) -> ModelState:
+    """4 replicas on `knobs`, published 1,000 s ago (one change made), a long healthy
     history, the knob correction at `correction`."""
     s = d.initial_state(REPLICAS, now_s=ORIGIN_S - 1000)
     return replace(
         s,
-        knobs=KNOBS,
+        knobs=knobs,
         knob_memory=KnobMemory(changes=1, changed_at_s=ORIGIN_S - 1000),
         health=long_history(),
         plant=PlantBelief(knob_correction=correction),
@@ -74,17 +75,22 @@ def _run(d: Decider, s: ModelState, ticks: int, **kw: Any) -> tuple[list[Any], M
 
 
 def test_the_correction_shrinks_while_violated_at_the_cap_and_recovers_while_healthy() -> None:
-    assert next_knob_correction(1.0, 60.0, True, False, True, True) == pytest.approx(
+    assert next_knob_correction(1.0, 60.0, True, False, True, True, False) == pytest.approx(
         math.exp(-CORRECTION_DECAY_PER_S * 60.0)
     )
-    assert next_knob_correction(0.3, 600.0, True, False, True, True) == KNOB_CORRECTION_MIN
+    assert next_knob_correction(0.3, 600.0, True, False, True, True, False) == KNOB_CORRECTION_MIN
     for at_cap, settled in ((False, True), (True, False)):
-        assert next_knob_correction(0.8, 60.0, True, False, at_cap, settled) == 0.8
-    assert next_knob_correction(0.5, 100.0, False, True, True, True) == pytest.approx(
+        assert next_knob_correction(0.8, 60.0, True, False, at_cap, settled, False) == 0.8
+    # knobs already at their fewest sequences: a smaller budget changes nothing, held
+    assert next_knob_correction(0.55, 600.0, True, False, True, True, True) == 0.55
+    assert next_knob_correction(0.5, 100.0, False, True, True, True, False) == pytest.approx(
         0.5 + CORRECTION_RECOVERY_PER_S * 100.0
     )
-    assert next_knob_correction(0.5, 100.0, False, True, False, True) == 0.5  # not at the cap
-    assert next_knob_correction(0.99, 1000.0, False, True, True, False) == 1.0
+    assert next_knob_correction(0.5, 100.0, False, True, True, True, True) == pytest.approx(
+        0.5 + CORRECTION_RECOVERY_PER_S * 100.0
+    )  # healthy at the floor's cap: recovers
+    assert next_knob_correction(0.5, 100.0, False, True, False, True, False) == 0.5  # below cap
+    assert next_knob_correction(0.99, 1000.0, False, True, True, False, False) == 1.0
 
 
 def test_slow_streaming_at_the_cap_lowers_the_sequences_at_once_when_the_budget_moves() -> None:
@@ -131,6 +137,30 @@ def test_the_correction_holds_where_the_knobs_are_not_what_slows_the_stream(
     decisions, s = _run(d, _state(d), 40, **fields)
     assert s.plant.knob_correction == 1.0, why
     assert all(dec.knobs == KNOBS for dec in decisions), why
+
+
+@pytest.mark.parametrize("fewest", [8, 16])
+def test_the_correction_holds_where_the_knobs_run_the_fewest_sequences_they_may(
+    fewest: int,
+) -> None:
+    """A stream still violated at the fewest sequences the knobs may have (one quantum,
+    or the bounds' minimum), which are also what the budget gives (ITL 10 ms: no batch
+    of the profile's fits x0.55 of it): a smaller budget changes no knob, so the
+    correction holds where it is instead of running down to its floor (which a target
+    relaxed later would wait up to 25 minutes to recover from)."""
+    bounds = KnobBounds(max_num_seqs_min=fewest)
+    d = Decider(make_model(max_replicas=64, itl_p95_ms=10.0, knobs=bounds), make_policy())
+    knobs = Knobs(max_num_seqs=fewest, max_num_batched_tokens=256)  # what the budget gives
+    b = 0.95 * fewest
+    decisions, s = _run(
+        d,
+        _state(d, correction=0.55, knobs=knobs),
+        40,
+        running=b * REPLICAS,
+        step_tokens_mean=b + 40.0,  # decode-bound: 40 prefill tokens a step, of 256
+    )
+    assert [dec.knob_reason for dec in decisions] == [Reason.KNOBS_UNCHANGED] * 40
+    assert s.plant.knob_correction == 0.55
 
 
 def test_static_knobs_are_never_corrected() -> None:
