@@ -195,7 +195,11 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         slots = knob_memory.largest(knobs).max_num_seqs  # a replica's sequence slots
         demand = self._demand(obs, state, now_s, slots)  # step 4
         sizing = self._sizing_demand(state, now_s, demand)
-        caps, plant, hard = self._plant(obs, state, knob_memory, knobs, lengths, now_s, sizing)
+        caps, plant, hard, out_of_reach = self._plant(
+            obs, state, knob_memory, knobs, lengths, now_s, sizing
+        )
+        if out_of_reach and knob_reason == Reason.KNOBS_UNCHANGED:
+            knob_reason = Reason.KNOBS_SLA_INFEASIBLE
         if lengths is None and not demand.idle and state.replicas > 0:
             # Demand but no length statistics yet: capacity unknown, hold what we have.
             # The data is good: the fleet's health (whole since, calm since, no-data
@@ -303,12 +307,14 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         lengths: Lengths | None,
         now_s: float,
         demand_rps: float = 0.0,
-    ) -> tuple[tuple[float, float] | None, PlantBelief, bool]:
+    ) -> tuple[tuple[float, float] | None, PlantBelief, bool, bool]:
         """Step 3: the updated belief about the plant (controller.plant: the learned
         speed, the feedback correction), the per-replica capacity at the SLA with
         the knobs the replicas run on the profile x that speed (req/s; None without
-        length statistics; the correction is applied by the caller), and whether the
-        SLA is out of reach (then capacity is at a relaxed one: SLA_INFEASIBLE).
+        length statistics; the correction is applied by the caller), whether the
+        SLA is out of reach (then capacity is at a relaxed one: SLA_INFEASIBLE), and
+        whether the ITL target is out of the knobs' reach (KNOBS_SLA_INFEASIBLE:
+        `_knob_correction`).
 
         Replicas still on knobs from before a change count with those: capacity is the
         fleet's mean. Example: 2 of 4 replicas on knobs worth 10 req/s, the published
@@ -363,9 +369,11 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
         judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
         correction = next_correction(c, dt, violated, healthy, judge, loaded)
-        knob_correction = self._knob_correction(obs, state, memory, knobs, now_s, dt, requests)
+        knob_correction, out_of_reach = self._knob_correction(
+            obs, state, memory, knobs, now_s, dt, requests
+        )
         plant = replace(belief, capacity_correction=correction, knob_correction=knob_correction)
-        return caps, plant, relaxed is not None
+        return caps, plant, relaxed is not None, out_of_reach
 
     def _knob_correction(
         self,
@@ -376,17 +384,19 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         now_s: float,
         dt: float,
         requests: float,
-    ) -> float:
+    ) -> tuple[float, bool]:
         """Step 3's knob correction after this window (controller.plant.
-        next_knob_correction): judged on `slo` knobs only, at the sequence cap of the
-        knobs every ready replica runs (`knobs`, none still on older ones), published a
-        whole window before the sample with no candidate pending. The fleet need not be
-        whole: a replica's stream at its cap is its own knobs' doing, whatever the
-        others."""
+        next_knob_correction), and whether the ITL target is out of the knobs' reach:
+        the stream violated where the knobs in force run the fewest sequences they may
+        (batching.fewest_seqs), which no smaller budget lowers. Judged on `slo` knobs
+        only, at the sequence cap of the knobs every ready replica runs (`knobs`, none
+        still on older ones), published a whole window before the sample with no
+        candidate pending. The fleet need not be whole: a replica's stream at its cap is
+        its own knobs' doing, whatever the others."""
         k = state.plant.knob_correction
         n = obs.ready_replicas
         if self.model.batching_policy != "slo" or obs.running is None or not n:
-            return k
+            return k, False
         b = obs.running / n
         at_cap = b >= AT_CAP_FRAC * knobs.max_num_seqs
         # Decode-bound steps only: where prompts fill the steps' token budget (a queue
@@ -406,8 +416,10 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         )
         violated, healthy = streaming_evidence(obs, self.model.sla, requests)
         floored = knobs.max_num_seqs <= fewest_seqs(self.model.knobs)
-        return next_knob_correction(
-            k, dt, violated, healthy, at_cap and decode_bound, settled, floored
+        judged = at_cap and decode_bound
+        return (
+            next_knob_correction(k, dt, violated, healthy, judged, settled, floored),
+            violated and judged and settled and floored,
         )
 
     def _relaxed_sla(

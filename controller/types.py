@@ -63,6 +63,8 @@ class Reason(StrEnum):
     KNOBS_NOT_MATERIAL = "KNOBS_NOT_MATERIAL"
     KNOBS_NO_DATA = "KNOBS_NO_DATA"
     KNOBS_STATIC = "KNOBS_STATIC"
+    # tokens stream slower than the ITL target at the fewest sequences the knobs may have
+    KNOBS_SLA_INFEASIBLE = "KNOBS_SLA_INFEASIBLE"
 
 
 @dataclass(frozen=True, slots=True)

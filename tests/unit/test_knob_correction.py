@@ -147,7 +147,8 @@ def test_the_correction_holds_where_the_knobs_run_the_fewest_sequences_they_may(
     or the bounds' minimum), which are also what the budget gives (ITL 10 ms: no batch
     of the profile's fits x0.55 of it): a smaller budget changes no knob, so the
     correction holds where it is instead of running down to its floor (which a target
-    relaxed later would wait up to 25 minutes to recover from)."""
+    relaxed later would wait up to 25 minutes to recover from), and the decision says
+    the target is out of the knobs' reach."""
     bounds = KnobBounds(max_num_seqs_min=fewest)
     d = Decider(make_model(max_replicas=64, itl_p95_ms=10.0, knobs=bounds), make_policy())
     knobs = Knobs(max_num_seqs=fewest, max_num_batched_tokens=256)  # what the budget gives
@@ -159,8 +160,20 @@ def test_the_correction_holds_where_the_knobs_run_the_fewest_sequences_they_may(
         running=b * REPLICAS,
         step_tokens_mean=b + 40.0,  # decode-bound: 40 prefill tokens a step, of 256
     )
-    assert [dec.knob_reason for dec in decisions] == [Reason.KNOBS_UNCHANGED] * 40
+    assert [dec.knob_reason for dec in decisions] == [Reason.KNOBS_SLA_INFEASIBLE] * 40
+    assert decisions[-1].knobs == knobs
     assert s.plant.knob_correction == 0.55
+    assert "(KNOBS_SLA_INFEASIBLE)" in decisions[-1].explain()
+    # streaming within the target at that floor: nothing out of reach
+    healthy, _ = _run(
+        d,
+        _state(d, correction=0.55, knobs=knobs),
+        3,
+        running=b * REPLICAS,
+        step_tokens_mean=b + 40.0,
+        tpot_attainment_frac=0.999,
+    )
+    assert [dec.knob_reason for dec in healthy] == [Reason.KNOBS_UNCHANGED] * 3
 
 
 def test_static_knobs_are_never_corrected() -> None:
