@@ -648,8 +648,8 @@ def next_knob_correction(
     knobs there for up to 25 minutes after the target is relaxed or the engines got
     faster (the recovery's pace; a fleet grown for 8 sequences a replica may not run at
     its cap again to recover at all). Example: vLLM's CPU build at an ITL target of
-    10 ms (no cap meets it for 95 % of requests): 32 -> 8 sequences at x0.55, held
-    there, not run down to 0.25."""
+    10 ms (no cap meets it for 95 % of requests): 32 -> 8 sequences at x0.91 within
+    70 s, held there, not run down to 0.25 (docs/real-engine-runs.md)."""
     if violated and at_cap and settled:
         if floored:
             return k
