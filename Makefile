@@ -30,9 +30,10 @@ test-engine: $(STAMP) prometheus engine
 	$(BIN)/python -m pytest -q -m engine tests/engine
 
 # The faults gate runs silently so pytest's summary stays the closing line; the table is
-# in out/faults.md (`make test-faults` prints it).
+# in out/faults.md (`make test-faults` prints it). --durations: the 20 slowest tests'
+# times in every CI log, for the 25-minute budget of `make test` (~22 minutes used).
 test: $(STAMP) prometheus engine
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 	@$(BIN)/python scripts/faults_report.py --check > /dev/null
 
 # Fault injection, security, bad input and load (tests/faults): writes out/faults.json and
