@@ -64,6 +64,7 @@ from controller.plant import (
     LOADED_FRAC,
     MAX_WAITING_PER_REPLICA,
     believed_profile,
+    knob_target_out_of_reach,
     learn_plant,
     next_cold_start,
     next_correction,
@@ -419,7 +420,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         judged = at_cap and decode_bound
         return (
             next_knob_correction(k, dt, violated, healthy, judged, settled, floored),
-            violated and judged and settled and floored,
+            knob_target_out_of_reach(violated, judged, settled, floored),
         )
 
     def _relaxed_sla(

@@ -621,6 +621,15 @@ DECODE_BOUND_FRAC = 0.25
 step past one per running sequence) are at most this fraction of the token budget."""
 
 
+def knob_target_out_of_reach(violated: bool, at_cap: bool, settled: bool, floored: bool) -> bool:
+    """Whether the ITL target is out of the `slo` knobs' reach: tokens stream slower
+    than the SLA allows (`violated`) on engines at their sequence cap (`at_cap`), knobs
+    settled (`settled`), where the knobs in force already run the fewest sequences they
+    may (`floored`). No smaller budget changes a knob then: next_knob_correction holds
+    there, and the decider reports KNOBS_SLA_INFEASIBLE (one guard for both)."""
+    return violated and at_cap and settled and floored
+
+
 def next_knob_correction(
     k: float,
     dt_s: float,
@@ -650,9 +659,9 @@ def next_knob_correction(
     its cap again to recover at all). Example: vLLM's CPU build at an ITL target of
     10 ms (no cap meets it for 95 % of requests): 32 -> 8 sequences at x0.91 within
     70 s, held there, not run down to 0.25 (docs/real-engine-runs.md)."""
+    if knob_target_out_of_reach(violated, at_cap, settled, floored):
+        return k
     if violated and at_cap and settled:
-        if floored:
-            return k
         return max(KNOB_CORRECTION_MIN, k * math.exp(-CORRECTION_DECAY_PER_S * dt_s))
     if healthy and not violated and at_cap:
         return min(1.0, k + CORRECTION_RECOVERY_PER_S * dt_s)

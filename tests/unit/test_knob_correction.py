@@ -24,6 +24,7 @@ from controller.plant import (
     CORRECTION_DECAY_PER_S,
     CORRECTION_RECOVERY_PER_S,
     KNOB_CORRECTION_MIN,
+    knob_target_out_of_reach,
     next_knob_correction,
 )
 from controller.types import KnobMemory, Knobs, ModelState, PlantBelief, Reason, SavedState
@@ -91,6 +92,21 @@ def test_the_correction_shrinks_while_violated_at_the_cap_and_recovers_while_hea
     )  # healthy at the floor's cap: recovers
     assert next_knob_correction(0.5, 100.0, False, True, False, True, False) == 0.5  # below cap
     assert next_knob_correction(0.99, 1000.0, False, True, True, False, False) == 1.0
+
+
+def test_the_target_is_out_of_reach_exactly_where_a_violated_correction_holds() -> None:
+    """KNOBS_SLA_INFEASIBLE (knob_target_out_of_reach) and the correction's hold are one
+    guard: over every combination of its four conditions, a violated stream leaves the
+    correction where it is at a floor the report names, and shrinks it wherever the
+    stream is judged (at the cap, settled) and the knobs are not floored."""
+    for at_cap in (False, True):
+        for settled in (False, True):
+            for floored in (False, True):
+                out = knob_target_out_of_reach(True, at_cap, settled, floored)
+                assert out == (at_cap and settled and floored)
+                after = next_knob_correction(0.8, 60.0, True, False, at_cap, settled, floored)
+                assert (after < 0.8) == (at_cap and settled and not floored)
+                assert not knob_target_out_of_reach(False, at_cap, settled, floored)
 
 
 def test_slow_streaming_at_the_cap_lowers_the_sequences_at_once_when_the_budget_moves() -> None:
