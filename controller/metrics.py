@@ -2,9 +2,10 @@
 
 Names are prefixed `governor_`. Per-model series carry the `model` label.
 
-`record` runs once per model per tick (6 stage reasons and 12 gauges per model), so the
-per-model series are not prometheus-client children: `Gauge.labels`/`set` and
-`Counter.inc` each take a lock and check the metric on every call. `record` keeps each
+`record` runs once per model per tick (6 stage reasons, the knob step's reason and 12
+gauges per model), so the per-model series are not prometheus-client children:
+`Gauge.labels`/`set` and `Counter.inc` each take a lock and check the metric on every
+call. `record` keeps each
 model's gauge values and reason counts in plain lists and dicts, and a collector of its
 own (`_PerModelCollector`) exports them when the registry is scraped, as the children
 did: the same names, help, types, labels and values (a gauge never set reads 0 once its
@@ -28,8 +29,12 @@ from controller.capacity import LIMITS
 from controller.types import Decision
 
 REASONS_NAME = "governor_stage_reasons"
-REASONS_HELP = "Reason codes returned by each stage"
+REASONS_HELP = 'Reason codes returned by each stage (stage="knobs": the knob step\'s)'
 REASON_LABELS = ["model", "stage", "reason"]
+KNOBS_STAGE = "knobs"
+"""The `stage` label of the knob step's reason (Decision.knob_reason: KNOBS_SLO,
+KNOBS_UNCHANGED, KNOBS_SLA_INFEASIBLE, ...), counted with the replica stages' so that an
+alert or a dashboard reads both from one counter."""
 LIMIT_NAME = "governor_capacity_limit"
 LIMIT_HELP = (
     "1 for the SLA target that bounds the last valid decision's per-replica capacity "
@@ -206,9 +211,10 @@ class GovernorMetrics:
         if series is None:
             series = self._series[m] = _ModelSeries()
         reasons = series.reasons
-        for s in d.stages:
-            # `_value_`, not the member: hashing a StrEnum member is a Python-level call.
-            key = (s.name, s.reason._value_)
+        # `_value_`, not the member: hashing a StrEnum member is a Python-level call.
+        keys = [(s.name, s.reason._value_) for s in d.stages]
+        keys.append((KNOBS_STAGE, d.knob_reason._value_))
+        for key in keys:
             cell = reasons.get(key)
             if cell is None:
                 cell = reasons[key] = self._reasons.setdefault((m, *key), [0.0, time.time()])

@@ -363,6 +363,69 @@ def test_knob_rollout_waiting_fires_on_a_roll_out_that_never_gets_room(tmp_path:
     _run_tests(tmp_path, rules, tests)
 
 
+def _out_of_reach_description(model: str, reason: str) -> str:
+    return (
+        f"{model}: 100% of the decisions over 10m read {reason}. SLA_INFEASIBLE: no replica "
+        "count meets the SLA on the engines as learned (governor_plant_speed_factor); the "
+        "fleet is sized for what one unloaded replica gives. KNOBS_SLA_INFEASIBLE: at the "
+        "fewest sequences the knob bounds allow, tokens still stream slower than the ITL "
+        "target, and the fleet pays for that floor. Relax the target ('governor target "
+        "set') or move the model to faster engines; 'governor explain' shows the decisions."
+    )
+
+
+def test_sla_out_of_reach_fires_where_most_decisions_say_so_for_10_minutes(
+    tmp_path: Path,
+) -> None:
+    """GovernorSLAOutOfReach, from the stage reason counter (a decision every 5 s: 3 per
+    15 s): model a's every raw stage reads SLA_INFEASIBLE and model c's every knob step
+    KNOBS_SLA_INFEASIBLE, both alert after 10 minutes (not at 5), each with its stage
+    and reason; model b's knob step reads it in a third of its decisions (a floor it
+    leaves and comes back to), which does not alert."""
+    reasons = "governor_stage_reasons_total"
+    gov = {**GOV, "instance": "10.0.0.1:9464"}
+
+    def series(model: str, stage: str, reason: str, per_15s: int) -> dict[str, str]:
+        labels = {**gov, "model": model, "stage": stage, "reason": reason}
+        return _series(reasons, labels, f"0+{per_15s}x80")
+
+    def fired(model: str, stage: str, reason: str) -> dict[str, Any]:
+        return {
+            "exp_labels": {"severity": "warning", "model": model, "stage": stage, "reason": reason},
+            "exp_annotations": {
+                "summary": "llm-governor: a model's SLA is out of reach of scaling and knobs",
+                "description": _out_of_reach_description(model, reason),
+            },
+        }
+
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": [
+                series("a", "raw", "SLA_INFEASIBLE", 3),
+                series("a", "knobs", "KNOBS_UNCHANGED", 3),
+                series("b", "raw", "CAPACITY", 3),
+                series("b", "knobs", "KNOBS_SLA_INFEASIBLE", 1),
+                series("b", "knobs", "KNOBS_UNCHANGED", 2),
+                series("c", "raw", "CAPACITY", 3),
+                series("c", "knobs", "KNOBS_SLA_INFEASIBLE", 3),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "GovernorSLAOutOfReach", "exp_alerts": []},
+                {
+                    "eval_time": "12m",
+                    "alertname": "GovernorSLAOutOfReach",
+                    "exp_alerts": [
+                        fired("a", "raw", "SLA_INFEASIBLE"),
+                        fired("c", "knobs", "KNOBS_SLA_INFEASIBLE"),
+                    ],
+                },
+            ],
+        },
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+
+
 def test_actuation_failing_fires_on_sustained_errors(tmp_path: Path) -> None:
     pod = {**GOV, "instance": "10.0.0.1:9464", "actuator": "KubernetesScaleActuator"}
     tests = [

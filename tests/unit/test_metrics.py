@@ -75,6 +75,25 @@ def test_gauges_follow_each_decision() -> None:
     )
 
 
+def test_the_knob_steps_reason_is_counted_as_the_stage_knobs() -> None:
+    """Each decision's knob reason under stage="knobs" (what GovernorSLAOutOfReach reads
+    KNOBS_SLA_INFEASIBLE from), one count per decision, held ones included."""
+    m = GovernorMetrics(CollectorRegistry())
+    m.record(GOOD, 1.0)
+    m.record(replace(GOOD, knob_reason=Reason.KNOBS_SLA_INFEASIBLE), 1.0)
+    m.record(replace(GOOD, knob_reason=Reason.KNOBS_SLA_INFEASIBLE), 1.0)
+    m.record(replace(GOOD, valid=False, knob_reason=Reason.KNOBS_NO_DATA), None)
+
+    def count(stage: str, reason: Reason) -> float | None:
+        labels = {"model": "m", "stage": stage, "reason": reason.value}
+        return m.registry.get_sample_value("governor_stage_reasons_total", labels)
+
+    assert count("knobs", Reason.KNOBS_UNCHANGED) == 1
+    assert count("knobs", Reason.KNOBS_SLA_INFEASIBLE) == 2
+    assert count("knobs", Reason.KNOBS_NO_DATA) == 1
+    assert count("raw", Reason.CAPACITY) == 4
+
+
 def test_forget_drops_the_series_and_a_returning_model_is_set_again() -> None:
     m = GovernorMetrics(CollectorRegistry())
     m.record(GOOD, 1.0)
