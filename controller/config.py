@@ -351,6 +351,12 @@ class PrometheusSettings(_Strict):
         description="how often Prometheus scrapes the engines: a rate window needs at "
         "least two samples, so the short (panic) window is at least two of these",
     )
+    query_method: Literal["POST", "GET"] = Field(
+        default="POST",
+        description="HTTP method of the governor's instant queries: POST sends each query "
+        "as a form body (what Grafana does by default; no URL-length limit of a proxy in "
+        "between applies), GET in the URL, for a read-only proxy that refuses POST",
+    )
     ingress_rate_query: str | None = Field(
         default=None,
         max_length=4096,

@@ -532,7 +532,7 @@ def _kube_actuators(
         from estimators.prometheus import http_query_client
 
         p = config.prometheus
-        prom = http_query_client(p.url, p.timeout_s, p.disable_ssl, 0)
+        prom = http_query_client(p.url, p.timeout_s, p.disable_ssl, 0, p.query_method)
         running = prometheus_running_by_pod(prom, p.model_label, p.namespace_label)
         drain = PodDrainer(k8s.CoreV1Api(kube), k8s.AppsV1Api(kube), running).prepare
     if args.scale_via == "kubernetes":

@@ -14,6 +14,7 @@ import http.server
 import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -465,7 +466,9 @@ Behaviour = Callable[[http.server.BaseHTTPRequestHandler], None]
 
 @pytest.fixture
 def tiny_server() -> Iterator[Callable[[Behaviour], tuple[str, list[str]]]]:
-    """Start a loopback HTTP server whose GET handler is `behaviour`; returns (url, paths)."""
+    """Start a loopback HTTP server whose GET and POST handler is `behaviour`; returns
+    (url, requests), each request as "METHOD path" with a POST's form body after a `?`
+    (the parameters read alike whichever way they came)."""
     servers: list[http.server.ThreadingHTTPServer] = []
 
     def start(behaviour: Behaviour) -> tuple[str, list[str]]:
@@ -473,8 +476,15 @@ def tiny_server() -> Iterator[Callable[[Behaviour], tuple[str, list[str]]]]:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                paths.append(self.path)
+                paths.append(f"GET {self.path}")
                 with contextlib.suppress(OSError):  # the client gave up (timeout test)
+                    behaviour(self)
+
+            def do_POST(self) -> None:
+                form = self.headers.get("Content-Type") == "application/x-www-form-urlencoded"
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+                paths.append(f"POST {self.path}?{body}" if form else f"POST {self.path}")
+                with contextlib.suppress(OSError):
                     behaviour(self)
 
             def log_message(self, format: str, *args: object) -> None:
@@ -608,3 +618,23 @@ def test_settings_object_supplies_url_timeout_and_label(tiny_server: Any) -> Non
     assert "served_model" in src.queries.demand and "[20s]" in src.queries.demand
     src.observe(MODELS, NOW)
     assert all("timeout=0.5" in p for p in paths)
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_queries_go_by_the_configured_method(tiny_server: Any, method: str) -> None:
+    """`prometheus.query_method`: POST (the default) sends each query, its evaluation
+    time and timeout as a form body to /api/v1/query with nothing in the URL; GET sends
+    them in the URL. Either way every query of the tick reaches the server."""
+    from controller.config import PrometheusSettings
+
+    url, paths = tiny_server(reply(200, EMPTY_VECTOR))
+    kw = {} if method == "POST" else {"query_method": method}
+    src = PrometheusSource(PrometheusSettings(url=url, **kw), window_s=20)
+    src.observe(MODELS, NOW)
+    assert len(paths) == src.queries_last_tick == 8
+    for p in paths:
+        verb, _, rest = p.partition(" ")
+        route, _, params = rest.partition("?")
+        assert (verb, route) == (method, "/api/v1/query"), p
+        fields = urllib.parse.parse_qs(params)
+        assert fields["time"] == [f"{NOW:.3f}"] and "query" in fields, p
