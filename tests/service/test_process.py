@@ -217,6 +217,16 @@ def test_governor_run_entry_point_serves_health_metrics_and_stops_on_sigterm(
             wait_until(ticked, 20, "a tick counted in /metrics")
             # no data from Prometheus: KEDA is told UNAVAILABLE, never a zero
             assert keda_replicas(channel) is None
+            # each held decision's stages, the knob step's as stage="knobs"
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                reasons = [
+                    line
+                    for line in r.read().decode().splitlines()
+                    if line.startswith("governor_stage_reasons_total{")
+                ]
+            assert any('stage="knobs"' in line for line in reasons), reasons
+            assert any('stage="raw"' in line for line in reasons), reasons
         svc.proc.send_signal(signal.SIGTERM)
         assert svc.proc.wait(timeout=15) == 0
     finally:
