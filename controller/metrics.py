@@ -5,13 +5,13 @@ Names are prefixed `governor_`. Per-model series carry the `model` label.
 `record` runs once per model per tick (6 stage reasons, the knob step's reason and 12
 gauges per model), so the per-model series are not prometheus-client children:
 `Gauge.labels`/`set` and `Counter.inc` each take a lock and check the metric on every
-call. `record` keeps each
-model's gauge values and reason counts in plain lists and dicts, and a collector of its
-own (`_PerModelCollector`) exports them when the registry is scraped, as the children
-did: the same names, help, types, labels and values (a gauge never set reads 0 once its
-model has a series; a reason counter has its `_created` time). Measured at 1,000 models
-(the decisions of bench_tick's ticks, load average 0.9): `record` 15.5-16.3 ms per tick
-with the children kept and gauges set only on change, 5.1-5.7 ms so. The values are
+call. `record` keeps each model's gauge values and reason counts in plain lists and
+dicts, and a collector of its own (`_PerModelCollector`) exports them when the registry
+is scraped, as the children did: the same names, help, types, labels and values (a
+gauge never set reads 0 once its model has a series; a reason counter has its `_created`
+time). Measured at 1,000 models (the decisions of bench_tick's ticks, load average 0.9),
+before the knob step's reason was counted: `record` 15.5-16.3 ms per tick with the
+children kept and gauges set only on change, 5.1-5.7 ms so. The values are
 written only by the ticking thread; a scrape reads a snapshot taken in one C call.
 `forget` drops a model's gauge series (its reason counters stay, as a Counter's children
 did); a model that comes back starts its gauges afresh.

@@ -105,12 +105,12 @@ from estimators.types import (
 
 DEFAULT_TIMEOUT_S: Final = 3.0
 DEFAULT_SCRAPE_INTERVAL_S: Final = 15.0
+"""How often Prometheus scrapes the engines when nothing says (its common setting), s."""
 DEFAULT_QUERY_METHOD: Final = "POST"
 """HTTP method of the instant queries (`PrometheusSettings.query_method`): POST sends a
 query as a form body, which Prometheus's API takes as it takes the URL's parameters, with
 no URL-length limit in a proxy between and ~10 % less client CPU than GET's long URLs
 (urllib3 re-checks every character of a URL; measured on a recorded-run replay)."""
-"""How often Prometheus scrapes the engines when nothing says (its common setting), s."""
 RULES_MAX_AGE_INTERVALS: Final = 3.0
 """How many scrape intervals old a recorded bucket series may be and still be read.
 
