@@ -229,14 +229,15 @@ def http_query_client(
         kwargs["timeout"] = timeout_s  # prometheus-api-client >= 0.6
     if "session" in params:
         kwargs["session"] = _orjson_session(verify=not disable_ssl)
-    if method.upper() not in ("GET", "POST"):
+    verb = method.upper()
+    if verb not in ("GET", "POST"):
         raise ValueError(f"query method must be GET or POST, got {method!r}")
     if "method" in params:
-        kwargs["method"] = method.upper()
+        kwargs["method"] = verb
     client = _body_connect_class()(**kwargs)
     # `query_body` reads it; a client too old to take `method` sends `custom_query`
     # (the drain's queries) with GET.
-    client._method = method.upper()
+    client._method = verb
     made: QueryClient = client
     return made
 
@@ -450,7 +451,7 @@ class PrometheusSource:
         self.queries: TickQueries = self._by_mode[False]
         """The queries of the latest tick (`sla_buckets` follows the models' SLAs; the
         quantile and SLA-edge queries follow `rules_in_use`)."""
-        method = getattr(s, "query_method", DEFAULT_QUERY_METHOD)
+        method = s.query_method
         made = client or http_query_client(self.url, self.timeout_s, disable_ssl, retries, method)
         self._client: QueryClient = made
         self._per_call_timeout = _takes_timeout(self._client)
