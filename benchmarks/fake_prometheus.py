@@ -68,7 +68,7 @@ def governor_queries(config: GovernorConfig) -> TickQueries:
     from service.run import prometheus_source
 
     interval = config.prometheus.scrape_interval_s
-    source = prometheus_source(config, reported_s=lambda url, timeout: interval, client=_Capture())
+    source = prometheus_source(config, reported_s=lambda _settings: interval, client=_Capture())
     source.observe([model_query(m) for m in config.models], time.time())
     return source.queries
 

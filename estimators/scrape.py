@@ -8,7 +8,9 @@ jobs reports its `scrapeInterval` in `/api/v1/targets`. The largest one is the a
 Example: jobs {"vllm"}; targets of job vllm report "15s" and "30s" -> 30.0.
 
 Every failure (unreachable, not Prometheus, no engine targets yet) is None: the check
-is advisory, the configured value stays in force.
+is advisory, the configured value stays in force. It asks as the control loop asks
+(`PrometheusSettings.query_method`, and no TLS verification where `disable_ssl`), so a
+Prometheus the loop can read answers the check too.
 """
 
 from __future__ import annotations
@@ -39,19 +41,37 @@ def parse_duration_s(text: str) -> float | None:
 
 
 def engine_scrape_interval_s(
-    url: str, timeout_s: float = 3.0, get: Callable[..., Any] | None = None
+    url: str,
+    timeout_s: float = 3.0,
+    request: Callable[..., Any] | None = None,
+    *,
+    method: str = "POST",
+    verify: bool = True,
 ) -> float | None:
     """The largest scrape interval of the engines' active targets, seconds, or None
-    when Prometheus cannot say (see the module doc)."""
-    fetch = get or requests.get
+    when Prometheus cannot say (see the module doc). The jobs query goes with HTTP
+    `method` (POST: in a form body; GET: in the URL), the targets API with GET;
+    `verify`: check TLS certificates; `request`: `requests.request` by default."""
+    send = request or requests.request
     base = url.rstrip("/")
+    fields = {"query": ENGINE_JOBS_QUERY}
+    form = method.upper() == "POST"
     try:
-        jobs_answer = fetch(
-            f"{base}/api/v1/query", params={"query": ENGINE_JOBS_QUERY}, timeout=timeout_s
+        jobs_answer = send(
+            "POST" if form else "GET",
+            f"{base}/api/v1/query",
+            params=None if form else fields,
+            data=fields if form else None,
+            timeout=timeout_s,
+            verify=verify,
         ).json()
         jobs = {r["metric"].get("job") for r in jobs_answer["data"]["result"]}
-        targets = fetch(
-            f"{base}/api/v1/targets", params={"state": "active"}, timeout=timeout_s
+        targets = send(
+            "GET",
+            f"{base}/api/v1/targets",
+            params={"state": "active"},
+            timeout=timeout_s,
+            verify=verify,
         ).json()["data"]["activeTargets"]
         intervals = [_interval_s(t, jobs) for t in targets]  # None: a TypeError
         known = [i for i in intervals if i is not None]

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from controller.actuation import Actuator
-from controller.config import INT32_MAX, ConfigError, GovernorConfig, load_config
+from controller.config import (
+    INT32_MAX,
+    ConfigError,
+    GovernorConfig,
+    PrometheusSettings,
+    load_config,
+)
 from controller.loop import SystemClock
 from controller.types import Knobs
 from service.core import MAX_MODELS, ServiceCore
@@ -399,7 +405,7 @@ def _source(args: argparse.Namespace, config: GovernorConfig) -> tuple[Any, list
 
 def prometheus_source(
     config: GovernorConfig,
-    reported_s: Callable[[str, float], float | None] | None = None,
+    reported_s: Callable[[PrometheusSettings], float | None] | None = None,
     client: Any = None,
 ) -> PrometheusSource:
     """The Prometheus source `governor run` reads for `config`: its rate window and
@@ -422,16 +428,22 @@ def prometheus_source(
 
 
 def checked_scrape_interval_s(
-    config: GovernorConfig, reported_s: Callable[[str, float], float | None] | None = None
+    config: GovernorConfig,
+    reported_s: Callable[[PrometheusSettings], float | None] | None = None,
 ) -> float:
     """The engines' scrape interval, seconds: `prometheus.scrape_interval_s`, or the
     interval Prometheus reports for the engine targets when that is longer (logged: a
     lookback of two configured scrapes would read one missed scrape as a dead target,
-    and the short window would hold fewer than two samples)."""
+    and the short window would hold fewer than two samples). `reported_s`: how it is
+    asked, default `estimators.scrape` with the settings' query method and TLS check."""
     from estimators.scrape import engine_scrape_interval_s
 
-    ask = reported_s or engine_scrape_interval_s
-    reported = ask(config.prometheus.url, config.prometheus.timeout_s)
+    def ask_prometheus(p: PrometheusSettings) -> float | None:
+        return engine_scrape_interval_s(
+            p.url, p.timeout_s, method=p.query_method, verify=not p.disable_ssl
+        )
+
+    reported = (reported_s or ask_prometheus)(config.prometheus)
     configured = config.prometheus.scrape_interval_s
     if reported is None or reported <= configured:
         return configured

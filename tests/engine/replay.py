@@ -293,7 +293,7 @@ def _replay(
     step_at = result.get("step_started_unix_s")
     tick_s = config.policy.tick_interval_s
     if source is None:
-        source = prometheus_source(config, reported_s=lambda _url, _timeout: None)
+        source = prometheus_source(config, reported_s=lambda _settings: None)
     loop = ControlLoop(
         config, source, logger=_quiet_logger(), pause_gc=False, switch_interval_s=None
     )

@@ -9,15 +9,44 @@ from typing import Any
 import pytest
 
 from controller.config import GovernorConfig, PrometheusSettings
-from estimators.scrape import engine_scrape_interval_s, parse_duration_s
+from estimators.scrape import ENGINE_JOBS_QUERY, engine_scrape_interval_s, parse_duration_s
 from service.run import checked_scrape_interval_s, short_window_for
 from tests.conftest import make_model, make_policy
 from tests.integration.conftest import VllmWorld
 from tests.integration.promserver import free_port
 
 
-def test_real_prometheus_reports_the_engine_targets_interval(vllm_world: VllmWorld) -> None:
-    assert engine_scrape_interval_s(vllm_world.url) == 1.0
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_real_prometheus_reports_the_engine_targets_interval(
+    vllm_world: VllmWorld, method: str
+) -> None:
+    assert engine_scrape_interval_s(vllm_world.url, method=method) == 1.0
+
+
+def test_the_check_asks_as_the_settings_say() -> None:
+    """`checked_scrape_interval_s` asks Prometheus with the loop's query method and TLS
+    setting (it asked with GET and verified certificates whatever the settings said, so
+    a Prometheus with a self-signed certificate and `disable_ssl` never answered)."""
+    import service.run as run
+
+    sent: list[tuple[str, str, Any, bool]] = []
+    jobs = _answers([{"labels": {"job": "vllm"}, "scrapeInterval": "30s"}])
+
+    def request(method: str, url: str, **kw: Any) -> _Answer:
+        sent.append((method, url.rsplit("/", 1)[1], kw.get("data"), kw["verify"]))
+        return jobs(method, url, **kw)
+
+    settings = PrometheusSettings(
+        url="https://p:9090", disable_ssl=True, query_method="POST", scrape_interval_s=15.0
+    )
+    config = _config().model_copy(update={"prometheus": settings})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("estimators.scrape.requests.request", request)
+        assert run.checked_scrape_interval_s(config) == 30.0
+    assert sent == [
+        ("POST", "query", {"query": ENGINE_JOBS_QUERY}, False),
+        ("GET", "targets", None, False),
+    ]
 
 
 def test_unreachable_prometheus_is_no_answer() -> None:
@@ -33,14 +62,14 @@ class _Answer:
 
 
 def _answers(targets: Any) -> Any:
-    """A `get` answering the jobs query with job "vllm" and the targets API with
-    `targets` as `activeTargets` (crafted answers: a fake `get`, no Prometheus)."""
+    """A `request` answering the jobs query with job "vllm" and the targets API with
+    `targets` as `activeTargets` (crafted answers: a fake `request`, no Prometheus)."""
     jobs = {"data": {"result": [{"metric": {"job": "vllm"}, "value": [1, "2"]}]}}
 
-    def get(url: str, **_kw: Any) -> _Answer:
+    def request(_method: str, url: str, **_kw: Any) -> _Answer:
         return _Answer(jobs if url.endswith("/query") else {"data": {"activeTargets": targets}})
 
-    return get
+    return request
 
 
 @pytest.mark.parametrize(
@@ -60,7 +89,7 @@ def test_odd_targets_answers_are_no_answer_never_a_raise(
 ) -> None:
     """The docstring's promise: every failure is None (a target without labels is
     skipped, the others still read)."""
-    assert engine_scrape_interval_s("http://p", get=_answers(targets)) == seconds
+    assert engine_scrape_interval_s("http://p", request=_answers(targets)) == seconds
 
 
 @pytest.mark.parametrize(
@@ -89,7 +118,7 @@ def _config() -> GovernorConfig:
 
 def _short_window_s(reported: float | None) -> float:
     config = _config()
-    return short_window_for(config, checked_scrape_interval_s(config, lambda url, t: reported))
+    return short_window_for(config, checked_scrape_interval_s(config, lambda _settings: reported))
 
 
 def test_a_longer_reported_interval_raises_the_short_window() -> None:
@@ -110,5 +139,5 @@ def test_the_gauges_lookback_follows_the_slower_reported_scrape(
     engine scraped every 45 s as a dead target."""
     from service.run import prometheus_source
 
-    source = prometheus_source(_config(), lambda url, t: reported)
+    source = prometheus_source(_config(), lambda _settings: reported)
     assert source.scrape_interval_s == lookback_s
