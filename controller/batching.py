@@ -7,6 +7,9 @@ Two knob policies:
   mixed step (those decodes + one prefill chunk) stays under the ITL target, raised
   where the p95 prompt could not be prefilled within the TTFT target; both bounded by
   KV capacity and quantized (seqs to multiples of 8, tokens to multiples of 256).
+  Where the fleet is at its max replicas and still short, the queue stands whatever the
+  knobs, so every request waits past the TTFT target until it drains: the knobs then
+  serve throughput (`throughput_knobs`), as many sequences as the KV cache holds.
 
 How many requests per second one replica with these knobs serves while meeting the SLA
 is controller.capacity's `capacity_rps` (a queueing model, by bisection on the arrival
@@ -216,6 +219,22 @@ def slo_knobs(
     ttft_tokens = math.ceil(lengths.prompt_p95 / steps_allowed)
     if ttft_tokens > tokens:
         tokens = math.ceil(ttft_tokens / TOKENS_QUANTUM) * TOKENS_QUANTUM
+    return clamp_knobs(Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens), bounds)
+
+
+def throughput_knobs(slo: Knobs, lengths: Lengths, profile: Profile, bounds: KnobBounds) -> Knobs:
+    """Knobs for the most requests a second at these lengths, from the SLO knobs `slo`:
+    as many sequences as the KV cache holds at their mean full context (10 % reserve;
+    a decode step's fixed cost spread over more tokens), at least `slo`'s, and the token
+    budget grown by the sequences added, so a step keeps `slo`'s room for a prefill
+    chunk. For a fleet at its max replicas that cannot serve the load (the module doc).
+    Example (default profile, conversation means 1155/211): KV for 306 sequences ->
+    304; SLO knobs 136 / 2,304 -> 304 / 2,560."""
+    mean_ctx = max(1.0, lengths.prompt_mean + lengths.output_mean)
+    kv_seqs = int(profile.kv_capacity_tokens * 0.9 / mean_ctx) // SEQS_QUANTUM * SEQS_QUANTUM
+    seqs = max(slo.max_num_seqs, kv_seqs)
+    added = seqs - slo.max_num_seqs
+    tokens = slo.max_num_batched_tokens + math.ceil(added / TOKENS_QUANTUM) * TOKENS_QUANTUM
     return clamp_knobs(Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens), bounds)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.batching import clamp_knobs, seed_policy_knobs, slo_knobs
+from controller.batching import clamp_knobs, seed_policy_knobs, slo_knobs, throughput_knobs
 from controller.config import ModelConfig, ScalingPolicy
 from controller.plant import believed_profile, streaming_violated
 from controller.types import KnobMemory, Knobs, Lengths, ModelState, Reason
@@ -195,6 +195,10 @@ class KnobSteps:
             profile = believed_profile(self.profile, state.plant)
             margin = self.policy.itl_margin_frac * state.plant.knob_correction
             candidate = slo_knobs(lengths, self.model.sla, profile, bounds, margin)
+            if self._short_at_max(state):
+                candidate = throughput_knobs(candidate, lengths, profile, bounds)
+                if candidate == current:
+                    return current, Reason.KNOBS_THROUGHPUT, KnobMemory()
         if candidate == current:
             return current, Reason.KNOBS_UNCHANGED, KnobMemory()
         if not self._material(candidate, current):
@@ -208,6 +212,14 @@ class KnobSteps:
         if now_s - since >= self._sustain_s(obs, state, candidate, current):
             return candidate, Reason.KNOBS_CHANGED, KnobMemory()
         return current, Reason.KNOBS_PENDING, KnobMemory(candidate, since)
+
+    def _short_at_max(self, state: ModelState) -> bool:
+        """Whether the fleet is at its max replicas and the last tick recommended more
+        (past the deadband, before the clamp): no scale-up can serve the load, so the
+        knobs serve throughput (controller.batching.throughput_knobs)."""
+        top = self.model.replicas.max_replicas
+        recs = state.windows.recommendations
+        return state.replicas >= top and bool(recs) and recs[-1][1] > top
 
     def _sustain_s(
         self, obs: Observation, state: ModelState, candidate: Knobs, current: Knobs

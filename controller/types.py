@@ -65,6 +65,8 @@ class Reason(StrEnum):
     KNOBS_STATIC = "KNOBS_STATIC"
     # tokens stream slower than the ITL target at the fewest sequences the knobs may have
     KNOBS_SLA_INFEASIBLE = "KNOBS_SLA_INFEASIBLE"
+    # the fleet is at its max replicas and short: the knobs in force serve throughput
+    KNOBS_THROUGHPUT = "KNOBS_THROUGHPUT"
 
 
 @dataclass(frozen=True, slots=True)
