@@ -426,6 +426,50 @@ def test_sla_out_of_reach_fires_where_most_decisions_say_so_for_10_minutes(
     _run_tests(tmp_path, _rules(), tests)
 
 
+def test_at_max_replicas_fires_where_most_decisions_are_clamped_for_10_minutes(
+    tmp_path: Path,
+) -> None:
+    """GovernorAtMaxReplicas, from the stage reason counter (3 decisions per 15 s): model
+    a's every clamp stage reads CLAMPED_MAX and alerts after 10 minutes (not at 5); model
+    b's does in a third of its decisions (a burst's peaks), which does not alert."""
+    reasons = "governor_stage_reasons_total"
+    gov = {**GOV, "instance": "10.0.0.1:9464"}
+
+    def series(model: str, reason: str, per_15s: int) -> dict[str, str]:
+        labels = {**gov, "model": model, "stage": "clamp", "reason": reason}
+        return _series(reasons, labels, f"0+{per_15s}x80")
+
+    description = (
+        "a: 100% of the decisions over 10m asked for more replicas than its maximum "
+        "(CLAMPED_MAX). A queue stands and the SLA is missed while the load lasts; the "
+        "knobs serve throughput meanwhile (KNOBS_THROUGHPUT). Raise the maximum ('governor "
+        "target set --max-replicas') where GPUs allow; 'governor explain' shows the "
+        "decisions."
+    )
+    fired = {
+        "exp_labels": {"severity": "warning", "model": "a"},
+        "exp_annotations": {
+            "summary": "llm-governor: a model's load needs more replicas than its maximum",
+            "description": description,
+        },
+    }
+    tests = [
+        {
+            "interval": "15s",
+            "input_series": [
+                series("a", "CLAMPED_MAX", 3),
+                series("b", "CLAMPED_MAX", 1),
+                series("b", "WITHIN_BOUNDS", 2),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "GovernorAtMaxReplicas", "exp_alerts": []},
+                {"eval_time": "12m", "alertname": "GovernorAtMaxReplicas", "exp_alerts": [fired]},
+            ],
+        },
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+
+
 def test_actuation_failing_fires_on_sustained_errors(tmp_path: Path) -> None:
     pod = {**GOV, "instance": "10.0.0.1:9464", "actuator": "KubernetesScaleActuator"}
     tests = [
