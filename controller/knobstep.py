@@ -18,6 +18,42 @@ from estimators.smoothing import ewma
 from estimators.stepmodel import Profile
 from estimators.types import Observation
 
+INFLIGHT_RISE = 2.0
+"""How far the outputs in flight (`inflight_output_tokens`) must exceed the smoothed
+output mean before they replace it (ratio). Against the window's histogram mean they
+read 1.06x at the median and up to 1.84x on conversation x16 at a 30 s scrape (the
+running gauge is one instant); outputs 4x longer read 4.2x."""
+INFLIGHT_SUSTAIN_S = 30.0
+"""How long the outputs in flight must read past the rise, on every good tick, before
+they replace the belief (s): an engine that stalls for a few seconds piles up running
+sequences that the window's mean ITL does not yet show (a recorded real-engine run read
+93 tokens in flight for 4 s of 16-token outputs)."""
+INFLIGHT_MIN_RUNNING = 8.0
+"""Fewest running sequences per ready replica for the in-flight reading: the running
+gauge is one instant, and a handful of sequences is noise."""
+
+
+def inflight_output_tokens(obs: Observation) -> float | None:
+    """The mean output length of the requests in flight, tokens, by Little's law: a
+    request runs for its prefill and then one inter-token latency per output token, so
+    running = arrival rate x (prefill time + output x mean ITL). None without the
+    signals, under INFLIGHT_MIN_RUNNING a replica, or with a queue (more than one
+    waiting a replica: the running count is then the slots, not the load).
+
+    The output-length histogram counts a request when it finishes, so after a shift to
+    longer outputs it reads the short ones that finish first for minutes; the running
+    count holds the long ones from their first token. Example: 40 req/s, 600 running,
+    mean ITL 20 ms, prefill 50 ms -> (15 s - 0.05 s) / 0.02 s = 748 tokens."""
+    lam = max(obs.arrival_rate_rps, obs.arrival_rate_short_rps or 0.0)
+    running, itl_ms = obs.running, obs.itl_mean_ms
+    if lam <= 0 or running is None or itl_ms is None or itl_ms <= 0 or obs.waiting is None:
+        return None
+    replicas = max(1, obs.ready_replicas or 1)
+    if running < INFLIGHT_MIN_RUNNING * replicas or obs.waiting > replicas:
+        return None
+    decode_s = running / lam - (obs.prefill_time_mean_ms or 0.0) / 1000.0
+    return max(0.0, decode_s) * 1000.0 / itl_ms
+
 
 class KnobSteps:
     """Knob and length steps of `Decider` (see the module doc)."""
@@ -116,7 +152,9 @@ class KnobSteps:
         rollout, memory = self._knob_change(state, bounded, reason, KnobMemory(), now_s)
         return bounded, reason, memory, rollout
 
-    def _lengths(self, obs: Observation, state: ModelState, now_s: float) -> Lengths | None:
+    def _lengths(
+        self, obs: Observation, state: ModelState, now_s: float
+    ) -> tuple[Lengths | None, float | None]:
         """Smoothed length statistics: this tick's, blended into the last known ones with
         a half-life of `lengths_half_life_s`; the last known when this tick has none.
 
@@ -125,6 +163,17 @@ class KnobSteps:
         resizing the fleet. Example: last 2,000 tokens, this window 4,000, 5 s later with
         a 300 s half-life -> 2,023 tokens (with 20 s of history: a 20 s half-life ->
         2,318 tokens).
+
+        Outputs that grew jump instead (`_inflight`): where the outputs in flight
+        (`inflight_output_tokens`) read more than INFLIGHT_RISE x the smoothed mean for
+        INFLIGHT_SUSTAIN_S, on a fleet calm for a rate window, the mean is theirs and the
+        p95 grows by as much.
+        Example (`synthetic:length-shift:rate=40`, outputs 4x longer at 600 s, their
+        mean 172 -> 676): at 615 s the histogram read 214 tokens (smoothed 162), the
+        running count 334 sequences at 40.1 req/s, a mean ITL of 12.1 ms and a prefill
+        of 46 ms: 686 tokens in flight. Smoothed alone, the belief reached 184 tokens by
+        660 s, the fleet stepped down 6 -> 4 there, and minutes 11-12 met 7 % and 35 %
+        of the SLA (97 % and 99 % with the jump, at 645 s).
         """
         pm, pp, om, op = (
             obs.prompt_tokens_mean,
@@ -134,7 +183,7 @@ class KnobSteps:
         )
         old = state.forecast.lengths
         if pm is None or om is None:
-            return old
+            return old, None
         # A p95 missing this tick (its bucket answer empty, a recording rule lagging)
         # keeps the last known one: the mean in its place reads less spread, and long-
         # context prompts (12k / 40k) then sized the fleet at 18 replicas where 48 serve.
@@ -146,7 +195,7 @@ class KnobSteps:
         new = Lengths(prompt_mean=pm, prompt_p95=pp, output_mean=om, output_p95=op)
         last = state.forecast.load.at_s if state.forecast.load is not None else None
         if old is None or last is None:
-            return new
+            return new, None
         dt, hl = now_s - last, self.policy.lengths_half_life_s
         # While the history is younger than the half-life, the half-life is its age: the
         # first windows hold a few requests (at a 5 s scrape the first one read long-
@@ -155,12 +204,40 @@ class KnobSteps:
         first = state.health.first_good_s
         if first is not None:
             hl = min(hl, max(dt, now_s - first))
-        return Lengths(
+        smoothed = Lengths(
             prompt_mean=ewma(old.prompt_mean, new.prompt_mean, dt, hl),
             prompt_p95=ewma(old.prompt_p95, new.prompt_p95, dt, hl),
             output_mean=ewma(old.output_mean, new.output_mean, dt, hl),
             output_p95=ewma(old.output_p95, new.output_p95, dt, hl),
         )
+        return self._inflight(obs, state, now_s, smoothed)
+
+    def _inflight(
+        self,
+        obs: Observation,
+        state: ModelState,
+        now_s: float,
+        smoothed: Lengths,
+    ) -> tuple[Lengths, float | None]:
+        """`smoothed`, or with the outputs in flight for its output mean (the p95 grown by
+        as much) where they have read past INFLIGHT_RISE x the smoothed mean on every
+        good tick for INFLIGHT_SUSTAIN_S; and since when they have (None: not on this
+        tick). On a fleet calm for a whole rate window only: a queue draining (a
+        start-up's, a cold start's) admits faster than requests arrive, and the running
+        count then reads long outputs that are not there."""
+        calm = state.health.calm_since_s
+        if calm is None or now_s - calm < self.policy.window_s:
+            return smoothed, None
+        inflight = inflight_output_tokens(obs)
+        if inflight is None or inflight <= INFLIGHT_RISE * smoothed.output_mean:
+            return smoothed, None
+        since = state.forecast.inflight_since_s
+        since = now_s if since is None else since
+        if now_s - since < INFLIGHT_SUSTAIN_S:
+            return smoothed, since
+        grown = inflight / smoothed.output_mean
+        out_p95 = smoothed.output_p95 * grown
+        return replace(smoothed, output_mean=inflight, output_p95=out_p95), since
 
     def _knobs(
         self, obs: Observation, lengths: Lengths | None, state: ModelState, now_s: float

@@ -314,6 +314,9 @@ class Forecast:
     long_noise_z2: float | None = None
     """The long window's spread around the smoothed level: a mean (600 s half-life) of
     its squared z (dimensionless; 1 for Poisson arrivals; see controller.demand)."""
+    inflight_since_s: float | None = None
+    """Since when the outputs in flight have read past INFLIGHT_RISE x the believed
+    output mean on every good tick (s; None: not on the last one; controller.knobstep)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -504,6 +507,7 @@ class SavedState:
     short_noise_z2: float | None = None
     load_marks: tuple[tuple[float, float], ...] = ()
     long_noise_z2: float | None = None
+    inflight_since_s: float | None = None
     plant_speed: float = 1.0
     plant_speed_samples: int = 0
     plant_speed_jump: float | None = None
@@ -556,6 +560,7 @@ class SavedState:
             short_noise_z2=f.short_noise_z2,
             load_marks=f.load_marks,
             long_noise_z2=f.long_noise_z2,
+            inflight_since_s=f.inflight_since_s,
             plant_speed=s.plant.speed,
             plant_speed_samples=s.plant.speed_samples,
             plant_speed_jump=s.plant.speed_jump,
@@ -591,6 +596,7 @@ class SavedState:
                 short_noise_z2=self.short_noise_z2,
                 load_marks=self.load_marks,
                 long_noise_z2=self.long_noise_z2,
+                inflight_since_s=self.inflight_since_s,
             ),
             knob_memory=KnobMemory(
                 candidate=self.knob_candidate,

@@ -91,6 +91,7 @@ TIME_FIELDS = (
     "fleet_calm_since_s",
     "fleet_whole_at_s",
     "knob_changed_at_s",
+    "inflight_since_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions", "load_marks")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s

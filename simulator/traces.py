@@ -350,6 +350,13 @@ SYNTHETIC_DEFAULTS: dict[str, dict[str, float]] = {
         "spike_s": 60.0,
         "duration": 1200.0,
     },
+    "length-shift": {
+        "rate": 10.0,
+        "at": 0.5,
+        "duration": 1200.0,
+        "prompt_x": 1.0,
+        "output_x": 4.0,
+    },
     "long-context": {
         "mean": 2.0,
         "amplitude": 0.5,
@@ -364,7 +371,10 @@ SYNTHETIC_DEFAULTS: dict[str, dict[str, float]] = {
 """Parameters of each generator: rates in requests/s, `duration`/`period`/`spike_s` in
 seconds, `at` a fraction of the duration, `amplitude` relative to the mean. Lengths are
 conversation-like, except `long-context` (prompt mean/p95 and output median/p95 in
-tokens; its rate follows `diurnal`'s curve: trough at 0, peak at half a period)."""
+tokens; its rate follows `diurnal`'s curve: trough at 0, peak at half a period) and
+`length-shift` (a steady Poisson rate whose conversation-like lengths are multiplied
+from `at` on: prompts by `prompt_x`, outputs by `output_x`; by default outputs 4x
+longer at the same rate, a replica's capacity falling ~3x within one request)."""
 
 
 def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
@@ -382,7 +392,7 @@ def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
         raise ValueError(f"synthetic:{name}: duration must be > 0, got {dur}")
     rng = np.random.default_rng(seed)
     rate: Callable[[np.ndarray], np.ndarray]
-    if name == "poisson":
+    if name in ("poisson", "length-shift"):
         r = cfg["rate"]
         rate, peak = (lambda t: np.full_like(t, r)), r
     elif name == "step":
@@ -409,7 +419,25 @@ def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
         p, o = long_context_lengths(len(t), rng, cfg)
     else:
         p, o = conv_like_lengths(len(t), rng)
+    if name == "length-shift":
+        p, o = _shifted(t >= cfg["at"] * dur, p, o, cfg["prompt_x"], cfg["output_x"])
     return Trace.from_arrays(t, p, o, f"synthetic:{name}", rebase=False)
+
+
+def _shifted(
+    after: np.ndarray, p: np.ndarray, o: np.ndarray, prompt_x: float, output_x: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths (tokens) multiplied by `prompt_x` and `output_x` where
+    `after`, at least one token each."""
+    if prompt_x <= 0 or output_x <= 0:
+        raise ValueError(
+            f"synthetic:length-shift: prompt_x and output_x must be > 0, got {prompt_x}, {output_x}"
+        )
+
+    def scale(x: np.ndarray, f: float) -> np.ndarray:
+        return np.where(after, np.maximum(1, np.rint(x * f)), x).astype(np.int64)
+
+    return scale(p, prompt_x), scale(o, output_x)
 
 
 def parse_synthetic(spec: str) -> tuple[str, dict[str, float]]:

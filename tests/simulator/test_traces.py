@@ -125,7 +125,7 @@ def test_generic_csv_and_jsonl(tmp_path: Path) -> None:
         load_trace(bad)
 
 
-@pytest.mark.parametrize("name", sorted(set(SYNTHETIC_DEFAULTS) - {"long-context"}))
+@pytest.mark.parametrize("name", sorted(set(SYNTHETIC_DEFAULTS) - {"long-context", "length-shift"}))
 def test_synthetic_deterministic_and_conv_like(name: str) -> None:
     a = load_trace(f"synthetic:{name}", seed=5)
     b = load_trace(f"synthetic:{name}", seed=5)
@@ -147,6 +147,30 @@ def test_long_context_lengths_match_the_spec() -> None:
     assert 150 < d["output_mean"] < 400 and d["output_p95"] < 1000
     with pytest.raises(ValueError, match="p95/mean too large"):
         load_trace("synthetic:long-context:prompt_mean=100,prompt_p95=100000")
+
+
+def test_length_shift_multiplies_the_lengths_from_its_shift_on() -> None:
+    """A steady rate; from `at` on the outputs 4x longer (the default) or the prompts
+    3x; conversation-like lengths before; deterministic; bad factors refused."""
+    a = load_trace("synthetic:length-shift", seed=5)
+    assert np.array_equal(
+        a.output_tokens, load_trace("synthetic:length-shift", seed=5).output_tokens
+    )
+    before, after = a.arrival_s < 600.0, a.arrival_s >= 600.0
+    assert np.sum(after) / np.sum(before) == pytest.approx(1.0, rel=0.1)
+    assert 90 < np.median(a.output_tokens[before]) < 180
+    ratio = np.mean(a.output_tokens[after]) / np.mean(a.output_tokens[before])
+    assert ratio == pytest.approx(4.0, rel=0.1)
+    assert np.mean(a.prompt_tokens[after]) / np.mean(a.prompt_tokens[before]) == pytest.approx(
+        1.0, rel=0.1
+    )
+    b = load_trace("synthetic:length-shift:prompt_x=3,output_x=1", seed=5)
+    late = b.arrival_s >= 600.0
+    assert np.mean(b.prompt_tokens[late]) / np.mean(b.prompt_tokens[~late]) == pytest.approx(
+        3.0, rel=0.1
+    )
+    with pytest.raises(ValueError, match="output_x must be > 0"):
+        load_trace("synthetic:length-shift:output_x=0")
 
 
 def test_synthetic_shapes() -> None:
