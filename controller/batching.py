@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from controller.capacity import KV_RESERVE_FRAC
 from controller.config import SLA, KnobBounds
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, StepTimeModel
@@ -195,9 +196,7 @@ def slo_knobs(
         _decode_seqs_guess(model, step_budget_ms, decode_ctx),
         bounds.max_num_seqs_max,
     )
-    # KV bound: the seqs must fit at their mean full context with a 10 % reserve.
-    mean_ctx = max(1.0, lengths.prompt_mean + lengths.output_mean)
-    seqs = min(seqs, int(profile.kv_capacity_tokens * 0.9 / mean_ctx))
+    seqs = min(seqs, kv_bound_seqs(lengths, profile))
     seqs = max(SEQS_QUANTUM, seqs // SEQS_QUANTUM * SEQS_QUANTUM)
 
     mean_decode_ctx = lengths.prompt_mean + lengths.output_mean / 2.0
@@ -222,6 +221,14 @@ def slo_knobs(
     return clamp_knobs(Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens), bounds)
 
 
+def kv_bound_seqs(lengths: Lengths, profile: Profile) -> int:
+    """The most sequences the KV cache holds at their mean full context (prompt + output
+    mean, tokens), KV_RESERVE_FRAC of it: the knobs' KV bound. Example (default profile,
+    conversation means 1155/211): 464,688 x 0.9 / 1,366 -> 306."""
+    mean_ctx = max(1.0, lengths.prompt_mean + lengths.output_mean)
+    return int(profile.kv_capacity_tokens * KV_RESERVE_FRAC / mean_ctx)
+
+
 def throughput_knobs(slo: Knobs, lengths: Lengths, profile: Profile, bounds: KnobBounds) -> Knobs:
     """Knobs for the most requests a second at these lengths, from the SLO knobs `slo`:
     as many sequences as the KV cache holds at their mean full context (10 % reserve;
@@ -230,9 +237,7 @@ def throughput_knobs(slo: Knobs, lengths: Lengths, profile: Profile, bounds: Kno
     chunk. For a fleet at its max replicas that cannot serve the load (the module doc).
     Example (default profile, conversation means 1155/211): KV for 306 sequences ->
     304; SLO knobs 136 / 2,304 -> 304 / 2,560."""
-    mean_ctx = max(1.0, lengths.prompt_mean + lengths.output_mean)
-    kv_seqs = int(profile.kv_capacity_tokens * 0.9 / mean_ctx) // SEQS_QUANTUM * SEQS_QUANTUM
-    seqs = max(slo.max_num_seqs, kv_seqs)
+    seqs = max(slo.max_num_seqs, kv_bound_seqs(lengths, profile) // SEQS_QUANTUM * SEQS_QUANTUM)
     added = seqs - slo.max_num_seqs
     tokens = slo.max_num_batched_tokens + math.ceil(added / TOKENS_QUANTUM) * TOKENS_QUANTUM
     return clamp_knobs(Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens), bounds)

@@ -655,8 +655,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         after the controller starts holds whatever happened before we were in charge.
         """
         # Calm on this tick too: the same rule the tick's health record keeps.
-        since = self._health_after(obs, state, now_s).calm_since_s
-        calm = since is not None and now_s - since >= self.policy.window_s
+        calm = self._health_after(obs, state, now_s).calm_for(now_s, self.policy.window_s)
         return calm and self._past_scale_up(state, now_s) and state.replicas > 0
 
     @staticmethod

@@ -225,8 +225,7 @@ class KnobSteps:
         tick). On a fleet calm for a whole rate window only: a queue draining (a
         start-up's, a cold start's) admits faster than requests arrive, and the running
         count then reads long outputs that are not there."""
-        calm = state.health.calm_since_s
-        if calm is None or now_s - calm < self.policy.window_s:
+        if not state.health.calm_for(now_s, self.policy.window_s):
             return smoothed, None
         inflight = inflight_output_tokens(obs)
         if inflight is None or inflight <= INFLIGHT_RISE * smoothed.output_mean:
@@ -261,6 +260,7 @@ class KnobSteps:
         own = obs.prompt_tokens_mean is not None and obs.output_tokens_mean is not None
         if lengths is None or not own or obs.arrival_rate_rps <= 0:
             return current, Reason.KNOBS_NO_DATA, self._unsustained(state, now_s, last)
+        short = False  # at the max replicas and short: the knobs serve throughput
         if policy == "seed":
             seed = seed_policy_knobs(obs, self.model.sla)
             if isinstance(seed, str):
@@ -272,12 +272,12 @@ class KnobSteps:
             profile = believed_profile(self.profile, state.plant)
             margin = self.policy.itl_margin_frac * state.plant.knob_correction
             candidate = slo_knobs(lengths, self.model.sla, profile, bounds, margin)
-            if self._short_at_max(state):
+            short = self._short_at_max(state)
+            if short:
                 candidate = throughput_knobs(candidate, lengths, profile, bounds)
-                if candidate == current:
-                    return current, Reason.KNOBS_THROUGHPUT, KnobMemory()
         if candidate == current:
-            return current, Reason.KNOBS_UNCHANGED, KnobMemory()
+            kept = Reason.KNOBS_THROUGHPUT if short else Reason.KNOBS_UNCHANGED
+            return current, kept, KnobMemory()
         if not self._material(candidate, current):
             return current, Reason.KNOBS_NOT_MATERIAL, KnobMemory()
         pending = state.knob_memory

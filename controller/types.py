@@ -380,6 +380,11 @@ class DataHealth:
         reported counts as whole."""
         return ready is None or ready >= asked
 
+    def calm_for(self, now_s: float, span_s: float) -> bool:
+        """Whether the fleet has been calm (`calm_since_s`) for at least `span_s`
+        seconds at `now_s`."""
+        return self.calm_since_s is not None and now_s - self.calm_since_s >= span_s
+
     def after_good(
         self, now_s: float, ready: int | None, asked: int, waiting: float | None = None
     ) -> DataHealth:

@@ -242,6 +242,17 @@ def http_query_client(
     return made
 
 
+def query_request(
+    method: str, fields: dict[str, Any]
+) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+    """(HTTP method, URL parameters, form body) of a query API request with `fields`
+    sent with `method`: POST in a form body (Prometheus reads it as the URL's
+    parameters), anything else as GET in the URL."""
+    if method.upper() == "POST":
+        return "POST", None, fields
+    return "GET", fields, None
+
+
 def _body_connect_class() -> type:
     """`PrometheusConnect` with `query_body` (`BodyQueryClient`): the request of its
     `custom_query` (same URL, method, parameters, headers, auth, TLS and timeout), the body
@@ -256,14 +267,13 @@ def _body_connect_class() -> type:
         ) -> bytes:
             """The HTTP body of instant query `query` (`custom_query`'s request)."""
             session = self._session
-            method = getattr(self, "_method", "GET")
             fields = {"query": str(query), **(params or {})}
-            form = method == "POST"
+            method, url_params, form = query_request(getattr(self, "_method", "GET"), fields)
             response = session.request(
                 method=method,
                 url=f"{self.url}/api/v1/query",
-                params=None if form else fields,
-                data=fields if form else None,
+                params=url_params,
+                data=form,
                 verify=session.verify,
                 headers=self.headers,
                 auth=getattr(self, "auth", None),

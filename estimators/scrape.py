@@ -21,6 +21,8 @@ from typing import Any
 
 import requests
 
+from estimators.prometheus import query_request
+
 ENGINE_JOBS_QUERY = "count by (job) (vllm:num_requests_running or vllm_num_requests_running)"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -54,14 +56,13 @@ def engine_scrape_interval_s(
     `verify`: check TLS certificates; `request`: `requests.request` by default."""
     send = request or requests.request
     base = url.rstrip("/")
-    fields = {"query": ENGINE_JOBS_QUERY}
-    form = method.upper() == "POST"
+    verb, url_params, form = query_request(method, {"query": ENGINE_JOBS_QUERY})
     try:
         jobs_answer = send(
-            "POST" if form else "GET",
+            verb,
             f"{base}/api/v1/query",
-            params=None if form else fields,
-            data=fields if form else None,
+            params=url_params,
+            data=form,
             timeout=timeout_s,
             verify=verify,
         ).json()
