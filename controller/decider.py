@@ -91,6 +91,7 @@ from controller.types import (
     Hysteresis,
     KnobMemory,
     Knobs,
+    LengthRises,
     Lengths,
     ModelState,
     PlantBelief,
@@ -190,7 +191,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         if (why := self._unusable(obs, state)) is not None:  # step 1: a dead fleet
             d, s = self._no_data(NoDataError(obs.model, "engines", why), state, now_s)
             return d, replace(s, rules=RuleMemory())
-        lengths, inflight_since = self._lengths(obs, state, now_s)
+        lengths, rises = self._lengths(obs, state, now_s)
         knobs, knob_reason, pending = self._knobs(obs, lengths, state, now_s)  # step 2
         rollout, knob_memory = self._knob_change(state, knobs, knob_reason, pending, now_s)
         slots = knob_memory.largest(knobs).max_num_seqs  # a replica's sequence slots
@@ -223,7 +224,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             replicas=final,
             knobs=knobs,
             windows=windows.memory,
-            forecast=self._forecast(obs, demand, lengths, burst, now_s, inflight_since),
+            forecast=self._forecast(obs, demand, lengths, burst, now_s, rises),
             knob_memory=knob_memory,
             health=self._health_after(obs, state, now_s),
             plant=plant,
@@ -272,12 +273,12 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         lengths: Lengths | None,
         burst: tuple[float | None, float | None, float | None],
         now_s: float,
-        inflight_since_s: float | None = None,
+        rises: LengthRises,
     ) -> Forecast:
         """What this tick leaves the next one to forecast from: the smoothed load, the
         lengths, the burst memory (rps, since s, short-window spread), this tick's
-        short-window reading with the queue it saw, and since when the outputs in flight
-        have read past the belief (controller.knobstep)."""
+        short-window reading with the queue it saw, and since when longer requests have
+        read past the length belief (controller.knobstep)."""
         short = obs.arrival_rate_short_rps
         return Forecast(
             load=demand.load,
@@ -291,7 +292,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             short_at_s=now_s if short is not None else None,
             short_waiting=obs.waiting if short is not None else None,
             short_sample_s=now_s - obs.staleness_s if short is not None else None,
-            inflight_since_s=inflight_since_s,
+            rises=rises,
         )
 
     def _capacity(

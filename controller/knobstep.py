@@ -13,7 +13,7 @@ from dataclasses import replace
 from controller.batching import clamp_knobs, seed_policy_knobs, slo_knobs, throughput_knobs
 from controller.config import ModelConfig, ScalingPolicy
 from controller.plant import believed_profile, streaming_violated
-from controller.types import KnobMemory, Knobs, Lengths, ModelState, Reason
+from controller.types import KnobMemory, Knobs, LengthRises, Lengths, ModelState, Reason
 from estimators.smoothing import ewma
 from estimators.stepmodel import Profile
 from estimators.types import Observation
@@ -28,9 +28,51 @@ INFLIGHT_SUSTAIN_S = 30.0
 they replace the belief (s): an engine that stalls for a few seconds piles up running
 sequences that the window's mean ITL does not yet show (a recorded real-engine run read
 93 tokens in flight for 4 s of 16-token outputs)."""
+SHIFT_RISE = 1.5
+"""How far a window's mean length, prompts or outputs (the length histograms'), must
+read past the smoothed mean before it replaces it (ratio). No matrix cell's window ever
+does so for SHIFT_SUSTAIN_S once its history is a half-life old; prompts 3x longer
+read 1.34x 10 s after the shift and 1.93x 25 s after it (a 60 s window fills)."""
+SHIFT_SUSTAIN_S = 30.0
+"""How long a window's mean must read past SHIFT_RISE, on every good tick, before it
+replaces the belief (s): a burst of long requests that passes is not a shift."""
+SHIFT_MIN_REQUESTS = 100.0
+"""Fewest requests in the rate window (arrival rate x window) for its mean length to
+replace the belief: heavy-tailed lengths vary by their own size (long-context prompts:
+mean 12k, p95 40k tokens), and a window of 8 read 25.6k against 16.5k believed."""
 INFLIGHT_MIN_RUNNING = 8.0
 """Fewest running sequences per ready replica for the in-flight reading: the running
 gauge is one instant, and a handful of sequences is noise."""
+
+
+def sustained_rise(since_s: float | None, now_s: float, rising: bool) -> float | None:
+    """Since when a reading has been past its rise on every good tick (s), given since
+    when it was on the last one (`since_s`) and whether it is on this one; None: not."""
+    if not rising:
+        return None
+    return now_s if since_s is None else since_s
+
+
+def risen_length(
+    window: tuple[float, float],
+    belief: tuple[float, float],
+    since_s: float | None,
+    now_s: float,
+    trusted: bool,
+) -> tuple[float, float, float | None]:
+    """The (mean, p95) of one length (tokens) after a window that read (mean, p95)
+    `window` against the smoothed `belief`, and since when the window's mean has read
+    past SHIFT_RISE x the belief's (`since_s` on the last tick; None: not). Once it has
+    for SHIFT_SUSTAIN_S the window's mean replaces the belief's and its p95 the belief's
+    where higher. Only on a `trusted` window (enough requests, a history a half-life
+    old): elsewhere the belief stands. Example: prompts believed 1,460 / 4,724 tokens
+    (mean / p95), windows reading 2,877 from 625 s on, 4,232 / 12,700 at 655 s -> 4,232 /
+    12,700 then."""
+    mean, p95 = belief
+    since = sustained_rise(since_s, now_s, trusted and window[0] > SHIFT_RISE * mean)
+    if since is None or now_s - since < SHIFT_SUSTAIN_S:
+        return mean, p95, since
+    return window[0], max(window[1], p95), since
 
 
 def inflight_output_tokens(obs: Observation) -> float | None:
@@ -154,7 +196,7 @@ class KnobSteps:
 
     def _lengths(
         self, obs: Observation, state: ModelState, now_s: float
-    ) -> tuple[Lengths | None, float | None]:
+    ) -> tuple[Lengths | None, LengthRises]:
         """Smoothed length statistics: this tick's, blended into the last known ones with
         a half-life of `lengths_half_life_s`; the last known when this tick has none.
 
@@ -162,18 +204,7 @@ class KnobSteps:
         the next, and capacity and knobs follow them: smoothing keeps one odd window from
         resizing the fleet. Example: last 2,000 tokens, this window 4,000, 5 s later with
         a 300 s half-life -> 2,023 tokens (with 20 s of history: a 20 s half-life ->
-        2,318 tokens).
-
-        Outputs that grew jump instead (`_inflight`): where the outputs in flight
-        (`inflight_output_tokens`) read more than INFLIGHT_RISE x the smoothed mean for
-        INFLIGHT_SUSTAIN_S, on a fleet calm for a rate window, the mean is theirs and the
-        p95 grows by as much.
-        Example (`synthetic:length-shift:rate=40`, outputs 4x longer at 600 s, their
-        mean 172 -> 676): at 615 s the histogram read 214 tokens (smoothed 162), the
-        running count 334 sequences at 40.1 req/s, a mean ITL of 12.1 ms and a prefill
-        of 46 ms: 686 tokens in flight. Smoothed alone, the belief reached 184 tokens by
-        660 s, the fleet stepped down 6 -> 4 there, and minutes 11-12 met 7 % and 35 %
-        of the SLA (97 % and 99 % with the jump, at 645 s).
+        2,318 tokens). Lengths that grew jump instead (`_grown`).
         """
         pm, pp, om, op = (
             obs.prompt_tokens_mean,
@@ -183,7 +214,7 @@ class KnobSteps:
         )
         old = state.forecast.lengths
         if pm is None or om is None:
-            return old, None
+            return old, LengthRises()
         # A p95 missing this tick (its bucket answer empty, a recording rule lagging)
         # keeps the last known one: the mean in its place reads less spread, and long-
         # context prompts (12k / 40k) then sized the fleet at 18 replicas where 48 serve.
@@ -195,7 +226,7 @@ class KnobSteps:
         new = Lengths(prompt_mean=pm, prompt_p95=pp, output_mean=om, output_p95=op)
         last = state.forecast.load.at_s if state.forecast.load is not None else None
         if old is None or last is None:
-            return new, None
+            return new, LengthRises()
         dt, hl = now_s - last, self.policy.lengths_half_life_s
         # While the history is younger than the half-life, the half-life is its age: the
         # first windows hold a few requests (at a 5 s scrape the first one read long-
@@ -210,7 +241,59 @@ class KnobSteps:
             output_mean=ewma(old.output_mean, new.output_mean, dt, hl),
             output_p95=ewma(old.output_p95, new.output_p95, dt, hl),
         )
-        return self._inflight(obs, state, now_s, smoothed)
+        return self._grown(obs, state, now_s, new, smoothed)
+
+    def _grown(
+        self, obs: Observation, state: ModelState, now_s: float, new: Lengths, smoothed: Lengths
+    ) -> tuple[Lengths, LengthRises]:
+        """`smoothed`, with the lengths that grew for their belief, after a window that
+        read `new`; and since when each reading has read past the belief.
+
+        Where a window's mean prompt or output length has read past SHIFT_RISE x the
+        smoothed one for SHIFT_SUSTAIN_S (`risen_length`), that window's lengths are the
+        belief. Example (`synthetic:length-shift:rate=40,prompt_x=3,output_x=1`,
+        prompts 3x longer at 600 s): believed 1,460 tokens at 600 s and, smoothed alone,
+        2,425 at 800 s against windows of 4,400, while the fleet grew 6 -> 13 on its
+        queue over three minutes; the windows read past 1.5x from 625 s on, and the belief
+        was theirs (4,232 tokens) at 655 s.
+
+        And where the outputs in flight (`inflight_output_tokens`) read more than
+        INFLIGHT_RISE x the smoothed mean for INFLIGHT_SUSTAIN_S, on a fleet calm for a
+        rate window, the mean is theirs and the p95 grows by as much.
+        Example (`synthetic:length-shift:rate=40`, outputs 4x longer at 600 s, their
+        mean 172 -> 676): at 615 s the histogram read 214 tokens (smoothed 162), the
+        running count 334 sequences at 40.1 req/s, a mean ITL of 12.1 ms and a prefill
+        of 46 ms: 686 tokens in flight. Smoothed alone, the belief reached 184 tokens by
+        660 s, the fleet stepped down 6 -> 4 there, and minutes 11-12 met 7 % and 35 %
+        of the SLA (97 % and 99 % with the jump, at 645 s).
+        """
+        rises = state.forecast.rises
+        first = state.health.first_good_s
+        # A window of enough requests, on a history older than a half-life (before that
+        # the half-life is the history's age: the belief follows the windows anyway,
+        # and outputs read short while only the short ones have finished).
+        trusted = (
+            first is not None
+            and now_s - first >= self.policy.lengths_half_life_s
+            and obs.arrival_rate_rps * self.policy.window_s >= SHIFT_MIN_REQUESTS
+        )
+        pm, pp, prompt_since = risen_length(
+            (new.prompt_mean, new.prompt_p95),
+            (smoothed.prompt_mean, smoothed.prompt_p95),
+            rises.prompt_since_s,
+            now_s,
+            trusted,
+        )
+        om, op, output_since = risen_length(
+            (new.output_mean, new.output_p95),
+            (smoothed.output_mean, smoothed.output_p95),
+            rises.output_since_s,
+            now_s,
+            trusted,
+        )
+        risen = Lengths(prompt_mean=pm, prompt_p95=pp, output_mean=om, output_p95=op)
+        lengths, inflight_since = self._inflight(obs, state, now_s, risen)
+        return lengths, LengthRises(prompt_since, output_since, inflight_since)
 
     def _inflight(
         self,
@@ -228,11 +311,9 @@ class KnobSteps:
         if not state.health.calm_for(now_s, self.policy.window_s):
             return smoothed, None
         inflight = inflight_output_tokens(obs)
-        if inflight is None or inflight <= INFLIGHT_RISE * smoothed.output_mean:
-            return smoothed, None
-        since = state.forecast.inflight_since_s
-        since = now_s if since is None else since
-        if now_s - since < INFLIGHT_SUSTAIN_S:
+        rising = inflight is not None and inflight > INFLIGHT_RISE * smoothed.output_mean
+        since = sustained_rise(state.forecast.rises.inflight_since_s, now_s, rising)
+        if inflight is None or since is None or now_s - since < INFLIGHT_SUSTAIN_S:
             return smoothed, since
         grown = inflight / smoothed.output_mean
         out_p95 = smoothed.output_p95 * grown

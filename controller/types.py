@@ -287,6 +287,18 @@ class Hysteresis:
 
 
 @dataclass(frozen=True, slots=True)
+class LengthRises:
+    """Since when each reading of longer requests has read past the belief on every good
+    tick (s; None: not on the last one; controller.knobstep): the prompt and output
+    histograms' window means (past SHIFT_RISE x the smoothed means) and the outputs in
+    flight (past INFLIGHT_RISE x the believed output mean)."""
+
+    prompt_since_s: float | None = None
+    output_since_s: float | None = None
+    inflight_since_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Forecast:
     """What the decider believes about demand: the smoothed arrival rate with its trend,
     the request lengths, and the remembered panic-level burst."""
@@ -314,9 +326,8 @@ class Forecast:
     long_noise_z2: float | None = None
     """The long window's spread around the smoothed level: a mean (600 s half-life) of
     its squared z (dimensionless; 1 for Poisson arrivals; see controller.demand)."""
-    inflight_since_s: float | None = None
-    """Since when the outputs in flight have read past INFLIGHT_RISE x the believed
-    output mean on every good tick (s; None: not on the last one; controller.knobstep)."""
+    rises: LengthRises = LengthRises()
+    """Since when longer requests have read past the length belief (controller.knobstep)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +524,8 @@ class SavedState:
     load_marks: tuple[tuple[float, float], ...] = ()
     long_noise_z2: float | None = None
     inflight_since_s: float | None = None
+    prompt_rise_since_s: float | None = None
+    output_rise_since_s: float | None = None
     plant_speed: float = 1.0
     plant_speed_samples: int = 0
     plant_speed_jump: float | None = None
@@ -565,7 +578,9 @@ class SavedState:
             short_noise_z2=f.short_noise_z2,
             load_marks=f.load_marks,
             long_noise_z2=f.long_noise_z2,
-            inflight_since_s=f.inflight_since_s,
+            inflight_since_s=f.rises.inflight_since_s,
+            prompt_rise_since_s=f.rises.prompt_since_s,
+            output_rise_since_s=f.rises.output_since_s,
             plant_speed=s.plant.speed,
             plant_speed_samples=s.plant.speed_samples,
             plant_speed_jump=s.plant.speed_jump,
@@ -601,7 +616,11 @@ class SavedState:
                 short_noise_z2=self.short_noise_z2,
                 load_marks=self.load_marks,
                 long_noise_z2=self.long_noise_z2,
-                inflight_since_s=self.inflight_since_s,
+                rises=LengthRises(
+                    prompt_since_s=self.prompt_rise_since_s,
+                    output_since_s=self.output_rise_since_s,
+                    inflight_since_s=self.inflight_since_s,
+                ),
             ),
             knob_memory=KnobMemory(
                 candidate=self.knob_candidate,

@@ -92,6 +92,8 @@ TIME_FIELDS = (
     "fleet_whole_at_s",
     "knob_changed_at_s",
     "inflight_since_s",
+    "prompt_rise_since_s",
+    "output_rise_since_s",
 )
 TIME_PAIR_FIELDS = ("recommendations", "actions", "load_marks")
 NESTED_TIME_FIELDS = {"load": "at_s"}  # HoltState.at_s

@@ -58,7 +58,7 @@ def test_an_sla_no_replica_meets_is_sized_to_meet_most_requests() -> None:
     [
         ("code x4", 2.5, "governor", 77.68, 35.78),
         ("code x4", 2.5, "hpa-queue", 81.43, 31.15),
-        ("long-context", 4.0, "governor", 84.25, 32.62),
+        ("long-context", 4.0, "governor", 84.25, 32.58),
         ("long-context", 4.0, "hpa-queue", 94.61, 24.53),
         ("diurnal", 4.0, "governor", 92.35, 16.80),
         ("diurnal", 4.0, "hpa-queue", 90.35, 13.17),

@@ -1,8 +1,9 @@
-"""Request lengths that shift, on the simulated plant: outputs 4x longer at minute 10 of
-a steady 40 req/s (`governor simulate --trace synthetic:length-shift:rate=40`, seed 0,
-start at one replica, 15 s scrape). The output histogram counts requests as they finish
-and reads the short ones for minutes; the outputs in flight (controller.knobstep.
-inflight_output_tokens) show the long ones within 15 s (docs/decider-history.md,
+"""Request lengths that shift, on the simulated plant: a steady 40 req/s whose outputs
+(or prompts) grow at minute 10 (`governor simulate --trace synthetic:length-shift:rate=40`,
+seed 0, start at one replica, 15 s scrape). The length histograms count requests as they
+finish and the belief smooths them over a 300 s half-life; a window that reads past the
+belief for 30 s (controller.knobstep.risen_length) and the outputs in flight
+(controller.knobstep.inflight_output_tokens) replace it (docs/decider-history.md,
 "Request lengths that shift")."""
 
 from __future__ import annotations
@@ -11,28 +12,50 @@ import pytest
 
 from controller.config import SLA
 from controller.knobstep import KnobSteps
-from simulator.scenario import Scenario, run_policy
+from controller.types import LengthRises
+from simulator.scenario import PolicyResult, Scenario, run_policy
 from simulator.traces import load_trace
 
 
-def _shift() -> Scenario:
-    trace = load_trace("synthetic:length-shift:rate=40", seed=0)
-    return Scenario(trace=trace, sla=SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0))
+def _run(spec: str, monkeypatch: pytest.MonkeyPatch, grown: bool) -> PolicyResult:
+    """The governor on `spec`; with `grown` False the belief is the smoothed one alone."""
+    trace = load_trace(spec, seed=0)
+    scenario = Scenario(trace=trace, sla=SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0))
+    with monkeypatch.context() as m:
+        if not grown:
+            m.setattr(
+                KnobSteps,
+                "_grown",
+                lambda self, obs, state, now_s, new, smoothed: (smoothed, LengthRises()),
+            )
+        return run_policy("governor", scenario)
 
 
-def test_outputs_in_flight_keep_a_fleet_from_stepping_down_into_longer_outputs(
+def test_longer_outputs_keep_a_fleet_from_stepping_down_into_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With the outputs in flight: 94.55 % within the SLA, no flap (the misses are the
-    start-up's first minute). With the smoothed histogram alone the belief reached 184
-    tokens of 676 by 660 s, the fleet stepped down 6 -> 4 there as the cooldown ended,
-    and back up: 87.00 %, one flap, more GPU-hours."""
-    on = run_policy("governor", _shift())
-    monkeypatch.setattr(
-        KnobSteps, "_inflight", lambda self, obs, state, now_s, smoothed: (smoothed, None)
-    )
-    off = run_policy("governor", _shift())
+    """Outputs 4x longer: 94.55 % within the SLA, no flap (the misses are the start-up's
+    first minute). With the smoothed histogram alone the belief reached 184 tokens of 676
+    by 660 s, the fleet stepped down 6 -> 4 there as the cooldown ended, and back up:
+    87.00 %, one flap, more GPU-hours."""
+    on = _run("synthetic:length-shift:rate=40", monkeypatch, grown=True)
+    off = _run("synthetic:length-shift:rate=40", monkeypatch, grown=False)
     assert 100.0 * on.slo_attainment == pytest.approx(94.55, abs=0.01)
     assert 100.0 * off.slo_attainment == pytest.approx(87.00, abs=0.01)
     assert (on.flaps, off.flaps) == (0, 1)
     assert on.gpu_hours < off.gpu_hours
+
+
+def test_longer_prompts_are_believed_once_the_windows_read_them_for_30_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prompts 2x longer: smoothed alone, the belief crawled (300 s half-life) while the
+    fleet grew on its queue and stepped back (one flap): 92.79 %. The windows read past
+    1.5x the belief from 625 s, and it is theirs at 655 s: 93.54 %, no flap, for 19 %
+    more GPU-hours (a fleet sized for the prompts it serves)."""
+    spec = "synthetic:length-shift:rate=40,prompt_x=2,output_x=1"
+    on = _run(spec, monkeypatch, grown=True)
+    off = _run(spec, monkeypatch, grown=False)
+    assert 100.0 * on.slo_attainment == pytest.approx(93.54, abs=0.01)
+    assert 100.0 * off.slo_attainment == pytest.approx(92.79, abs=0.01)
+    assert (on.flaps, off.flaps) == (0, 1)

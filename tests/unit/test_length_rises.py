@@ -1,0 +1,86 @@
+"""Lengths that grew, read from the length histograms' windows (controller.knobstep.
+risen_length): where a window's mean prompt or output length reads past SHIFT_RISE x
+the smoothed belief on every good tick for SHIFT_SUSTAIN_S, that window's lengths are
+the belief, on a trusted window only (enough requests, a history a half-life old)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controller.decider import Decider
+from controller.knobstep import SHIFT_MIN_REQUESTS, SHIFT_RISE, SHIFT_SUSTAIN_S, risen_length
+from controller.types import Forecast, HoltState, Lengths, ModelState
+from tests.conftest import ORIGIN_S, make_model, make_policy
+from tests.unit.helpers import long_history, obs
+
+CONV = Lengths(prompt_mean=1155.0, prompt_p95=4083.0, output_mean=211.0, output_p95=451.0)
+
+
+def test_the_docstring_example_and_what_stands() -> None:
+    belief = (1460.0, 4724.0)
+    # the window read past the rise from 625 s: at 655 s it is the belief
+    assert risen_length((4232.0, 12700.0), belief, 625.0, 655.0, True) == (
+        4232.0,
+        12700.0,
+        625.0,
+    )
+    # its p95 only where higher than the belief's
+    assert risen_length((4232.0, 4000.0), belief, 625.0, 655.0, True)[1] == 4724.0
+    # not sustained yet: the belief stands, the rise is remembered from its first tick
+    assert risen_length((4232.0, 12700.0), belief, None, 655.0, True) == (1460.0, 4724.0, 655.0)
+    assert risen_length((4232.0, 12700.0), belief, 630.0, 655.0, True)[:2] == belief
+    # a window within the rise ends the rise; an untrusted window neither starts nor keeps it
+    assert risen_length((SHIFT_RISE * 1460.0, 9000.0), belief, 600.0, 655.0, True)[2] is None
+    assert risen_length((4232.0, 12700.0), belief, 600.0, 655.0, False) == (1460.0, 4724.0, None)
+
+
+def _run(
+    prompts: list[float], rate: float = 40.0, history_s: float = 1000.0
+) -> list[tuple[float, float, int]]:
+    """Ticks 5 s apart at `rate` req/s on 6 ready replicas whose output histogram reads
+    the conversation's and whose prompt windows read `prompts` (means; p95 3.5x), from a
+    belief of the conversation's lengths and a good history `history_s` old: (the
+    believed prompt mean and p95, the replicas asked for) of each."""
+    d = Decider(make_model(max_replicas=64), make_policy())
+    s: ModelState = d.initial_state(6, now_s=ORIGIN_S - 1000)
+    s = replace(
+        s,
+        forecast=Forecast(load=HoltState(level=rate, trend=0.0, at_s=ORIGIN_S - 5.0), lengths=CONV),
+        health=replace(long_history(), first_good_s=ORIGIN_S - history_s),
+    )
+    out = []
+    for i, p in enumerate(prompts):
+        t = ORIGIN_S + 5.0 * i
+        o = obs(
+            t=t,
+            rate=rate,
+            ready_replicas=6,
+            prompt_tokens_mean=p,
+            prompt_tokens_p95=3.5 * p,
+        )
+        dec, s = d.decide(o, s, t)
+        assert s.forecast.lengths is not None
+        out.append((s.forecast.lengths.prompt_mean, s.forecast.lengths.prompt_p95, dec.replicas))
+    return out
+
+
+def test_prompts_past_the_rise_replace_the_belief_once_sustained() -> None:
+    """Windows of 2x the believed prompts: after SHIFT_SUSTAIN_S of them the belief is
+    theirs (mean and p95) and the fleet grows. A tick in between within the rise restarts
+    the sustain; so does a window of fewer than SHIFT_MIN_REQUESTS requests, and a
+    history younger than the half-life (where the belief follows the windows anyway)."""
+    sustained = int(SHIFT_SUSTAIN_S / 5.0)
+    grown = 2.0 * CONV.prompt_mean
+    ticks = _run([grown] * (sustained + 2))
+    means = [m for m, _, _ in ticks]
+    assert means[sustained - 1] < 1.1 * CONV.prompt_mean
+    assert means[sustained] == grown
+    assert ticks[sustained][1] == 3.5 * grown
+    assert ticks[sustained][2] > ticks[0][2]
+    broken = _run([grown] * (sustained - 1) + [CONV.prompt_mean] + [grown] * 3)
+    assert max(m for m, _, _ in broken) < 1.1 * CONV.prompt_mean
+    few = 0.9 * SHIFT_MIN_REQUESTS / make_policy().window_s  # req/s
+    sparse = _run([grown] * (sustained + 2), rate=few)
+    assert max(m for m, _, _ in sparse) < 1.1 * CONV.prompt_mean
+    young = _run([grown] * (sustained + 2), history_s=make_policy().lengths_half_life_s - 60.0)
+    assert max(m for m, _, _ in young) < grown
