@@ -234,32 +234,51 @@ def _key(
 CAPACITY_FLOOR_RPS = 1e-3
 """What `capacity_rps` answers where no rate meets the SLA (req/s per replica)."""
 RELAX_FACTOR = 1.5
-"""An SLA target no replica meets is sized for at this multiple of what one unloaded
-replica gives (see relaxed_sla). At 2 (before) engines 4x slower than the profile were
-sized for a relaxed target that still met few requests: diurnal 84.54 % and
-conversation x16 52.49 % (hpa-queue 90.35 % and 52.17 %); 1.25-1.75 meet 91.89-92.52 %
-and 81.17 % there (tests/scenario/test_far_off.py), and no matrix cell moves between
-1.5 and 2 (no plant of the matrices is slow enough to relax)."""
+"""An SLA target that one unloaded replica comes within this factor of is sized for at
+this multiple of what that replica gives (see relaxed_sla). At 2 (before) engines 4x
+slower than the profile were sized for a relaxed target that still met few requests:
+diurnal 84.54 % and conversation x16 52.49 % (hpa-queue 90.35 % and 52.17 %); 1.25-1.75
+meet 91.89-92.52 % and 81.17 % there (tests/scenario/test_far_off.py), and no matrix
+cell moves between 1.5 and 2 (no plant of the matrices is slow enough to relax)."""
 
 
 def relaxed_sla(knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile) -> SLA | None:
-    """The SLA to size a fleet for when no replica meets `sla` at any rate, or None
-    when it does (or no fixed point exists even at a trickle).
+    """The SLA to size a fleet for where one replica at a trickle of load gives more
+    than 1 / RELAX_FACTOR of a target (TTFT or ITL), or None where it gives less of
+    both (or no fixed point exists even at a trickle).
 
-    More replicas cannot make a step faster than an unloaded replica's: a TTFT or ITL
-    target below what a replica gives at a trickle of load (e.g. engines learned 5x
-    slower than the profile) is out of every fleet's reach, and sizing for it asks for
-    replicas without end (capacity ~0). Each such target is relaxed to RELAX_FACTOR x
-    the trickle's value (batches that still serve, queues that stay short); the
-    decider reports SLA_INFEASIBLE. Example: ITL target 50 ms, a replica's unloaded
-    step 80 ms -> sized for 120 ms.
+    More replicas cannot make a step faster than an unloaded replica's: a target below
+    what a replica gives at a trickle (e.g. engines learned 5x slower than the profile)
+    is out of every fleet's reach, and sizing for it asks for replicas without end. A
+    target just above it leaves the queue a few ms: each replica adds little, and where
+    the belief crossed the edge the capacity jumped (prompts 3x longer, the believed p95
+    prompt taking most of a 500 ms TTFT target to prefill: 2.74 req/s per replica at
+    the relaxed target, 0.75 at the true one 5 s later, as the smoothed p95 fell by 0.1 %;
+    the fleet went 27 -> 57 replicas in one tick). So each target in reach of the
+    trickle's value x RELAX_FACTOR is sized for max(target, RELAX_FACTOR x that value),
+    which is the target itself at the band's edge; the decider reports SLA_INFEASIBLE.
+    Example: ITL target 50 ms, a replica's unloaded step 80 ms -> sized for 120 ms; 40 ms
+    -> 60 ms; 30 ms -> 50 ms (None).
+
+    Lengths are read as `capacity_rps` reads them, and answers kept per key likewise.
     """
+    key, rounded = _key(knobs, lengths, sla, profile, 1)
+    hit = _RELAXED.get(key)
+    if hit is None or hit[0] is not profile:
+        if len(_RELAXED) >= _CACHE_SIZE:
+            _RELAXED.clear()
+        hit = _RELAXED[key] = (profile, _relaxed(knobs, Lengths(*rounded), sla, profile))
+    return hit[1]
+
+
+def _relaxed(knobs: Knobs, lengths: Lengths, sla: SLA, profile: Profile) -> SLA | None:
+    """`relaxed_sla` on `lengths` (already rounded), computed."""
     model = _Model.of(knobs, lengths, sla, profile, 1)
     op = model.at(1e-6 * model.ceiling_rps)
     if op is None:
         return None
     itl, ttft = sla.itl_p95_ms, sla.ttft_p95_ms
-    if op.itl_q_ms < itl and op.ttft_q_ms < ttft:
+    if RELAX_FACTOR * op.itl_q_ms <= itl and RELAX_FACTOR * op.ttft_q_ms <= ttft:
         return None
     return sla.model_copy(
         update={
@@ -274,6 +293,7 @@ _LAST_ROUNDED: list[tuple[Any, tuple[float, ...]]] = [(None, ())]
 _CACHE_SIZE = 16_384  # > 3 fleet sizes x 5,000 models: a full table is cleared
 _CACHE: dict[tuple[Any, ...], tuple[Profile, float]] = {}
 _LIMITS: dict[tuple[Any, ...], tuple[Profile, str]] = {}
+_RELAXED: dict[tuple[Any, ...], tuple[Profile, SLA | None]] = {}
 
 
 def _rounded(lengths: Lengths) -> tuple[float, float, float, float]:

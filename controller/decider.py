@@ -47,7 +47,6 @@ from dataclasses import dataclass, replace
 
 from controller.batching import fewest_seqs
 from controller.capacity import (
-    CAPACITY_FLOOR_RPS,
     capacity_limit,
     capacity_rps,
     fleet_capacity_rps,
@@ -331,7 +330,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         cold = next_cold_start(self.model.cold_start_s, state, obs, now_s, self._max_gap_s)
         belief = replace(belief, cold_start_s=cold)
         profile = believed_profile(self.profile, belief)
-        relaxed = self._relaxed_sla(knobs, lengths, profile, state.replicas)
+        relaxed = self._relaxed_sla(knobs, lengths, profile)
         sla = relaxed or self.model.sla
         caps = (
             None
@@ -427,17 +426,10 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             knob_target_out_of_reach(violated, judged, settled, floored),
         )
 
-    def _relaxed_sla(
-        self, knobs: Knobs, lengths: Lengths | None, profile: Profile, replicas: int
-    ) -> SLA | None:
-        """The SLA to size for when no replica on `profile` meets the model's at any rate
-        (controller.capacity.relaxed_sla), else None."""
-        sla = self.model.sla
-        if lengths is None or self._capacity(knobs, lengths, profile, max(1, replicas), sla) > (
-            CAPACITY_FLOOR_RPS
-        ):
-            return None
-        return relaxed_sla(knobs, lengths, sla, profile)
+    def _relaxed_sla(self, knobs: Knobs, lengths: Lengths | None, profile: Profile) -> SLA | None:
+        """The SLA to size for where one unloaded replica on `profile` comes within
+        RELAX_FACTOR of the model's (controller.capacity.relaxed_sla), else None."""
+        return None if lengths is None else relaxed_sla(knobs, lengths, self.model.sla, profile)
 
     def _speed(
         self,

@@ -194,3 +194,34 @@ def test_a_goal_the_config_accepts_never_breaks_the_model(goal: float) -> None:
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0, attainment_goal_frac=goal)
     cap = capacity_rps(KNOBS, CONV, sla, p, 1.0)
     assert math.isfinite(cap) and 0 < cap <= capacity_rps(KNOBS, CONV, SLA_STD, p, 1.0)
+
+
+def test_a_target_in_reach_of_an_unloaded_replica_is_sized_relaxed_and_continuously() -> None:
+    """Prompts 3x the conversation's: an unloaded replica's TTFT quantile `v` is most of
+    a 500 ms target. Each target below RELAX_FACTOR x v is sized for RELAX_FACTOR x v,
+    reached or not, so the capacity does not jump where the belief crosses v (it did
+    3.6x: the true target just above v leaves the queue a few ms); a target past
+    RELAX_FACTOR x v is its own."""
+    from controller.capacity import RELAX_FACTOR, relaxed_sla
+
+    p = load_profile()
+    long = Lengths(prompt_mean=4232, prompt_p95=14600, output_mean=172, output_p95=451)
+    probe = relaxed_sla(KNOBS, long, SLA(ttft_p95_ms=1.0, itl_p95_ms=1000.0), p)
+    assert probe is not None
+    v = probe.ttft_p95_ms / RELAX_FACTOR  # ms
+    assert 400.0 < v < 600.0  # about the 500 ms target
+
+    def sized(target_ms: float) -> SLA:
+        sla = SLA(ttft_p95_ms=target_ms, itl_p95_ms=50.0)
+        return relaxed_sla(KNOBS, long, sla, p) or sla
+
+    assert sized(0.99 * v).ttft_p95_ms == pytest.approx(RELAX_FACTOR * v)
+    assert sized(1.01 * v).ttft_p95_ms == pytest.approx(RELAX_FACTOR * v)
+    assert sized(1.4 * v).ttft_p95_ms == pytest.approx(RELAX_FACTOR * v)
+    assert sized(1.6 * v).ttft_p95_ms == 1.6 * v  # past the band: the target itself
+    below, above = (capacity_rps(KNOBS, long, sized(f * v), p, 0.85, 27) for f in (0.99, 1.01))
+    assert above == below
+    true = capacity_rps(KNOBS, long, SLA(ttft_p95_ms=1.01 * v, itl_p95_ms=50.0), p, 0.85, 27)
+    assert true < 0.5 * above  # what the edge cost before
+    edge = [capacity_rps(KNOBS, long, sized(f * v), p, 0.85, 27) for f in (1.49, 1.51)]
+    assert edge[1] == pytest.approx(edge[0], rel=0.05)
