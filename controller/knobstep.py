@@ -30,9 +30,10 @@ sequences that the window's mean ITL does not yet show (a recorded real-engine r
 93 tokens in flight for 4 s of 16-token outputs)."""
 SHIFT_RISE = 1.5
 """How far a window's mean length, prompts or outputs (the length histograms'), must
-read past the smoothed mean before it replaces it (ratio). No matrix cell's window ever
-does so for SHIFT_SUSTAIN_S once its history is a half-life old; prompts 3x longer
-read 1.34x 10 s after the shift and 1.93x 25 s after it (a 60 s window fills)."""
+read past the smoothed mean before it replaces it (ratio). No cell of the one-factor,
+combined or quick matrix moved with it (their windows swing less, or not for
+SHIFT_SUSTAIN_S); prompts 3x longer read 1.34x 10 s after the shift and 1.93x 25 s
+after it (a 60 s window fills)."""
 SHIFT_SUSTAIN_S = 30.0
 """How long a window's mean must read past SHIFT_RISE, on every good tick, before it
 replaces the belief (s): a burst of long requests that passes is not a shift."""

@@ -27,7 +27,7 @@ class Reason(StrEnum):
     BURST_MEMORY = "BURST_MEMORY"  # sized for a recent panic-level burst (decaying)
     SHORT_WINDOW = "SHORT_WINDOW"  # a rise the short window confirmed (two ticks, or a queue)
     QUEUE_GROWTH = "QUEUE_GROWTH"  # slots busy, the queue growing: served + its growth
-    SLA_INFEASIBLE = "SLA_INFEASIBLE"  # no replica meets the SLA: sized for a relaxed one
+    SLA_INFEASIBLE = "SLA_INFEASIBLE"  # a replica unloaded gives > 2/3 of a target: relaxed
     # deadband
     WITHIN_TOLERANCE = "WITHIN_TOLERANCE"
     OUTSIDE_TOLERANCE = "OUTSIDE_TOLERANCE"

@@ -365,10 +365,10 @@ def test_knob_rollout_waiting_fires_on_a_roll_out_that_never_gets_room(tmp_path:
 
 def _out_of_reach_description(model: str, reason: str) -> str:
     return (
-        f"{model}: 100% of the decisions over 10m read {reason}. SLA_INFEASIBLE: no replica "
-        "count meets the SLA on the engines as learned (governor_plant_speed_factor); the "
-        "fleet is sized for what one unloaded replica gives. KNOBS_SLA_INFEASIBLE: at the "
-        "fewest sequences the knob bounds allow, tokens still stream slower than the ITL "
+        f"{model}: 100% of the decisions over 10m read {reason}. SLA_INFEASIBLE: one unloaded "
+        "replica on the engines as learned (governor_plant_speed_factor) gives more than two "
+        "thirds of a target; the fleet is sized for 1.5x what it gives. KNOBS_SLA_INFEASIBLE: "
+        "at the fewest sequences the knob bounds allow, tokens still stream slower than the ITL "
         "target, and the fleet pays for that floor. Relax the target ('governor target "
         "set') or move the model to faster engines; 'governor explain' shows the decisions."
     )
