@@ -330,7 +330,8 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         cold = next_cold_start(self.model.cold_start_s, state, obs, now_s, self._max_gap_s)
         belief = replace(belief, cold_start_s=cold)
         profile = believed_profile(self.profile, belief)
-        relaxed = self._relaxed_sla(knobs, lengths, profile)
+        # Where one unloaded replica comes within RELAX_FACTOR of a target, sized relaxed.
+        relaxed = None if lengths is None else relaxed_sla(knobs, lengths, self.model.sla, profile)
         sla = relaxed or self.model.sla
         caps = (
             None
@@ -425,11 +426,6 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             next_knob_correction(k, dt, violated, healthy, judged, settled, floored),
             knob_target_out_of_reach(violated, judged, settled, floored),
         )
-
-    def _relaxed_sla(self, knobs: Knobs, lengths: Lengths | None, profile: Profile) -> SLA | None:
-        """The SLA to size for where one unloaded replica on `profile` comes within
-        RELAX_FACTOR of the model's (controller.capacity.relaxed_sla), else None."""
-        return None if lengths is None else relaxed_sla(knobs, lengths, self.model.sla, profile)
 
     def _speed(
         self,
