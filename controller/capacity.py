@@ -34,6 +34,12 @@ L-token prompt, ms):
    the p99.75 left out of the moments, see TAIL_SHARE) + the p95 prompt's own prefill.
 4. Decodes within max_num_seqs and KV capacity.
 
+Prefix-cache hits (`Lengths.prefix_hit_frac` = h, the share of prompt tokens the engines
+find cached; `priced_hit_frac`) are not computed: a prompt's prefill work is
+`per_token (1 - h) L + attn (1 - h^2) L^2 / 2` (its attention still reads all L tokens)
+and it takes (1 - h) L tokens of the token budget; its context counts whole (decode
+cost, KV). At h = 0 every term is the model above, bit for bit.
+
 Measured against the simulated plant (Poisson arrivals, 5-10 minutes, the slo knobs):
 conversation lengths, 99 % attainment at 11.5 req/s on one replica and 13.8 per replica
 on four (model: 13.1 and 16.8; x 0.85, the decider's default target utilization,
@@ -296,14 +302,30 @@ _LIMITS: dict[tuple[Any, ...], tuple[Profile, str]] = {}
 _RELAXED: dict[tuple[Any, ...], tuple[Profile, SLA | None]] = {}
 
 
-def _rounded(lengths: Lengths) -> tuple[float, float, float, float]:
-    """The lengths as `capacity_rps` reads them (LENGTH_DIGITS significant digits)."""
+def _rounded(lengths: Lengths) -> tuple[float, float, float, float, float]:
+    """The lengths as `capacity_rps` reads them (LENGTH_DIGITS significant digits; the
+    prefix-cache hit share as `priced_hit_frac`)."""
     return (
         _significant(lengths.prompt_mean),
         _significant(lengths.prompt_p95),
         _significant(lengths.output_mean),
         _significant(lengths.output_p95),
+        priced_hit_frac(lengths.prefix_hit_frac),
     )
+
+
+HIT_STEP = 0.05
+"""The prefix-cache hit share is priced in steps of this much, rounded down."""
+HIT_MAX = 0.95
+"""The largest share of a prompt priced as prefix-cache hits: some of every prompt is
+prefilled (vLLM recomputes at least its last token)."""
+
+
+def priced_hit_frac(hit: float) -> float:
+    """The share of prompt tokens priced as found in the prefix cache: `hit` rounded
+    down to HIT_STEP, so a share that wanders by a point does not move the capacity
+    and one read a hair low never prices more than was seen. Example: 0.57 -> 0.55."""
+    return math.floor(min(max(hit, 0.0), HIT_MAX) / HIT_STEP + 1e-9) * HIT_STEP
 
 
 def _significant(v: float) -> float:
@@ -365,8 +387,10 @@ class _Model:
     """The loop invariants of one (knobs, lengths, sla, profile)."""
 
     __slots__ = (
+        "attn_p",
         "budget",
         "ceiling_rps",
+        "computed",
         "ctx_full",
         "e_lw",
         "e_w",
@@ -374,6 +398,7 @@ class _Model:
         "goal",
         "kv_cap",
         "m",
+        "m1c",
         "max_seqs",
         "out_mean",
         "out_med",
@@ -382,6 +407,7 @@ class _Model:
         "own_w",
         "per_seq",
         "prompts",
+        "pt_p",
         "servers",
         "z",
     )
@@ -395,7 +421,12 @@ class _Model:
     ) -> None:
         self.servers = pooled_servers(replicas)
         m = self.m = profile.step_model()
-        pt, attn = m.per_token, m.attn
+        # Prefix-cache hits are not computed: an L-token prompt with a share h found in
+        # the cache prefills (1 - h) L tokens, whose attention reads all L before them:
+        # per token x (1 - h) L + attn x (1 - h^2) L^2 / 2 (1.0 at h = 0: the same bits).
+        u = self.computed = 1.0 - lengths.prefix_hit_frac
+        pt = self.pt_p = m.per_token * u
+        attn = self.attn_p = m.attn * (1.0 - lengths.prefix_hit_frac**2)
         self.goal = sla.attainment_goal_frac
         pr = self.prompts = _Prompts.of(
             lengths.prompt_mean,
@@ -405,7 +436,9 @@ class _Model:
         )
         self.e_w = pt * pr.m1 + attn / 2.0 * pr.m2
         self.e_w2 = pt * pt * pr.m2 + pt * attn * pr.m3 + attn * attn / 4.0 * pr.m4
-        self.e_lw = pt * pr.m2 + attn / 2.0 * pr.m3
+        # E[L w(L)] with the chunks' tokens counted as computed ones (u L).
+        self.e_lw = u * (pt * pr.m2 + attn / 2.0 * pr.m3)
+        self.m1c = u * pr.m1  # tokens computed per prompt, mean
         so = lognormal_sigma(lengths.output_mean, lengths.output_p95)
         self.out_mean = max(lengths.output_mean, 1.0)
         self.out_med = max(1.0, lengths.output_mean * math.exp(-so * so / 2.0))
@@ -416,16 +449,19 @@ class _Model:
         self.max_seqs = knobs.max_num_seqs
         self.z = _z(self.goal)
         self.overhead_ms = profile.request_overhead_ms
-        self.own_l = lengths.prompt_p95
-        self.own_w = pt * self.own_l + attn / 2.0 * self.own_l * self.own_l
+        own = lengths.prompt_p95
+        self.own_l = u * own  # its computed tokens
+        self.own_w = pt * own + attn / 2.0 * own * own
         # The rate that keeps the GPU busy with prefill and decode work alone.
-        self.ceiling_rps = 1000.0 / max(1e-6, self.e_w + self.out_mean * (pt + self.per_seq))
+        self.ceiling_rps = 1000.0 / max(
+            1e-6, self.e_w + self.out_mean * (m.per_token + self.per_seq)
+        )
 
     def _chunk_frac(self, a: float, room: float) -> float:
         """Fraction of steps that carry a prefill chunk: a step with an arrival pending
         (`a` arrivals per step, Poisson), or as many as the token budget needs."""
-        need = a * self.prompts.m1 / room
-        return min(1.0, max(1.0 - math.exp(-a * max(1.0, self.prompts.m1 / room)), need))
+        need = a * self.m1c / room
+        return min(1.0, max(1.0 - math.exp(-a * max(1.0, self.m1c / room)), need))
 
     def _next_step_ms(self, lam: float, t: float) -> float:
         """One application of the fixed-point map of step 1 (ms); inf where the decodes
@@ -452,7 +488,7 @@ class _Model:
         floor, base, fixed, pt = m.floor, m.base, m.fixed, m.per_token
         lam_out = lam * self.out_mean
         budget, max_seqs, ctx_full, kv_cap = self.budget, self.max_seqs, self.ctx_full, self.kv_cap
-        per_seq, e_w, m1 = self.per_seq, self.e_w, self.prompts.m1
+        per_seq, e_w, m1 = self.per_seq, self.e_w, self.m1c
         floor_base = floor - base
         exp, inf = math.exp, math.inf
 
@@ -533,15 +569,16 @@ class _Model:
         miss = 1.0 - self.goal
         if n > miss:
             ell = self.prompts.quantile(1.0 - miss / n)
-            pt, attn = self.m.per_token, self.m.attn
+            pt, attn = self.pt_p, self.attn_p
             tail = max(tail, (pt * ell + attn / 2.0 * ell * ell) / self.out_med)
         return td + a * self.e_w + tail
 
     def _ttft_q(self, lam: float, t: float, td: float, room: float) -> float:
         """Goal-quantile TTFT (module doc, step 3), ms; inf when prefill saturates."""
         pr = self.prompts
-        es = pr.m1 / room * td + self.e_w
-        es2 = pr.m2 / (room * room) * td * td + 2.0 * td / room * self.e_lw + self.e_w2
+        u = self.computed
+        es = self.m1c / room * td + self.e_w
+        es2 = u * u * pr.m2 / (room * room) * td * td + 2.0 * td / room * self.e_lw + self.e_w2
         rho = lam * es / 1000.0
         if rho >= 1.0:
             return math.inf

@@ -50,6 +50,7 @@ from controller.capacity import (
     capacity_limit,
     capacity_rps,
     fleet_capacity_rps,
+    priced_hit_frac,
     relaxed_sla,
 )
 from controller.config import SLA, ModelConfig, ScalingPolicy
@@ -245,6 +246,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             plant_cold_start_s=self._cold_start(plant),
             capacity_correction=plant.capacity_correction,
             knob_correction=plant.knob_correction,
+            prefix_hit_frac=None if lengths is None else priced_hit_frac(lengths.prefix_hit_frac),
             capacity_limit=self._limit(knobs, lengths, plant, hard, raw),
             panic=panic_state[0],
             rollout=rollout,

@@ -206,6 +206,13 @@ class KnobSteps:
         resizing the fleet. Example: last 2,000 tokens, this window 4,000, 5 s later with
         a 300 s half-life -> 2,023 tokens (with 20 s of history: a 20 s half-life ->
         2,318 tokens). Lengths that grew jump instead (`_grown`).
+
+        The prefix-cache hit share (`Lengths.prefix_hit_frac`) rises with the same
+        half-life but falls at once to a window that reads less (a cache that stops
+        hitting, as a fleet grows behind a router that does not route by prefix, or as
+        KV pressure evicts, makes every prompt cost its whole prefill now); a window with
+        none (no prefill queried, an engine without the counters) keeps the last known
+        one (none known: 0, every prompt token priced).
         """
         pm, pp, om, op = (
             obs.prompt_tokens_mean,
@@ -216,6 +223,10 @@ class KnobSteps:
         old = state.forecast.lengths
         if pm is None or om is None:
             return old, LengthRises()
+        hit = obs.prefix_cache_hit_frac
+        if hit is None:
+            hit = 0.0 if old is None else old.prefix_hit_frac
+        hit = min(hit, 1.0)
         # A p95 missing this tick (its bucket answer empty, a recording rule lagging)
         # keeps the last known one: the mean in its place reads less spread, and long-
         # context prompts (12k / 40k) then sized the fleet at 18 replicas where 48 serve.
@@ -224,7 +235,9 @@ class KnobSteps:
             pp = pm if old is None else max(pm, old.prompt_p95)
         if op is None:
             op = om if old is None else max(om, old.output_p95)
-        new = Lengths(prompt_mean=pm, prompt_p95=pp, output_mean=om, output_p95=op)
+        new = Lengths(
+            prompt_mean=pm, prompt_p95=pp, output_mean=om, output_p95=op, prefix_hit_frac=hit
+        )
         last = state.forecast.load.at_s if state.forecast.load is not None else None
         if old is None or last is None:
             return new, LengthRises()
@@ -241,6 +254,7 @@ class KnobSteps:
             prompt_p95=ewma(old.prompt_p95, new.prompt_p95, dt, hl),
             output_mean=ewma(old.output_mean, new.output_mean, dt, hl),
             output_p95=ewma(old.output_p95, new.output_p95, dt, hl),
+            prefix_hit_frac=min(hit, ewma(old.prefix_hit_frac, hit, dt, hl)),
         )
         return self._grown(obs, state, now_s, new, smoothed)
 
@@ -292,7 +306,13 @@ class KnobSteps:
             now_s,
             trusted,
         )
-        risen = Lengths(prompt_mean=pm, prompt_p95=pp, output_mean=om, output_p95=op)
+        risen = Lengths(
+            prompt_mean=pm,
+            prompt_p95=pp,
+            output_mean=om,
+            output_p95=op,
+            prefix_hit_frac=smoothed.prefix_hit_frac,
+        )
         lengths, inflight_since = self._inflight(obs, state, now_s, risen)
         return lengths, LengthRises(prompt_since, output_since, inflight_since)
 

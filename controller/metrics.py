@@ -102,6 +102,12 @@ MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
         "streaming too slowly at the sequence cap (0.25-1)",
     ),
     (
+        "prefix_hit_frac",
+        "governor_prefix_cache_hit_priced_ratio",
+        "Share of prompt tokens the capacity model prices as prefix-cache hits, not "
+        "prefilled (0-0.95; believed from the engines' prefix-cache counters)",
+    ),
+    (
         "staleness",
         "governor_observation_staleness_seconds",
         "Age of the newest sample behind the observation",
@@ -120,7 +126,7 @@ _STALENESS, _STALE, _PANIC, _PAUSED = (
     [a for a, _n, _h in MODEL_GAUGES].index(a) for a in ("staleness", "stale", "panic", "paused")
 )
 """Indexes in `MODEL_GAUGES` of the gauges `record` sets on every decision, valid or not
-(the first eight follow the last valid decision)."""
+(the first eleven follow the last valid decision)."""
 
 
 class _PerModelCollector:
@@ -227,7 +233,7 @@ class GovernorMetrics:
         if not d.valid:  # the last valid decision's values stay
             return
         knobs = d.knobs
-        values = (  # MODEL_GAUGES order up to `knob_correction`; None: leave it
+        values = (  # MODEL_GAUGES order up to `prefix_hit_frac`; None: leave it
             d.replicas,
             knobs.max_num_seqs,
             knobs.max_num_batched_tokens,
@@ -238,6 +244,7 @@ class GovernorMetrics:
             d.plant_cold_start_s,
             d.capacity_correction,
             d.knob_correction,
+            d.prefix_hit_frac,
         )
         for i, v in enumerate(values):
             if v is not None:

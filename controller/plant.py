@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from controller.capacity import lognormal_sigma
+from controller.capacity import HIT_MAX, lognormal_sigma
 from controller.config import SLA
 from controller.types import Lengths, ModelState, PlantBelief
 from estimators.stepmodel import Profile
@@ -168,9 +168,14 @@ def window_parts(
     c = profile.step_time
     ctx = lengths.prompt_mean + lengths.output_mean / 2.0
     lin = lengths.prompt_mean
+    # Its prefix-cache hits are not computed (their attention is read: capacity._Model),
+    # at the share believed, not rounded down as the capacity prices it: the window that
+    # predicted more prefill than the engines ran would read them as faster engines.
+    hit = min(lengths.prefix_hit_frac, HIT_MAX)
+    computed = lin * (1.0 - hit)
     per_seq = c.per_sampled_seq_ms + c.per_decode_kv_token_ms * ctx
     # A prompt is prefilled in chunks of at most the token budget left by the decodes.
-    chunks = max(1, math.ceil(lin / max(1.0, budget_tokens - b)))
+    chunks = max(1, math.ceil(computed / max(1.0, budget_tokens - b)))
     if chunks > max_chunks:
         return None
     # Attention grows with the square of a prompt: E[L^2] = mean^2 exp(sigma^2) for
@@ -178,12 +183,12 @@ def window_parts(
     # read that trace's windows as a 4.7x slower plant).
     sigma = lognormal_sigma(lengths.prompt_mean, lengths.prompt_p95)
     spread = math.exp(sigma * sigma)
-    chunk = lin / chunks
+    chunk = computed / chunks
     decode = max(c.base_ms + c.per_token_ms * b, c.floor_ms) + c.fixed_ms
     mixed = (
         max(c.base_ms + c.per_token_ms * (b + chunk), c.floor_ms)
         + c.fixed_ms
-        + c.prefill_attention_ms_per_token2 * lin * lin * spread / 2.0 / chunks
+        + c.prefill_attention_ms_per_token2 * (1.0 - hit * hit) * lin * lin * spread / 2.0 / chunks
     )
     if step_priced:
         # Fraction of steps that carry a chunk: the prefill tokens of a step (those

@@ -137,12 +137,15 @@ def live_engine_args(ceiling: Knobs, server: str, model: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Lengths:
-    """Request length statistics, tokens."""
+    """Request length statistics, tokens; and `prefix_hit_frac`, the share of prompt
+    tokens the engines find in their prefix cache (0-1: not computed, so not priced as
+    prefill work; their context still counts)."""
 
     prompt_mean: float
     prompt_p95: float
     output_mean: float
     output_p95: float
+    prefix_hit_frac: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,9 @@ class Decision:
     knob_correction: float | None = None
     """The feedback factor on the ITL step budget the `slo` knobs are sized for, from
     tokens streaming too slowly at the sequence cap, in [0.25, 1]."""
+    prefix_hit_frac: float | None = None
+    """The share of prompt tokens the capacity and speed models priced as prefix-cache
+    hits (not prefilled; believed from `vllm:prefix_cache_hits_total`), 0-0.95."""
     capacity_limit: str | None = None
     """The SLA target that bounds `capacity_rps_per_replica` ("ITL", "TTFT", or
     "saturation": the replica cannot keep up first): the one that costs replicas."""
@@ -214,6 +220,11 @@ class Decision:
                 + (f"{cap:.3f} req/s" if cap is not None else "n/a")
                 + (f" ({self.capacity_limit}-bound)" if self.capacity_limit else "")
                 + (f"  raw={self.raw_replicas:.2f}" if self.raw_replicas is not None else "")
+            )
+        if self.prefix_hit_frac:
+            lines.append(
+                f"  prompts: {self.prefix_hit_frac:.0%} of their tokens priced as prefix-cache "
+                "hits (not prefilled)"
             )
         if self.plant_speed is not None:
             lines.append(

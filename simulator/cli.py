@@ -291,6 +291,7 @@ SINGLE_RUN_FLAGS = (
     "live_knobs",
     "plant_router",
     "plant_rollout",
+    "plant_prefix_hit",
     "scrape_interval_s",
     "sla_ttft_p95_ms",
     "sla_itl_p95_ms",

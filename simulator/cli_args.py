@@ -28,6 +28,19 @@ def positive(kind: type, name: str):
     return conv
 
 
+def below_one(name: str):
+    """An argparse type: a float in [0, 1); the error names the flag `name`."""
+    at_least_zero = non_negative(name)
+
+    def conv(text: str) -> float:
+        v = at_least_zero(text)
+        if v >= 1.0:
+            raise argparse.ArgumentTypeError(f"{name} must be below 1, got {text!r}")
+        return v
+
+    return conv
+
+
 def non_negative(name: str):
     """An argparse type: a finite float >= 0; the error names the flag `name`."""
 
@@ -90,6 +103,15 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
         "serve the load); the decider is not told the strategy",
     )
     p.add_argument(
+        "--plant-prefix-hit",
+        type=below_one("--plant-prefix-hit"),
+        default=0.0,
+        metavar="F",
+        help="the share of each prompt the engines find in their prefix cache, in [0, 1) "
+        "(whole 16-token blocks, not computed; default 0); the decider reads it from the "
+        "engines' prefix-cache counters",
+    )
+    p.add_argument(
         "--scrape-interval-s",
         type=positive(float, "--scrape-interval-s"),
         default=DEFAULT_SCRAPE_INTERVAL_S,
@@ -106,4 +128,5 @@ def plant_from_args(args: argparse.Namespace) -> Plant:
         live_knobs=args.live_knobs,
         router=args.plant_router,
         rollout=args.plant_rollout,
+        prefix_hit_frac=args.plant_prefix_hit,
     )

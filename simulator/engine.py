@@ -4,7 +4,7 @@ Owns the scheduling semantics (docs/ARCHITECTURE.md, Plant model) and the per-re
 truth (`RequestLog`). Times are seconds (`_s`) on the simulation clock; step durations
 are milliseconds (`_ms`) from `estimators.stepmodel.StepTimeModel`.
 
-Scheduling, per step (vLLM V1 `Scheduler.schedule`, FCFS, no prefix-cache hits):
+Scheduling, per step (vLLM V1 `Scheduler.schedule`, FCFS):
 
 1. Running requests in admission order: every decoding request gets 1 token; the (at
    most one) partially prefilled request - always the last admitted - gets its next
@@ -17,6 +17,15 @@ Scheduling, per step (vLLM V1 `Scheduler.schedule`, FCFS, no prefix-cache hits):
    while budget (`max_num_batched_tokens`) remains and fewer than `max_num_seqs` run;
    each is allocated blocks for `min(prompt, budget)` tokens (the last admitted one is
    chunked); the first that cannot get its blocks stops admission.
+
+Prefix-cache hits (`prefix_hit_frac`, 0 by default: none): each prefill starts with the
+whole 16-token blocks of that fraction of its prompt already computed, at least one
+token left to compute (vLLM recomputes the last block of a prompt found whole), resumed
+prefills too. The hit tokens cost no compute, but the chunk's attention reads them
+(`c (hit + c / 2)`, as a chunk after earlier ones) and they hold KV blocks as the
+request's own (no block is shared between requests here, so KV use is not lower).
+`vllm:prefix_cache_queries_total` counts the tokens each prefill needs and
+`vllm:prefix_cache_hits_total` the hit ones.
 
 A prefill that completes samples the first token at the end of its step; a decode step
 samples one token. A preempted request keeps the tokens it already streamed (as vLLM V1
@@ -92,6 +101,7 @@ class _Req:
         "fin",
         "gen",
         "gen0",
+        "hit",
         "k0",
         "last_tok",
         "need",
@@ -103,13 +113,14 @@ class _Req:
         "sched",
     )
 
-    def __init__(self, rid: int, arr: float, prompt: int, out: int) -> None:
+    def __init__(self, rid: int, arr: float, prompt: int, out: int, hit: int = 0) -> None:
         self.rid = rid
         self.arr = arr  # engine arrival (dispatch) time, s
         self.prompt = prompt
         self.out = out  # output tokens to generate in total
         self.gen = 0  # tokens generated so far (valid while not decoding)
         self.need = prompt  # tokens the current prefill must compute (prompt + gen)
+        self.hit = hit  # of those, found in the prefix cache at each prefill's start
         self.comp = 0  # tokens of the current prefill computed
         self.blocks = 0  # KV blocks held while prefilling
         self.off = 0  # decode: context at step k is off + k
@@ -143,6 +154,7 @@ class Engine(DecodeJumps):
         max_model_len: int | None = None,
         step_log: list[StepRecord] | None = None,
         overhead_s: float = 0.0,
+        prefix_hit_frac: float = 0.0,
     ) -> None:
         self.profile = profile
         self.knobs = knobs
@@ -174,6 +186,9 @@ class Engine(DecodeJumps):
         # Server time a request spent before it reached the engine (HTTP, tokenization):
         # the fleet delivers it that much later; vLLM's TTFT and e2e include it.
         self.overhead_s = float(overhead_s)
+        if not (0.0 <= prefix_hit_frac < 1.0):
+            raise ValueError(f"prefix_hit_frac must be in [0, 1), got {prefix_hit_frac}")
+        self.prefix_hit_frac = float(prefix_hit_frac)
         self.log = log if log is not None else RequestLog()
         self.metrics = EngineMetrics(self.max_model_len)
         self.start_s = float(start_s)
@@ -274,7 +289,8 @@ class Engine(DecodeJumps):
             out = max(1, room if out > room else out)
             log.output_tokens[rid] = out  # the tokens it will actually generate
         log.dispatch_s[rid] = t_s
-        r = _Req(rid, t_s, prompt_tokens, out)
+        hit = int(prompt_tokens * self.prefix_hit_frac) // self.bs * self.bs
+        r = _Req(rid, t_s, prompt_tokens, out, hit)  # hit < prompt: frac < 1
         if self.fl_kind == 2 and not self.waiting:
             self._truncate_jump(t_s)
         idle = self.n_out == 0 and self.fl_kind == 0
@@ -360,8 +376,9 @@ class Engine(DecodeJumps):
                     if waiting and nd < self.mns:
                         budget = self.mnbt - nd
                         r = waiting[0]
-                        c = r.need if r.need < budget else budget
-                        admissible = -(-c // bs) <= free - need
+                        c = r.need - r.hit
+                        c = c if c < budget else budget
+                        admissible = -(-(r.hit + c) // bs) <= free - need
                     if not admissible:
                         m = self._jump_len(k, free, nd)
                         if m > 1:
@@ -459,26 +476,28 @@ class Engine(DecodeJumps):
             r = waiting[0]
             if r.arr > t0:
                 break
-            need_r = r.need
-            c = need_r if need_r < budget else budget
-            nb = -(-c // bs)
+            need_r, hit = r.need, r.hit
+            c = need_r - hit
+            c = c if c < budget else budget
+            nb = -(-(hit + c) // bs)
             if nb > free:
                 break
             waiting.popleft()
             free -= nb
             r.blocks = nb
-            r.comp = c
+            r.comp = hit + c
             if r.sched < 0.0:
                 r.sched = t0
                 self.log.sched_s[r.rid] = t0
             mt.prefix_queries += need_r
+            mt.prefix_hits += hit
             if self.step_log is not None:
-                self._log_chunks.append((r.rid, c, 0))
-            units += c * c * 0.5
+                self._log_chunks.append((r.rid, c, hit))
+            units += c * (hit + c * 0.5)
             n_tok += c
             budget -= c
             n_run += 1
-            if c == need_r:
+            if hit + c == need_r:
                 first.append(r)
                 n_samp += 1
             else:

@@ -135,7 +135,8 @@ class Fleet:
     engines' TTFT and e2e metrics include it; the request log keeps the arrival at the
     fleet, so scored latencies include it too. `live_knobs`: the engines follow knob
     changes live (the governor's scheduler plugin, `Engine.set_knobs`) instead of at
-    start only (see `set_knobs`).
+    start only (see `set_knobs`). `prefix_hit_frac`: the share of each prompt every
+    engine finds in its prefix cache (simulator.engine).
     """
 
     def __init__(
@@ -154,6 +155,7 @@ class Fleet:
         live_knobs: bool = False,
         router: str = ROUTERS[0],
         rollout: str = ROLLOUTS[0],
+        prefix_hit_frac: float = 0.0,
     ) -> None:
         if not (math.isfinite(overhead_s) and overhead_s >= 0):
             raise ValueError(f"overhead_s must be finite and >= 0, got {overhead_s}")
@@ -165,6 +167,7 @@ class Fleet:
         # Its own generator: the random router leaves every other draw of the seed as is.
         self._route_rng = random.Random(seed) if router == "random" else None
         self.overhead_s = float(overhead_s)
+        self.prefix_hit_frac = prefix_hit_frac
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         d = self.profile.engine_defaults
         self.knobs = knobs or Knobs(d.max_num_seqs, d.max_num_batched_tokens)
@@ -537,6 +540,7 @@ class Fleet:
             kv_capacity_blocks=self.kv_capacity_blocks,
             max_model_len=self.max_model_len,
             overhead_s=self.overhead_s,
+            prefix_hit_frac=self.prefix_hit_frac,
         )
         self._serving.append(rep.engine)
         self._serving_ids.append(rep.replica_id)

@@ -111,32 +111,39 @@ def _met(
     seed: int,
     overhead_s: float,
     router: str = ROUTERS[0],
+    prefix_hit_frac: float = 0.0,
 ) -> np.ndarray:
     """Per-request SLO mask of `trace` served by `n` warm replicas to completion."""
     fleet = Fleet(
-        profile, knobs=knobs, initial_replicas=n, seed=seed, overhead_s=overhead_s, router=router
+        profile,
+        knobs=knobs,
+        initial_replicas=n,
+        seed=seed,
+        overhead_s=overhead_s,
+        router=router,
+        prefix_hit_frac=prefix_hit_frac,
     )
     fleet.submit_trace(trace, offset_s=0.0)
     fleet.run()
     return slo_met(fleet.records(), sla)
 
 
-def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int, float, str]) -> int:
+def window_replicas(args: tuple[Trace, Profile, Knobs, SLA, int, int, float, str, float]) -> int:
     """Smallest warm replica count serving `trace` (one window) at the goal.
 
     `args`: (trace, plant profile, knobs, sla, max replicas, seed, overhead seconds,
-    router)."""
-    trace, profile, knobs, sla, max_replicas, seed, overhead_s, router = args
+    router, prefix-cache hit share)."""
+    trace, profile, knobs, sla, max_replicas, seed, overhead_s, router, hit = args
     if len(trace) == 0:
         return 0
-    servable = _met(trace, max_replicas, profile, knobs, sla, seed, overhead_s, router)
+    servable = _met(trace, max_replicas, profile, knobs, sla, seed, overhead_s, router, hit)
     if not servable.any():
         return 0  # nothing any count could serve: the oracle holds no replica
     cache: dict[int, bool] = {max_replicas: True}
 
     def ok(n: int) -> bool:
         if n not in cache:
-            met = _met(trace, n, profile, knobs, sla, seed, overhead_s, router)
+            met = _met(trace, n, profile, knobs, sla, seed, overhead_s, router, hit)
             cache[n] = met[servable].sum() / servable.sum() >= ATTAINMENT_GOAL
         return cache[n]
 
@@ -165,10 +172,12 @@ def oracle(
     workers: int | None = None,
     overhead_s: float = 0.0,
     router: str = ROUTERS[0],
+    prefix_hit_frac: float = 0.0,
 ) -> OracleResult:
     """Run the oracle over `trace` in windows of `window_s` (see module doc) on the plant
     `profile` with `overhead_s` of per-request server overhead, behind `router`
-    (simulator.fleet.ROUTERS)."""
+    (simulator.fleet.ROUTERS), its engines finding `prefix_hit_frac` of each prompt in
+    their prefix cache."""
     n_windows = max(1, math.ceil(trace.span_s / window_s)) if len(trace) else 0
     jobs = []
     for i in range(n_windows):
@@ -180,7 +189,9 @@ def oracle(
             trace.output_tokens[a:b],
             trace.name,
         )
-        jobs.append((sub, profile, knobs, sla, max_replicas, seed, overhead_s, router))
+        jobs.append(
+            (sub, profile, knobs, sla, max_replicas, seed, overhead_s, router, prefix_hit_frac)
+        )
     with process_pool(min(2 if workers is None else workers, len(jobs))) as pool:
         counts = list(pool.map(window_replicas, jobs))
     return OracleResult(
@@ -201,4 +212,5 @@ def scenario_oracle(sc: Scenario, workers: int | None = None) -> OracleResult:
         workers=workers,
         overhead_s=sc.plant.overhead_s(sc.profile),
         router=sc.plant.router,
+        prefix_hit_frac=sc.plant.prefix_hit_frac,
     )

@@ -14,7 +14,10 @@ random endpoint), which the decider is not told: its capacity model pools the fl
 least-request router does. `rollout` is the Deployment's rolling-update strategy a knob
 roll-out meets (simulator.fleet.ROLLOUTS: a surge replica first by default, or the
 outdated replica down first), which the decider is not told either. Baselines and the
-oracle run on the same plant, so every policy is judged on one truth.
+oracle run on the same plant, so every policy is judged on one truth. `prefix_hit_frac`
+is the share of every prompt the engines find in their prefix cache (simulator.engine:
+whole blocks, computed for free; 0 by default, as the matrix runs), which the decider
+reads from `vllm:prefix_cache_hits_total` as a real fleet's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class Plant:
     `cold_start_factor`: actual cold start / configured cold start (> 0).
     `live_knobs`: the engines follow knob changes live. `router`: one of
     simulator.fleet.ROUTERS. `rollout`: how a knob roll-out replaces replicas, one of
-    simulator.fleet.ROLLOUTS.
+    simulator.fleet.ROLLOUTS. `prefix_hit_frac`: the share of each prompt found in the
+    prefix cache, in [0, 1).
     """
 
     speed: float = 1.0
@@ -44,6 +48,7 @@ class Plant:
     live_knobs: bool = False
     router: str = ROUTERS[0]
     rollout: str = ROLLOUTS[0]
+    prefix_hit_frac: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("speed", "cold_start_factor"):
@@ -53,6 +58,9 @@ class Plant:
         o = self.overhead_ms
         if o is not None and not (math.isfinite(o) and o >= 0):
             raise ValueError(f"plant overhead_ms must be a finite number >= 0, got {o}")
+        h = self.prefix_hit_frac
+        if not (math.isfinite(h) and 0.0 <= h < 1.0):
+            raise ValueError(f"plant prefix_hit_frac must be in [0, 1), got {h}")
         if self.router not in ROUTERS:
             known = ", ".join(ROUTERS)
             raise ValueError(f"plant router must be one of {known}, got {self.router!r}")
@@ -79,7 +87,7 @@ class Plant:
 
     def describe(self, belief: Profile) -> dict[str, float | bool | str]:
         """JSON-ready summary (speed, overhead in ms, cold-start factor, live knobs,
-        router, roll-out)."""
+        router, roll-out, prefix-cache hits)."""
         return {
             "speed": self.speed,
             "overhead_ms": self.overhead_s(belief) * 1000.0,
@@ -87,4 +95,5 @@ class Plant:
             "live_knobs": self.live_knobs,
             "router": self.router,
             "rollout": self.rollout,
+            "prefix_hit_frac": self.prefix_hit_frac,
         }

@@ -122,6 +122,7 @@ class Scenario:
             live_knobs=self.plant.live_knobs,
             router=self.plant.router,
             rollout=self.plant.rollout,
+            prefix_hit_frac=self.plant.prefix_hit_frac,
         )
 
     def governor_config(self) -> GovernorConfig:

@@ -192,11 +192,11 @@ def test_oracle_more_load_needs_more_replicas() -> None:
     k = Knobs(160, 2560)
     light = load_trace("synthetic:poisson:rate=5,duration=60", seed=1)
     heavy = load_trace("synthetic:poisson:rate=60,duration=60", seed=1)
-    n_light = window_replicas((light, p, k, SLA_STD, 32, 0, 0.0, "least-outstanding"))
-    n_heavy = window_replicas((heavy, p, k, SLA_STD, 32, 0, 0.0, "least-outstanding"))
+    n_light = window_replicas((light, p, k, SLA_STD, 32, 0, 0.0, "least-outstanding", 0.0))
+    n_heavy = window_replicas((heavy, p, k, SLA_STD, 32, 0, 0.0, "least-outstanding", 0.0))
     assert 1 <= n_light < n_heavy
     empty = Trace(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-    assert window_replicas((empty, p, k, SLA_STD, 32, 0, 0.0, "least-outstanding")) == 0
+    assert window_replicas((empty, p, k, SLA_STD, 32, 0, 0.0, "least-outstanding", 0.0)) == 0
     res = oracle(heavy, p, k, SLA_STD, workers=1)
     assert res.replicas == [n_heavy] and res.gpu_hours == pytest.approx(n_heavy / 60)
 
@@ -222,9 +222,9 @@ def test_oracle_leaves_out_requests_no_count_could_serve() -> None:
     k = Knobs(160, 2560)
     sla = SLA(ttft_p95_ms=100, itl_p95_ms=50)
     hopeless = Trace.from_arrays([0.0], [16_000], [10])
-    assert window_replicas((hopeless, p, k, sla, 32, 0, 0.0, "least-outstanding")) == 0
+    assert window_replicas((hopeless, p, k, sla, 32, 0, 0.0, "least-outstanding", 0.0)) == 0
     mixed = Trace.from_arrays([0.0, 1.0], [16_000, 100], [10, 10])
-    assert window_replicas((mixed, p, k, sla, 32, 0, 0.0, "least-outstanding")) == 1
+    assert window_replicas((mixed, p, k, sla, 32, 0, 0.0, "least-outstanding", 0.0)) == 1
 
 
 def test_simulate_cli_writes_json_and_plot(

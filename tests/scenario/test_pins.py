@@ -88,7 +88,7 @@ def test_oracle_goal_is_99_percent() -> None:
     for any goal up to that), three reach 99 %: the oracle must pick 3."""
     p = load_profile()
     trace = load_trace("synthetic:poisson:rate=35,duration=60", seed=1)
-    args = (trace, p, Knobs(152, 2560), SLA_STD, 32, 0, 0.029, "least-outstanding")
+    args = (trace, p, Knobs(152, 2560), SLA_STD, 32, 0, 0.029, "least-outstanding", 0.0)
     assert window_replicas(args) == 3
 
 

@@ -26,6 +26,7 @@ class RefRequest:
     arrival_s: float
     prompt: int
     out: int
+    hit: int = 0  # prompt tokens found in the prefix cache at each prefill's start
     generated: int = 0
     computed: int = 0
     blocks: int = 0
@@ -59,14 +60,17 @@ def simulate(
     max_num_batched_tokens: int,
     kv_blocks: int,
     max_model_len: int,
+    prefix_hit_frac: float = 0.0,
 ) -> RefResult:
-    """Run `arrivals` [(arrival_s, prompt, output)] (sorted) to completion."""
+    """Run `arrivals` [(arrival_s, prompt, output)] (sorted) to completion; each
+    prefill starts with the whole blocks of `prefix_hit_frac` of its prompt computed."""
     st = profile.step_model()
     bs = profile.memory.block_size_tokens
     reqs: dict[int, RefRequest] = {}
     pending: list[RefRequest] = []
     for rid, (t, p, o) in enumerate(arrivals):
-        r = RefRequest(rid, t, p, max(1, min(o, max_model_len - p)))
+        hit = math.floor(p * prefix_hit_frac / bs) * bs
+        r = RefRequest(rid, t, p, max(1, min(o, max_model_len - p)), hit)
         reqs[rid] = r
         if p > max_model_len:
             r.refused = True
@@ -125,8 +129,9 @@ def simulate(
         if not preempted:
             while waiting and budget > 0 and len(running) < max_num_seqs:
                 r = waiting[0]
+                r.computed = r.hit
                 n = min(r.num_tokens - r.computed, budget)
-                need = math.ceil(n / bs)
+                need = math.ceil((r.computed + n) / bs)
                 if need > free:
                     break
                 waiting.pop(0)

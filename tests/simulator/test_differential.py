@@ -47,6 +47,7 @@ def _run_fast(
     max_model_len: int,
     seed: int,
     profile: Profile = PROFILE,
+    prefix_hit_frac: float = 0.0,
 ) -> tuple[Engine, RequestLog]:
     rng = np.random.default_rng(seed + 1000)
     log = RequestLog()
@@ -56,6 +57,7 @@ def _run_fast(
         log=log,
         kv_capacity_blocks=kv_blocks,
         max_model_len=max_model_len,
+        prefix_hit_frac=prefix_hit_frac,
     )
     prev = 0.0
     for t, p, o in arrivals:
@@ -71,11 +73,15 @@ def _run_fast(
     return eng, log
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_fast_engine_matches_reference(seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "hit"), [(s, 0.0) for s in range(40)] + [(s, 0.6) for s in range(40, 48)]
+)
+def test_fast_engine_matches_reference(seed: int, hit: float) -> None:
+    """The fast engine against the per-request reference, without prefix-cache hits and
+    (the last seeds) with 60 % of every prompt's whole blocks found in the cache."""
     arrivals, mns, mnbt, kv_blocks, mml = _workload(seed)
-    ref = simulate(arrivals, PROFILE, mns, mnbt, kv_blocks, mml)
-    eng, log = _run_fast(arrivals, mns, mnbt, kv_blocks, mml, seed)
+    ref = simulate(arrivals, PROFILE, mns, mnbt, kv_blocks, mml, hit)
+    eng, log = _run_fast(arrivals, mns, mnbt, kv_blocks, mml, seed, prefix_hit_frac=hit)
     rec = log.arrays()
     for rid, r in ref.requests.items():
         assert rec.refused[rid] == r.refused, rid
@@ -92,6 +98,7 @@ def test_fast_engine_matches_reference(seed: int) -> None:
     assert m.generation_tokens == ref.generation_tokens
     assert m.itl == ref.itl_counts
     assert m.success == sum(1 for r in ref.requests.values() if not r.refused)
+    assert (m.prefix_hits > 0) == (hit > 0)
     assert eng.free == kv_blocks  # every block returned
     assert eng.is_empty
 

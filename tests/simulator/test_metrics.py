@@ -81,6 +81,28 @@ def test_estimates_match_ground_truth(loaded: tuple[Fleet, SimulatedSource]) -> 
     assert obs.preemption_rate_per_s == 0.0
 
 
+def test_prefix_cache_hits_read_as_the_share_of_prompt_tokens_hit() -> None:
+    """Engines finding half of every prompt in their prefix cache (whole 16-token
+    blocks, so a little less than half of the tokens): the window reads that share, and
+    the prefills that did not compute it finish sooner (a mean TTFT lower than without)."""
+
+    def observe(hit: float) -> Observation:
+        fleet = Fleet(initial_replicas=2, prefix_hit_frac=hit)
+        src = SimulatedSource(fleet, MODEL, window_s=60.0, scrape_interval_s=5.0)
+        fleet.submit_trace(synthetic("poisson", seed=11, rate=25.0, duration=400.0))
+        fleet.advance_to(300.0)
+        obs = src.observe([ModelQuery(MODEL)], 300.0)[MODEL]
+        assert isinstance(obs, Observation)
+        return obs
+
+    half, none = observe(0.5), observe(0.0)
+    assert half.prefix_cache_hit_frac is not None
+    assert 0.45 < half.prefix_cache_hit_frac < 0.5
+    assert none.prefix_cache_hit_frac == 0.0
+    assert half.ttft_mean_ms is not None and none.ttft_mean_ms is not None
+    assert half.ttft_mean_ms < none.ttft_mean_ms
+
+
 def test_deriv_growth_and_short_window() -> None:
     fleet = Fleet(initial_replicas=2)
     src = SimulatedSource(fleet, MODEL, short_window_s=6.0)

@@ -25,6 +25,7 @@ GOOD = Decision(
     plant_cold_start_s=75.0,
     capacity_correction=0.9,
     knob_correction=0.8,
+    prefix_hit_frac=0.55,
 )
 
 
@@ -48,6 +49,7 @@ def test_gauges_follow_each_decision() -> None:
         "governor_plant_cold_start_seconds": 75.0,
         "governor_capacity_correction": 0.9,
         "governor_knob_correction": 0.8,
+        "governor_prefix_cache_hit_priced_ratio": 0.55,
         "governor_observation_staleness_seconds": 1.5,
         "governor_model_stale": 0,
         "governor_panic": 0,
