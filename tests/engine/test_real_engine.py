@@ -170,6 +170,39 @@ def test_counts_and_lengths_match_what_was_sent(engine_world: EngineWorld) -> No
     assert obs.arrival_rate_rps > 0
 
 
+def test_prompts_that_share_a_prefix_read_as_prefix_cache_hits(engine_world: EngineWorld) -> None:
+    """The same 400-token prompt six times, one after another: vLLM's prefix cache (on by
+    default in V1) finds its whole blocks from the second on, 384 tokens each (the CPU
+    build's blocks are 128 tokens, a GPU's 16; vLLM computes at least a prompt's last
+    token), and the share the governor reads (`vllm:prefix_cache_hits_total` over
+    `_queries_total`, through Prometheus) is the engine's own: what the capacity model
+    prices (controller.capacity.priced_hit_frac). The earlier requests of this file had
+    distinct prompts shorter than a block: no hit."""
+    engine = engine_world.engine
+    for _ in range(6):
+        complete(engine.url, 400, 4, seed=97)
+    after = engine.metrics()
+    hits = metric_value(after, "vllm:prefix_cache_hits_total", model_name=MODEL_NAME)
+    queries = metric_value(after, "vllm:prefix_cache_queries_total", model_name=MODEL_NAME)
+    assert hits == 5 * 384, f"{hits} of {queries} prompt tokens hit"
+    assert queries is not None
+    expr = f'{{__name__=~"vllm[:_]prefix_cache_hits_total", model_name="{MODEL_NAME}"}}'
+    prom = engine_world.prometheus
+    _poll(
+        lambda: sum(float(r["value"][1]) for r in prom.query(expr)) == hits,
+        30,
+        "Prometheus to scrape the prefix-cache hits",
+        0.2,
+    )
+    # A window over everything this engine served (its counters started at 0).
+    source = PrometheusSource(prom.url, window_s=600.0)
+    obs = source.observe([ModelQuery(MODEL_NAME)], time.time())[MODEL_NAME]
+    assert isinstance(obs, Observation), obs
+    assert obs.prefix_cache_hit_frac is not None
+    assert obs.prefix_cache_hit_frac == pytest.approx(hits / queries, rel=1e-6)
+    _record(prefix_cache={"hits": hits, "queries": queries, "read": obs.prefix_cache_hit_frac})
+
+
 def test_engine_args_live_output_is_accepted_by_the_real_server(engine_world: EngineWorld) -> None:
     args = engine_world.engine_args
     assert args[args.index("--max-num-seqs") + 1] == str(HIGH_CAP)
