@@ -275,6 +275,7 @@ DECISION_NUMBERS = (
     "plant_seq_ratio",
     "plant_cold_start_s",
     "knob_correction",
+    "prefix_hit_frac",
 )
 """The `Decision` fields that are optional numbers (None: not computed), as the admin
 API (service.convert) and `governor simulate --decisions` (simulator.report) export them."""

@@ -388,6 +388,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
                     f"per-sequence cost x{seq:.2f} more, capacity correction x{corr:.2f}, "
                     f"knob correction x{knob:.2f}" + cold
                 )
+            if d.prefix_hit_frac:
+                print(
+                    f"  prompts: {d.prefix_hit_frac:.0%} of their tokens priced as "
+                    "prefix-cache hits (not prefilled)"
+                )
         if m.actuation:
             print(f"  actuation: {m.actuation}")
     return EXIT_OK

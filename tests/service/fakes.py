@@ -37,6 +37,8 @@ class FakeSource:
     rates: dict[str, float | None] = field(default_factory=dict)
     prompt_tokens: float = 1000.0
     output_tokens: float = 200.0
+    prefix_hit_frac: float | None = None
+    """The prefix-cache hit share on every Observation (None: the counters absent)."""
     calls: int = 0
     dists: dict[str, LatencyQuantiles] = field(default_factory=dict)
     """Latency distributions by signal (ttft, itl, e2e) put on every Observation."""
@@ -67,6 +69,7 @@ class FakeSource:
                     ttft_p95_ms=300.0,
                     running=rate,
                     waiting=0.0,
+                    prefix_cache_hit_frac=self.prefix_hit_frac,
                     extra={"ttft_p50_ms": 120.0, "ttft_p90_ms": 250.0, "itl_p99_ms": 35.0},
                     ttft_dist=self.dists.get("ttft"),
                     itl_dist=self.dists.get("itl"),

@@ -439,10 +439,15 @@ def test_cli_target_lifecycle_status_explain_pause(
     code, out, _ = _cli(capsys, "target", "get", "small", *a)
     assert code == 0 and "itl_p95_ms: 40" in out
     svc.source.set("small", 2.0)
-    svc.tick()
+    svc.source.prefix_hit_frac = 0.62
+    try:
+        svc.tick()
+    finally:
+        svc.source.prefix_hit_frac = None
     code, out, _ = _cli(capsys, "status", "small", *a)
     assert code == 0
     assert "published: replicas=" in out and "p50=120ms" in out and "p90=250ms" in out
+    assert "prompts: 60% of their tokens priced as prefix-cache hits" in out
     limit = svc.core.loop.snapshot().models["small"].decision.capacity_limit
     assert limit and f"capacity={limit}-bound" in out
     code, out, _ = _cli(capsys, "explain", "small", *a)
