@@ -18,14 +18,11 @@ Scheduling, per step (vLLM V1 `Scheduler.schedule`, FCFS):
    each is allocated blocks for `min(prompt, budget)` tokens (the last admitted one is
    chunked); the first that cannot get its blocks stops admission.
 
-Prefix-cache hits (`prefix_hit_frac`, 0 by default: none): each prefill starts with the
-whole 16-token blocks of that fraction of its prompt already computed, at least one
-token left to compute (vLLM recomputes the last block of a prompt found whole), resumed
-prefills too. The hit tokens cost no compute, but the chunk's attention reads them
-(`c (hit + c / 2)`, as a chunk after earlier ones) and they hold KV blocks as the
-request's own (no block is shared between requests here, so KV use is not lower).
-`vllm:prefix_cache_queries_total` counts the tokens each prefill needs and
-`vllm:prefix_cache_hits_total` the hit ones.
+Prefix-cache hits (`prefix_hit_frac`, default 0): each prefill, resumed ones too, starts
+with the whole blocks of that share of its prompt computed (some of it always left, as
+vLLM computes at least a prompt's last token); the chunk's attention reads them
+(`c (hit + c / 2)`), they hold KV blocks as the request's own (none shared), and
+`vllm:prefix_cache_hits_total` counts them against `_queries_total` (tokens needed).
 
 A prefill that completes samples the first token at the end of its step; a decode step
 samples one token. A preempted request keeps the tokens it already streamed (as vLLM V1
