@@ -37,7 +37,8 @@ finishes at a known step (a heap keyed by finishing step), and it needs a new bl
 step `k` exactly when `(off + k - 1) % 16 == 0`: requests are counted per residue class
 of `off mod 16`, so the number of blocks a step allocates, and the first step at which
 allocation would fail, follow from 16 counters, and runs of pure-decode steps go as one
-*jump* (simulator.engine_jump). Only a preempting step walks the running list.
+*jump* (simulator.engine_jump). Only a preempting step walks the running list
+(simulator.engine_preempt).
 `tests/simulator/test_differential.py` checks this against a per-request reference.
 
 Timing model: steps run back to back while the engine has work; a step is decided at
@@ -65,6 +66,7 @@ from simulator.engine_metrics import (
     TPOT_BUCKETS_S,
     EngineMetrics,
 )
+from simulator.engine_preempt import Preemption
 from simulator.requests import RequestLog
 
 INF = math.inf
@@ -129,7 +131,7 @@ class _Req:
         self.npre = 0
 
 
-class Engine(DecodeJumps):
+class Engine(DecodeJumps, Preemption):
     """One vLLM V1 engine replica on the simulation clock.
 
     Drive it with `enqueue(rid, t_s, prompt_tokens, output_tokens)` for arrivals in time
@@ -631,85 +633,6 @@ class Engine(DecodeJumps):
         m.req_gen_sum += r.out
         self.log.finish_s[r.rid] = t1
         self.n_out -= 1
-
-    # -- preemption (rare path: walks the running list) ------------------------------------
-
-    def _preempt_partial(self) -> int:
-        """Preempt the partial prefill (the last running request); returns blocks freed."""
-        p = self.partial
-        assert p is not None
-        held = p.blocks
-        p.blocks = 0
-        p.comp = 0
-        p.npre += 1
-        self.log.preemptions[p.rid] = p.npre
-        self.metrics.preemptions += 1
-        self.partial = None
-        self.waiting.appendleft(p)
-        if self.step_log is not None:
-            self._log_pre.append(p.rid)
-        return held
-
-    def _preempt_decoder(self, r: _Req, k: int, t0: float) -> int:
-        """Preempt decoding request `r` before step `k` (starting at `t0`); blocks freed."""
-        off = r.off
-        held = -(-(off + k - 1) // self.bs)
-        self.cnt[off % self.bs] -= 1
-        self.n_dec -= 1
-        self.s_off -= off
-        del self.dec[r.rid]
-        r.gen = r.gen0 + (k - r.k0)
-        r.need = r.prompt + r.gen
-        r.comp = 0
-        r.blocks = 0
-        r.last_tok = t0  # its last token came at the end of the previous step
-        r.npre += 1
-        self.log.preemptions[r.rid] = r.npre
-        self.metrics.preemptions += 1
-        self.waiting.appendleft(r)
-        if self.step_log is not None:
-            self._log_pre.append(r.rid)
-        return held
-
-    def _preempt_over_cap(self, t0: float) -> None:
-        """A cap lowered below the running requests (`set_knobs`; admission never runs
-        more than the cap): preempt the newest (the partial prefill first, then decoders
-        from the newest admitted) until the cap holds."""
-        free = self.free
-        while self.n_dec + (self.partial is not None) > self.mns:
-            if self.partial is not None:
-                free += self._preempt_partial()
-            else:
-                newest = self.dec[next(reversed(self.dec))]
-                free += self._preempt_decoder(newest, self.k, t0)
-        self.free = free
-
-    def _preempt_for_decodes(self, k: int, t0: float) -> None:
-        """Allocate step `k`'s decode blocks in running order, preempting from the end."""
-        bs = self.bs
-        free = self.free
-        order = list(self.dec.values())
-        end = len(order)
-        i = 0
-        while i < end:
-            r = order[i]
-            if (r.off + k - 1) % bs == 0:
-                stop = False
-                while free < 1:
-                    if self.partial is not None:
-                        free += self._preempt_partial()
-                    else:
-                        end -= 1
-                        v = order[end]
-                        free += self._preempt_decoder(v, k, t0)
-                        if v is r:
-                            stop = True
-                            break
-                if stop:
-                    break
-                free -= 1
-            i += 1
-        self.free = free
 
 
 def checked_knobs(knobs: Knobs) -> tuple[int, int]:
