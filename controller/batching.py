@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from controller.capacity import KV_RESERVE_FRAC
+from controller.capacity import KV_RESERVE_FRAC, priced_hit_frac
 from controller.config import SLA, KnobBounds
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import Profile, StepTimeModel
@@ -183,7 +183,10 @@ def slo_knobs(
     Worked example (default profile, ITL 50 ms, margin 0.85, conversation p95s 4083/451,
     means 1155/211): decode step budget 42.5 ms -> 152 sequences at 4308 tokens of context
     (42.32 ms) -> 152 after quantizing; a mixed step of up to 85 ms with 152 decodes leaves
-    room for a chunk of ~2,500 tokens -> budget 2,560.
+    room for a chunk of ~2,500 tokens -> budget 2,560. With half of every prompt found
+    in the prefix cache (`Lengths.prefix_hit_frac` 0.5), a chunk starts 3,062 tokens in
+    on average, not 2,042, and the p95 prompt computes 2,042 tokens within the TTFT
+    target, not 4,083.
     """
     model = _step_model(profile)
     step_budget_ms = sla.itl_p95_ms * itl_margin_frac
@@ -200,6 +203,10 @@ def slo_knobs(
     seqs = max(SEQS_QUANTUM, seqs // SEQS_QUANTUM * SEQS_QUANTUM)
 
     mean_decode_ctx = lengths.prompt_mean + lengths.output_mean / 2.0
+    # Prefix-cache hits (the share capacity prices: `priced_hit_frac`) are not computed:
+    # a prompt's chunks start past its cached share (their attention reads it), and only
+    # the rest takes the token budget. At 0 every term is the rule without hits.
+    hit = priced_hit_frac(lengths.prefix_hit_frac)
     # A step that carries a full prefill chunk may take up to MIXED_STEP_FACTOR x the ITL
     # target: such steps are a minority of a request's decode steps, so its mean ITL
     # stays under target, while a bigger budget prefills in fewer, better-amortized
@@ -209,13 +216,13 @@ def slo_knobs(
         step_budget_ms * MIXED_STEP_FACTOR,
         seqs,
         seqs * mean_decode_ctx,
-        chunk_context=lengths.prompt_p95 / 2.0,
+        chunk_context=lengths.prompt_p95 * (1.0 + hit) / 2.0,
     )
     tokens = max(TOKENS_QUANTUM, (seqs + chunk) // TOKENS_QUANTUM * TOKENS_QUANTUM)
     # TTFT: the p95 prompt must prefill in the steps that fit half the TTFT target; where
     # that needs a bigger budget than ITL allows, TTFT wins (rounded up, not down).
     steps_allowed = max(1, math.floor(sla.ttft_p95_ms * 0.5 / step_budget_ms))
-    ttft_tokens = math.ceil(lengths.prompt_p95 / steps_allowed)
+    ttft_tokens = math.ceil(lengths.prompt_p95 * (1.0 - hit) / steps_allowed)
     if ttft_tokens > tokens:
         tokens = math.ceil(ttft_tokens / TOKENS_QUANTUM) * TOKENS_QUANTUM
     return clamp_knobs(Knobs(max_num_seqs=seqs, max_num_batched_tokens=tokens), bounds)

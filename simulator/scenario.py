@@ -20,7 +20,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -458,13 +458,13 @@ def trace_lengths(trace: Trace) -> Lengths:
 
 
 def governor_knobs_for(trace: Trace, sc: Scenario) -> Knobs:
-    """The knobs the slo policy picks for the trace's overall length statistics."""
+    """The knobs the slo policy picks for the trace's overall length statistics, with
+    the plant's prefix-cache hit share."""
     from controller.batching import slo_knobs
 
     cfg = sc.governor_config()
-    return slo_knobs(
-        trace_lengths(trace), sc.sla, sc.profile, cfg.models[0].knobs, cfg.policy.itl_margin_frac
-    )
+    lengths = replace(trace_lengths(trace), prefix_hit_frac=sc.plant.prefix_hit_frac)
+    return slo_knobs(lengths, sc.sla, sc.profile, cfg.models[0].knobs, cfg.policy.itl_margin_frac)
 
 
 def ttft_p95_by_minute(fleet: Fleet, end_s: float) -> list[float]:

@@ -49,15 +49,15 @@ def _run(hit: float, monkeypatch: pytest.MonkeyPatch, priced: bool) -> PolicyRes
 def test_a_fleet_whose_prompts_hit_the_cache_is_sized_for_the_prefill_it_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """80 % of each prompt hit: priced, 99.60 % within the SLA on 0.62 GPU-hours (at
-    most 5 replicas), the speed learned at 1.00 of the plant's; unpriced, 100.00 % on
-    1.10 (6 replicas), the hits read as a plant 15 % faster (0.85) and the capacity
-    still priced for whole prefills."""
+    """80 % of each prompt hit: priced (capacity and knobs), 99.70 % within the SLA on
+    0.65 GPU-hours (at most 5 replicas), the speed learned at 1.01 of the plant's;
+    unpriced, 100.00 % on 1.10 (6 replicas), the hits read as a plant 15 % faster (0.85)
+    and the capacity still priced for whole prefills."""
     priced = _run(0.8, monkeypatch, priced=True)
     unpriced = _run(0.8, monkeypatch, priced=False)
-    assert 100.0 * priced.slo_attainment == pytest.approx(99.60, abs=0.01)
+    assert 100.0 * priced.slo_attainment == pytest.approx(99.70, abs=0.01)
     assert 100.0 * unpriced.slo_attainment == pytest.approx(100.00, abs=0.01)
-    assert priced.gpu_hours == pytest.approx(0.62, abs=0.005)
+    assert priced.gpu_hours == pytest.approx(0.65, abs=0.005)
     assert unpriced.gpu_hours == pytest.approx(1.10, abs=0.005)
     assert (priced.flaps, unpriced.flaps) == (0, 0)
     assert priced.learned_speed == pytest.approx(1.00, abs=0.01)

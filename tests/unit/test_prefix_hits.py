@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from controller.batching import slo_knobs
 from controller.capacity import capacity_rps, priced_hit_frac
-from controller.config import SLA
+from controller.config import SLA, KnobBounds
 from controller.decider import Decider
 from controller.plant import window_parts
 from controller.types import Forecast, HoltState, Knobs, Lengths, ModelState
@@ -55,6 +56,27 @@ def test_hits_are_not_prefill_work(
         assert caps[3] > 3.0 * caps[0]
     # a share that wanders within a pricing step moves nothing
     assert cap(0.51) == cap(0.54) == caps[2]
+
+
+def test_the_knobs_price_the_hits_too() -> None:
+    """The slo knobs (controller.batching) compute only the prompt tokens not hit: where
+    the TTFT target sets the token budget (the p95 prompt within half of it, 100 ms), half
+    of it hit needs half the tokens, so the ITL rule's budget stands; a chunk starts
+    past the cached share, whose attention it reads, so long prompts get smaller chunks
+    within the same mixed-step time. None hit is the knobs without the field."""
+    bounds, margin = KnobBounds(), make_policy().itl_margin_frac
+    tight = SLA(ttft_p95_ms=100.0, itl_p95_ms=50.0)
+
+    def knobs(lengths: Lengths, sla: SLA, hit: float) -> Knobs:
+        return slo_knobs(replace(lengths, prefix_hit_frac=hit), sla, PROFILE, bounds, margin)
+
+    assert knobs(CONV, tight, 0.0) == slo_knobs(CONV, tight, PROFILE, bounds, margin)
+    assert knobs(CONV, tight, 0.0) == Knobs(152, 4096)  # 4,083 tokens in one step
+    assert knobs(CONV, tight, 0.5) == Knobs(152, 2560)  # 2,042: the ITL rule's budget
+    long_sla = SLA(ttft_p95_ms=15_000.0, itl_p95_ms=50.0)
+    assert knobs(LONG, long_sla, 0.0) == Knobs(16, 1280)
+    assert knobs(LONG, long_sla, 0.5) == Knobs(16, 1024)  # chunks at 30k tokens, not 20k
+    assert knobs(LONG, long_sla, 0.52) == knobs(LONG, long_sla, 0.5)  # priced as capacity
 
 
 def test_the_speed_window_prices_the_hits_too() -> None:
