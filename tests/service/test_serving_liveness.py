@@ -67,16 +67,23 @@ class _Served:
     def tick(self) -> None:
         self.core.tick(self.clock.advance(5.0))
 
-    def served(self, channel: grpc.Channel) -> tuple[int, int, int]:
-        """(generation, max_num_seqs, replicas) the engines and KEDA are served."""
+    def served(self, channel: grpc.Channel) -> tuple[int, int, int] | None:
+        """(generation, max_num_seqs, replicas) the engines and KEDA are served; None
+        while KEDA is told there is no decision yet (UNAVAILABLE: the serving process has
+        not received the first board, which it gets after the tick that made it)."""
         req = pb.GetBatchingConfigRequest(model="demo", engine_id="pod-1")
         got = pb_grpc.BatchingServiceStub(channel).GetBatchingConfig(
             req, timeout=10, wait_for_ready=True
         )
         ref = es.ScaledObjectRef(scalerMetadata={"model": "demo"})
-        keda = es_grpc.ExternalScalerStub(channel).GetMetrics(
-            es.GetMetricsRequest(scaledObjectRef=ref), timeout=10
-        )
+        try:
+            keda = es_grpc.ExternalScalerStub(channel).GetMetrics(
+                es.GetMetricsRequest(scaledObjectRef=ref), timeout=10
+            )
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                return None
+            raise
         return (got.generation, got.max_num_seqs, keda.metricValues[0].metricValue)
 
     def board(self) -> tuple[int, int, int]:
