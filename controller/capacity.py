@@ -28,10 +28,13 @@ L-token prompt, ms):
    is Td + sum(w(L_i)) / Lout. The quantile of that sum: the larger of a normal
    approximation and the single-big-prompt bound (heavy-tailed prompts: one prompt at
    the 1 - (1 - goal) / (lam D) quantile dominates).
-3. TTFT at the goal quantile: overhead + the step in flight (T) + the wait of an M/G/c
-   queue of prefills, c = the fleet's replicas (service S(L) = chunks x Td + w(L);
-   Allen-Cunneen: Erlang C, then an exponential tail to the goal quantile; prompts over
-   the p99.75 left out of the moments, see TAIL_SHARE) + the p95 prompt's own prefill.
+3. TTFT at the goal quantile: overhead + the step in flight (T) + the wait in the
+   prefill queue (service S(L) = chunks x Td + w(L); prompts over the p99.75 left out
+   of the moments, see TAIL_SHARE) + the p95 prompt's own prefill. A request waits only
+   when every replica is busy (least-outstanding routing: Erlang C of c = the fleet's
+   replicas), and then behind the work of the replica it was sent to: an exponential
+   tail to the goal quantile that drains at one replica's spare capacity (1 - rho), not
+   a shared queue's c (1 - rho) (`pooled_servers`).
 4. Decodes within max_num_seqs and KV capacity.
 
 Prefix-cache hits (`Lengths.prefix_hit_frac` = h, the share of prompt tokens the engines
@@ -40,15 +43,16 @@ find cached; `priced_hit_frac`) are not computed: a prompt's prefill work is
 and it takes (1 - h) L tokens of the token budget; its context counts whole (decode
 cost, KV). At h = 0 every term is the model above, bit for bit.
 
-Measured against the simulated plant (Poisson arrivals, 5-10 minutes, the slo knobs):
-conversation lengths, 99 % attainment at 11.5 req/s on one replica and 13.8 per replica
-on four (model: 13.1 and 16.8; x 0.85, the decider's default target utilization,
-11.2 and 14.3); long-context lengths (prompts mean 12k, p95 40k), 99 % at ~0.55
-per replica on four with the default 256 / 8,192 knobs (model: 0.54), and up to ~0.74
-with the 16 / 1,280 the governor picks there, where the model says 0.55: it barely
-tells the two apart, as step 2's single-big-prompt bound does not depend on the chunk
-size (tests/simulator/test_capacity_vs_plant.py pins the second). The fluid model this
-replaces said 17.8 and 1.77.
+Measured against the simulated plant (docs/capacity.md, `python -m
+simulator.capacity_check`: Poisson arrivals with each matrix trace's lengths, the knobs
+the governor picks, 1-8 warm replicas): the model reads 0.78x-0.90x the plant's 99 %
+capacity on conversation x16's lengths, 0.99x-1.16x on diurnal's, 0.40x-0.64x on code
+x4's, and on long-context's (prompts mean 12k, p95 40k; 16 / 1,280 knobs) 1.88x on one
+replica down to 0.82x on eight, as step 2's single-big-prompt bound does not pool
+across replicas nor depend on the chunk size (tests/simulator/test_capacity_vs_plant.py
+pins four replicas). The fluid model
+this replaces read one replica at 17.8 req/s on conversation lengths and 1.77 on
+long-context.
 """
 
 from __future__ import annotations
@@ -584,12 +588,13 @@ class _Model:
             return math.inf
         miss = 1.0 - self.goal
         c = self.servers
-        # M/G/c (Allen-Cunneen): P(wait) = Erlang C, then an exponential tail whose mean
-        # is the residual work E[S^2] / 2E[S] over the spare capacity c (1 - rho).
+        # P(wait) = Erlang C (every replica busy), then an exponential tail whose mean is
+        # the residual work E[S^2] / 2E[S] over one replica's spare capacity (1 - rho):
+        # the request waits in its own replica's queue (module doc, step 3).
         waits = erlang_c(c, c * rho)
         wait = 0.0
         if waits > miss:
-            wait = es2 / (2.0 * es) / (c * (1.0 - rho)) * math.log(waits / miss)
+            wait = es2 / (2.0 * es) / (1.0 - rho) * math.log(waits / miss)
         # Chunks counted continuously: a ceil would make capacity jump by half where a
         # p95 estimate crosses a multiple of the budget (4,580 -> 4,610 tokens at 2,304).
         own = max(1.0, self.own_l / room) * td + self.own_w
@@ -597,13 +602,16 @@ class _Model:
 
 
 def pooled_servers(replicas: int) -> int:
-    """Servers of the M/G/c prefill queue for a fleet of `replicas`: one per replica.
+    """Servers whose all-busy probability (Erlang C) says whether a request waits, for
+    a fleet of `replicas`: one per replica.
 
-    Least-outstanding routing pools the fleet only partly (a request waits in the queue
-    of the engine it was sent to, not in one shared queue), so this is optimistic for
-    big fleets: measured on the simulated plant (conversation lengths, TTFT 500 ms,
-    99 %), 11.5 req/s per replica on one replica and 13.8 on four, where c = 4 predicts
-    16.7 (the target utilization's headroom, 0.85 by default, covers the difference).
+    Least-outstanding routing pools the fleet only partly: it sends a request to an idle
+    replica while there is one, but a request that waits waits in the queue of the
+    replica it was sent to, not in one shared queue, so the wait's tail drains at one
+    replica's spare capacity (`_Model._ttft_q`). Priced as a shared queue (a tail over
+    c (1 - rho)), the model read 1.32x and 1.16x the plant's capacity on diurnal lengths
+    at 2 and 4 replicas, where the decider's 0.85 target utilization missed the goal;
+    priced so, 1.01x and 0.99x (docs/capacity.md).
     """
     return max(1, replicas)
 

@@ -56,13 +56,13 @@ def test_an_sla_no_replica_meets_is_sized_to_meet_most_requests() -> None:
 @pytest.mark.parametrize(
     ("trace_key", "speed", "policy", "attainment_pct", "gpu_hours"),
     [
-        ("code x4", 2.5, "governor", 77.68, 35.78),
+        ("code x4", 2.5, "governor", 79.41, 37.19),
         ("code x4", 2.5, "hpa-queue", 81.43, 31.15),
         ("long-context", 4.0, "governor", 84.25, 32.58),
         ("long-context", 4.0, "hpa-queue", 94.61, 24.53),
         ("diurnal", 4.0, "governor", 92.35, 16.80),
         ("diurnal", 4.0, "hpa-queue", 90.35, 13.17),
-        ("conv x16", 4.0, "governor", 84.62, 60.10),
+        ("conv x16", 4.0, "governor", 80.99, 58.89),
         ("conv x16", 4.0, "hpa-queue", 52.17, 49.00),
     ],
 )

@@ -453,7 +453,9 @@ def test_sla_violation_on_full_fleet_adds_replicas() -> None:
 def test_sla_evidence_rules(kw: dict, corrects: bool) -> None:
     d = Decider(make_model(), make_policy())
     s = d.initial_state(3)
-    _, s = run(d, s, [40.0] * 20, **kw)  # 100 s: past the first window after start
+    # 100 s of 30 req/s, which 3 replicas are believed to serve (the correction judges
+    # only such a fleet): past the first window after start
+    _, s = run(d, s, [30.0] * 20, **kw)
     assert (s.plant.capacity_correction < 1.0) is corrects
 
 
@@ -559,14 +561,14 @@ def test_explain_lists_every_stage() -> None:
 
 def test_explain_names_the_target_that_bounds_capacity() -> None:
     """The decision says which SLA target its capacity is bound by: conversation
-    lengths at the default SLA on 4 replicas' worth of load, the ITL (docs/capacity.md);
-    with a TTFT target of 250 ms, the TTFT; idle, none."""
+    lengths on 4 replicas' worth of load, the TTFT at the default SLA (docs/capacity.md)
+    and the ITL with a TTFT target of 1 s; idle, none."""
     d = Decider(make_model(), make_policy())
     dec, _ = d.decide(obs(rate=50.0), d.initial_state(4), ORIGIN_S)
-    assert dec.capacity_limit == "ITL" and "req/s (ITL-bound)" in dec.explain()
-    tight = Decider(make_model(ttft_p95_ms=250.0), make_policy())
-    dec, _ = tight.decide(obs(rate=50.0), tight.initial_state(4), ORIGIN_S)
     assert dec.capacity_limit == "TTFT" and "(TTFT-bound)" in dec.explain()
+    loose = Decider(make_model(ttft_p95_ms=1000.0), make_policy())
+    dec, _ = loose.decide(obs(rate=50.0), loose.initial_state(4), ORIGIN_S)
+    assert dec.capacity_limit == "ITL" and "req/s (ITL-bound)" in dec.explain()
     dec, _ = d.decide(obs(rate=0.0, running=0.0), d.initial_state(1), ORIGIN_S)
     assert dec.capacity_limit is None and "-bound" not in dec.explain()
 
