@@ -50,9 +50,8 @@ capacity on conversation x16's lengths, 0.99x-1.16x on diurnal's, 0.40x-0.64x on
 x4's, and on long-context's (prompts mean 12k, p95 40k; 16 / 1,280 knobs) 1.88x on one
 replica down to 0.82x on eight, as step 2's single-big-prompt bound does not pool
 across replicas nor depend on the chunk size (tests/simulator/test_capacity_vs_plant.py
-pins four replicas). The fluid model
-this replaces read one replica at 17.8 req/s on conversation lengths and 1.77 on
-long-context.
+pins four replicas). The fluid model this replaces read one replica at 17.8 req/s on
+conversation lengths and 1.77 on long-context.
 """
 
 from __future__ import annotations
