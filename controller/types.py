@@ -222,10 +222,7 @@ class Decision:
                 + (f"  raw={self.raw_replicas:.2f}" if self.raw_replicas is not None else "")
             )
         if self.prefix_hit_frac:
-            lines.append(
-                f"  prompts: {self.prefix_hit_frac:.0%} of their tokens priced as prefix-cache "
-                "hits (not prefilled)"
-            )
+            lines.append(prefix_hits_line(self.prefix_hit_frac))
         if self.plant_speed is not None:
             lines.append(
                 f"  plant: step time x{self.plant_speed:.2f} of the profile (learned)"
@@ -264,6 +261,12 @@ class Decision:
         if self.detail:
             lines.append(f"  note: {self.detail}")
         return "\n".join(lines)
+
+
+def prefix_hits_line(frac: float) -> str:
+    """The line `explain` and `governor status` print for a priced prefix-cache hit
+    share `frac` (0-0.95). Example: 0.6 -> "  prompts: 60% of their tokens ..."."""
+    return f"  prompts: {frac:.0%} of their tokens priced as prefix-cache hits (not prefilled)"
 
 
 DECISION_NUMBERS = (

@@ -30,6 +30,7 @@ import grpc
 import yaml
 
 from controller.config import INT32_MAX, load_yaml, read_config_text
+from controller.types import prefix_hits_line
 from service.listeners import parse_listen
 
 EXIT_OK = 0
@@ -389,10 +390,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                     f"knob correction x{knob:.2f}" + cold
                 )
             if d.prefix_hit_frac:
-                print(
-                    f"  prompts: {d.prefix_hit_frac:.0%} of their tokens priced as "
-                    "prefix-cache hits (not prefilled)"
-                )
+                print(prefix_hits_line(d.prefix_hit_frac))
         if m.actuation:
             print(f"  actuation: {m.actuation}")
     return EXIT_OK
