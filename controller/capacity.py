@@ -99,6 +99,20 @@ def lognormal_sigma(mean: float, p95: float) -> float:
     return SIGMA_MAX if disc < 0 else min(SIGMA_MAX, _Z95 - math.sqrt(disc))
 
 
+def square_spread(mean: float, p95: float, cap: float) -> float:
+    """E[min(L, cap)^2] / mean^2 for lognormal prompts L with this mean and p95 (tokens;
+    `lognormal_sigma`), none priced past `cap` (the profile's max_model_len: the
+    engines refuse a longer prompt). Example: 12,000 / 40,000 up to 131,072 -> 2.73,
+    where exp(sigma^2) (no cap) is 3.35."""
+    s = lognormal_sigma(mean, p95)
+    if s == 0 or not mean > 0:
+        return 1.0
+    mu = math.log(mean) - s * s / 2.0
+    z = (math.log(cap) - mu) / s
+    below = math.exp(2.0 * mu + 2.0 * s * s) * _NORMAL.cdf(z - 2.0 * s)
+    return (below + cap * cap * (1.0 - _NORMAL.cdf(z))) / (mean * mean)
+
+
 def _z(q: float) -> float:
     """The standard normal's `q`-quantile, `q` kept within [1e-9, 1 - 1e-9]: a goal the
     config accepts (< 1) can still round a quantile to 1.0 (0.9999999999999999's

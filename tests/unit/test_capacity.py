@@ -15,6 +15,7 @@ from controller.capacity import (
     fleet_capacity_rps,
     lognormal_sigma,
     operating_point,
+    square_spread,
 )
 from controller.config import SLA
 from controller.types import Knobs, Lengths
@@ -132,6 +133,16 @@ def test_sigma_fit_and_its_cap() -> None:
     assert lognormal_sigma(100.0, 90.0) == 0.0
     assert lognormal_sigma(12_000.0, 40_000.0) == pytest.approx(1.099, abs=1e-3)
     assert lognormal_sigma(11_000.0, 43_000.0) == SIGMA_MAX  # no lognormal fits
+
+
+def test_the_square_spread_stops_at_max_model_len() -> None:
+    """E[L^2] / mean^2 of the lognormal prompts, none past max_model_len (the plant's
+    window pricing, controller.plant.window_parts): the long-context trace's lengths
+    read 2.73, where the uncapped lognormal's exp(sigma^2) is 3.35."""
+    assert square_spread(12_000.0, 40_000.0, 131_072.0) == pytest.approx(2.73, abs=0.01)
+    s = lognormal_sigma(12_000.0, 40_000.0)
+    assert square_spread(12_000.0, 40_000.0, 1e15) == pytest.approx(math.exp(s * s))
+    assert square_spread(100.0, 90.0, 131_072.0) == 1.0  # no spread
 
 
 @pytest.mark.parametrize("current", [1, 2, 3, 8])
