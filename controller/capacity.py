@@ -104,13 +104,19 @@ def square_spread(mean: float, p95: float, cap: float) -> float:
     `lognormal_sigma`), none priced past `cap` (the profile's max_model_len: the
     engines refuse a longer prompt). Example: 12,000 / 40,000 up to 131,072 -> 2.73,
     where exp(sigma^2) (no cap) is 3.35."""
-    s = lognormal_sigma(mean, p95)
-    if s == 0 or not mean > 0:
+    s = lognormal_sigma(mean, p95)  # 0 for a mean that is not > 0 as well
+    if s == 0:
         return 1.0
     mu = math.log(mean) - s * s / 2.0
-    z = (math.log(cap) - mu) / s
-    below = math.exp(2.0 * mu + 2.0 * s * s) * _NORMAL.cdf(z - 2.0 * s)
-    return (below + cap * cap * (1.0 - _NORMAL.cdf(z))) / (mean * mean)
+    log_cap = math.log(cap)
+    above = 1.0 - _NORMAL.cdf((log_cap - mu) / s)
+    return (_partial_moment(2, mu, s, log_cap) + cap * cap * above) / (mean * mean)
+
+
+def _partial_moment(k: int, mu: float, s: float, log_cap: float) -> float:
+    """E[L^k; L < exp(log_cap)] of the lognormal with log-mean `mu` and sigma `s` > 0."""
+    raw = math.exp(k * mu + k * k * s * s / 2.0)
+    return raw * _NORMAL.cdf((log_cap - mu - k * s * s) / s)
 
 
 def _z(q: float) -> float:
@@ -143,8 +149,9 @@ class _Prompts:
             log_cap = min(log_cap, mu + s * _z(top_q))
 
         def moment(k: int) -> float:
-            raw = math.exp(k * mu + k * k * s * s / 2.0)
-            return raw if s == 0 else raw * _NORMAL.cdf((log_cap - mu - k * s * s) / s)
+            if s == 0:
+                return math.exp(k * mu + k * k * s * s / 2.0)
+            return _partial_moment(k, mu, s, log_cap)
 
         return _Prompts(mu, s, mean, moment(2), moment(3), moment(4), cap)
 
