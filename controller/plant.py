@@ -7,10 +7,10 @@ bounded and smoothed:
 
 - **speed** (step-time factor, learned before the SLA is violated): each window's mean
   inter-token latency against what the profile predicts for the batch the engines ran
-  (running sequences per replica, their context, and the prefill tokens the arrival
-  rate brings into each step). A factor > 1 means slower engines than the profile; the
-  capacity and knob models use the profile's step times x speed. Learned only from a
-  window with enough requests, sequences running on every replica and no queue (a
+  (running sequences per replica, at least one, their context, and the prefill tokens
+  the arrival rate brings into each step). A factor > 1 means slower engines than the
+  profile; the capacity and knob models use the profile's step times x speed. Learned
+  only from a window with enough requests, a sequence running and no queue (a
   queued fleet's ITL is set by its knobs, not its speed), as a half-life average of
   log(speed) and within [SPEED_MIN, SPEED_MAX]. A fleet that never drains its queue
   is read from windows queued at the engines' limit too, priced at the tokens their
@@ -86,14 +86,15 @@ SPEED_HALF_LIFE_S = 60.0
 """Half-life of the learned speed's average, seconds of evidence."""
 MIN_REQUESTS_PER_WINDOW = 30.0
 """A window with fewer arrivals teaches nothing (its means are a handful of requests)."""
-MIN_RUNNING_PER_REPLICA = 1.0
-"""A window with fewer sequences running per replica (on average) teaches nothing. At
-2 (before) the long-context trace's fleets, which run 0.5-2 sequences per replica around
-the clock (a 12k-token prompt is the whole of a replica's ITL budget), learned from a
-few start-up windows only: with the 2x cold start two queued ones read the plant at
-1.34 and no later window qualified, so the fleet was sized 34 % slow for the whole half
-hour (3.64x the oracle's GPU-hours; 2.24x at 1). A batch of one still says how long a
-step takes; at 0.5 the matrix gained three flaps (docs/decider-history.md)."""
+MIN_RUNNING = 1.0
+"""A window with fewer sequences running in the whole fleet teaches nothing. A fleet
+with fewer sequences than replicas runs each alone (the least-outstanding router sends
+a request to an idle replica first), so its windows are priced at a batch of one
+(window_parts). Per replica (before: at least 1 on average, 2 before that) the code x4
+trace, whose fleets run 0-3 sequences over 10-20 replicas between bursts, learned from 9
+windows an hour: 1.09 / 0.97 / 1.11 on plants of 1.0 / 0.7 / 1.3, 1.22 at 2.5, 0.87 at
+0.4; priced at one a replica it reads 1.02 / 0.78 / 1.25, 1.52, 0.53
+(docs/decider-history.md, "A sequence alone on its replica")."""
 MAX_WAITING_PER_REPLICA = 1.0
 """A window with more requests waiting per replica teaches no speed (its ITL is the step
 at the batch the knobs cap, and its mean mixes the steps before and after the queue)."""
@@ -151,9 +152,10 @@ def window_parts(
         return None
     if obs.running is None or obs.waiting is None:
         return None
-    b = obs.running / n
-    if b < MIN_RUNNING_PER_REPLICA or obs.waiting / n > max_waiting_per_replica:
+    if obs.running < MIN_RUNNING or obs.waiting / n > max_waiting_per_replica:
         return None
+    # Fewer sequences than replicas: each runs alone on its replica (MIN_RUNNING).
+    b = max(1.0, obs.running / n)
     if obs.arrival_rate_rps * window_s < MIN_REQUESTS_PER_WINDOW:
         return None
     short = obs.arrival_rate_short_rps

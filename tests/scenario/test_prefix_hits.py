@@ -51,7 +51,7 @@ def test_a_fleet_whose_prompts_hit_the_cache_is_sized_for_the_prefill_it_does(
 ) -> None:
     """80 % of each prompt hit: priced (capacity and knobs), 99.70 % within the SLA on
     0.65 GPU-hours (at most 4 replicas), the speed learned at 1.03 of the plant's;
-    unpriced, 100.00 % on 1.22 (6 replicas), the hits read as a plant 10 % faster (0.90)
+    unpriced, 100.00 % on 1.22 (6 replicas), the hits read as a plant 11 % faster (0.89)
     and the capacity still priced for whole prefills."""
     priced = _run(0.8, monkeypatch, priced=True)
     unpriced = _run(0.8, monkeypatch, priced=False)
@@ -61,4 +61,4 @@ def test_a_fleet_whose_prompts_hit_the_cache_is_sized_for_the_prefill_it_does(
     assert unpriced.gpu_hours == pytest.approx(1.22, abs=0.005)
     assert (priced.flaps, unpriced.flaps) == (0, 0)
     assert priced.learned_speed == pytest.approx(1.03, abs=0.01)
-    assert unpriced.learned_speed == pytest.approx(0.90, abs=0.01)
+    assert unpriced.learned_speed == pytest.approx(0.89, abs=0.01)

@@ -79,7 +79,7 @@ def test_the_module_docs_worked_example() -> None:
 @pytest.mark.parametrize(
     "thin",
     [
-        pytest.param({"running": 2.0}, id="half-a-sequence-per-replica"),
+        pytest.param({"running": 0.5}, id="no-whole-sequence-in-the-fleet"),
         pytest.param({"waiting": 40.0}, id="queued"),
         pytest.param({"rate": 0.3}, id="few-requests"),
         pytest.param({"arrival_rate_short_rps": 80.0}, id="unsteady"),
@@ -89,6 +89,18 @@ def test_the_module_docs_worked_example() -> None:
 def test_no_sample_from_a_window_without_enough_data(thin: dict) -> None:
     o = obs(itl_mean_ms=30.0, **{**LOADED, **thin})
     assert speed_sample(o, LENGTHS, PROFILE, 60.0, BUDGET) is None
+
+
+def test_fewer_sequences_than_replicas_run_one_a_replica() -> None:
+    """2 sequences on 4 replicas run alone on 2 of them (the least-outstanding router
+    fills idle replicas first): the window is priced at a batch of one, as 4 on 4 is,
+    not at half a sequence, and not turned away (code x4's fleets between bursts)."""
+    light = {**LOADED, "rate": 4.0}
+    itl = _itl_for(1.7, **{**light, "running": 4.0})
+    two = speed_sample(
+        obs(itl_mean_ms=itl, **{**light, "running": 2.0}), LENGTHS, PROFILE, 60.0, BUDGET
+    )
+    assert two == pytest.approx(1.7, rel=1e-6)
 
 
 def test_learning_is_smoothed_and_bounded() -> None:
