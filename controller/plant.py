@@ -91,8 +91,8 @@ MIN_RUNNING = 1.0
 with fewer sequences than replicas runs each alone (the least-outstanding router sends
 a request to an idle replica first), so its windows are priced at a batch of one
 (window_parts). Per replica (before: at least 1 on average, 2 before that) the code x4
-trace, whose fleets run 0-3 sequences over 10-20 replicas between bursts, learned from 9
-windows an hour: 1.09 / 0.97 / 1.11 on plants of 1.0 / 0.7 / 1.3, 1.22 at 2.5, 0.87 at
+trace, whose fleets run 0-3 sequences over 10-20 replicas between bursts, learned at 9
+ticks an hour: 1.09 / 0.97 / 1.11 on plants of 1.0 / 0.7 / 1.3, 1.22 at 2.5, 0.87 at
 0.4; priced at one a replica it reads 1.02 / 0.78 / 1.25, 1.52, 0.53
 (docs/decider-history.md, "A sequence alone on its replica")."""
 MAX_WAITING_PER_REPLICA = 1.0
