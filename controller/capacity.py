@@ -150,7 +150,7 @@ class _Prompts:
 
         def moment(k: int) -> float:
             if s == 0:
-                return math.exp(k * mu + k * k * s * s / 2.0)
+                return math.exp(k * mu)  # every prompt at the mean
             return _partial_moment(k, mu, s, log_cap)
 
         return _Prompts(mu, s, mean, moment(2), moment(3), moment(4), cap)
