@@ -31,7 +31,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from benchmarks.common import Row, bench_args, median, print_rows, write_rows
-from estimators.promql import QueryBuilder, build_queries
+from estimators.promql import QueryBuilder, queries_of
 from tests.integration.conftest import MODEL_A
 from tests.integration.fake_vllm import FakeVllmCollector, serve_registry
 from tests.integration.promserver import PrometheusServer, find_prometheus, wait_for
@@ -59,7 +59,7 @@ def measure(prom: PrometheusServer, rounds: int) -> dict[str, Any]:
     """Alternating rounds of the timed queries, raw and recorded, at one instant."""
     at = time.time() - 2.5
     by_mode = {
-        rec: dict(build_queries(window_s=WINDOW_S, edges=EDGES, recorded=rec).items())
+        rec: dict(queries_of(QueryBuilder(window_s=WINDOW_S, recorded=rec), EDGES).items())
         for rec in (False, True)
     }
     ms: dict[bool, list[float]] = {False: [], True: []}

@@ -5,7 +5,7 @@ tick benchmark (`benchmarks/bench_tick.py`) and the perf tests replay, scaled to
 models, through a fake query client (`benchmarks/promreplay.py`). It starts the same
 world the integration tests use (tests/integration: a real Prometheus scraping the
 deterministic fake vLLM exporters, 1 s scrapes), waits for a full rate window, runs the
-eight queries of `estimators.promql.build_queries` once and stores each query's
+eight queries of `estimators.promql.queries_of` once and stores each query's
 `data.result` list exactly as Prometheus answered it (labels, `[timestamp, "value"]`
 strings), keyed by query name, with the query text and the Prometheus version.
 
@@ -26,10 +26,15 @@ from pathlib import Path
 import requests
 from prometheus_client import CollectorRegistry
 
-from estimators.promql import DEFAULT_MODEL_LABEL, build_queries
+from estimators.promql import DEFAULT_MODEL_LABEL, QueryBuilder, queries_of
 from tests.integration.conftest import MODEL_A, MODEL_B, _enough_samples
 from tests.integration.fake_vllm import FakeVllmCollector, serve_registry
-from tests.integration.promserver import PrometheusServer, find_prometheus, wait_for
+from tests.integration.promserver import (
+    SCRAPE_INTERVAL_S,
+    PrometheusServer,
+    find_prometheus,
+    wait_for,
+)
 
 WINDOW_S = 5.0
 SHORT_WINDOW_S = 3.0
@@ -57,13 +62,14 @@ def record(out: Path = OUT) -> dict[str, object]:
             names = {m.name for m in specs}
             full = max(WINDOW_S, SEED_WINDOW_S)
             wait_for(lambda: _enough_samples(prom, names, full), 30.0, "a full window")
-            queries = build_queries(
+            b = QueryBuilder(
                 DEFAULT_MODEL_LABEL,
                 WINDOW_S,
                 short_window_s=SHORT_WINDOW_S,
                 seed_window_s=SEED_WINDOW_S,
-                edges=EDGES,
+                scrape_interval_s=SCRAPE_INTERVAL_S,
             )
+            queries = queries_of(b, EDGES)
             now = time.time() - 1.5  # every scrape before it committed: one instant
             answers: dict[str, object] = {}
             texts: dict[str, str] = {}

@@ -87,6 +87,7 @@ from estimators.decode import (
 from estimators.promql import (
     DEFAULT_MODEL_LABEL,
     DEFAULT_NAMESPACE_LABEL,
+    DEFAULT_SCRAPE_INTERVAL_S,
     DEFAULT_SEED_WINDOW_S,
     DEFAULT_WINDOW_S,
     RULES_MARKER_MODEL,
@@ -104,8 +105,6 @@ from estimators.types import (
 )
 
 DEFAULT_TIMEOUT_S: Final = 3.0
-DEFAULT_SCRAPE_INTERVAL_S: Final = 15.0
-"""How often Prometheus scrapes the engines when nothing says (its common setting), s."""
 DEFAULT_QUERY_METHOD: Final = "POST"
 """HTTP method of the instant queries (`PrometheusSettings.query_method`): POST sends a
 query as a form body, which Prometheus's API takes as it takes the URL's parameters, with
@@ -454,6 +453,7 @@ class PrometheusSource:
                 ingress_rate_query,
                 self.namespace_label,
                 recorded_max_age_s=RULES_MAX_AGE_INTERVALS * scrape,
+                scrape_interval_s=scrape,
             )
             self._builders[recorded] = b
             self._by_mode[recorded] = queries_of(b, rules_marker=recording_rules)

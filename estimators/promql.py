@@ -5,7 +5,7 @@ aggregated and which alternative metric names are accepted. `PrometheusSource`
 (estimators/prometheus.py) owns running the queries and interpreting the answers.
 
 Every query covers ALL models at once, grouped `by (<model label>)`, so the number of
-queries per tick is constant in the number of models: `build_queries` returns eight
+queries per tick is constant in the number of models: `queries_of` returns eight
 (demand, state, counter rates and means, four of quantiles, SLA-edge buckets).
 
 Prometheus does the heavy lifting, so an answer carries a few numbers per model rather
@@ -94,6 +94,8 @@ the common `kubernetes_sd_configs` relabelling) puts the scraped pod's namespace
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_SEED_WINDOW_S = 300.0
 """The seed policy's arrival window (5 minutes), seconds."""
+DEFAULT_SCRAPE_INTERVAL_S = 15.0
+"""How often Prometheus scrapes the engines when nothing says (its common setting), s."""
 SIGNAL_LABEL = "governor_signal"
 """Label that tells the parts of a multi-signal query apart."""
 RULES_MARKER = "governor:recording_rules"
@@ -344,16 +346,14 @@ class QueryBuilder:
     Prometheus's lookback (5 minutes). A rule that stops evaluating (its expression
     fails, its group is gone while the marker of another stays) leaves its last samples
     readable for the lookback: read as no data after this bound, never as old values."""
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    """How often Prometheus scrapes the engines, s: the step of `demand`'s subquery."""
 
     def __post_init__(self) -> None:
         check_labels(self.model_label, self.namespace_label)
         promql_duration(self.window_s)
-        for w in (
-            self.short_window_s,
-            self.seed_window_s,
-            self.targets_lookback_s,
-            self.gauge_lookback_s,
-        ):
+        windows = (self.short_window_s, self.seed_window_s, self.targets_lookback_s)
+        for w in (*windows, self.gauge_lookback_s, self.scrape_interval_s):
             if w is not None:
                 promql_duration(w)
         if self.ingress_rate_query is not None:
@@ -507,9 +507,10 @@ class QueryBuilder:
         refused at its queue limit (`ADMISSION_REJECTIONS_METRICS`; without that counter
         the term is left out). Example: 30 completions/s while the queue grows by 2/s
         -> 32 req/s; with the queue held at its limit and 60 refused per second -> 90.
-        `deriv` is linear, so the sum of per-engine slopes is the slope
-        of the sum, and an engine appearing or vanishing does not read as a jump in
-        demand. Where the gauges are missing the completion rate alone stands in (`or`).
+        The growth is the slope of the fleet's sum (`deriv` of a subquery, a point a
+        scrape), not the sum of each engine's: a replica added inside the window would
+        count its fill from the others' queues as arrivals (simulator/metrics.py). Where
+        the gauges are missing the completion rate alone stands in (`or`).
         The same expression over the short (panic) and the seed windows rides in the
         same query when they are set, and so does the ingress rate (`ingress_rps`).
         """
@@ -532,8 +533,9 @@ class QueryBuilder:
     def _arrival(b: QueryBuilder) -> str:
         m = b.by
         completions = b.sum_rate(SUCCESS_METRICS)
+        step = promql_duration(b.scrape_interval_s)
         growth = " + ".join(
-            f"sum by ({m}) ({b.once(b.either(g, 'deriv({name}[{w}])'))})"
+            f"deriv((sum by ({m}) ({b.once(b._gauge(g))}))[{b.window}:{step}])"
             for g in (WAITING_METRICS, RUNNING_METRICS)
         )
         served = f"{completions} + {growth}"
@@ -648,46 +650,12 @@ class TickQueries:
         return " or ".join(getattr(self, name) for name, _ in QUANTILE_QUERIES)
 
 
-def build_queries(
-    model_label: str = DEFAULT_MODEL_LABEL,
-    window_s: float = DEFAULT_WINDOW_S,
-    *,
-    accept_escaped: bool = True,
-    short_window_s: float | None = None,
-    seed_window_s: float | None = DEFAULT_SEED_WINDOW_S,
-    targets_lookback_s: float | None = None,
-    edges: dict[str, Iterable[float]] | None = None,
-    recorded: bool = False,
-    rules_marker: bool = False,
-    gauge_lookback_s: float | None = None,
-    ingress_rate_query: str | None = None,
-    namespace_label: str | None = DEFAULT_NAMESPACE_LABEL,
-) -> TickQueries:
-    """All queries for one tick, grouped by `model_label`, rates over `window_s` seconds
-    (the arrival rate also over `short_window_s` and `seed_window_s`, when given); the
-    SLA-edge buckets at `edges` (histogram tag of `EDGE_HISTOGRAMS` -> thresholds, s).
-    `recorded`: quantiles and SLA-edge buckets from the recording rules' series;
-    `rules_marker`: the demand query also carries `QueryBuilder.rules_marker`;
-    `gauge_lookback_s`, `ingress_rate_query`, `namespace_label`: see `QueryBuilder`."""
-    b = QueryBuilder(
-        model_label,
-        window_s,
-        accept_escaped,
-        short_window_s,
-        seed_window_s,
-        targets_lookback_s,
-        recorded,
-        gauge_lookback_s,
-        ingress_rate_query,
-        namespace_label,
-    )
-    return queries_of(b, edges, rules_marker=rules_marker)
-
-
 def queries_of(
     b: QueryBuilder, edges: dict[str, Iterable[float]] | None = None, *, rules_marker: bool = False
 ) -> TickQueries:
-    """All queries for one tick as `b` renders them (see `build_queries`)."""
+    """All queries for one tick as `b` renders them, the SLA-edge buckets at `edges`
+    (histogram tag of `EDGE_HISTOGRAMS` -> thresholds, s); `rules_marker`: the demand
+    query also carries `QueryBuilder.rules_marker`."""
     return TickQueries(
         demand=b.demand() + (f" or {b.rules_marker()}" if rules_marker else ""),
         state=b.state(),

@@ -19,9 +19,10 @@ Evaluation details (documented deviations from Prometheus):
   appears inside the window counts from 0 (the simulator knows engines start at 0),
   one that disappears counts up to its last sample.
 * arrival rate = completions rate + growth of (waiting + running), clamped at 0, like
-  `PrometheusSource`: growth is the sum of each engine series' least-squares slope
-  (PromQL `deriv`) by default, or last minus first sample (`growth="delta"`, which
-  makes the estimate exactly the arrivals between the two samples). With
+  `PrometheusSource`: growth is the least-squares slope of the fleet's sum over the
+  window's samples (PromQL `deriv` of a subquery of the sum) by default, or last minus
+  first sample (`growth="delta"`, which makes the estimate exactly the arrivals between
+  the two samples). With
   `include_router=True` (default) requests held at the fleet's router while no replica
   serves count as a waiting series too, so demand stays visible at zero replicas (like a
   gateway/activator metric); set it False for vLLM-only parity. `short_window_s`, when
@@ -321,21 +322,23 @@ class SimulatedSource:
                 out[rid] = min(1.0, float(v1[b] - v0[b]) / du)
         return out
 
-    def _inflight(self, s: ScrapeSample, rid: int | None) -> float:
-        """waiting + running of engine `rid` (None: the router queue) in sample `s`."""
+    def _held(self, s: ScrapeSample) -> float:
+        """The fleet's waiting + running in sample `s` (the router's queue included with
+        `include_router`), requests."""
         g = self.layout.gauge
-        if rid is None:
-            return float(s.router_queue)
-        v = s.engines[rid]
-        return float(v[g["running"]] + v[g["waiting"]])
+        total = float(sum(v[g["running"]] + v[g["waiting"]] for v in s.engines.values()))
+        return total + (float(s.router_queue) if self.include_router else 0.0)
 
     def _arrival_rate(self, win: list[ScrapeSample]) -> tuple[float, float]:
         """(arrival rate, completion rate) over the samples `win` (>= 2), requests/s.
 
         completions: increase of the success counter / time between first and last
-        sample. growth of waiting + running: `deriv` = sum over series of each series'
-        least-squares slope (PromQL `deriv`, series with >= 2 samples), `delta` = last
-        minus first (a series absent at an end counts 0 there): exact arrivals.
+        sample. growth of the fleet's waiting + running (the router's queue included
+        with `include_router`; an engine absent from a sample counts 0 there): `deriv`
+        = the least-squares slope of that sum over the samples (PromQL `deriv` over a
+        subquery of the per-model sum, `QueryBuilder.demand`), `delta` = last minus
+        first: exact arrivals. Not the sum of each engine's own slope: a replica added
+        inside the window would count its fill from the others' queue as arrivals.
         """
         first, last = win[0], win[-1]
         dt = last.t_s - first.t_s
@@ -348,21 +351,13 @@ class SimulatedSource:
             v_last = next(s.engines[rid] for s in reversed(win) if rid in s.engines)
             v_first = first.engines.get(rid)
             done += v_last[ok] - (v_first[ok] if v_first is not None else 0.0)
-        series: list[int | None] = list(ids)
-        if self.include_router:
-            series.append(None)
-        growth = 0.0
-        for sid in series:
-            pts = [(s.t_s, self._inflight(s, sid)) for s in win if sid is None or sid in s.engines]
-            if self.growth == "delta":
-                y0 = self._inflight(first, sid) if sid is None or sid in first.engines else 0.0
-                y1 = self._inflight(last, sid) if sid is None or sid in last.engines else 0.0
-                growth += (y1 - y0) / dt
-            elif len(pts) >= 2:
-                ts = np.array([p[0] for p in pts])
-                ys = np.array([p[1] for p in pts])
-                tc = ts - ts.mean()
-                growth += float((tc * (ys - ys.mean())).sum() / (tc * tc).sum())
+        held = np.array([self._held(s) for s in win])
+        if self.growth == "delta":
+            growth = float(held[-1] - held[0]) / dt
+        else:
+            ts = np.array([s.t_s for s in win])
+            tc = ts - ts.mean()
+            growth = float((tc * (held - held.mean())).sum() / (tc * tc).sum())
         completions = done / dt
         return max(0.0, completions + growth), completions
 

@@ -252,17 +252,13 @@ def test_every_tag_the_queries_write_is_decoded_on_the_fast_path() -> None:
     import re
 
     from estimators.decode import TAGS
-    from estimators.promql import build_queries
+    from estimators.promql import QueryBuilder, queries_of
 
     tags: set[str] = set()
     for recorded in (False, True):
-        queries = build_queries(
-            short_window_s=10,
-            recorded=recorded,
-            rules_marker=True,
-            edges={"ttft": [0.5], "itl": [0.05], "tpot": [0.05]},
-            gauge_lookback_s=30,
-        )
+        b = QueryBuilder(short_window_s=10, recorded=recorded, gauge_lookback_s=30)
+        edges = {"ttft": [0.5], "itl": [0.05], "tpot": [0.05]}
+        queries = queries_of(b, edges, rules_marker=True)
         for _name, text in queries.items():
             tags |= set(re.findall(f'"{SIGNAL_LABEL}", "([^"]+)"', text))
     assert len(tags) >= 40 and tags <= set(TAGS), tags - set(TAGS)

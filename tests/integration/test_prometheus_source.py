@@ -116,6 +116,9 @@ def settled_now() -> float:
 
 
 def source(world: VllmWorld, **kwargs: Any) -> PrometheusSource:
+    """A source on `world`, told the test Prometheus's scrape interval (the arrival
+    rate's growth is a subquery with one point a scrape) unless `kwargs` say otherwise."""
+    kwargs.setdefault("scrape_interval_s", SCRAPE_INTERVAL_S)
     return PrometheusSource(world.url, window_s=world.window_s, timeout_s=5.0, **kwargs)
 
 

@@ -14,11 +14,11 @@ from estimators.promql import (
     TTFT_METRICS,
     QueryBuilder,
     Signal,
-    build_queries,
     le_regex,
     le_spellings,
     promql_duration,
     quantile_signal,
+    queries_of,
 )
 
 ONCE = "max by (model_name, namespace, instance, engine, le, finished_reason, reason)"
@@ -26,7 +26,7 @@ ONCE = "max by (model_name, namespace, instance, engine, le, finished_reason, re
 
 
 def test_quantile_is_promqls_histogram_quantile_exact_text() -> None:
-    q = build_queries(accept_escaped=False)
+    q = queries_of(QueryBuilder(accept_escaped=False))
     expected = (
         f"histogram_quantile(0.95, sum by (model_name, namespace, le) "
         f"({ONCE} (rate(vllm:time_to_first_token_seconds_bucket[60s]))))"
@@ -51,7 +51,7 @@ def test_itl_accepts_current_then_deprecated_name_in_one_query() -> None:
 
 
 def test_every_quantile_appears_once_in_its_query() -> None:
-    queries = build_queries()
+    queries = queries_of(QueryBuilder())
     q = queries.quantiles
     assert "ttft_p95" in queries.ttft_quantiles and "ttft_p95" not in queries.itl_quantiles
     assert "decode_p95" in queries.other_quantiles
@@ -62,7 +62,7 @@ def test_every_quantile_appears_once_in_its_query() -> None:
 
 
 def test_sla_edge_buckets_fetch_only_the_thresholds_and_the_count() -> None:
-    q = build_queries(accept_escaped=False, edges={"ttft": [0.25], "itl": [0.05, 1.0]})
+    q = queries_of(QueryBuilder(accept_escaped=False), {"ttft": [0.25], "itl": [0.05, 1.0]})
     assert (
         f"label_replace(sum by (model_name, namespace, le) ({ONCE} "
         "(rate(vllm:time_to_first_token_seconds_bucket"
@@ -89,7 +89,7 @@ def test_le_regex_skips_values_that_are_no_threshold() -> None:
 
 
 def test_kv_usage_accepts_both_names() -> None:
-    state = build_queries(accept_escaped=False).state
+    state = queries_of(QueryBuilder(accept_escaped=False)).state
     assert (
         f"label_replace(avg by (model_name, namespace) ({ONCE} (vllm:kv_cache_usage_perc or "
         'vllm:gpu_cache_usage_perc)), "governor_signal", "kv_usage_frac", "", "")'
@@ -97,12 +97,13 @@ def test_kv_usage_accepts_both_names() -> None:
 
 
 def test_demand_query_exact_text() -> None:
-    b = QueryBuilder(window_s=60, accept_escaped=False, seed_window_s=None)
+    b = QueryBuilder(window_s=60, accept_escaped=False, seed_window_s=None, scrape_interval_s=5)
     by = "sum by (model_name, namespace)"
     completions = f"{by} ({ONCE} (rate(vllm:request_success_total[60s])))"
+    # The slope of the fleet's sum, one point a scrape (not the sum of per-engine slopes).
     growth = (
-        f"{by} ({ONCE} (deriv(vllm:num_requests_waiting[60s]))) + "
-        f"{by} ({ONCE} (deriv(vllm:num_requests_running[60s])))"
+        f"deriv(({by} ({ONCE} (vllm:num_requests_waiting)))[60s:5s]) + "
+        f"deriv(({by} ({ONCE} (vllm:num_requests_running)))[60s:5s])"
     )
     rejected = f"{by} ({ONCE} (rate(vllm:admission_rejections_total[60s])))"
     served = f"{completions} + {growth}"
@@ -115,7 +116,7 @@ def test_demand_query_exact_text() -> None:
 
 
 def test_model_label_is_substituted_everywhere() -> None:
-    queries = dict(build_queries(model_label="served_model", window_s=15).items())
+    queries = dict(queries_of(QueryBuilder(model_label="served_model", window_s=15)).items())
     for name, text in queries.items():
         assert "model_name" not in text, name
         assert "served_model" in text, name
@@ -124,7 +125,7 @@ def test_model_label_is_substituted_everywhere() -> None:
 
 
 def test_eight_queries_naming_no_model() -> None:
-    queries = dict(build_queries(edges={"ttft": [1.0]}).items())
+    queries = dict(queries_of(QueryBuilder(), {"ttft": [1.0]}).items())
     assert len(queries) == 8
     assert next(iter(queries)) == "demand"
     for text in queries.values():
@@ -136,34 +137,37 @@ INGRESS = "sum by (model_name) (rate(inference_model_request_total[{window}]))"
 
 
 def test_every_tagged_signal_appears_once() -> None:
-    q = build_queries(short_window_s=10, ingress_rate_query=INGRESS)
+    q = queries_of(QueryBuilder(short_window_s=10, ingress_rate_query=INGRESS))
     tagged = q.demand + q.state + q.rates
     for signal in Signal:
         assert tagged.count(f'"{SIGNAL_LABEL}", "{signal.value}"') == 1, signal
 
 
 def test_short_window_is_optional_and_uses_its_own_range() -> None:
-    plain, short = build_queries(window_s=60), build_queries(window_s=60, short_window_s=10)
+    plain, short = (
+        queries_of(QueryBuilder(window_s=60)),
+        queries_of(QueryBuilder(window_s=60, short_window_s=10)),
+    )
     assert Signal.ARRIVAL_SHORT_RPS.value not in plain.demand
     assert "[10s]" in short.demand and "[10s]" not in plain.demand
     assert len(list(short.items())) == len(list(plain.items()))
 
 
 def test_seed_window_rides_in_the_demand_query() -> None:
-    q = build_queries(window_s=60)
+    q = queries_of(QueryBuilder(window_s=60))
     assert Signal.ARRIVAL_SEED_RPS.value in q.demand and "[300s]" in q.demand
-    assert Signal.ARRIVAL_SEED_RPS.value not in build_queries(seed_window_s=None).demand
+    assert Signal.ARRIVAL_SEED_RPS.value not in queries_of(QueryBuilder(seed_window_s=None)).demand
 
 
 def test_ingress_rate_rides_in_the_demand_query_over_the_window() -> None:
-    q = build_queries(window_s=45, ingress_rate_query=INGRESS)
+    q = queries_of(QueryBuilder(window_s=45, ingress_rate_query=INGRESS))
     tagged = (
         "label_replace((sum by (model_name) (rate(inference_model_request_total[45s]))), "
         f'"{SIGNAL_LABEL}", "{Signal.INGRESS_RPS.value}", "", "")'
     )
     assert f" or {tagged}" in q.demand
-    assert Signal.INGRESS_RPS.value not in build_queries(window_s=45).demand
-    assert len(list(q.items())) == len(list(build_queries().items()))  # no extra query
+    assert Signal.INGRESS_RPS.value not in queries_of(QueryBuilder(window_s=45)).demand
+    assert len(list(q.items())) == len(list(queries_of(QueryBuilder()).items()))  # no extra query
 
 
 @pytest.mark.parametrize(
@@ -176,12 +180,12 @@ def test_ingress_rate_rides_in_the_demand_query_over_the_window() -> None:
 )
 def test_bad_ingress_queries_are_refused_naming_the_problem(query: str, why: str) -> None:
     with pytest.raises(ValueError, match=re.escape(why)):
-        build_queries(ingress_rate_query=query)
+        queries_of(QueryBuilder(ingress_rate_query=query))
 
 
 def test_targets_are_pods_joined_with_up_on_instance() -> None:
     """A target is a pod (`instance`), whichever jobs scrape it: two jobs are not two."""
-    state = build_queries(accept_escaped=False, window_s=60).state
+    state = queries_of(QueryBuilder(accept_escaped=False, window_s=60)).state
     engines = (
         "group by (model_name, namespace, instance) "
         "(last_over_time(vllm:num_requests_running[300s]))"
@@ -190,7 +194,7 @@ def test_targets_are_pods_joined_with_up_on_instance() -> None:
     assert f"sum by (model_name, namespace) {health}" in state
     assert f"count by (model_name, namespace) {health}" in state
     assert f"count by (model_name, namespace) ({engines})" in state  # seen within the lookback
-    lb = build_queries(targets_lookback_s=120).state
+    lb = queries_of(QueryBuilder(targets_lookback_s=120)).state
     assert "[120s]" in lb and "[300s]" not in lb
 
 
@@ -204,20 +208,20 @@ def test_duration_rendering(seconds: float, text: str) -> None:
 @pytest.mark.parametrize("seconds", [0, -1, 0.0001, float("nan"), float("inf")])
 def test_bad_windows_are_refused(seconds: float) -> None:
     with pytest.raises(ValueError, match="window"):
-        build_queries(window_s=seconds)
+        queries_of(QueryBuilder(window_s=seconds))
 
 
 @pytest.mark.parametrize("label", ["", "1model", "model-name", "a b", SIGNAL_LABEL, "le"])
 def test_bad_label_names_are_refused(label: str) -> None:
     with pytest.raises(ValueError, match="label"):
-        build_queries(model_label=label)
+        queries_of(QueryBuilder(model_label=label))
 
 
 def test_namespace_label_groups_every_per_model_aggregation() -> None:
     """Every aggregation that keeps the model label keeps the namespace label with it
     (estimators/promql.py "Namespaces"); None groups by the model label alone."""
-    scoped = dict(build_queries(namespace_label="kube_ns", edges={"ttft": [1.0]}).items())
-    plain = dict(build_queries(namespace_label=None, edges={"ttft": [1.0]}).items())
+    scoped = dict(queries_of(QueryBuilder(namespace_label="kube_ns"), {"ttft": [1.0]}).items())
+    plain = dict(queries_of(QueryBuilder(namespace_label=None), {"ttft": [1.0]}).items())
     for name, text in scoped.items():
         grouped = re.findall(r"(?:sum|avg|count|max|group) by \(([^)]*)\)", text)
         per_model = [g for g in grouped if "model_name" in g]

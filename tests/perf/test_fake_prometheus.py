@@ -24,7 +24,7 @@ from benchmarks.procs import SCRAPE_INTERVAL_S, tick_data_problem, write_governo
 from benchmarks.promreplay import load_recording, model_names
 from controller.config import GovernorConfig, load_config
 from controller.loop import model_query
-from estimators.promql import TickQueries, build_queries
+from estimators.promql import QueryBuilder, TickQueries, queries_of
 from estimators.types import Observation
 from service.run import prometheus_source
 
@@ -80,7 +80,7 @@ def test_the_fake_refuses_a_query_the_governor_does_not_send(fake: tuple[Answers
     answers, _ = fake
     before = answers.unknown
     # the old fake's set: a 10 s short window, which the 15 s scrape raises to 30 s
-    old = build_queries(window_s=60.0, short_window_s=10.0)
+    old = queries_of(QueryBuilder(window_s=60.0, short_window_s=10.0))
     assert answers.body(old.demand, 0.0) is None
     assert answers.unknown == before + 1
 

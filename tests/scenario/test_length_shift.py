@@ -50,12 +50,12 @@ def test_longer_prompts_are_believed_once_the_windows_read_them_for_30_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Prompts 2x longer: smoothed alone, the belief crawled (300 s half-life) while the
-    fleet grew on its queue and stepped back (one flap): 93.58 %. The windows read past
+    fleet grew on its queue and stepped back (one flap): 93.62 %. The windows read past
     1.5x the belief from 625 s, and it is theirs at 655 s: 93.92 %, no flap, for 16 %
     more GPU-hours (a fleet sized for the prompts it serves)."""
     spec = "synthetic:length-shift:rate=40,prompt_x=2,output_x=1"
     on = _run(spec, monkeypatch, grown=True)
     off = _run(spec, monkeypatch, grown=False)
     assert 100.0 * on.slo_attainment == pytest.approx(93.92, abs=0.01)
-    assert 100.0 * off.slo_attainment == pytest.approx(93.58, abs=0.01)
+    assert 100.0 * off.slo_attainment == pytest.approx(93.62, abs=0.01)
     assert (on.flaps, off.flaps) == (0, 1)

@@ -121,6 +121,27 @@ def test_deriv_growth_and_short_window() -> None:
     assert plain.short_window_s is None
 
 
+def test_replicas_added_to_a_queued_fleet_do_not_read_as_arrivals() -> None:
+    """One replica holds ~2,800 queued requests at 60 req/s; two more start at 60 s.
+    The router sends the new ones every arrival while the old one drains, so each new
+    engine's own slope is near the whole arrival rate: summed per engine (PromQL's
+    `sum(deriv(...))`) that read 111 req/s at 80 s. The slope of the fleet's sum reads
+    the arrivals (58 req/s), as the exact last-minus-first count does."""
+    fleet = Fleet(initial_replicas=1, cold_start_s=10.0)
+    src = SimulatedSource(fleet, MODEL, window_s=60.0, scrape_interval_s=5.0)
+    trace = synthetic("poisson", seed=3, rate=60.0, duration=200.0)
+    fleet.submit_trace(trace)
+    fleet.advance_to(60.0)
+    fleet.scale_to(3, 60.0)
+    for t in (80.0, 90.0, 100.0):
+        fleet.advance_to(t)
+        obs = src.observe([ModelQuery(MODEL)], t)[MODEL]
+        assert isinstance(obs, Observation) and obs.ready_replicas == 3
+        assert obs.waiting is not None and obs.waiting > 2_000  # still queued
+        truth = np.count_nonzero((trace.arrival_s > t - 60.0) & (trace.arrival_s <= t)) / 60.0
+        assert obs.arrival_rate_rps == pytest.approx(truth, rel=0.06)
+
+
 def test_staleness_between_scrapes(loaded: tuple[Fleet, SimulatedSource]) -> None:
     src = loaded[1]
     obs = src.observe([ModelQuery(MODEL)], 298.0)[MODEL]
