@@ -66,6 +66,7 @@ from controller.plant import (
     believed_profile,
     knob_target_out_of_reach,
     learn_plant,
+    median_reads_slower,
     next_cold_start,
     next_correction,
     next_knob_correction,
@@ -448,14 +449,16 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
         budget = in_force.max_num_batched_tokens
         # A jump to a much slower belief needs a window past the last scale-up's dead
         # time (one holding the burst that asked for it read code x4 at a 30 s scrape
-        # 5.1x slow), confirmed by windows half a window apart (new scrapes).
+        # 5.1x slow) whose median gap reads slow too (not a stall's few long gaps),
+        # confirmed by windows half a window apart (new scrapes).
         parts = window_parts(obs, lengths, self.profile, self.policy.window_s, budget)
-        allowed = self._past_scale_up(state, now_s)
         standing = None
         if parts is None and self._standing_queue(obs, state, now_s, in_force):
             standing = window_parts(
                 obs, lengths, self.profile, self.policy.window_s, budget, math.inf, step_priced=True
             )
+        typical = median_reads_slower(obs, standing if parts is None else parts, state.plant)
+        allowed = self._past_scale_up(state, now_s) and typical
         fit = window_parts(
             obs, lengths, self.profile, self.policy.window_s, budget, FIT_MAX_WAITING_PER_REPLICA
         )

@@ -330,6 +330,20 @@ def clean_off(
     return belief, (off if now_s - since >= confirm_s else None)
 
 
+def median_reads_slower(
+    obs: Observation, parts: tuple[float, float, float] | None, belief: PlantBelief
+) -> bool:
+    """Whether the window's median token gap (priced as window_speed prices its mean)
+    reads the engines slower than `belief` (True without a median): only then may it jump
+    the belief. A stall of a few seconds takes a window's mean 3-5x and leaves most gaps,
+    the median among them, where they were (docs/real-engine-runs.md, session 43)."""
+    p50 = obs.itl_dist.p50_ms if obs.itl_dist is not None else None
+    if parts is None or p50 is None:
+        return True
+    median = window_speed((p50, parts[1], parts[2]), belief.seq_ratio)
+    return median is None or median > belief.speed
+
+
 def _bounded_speed(sample: float) -> float:
     """A speed sample within [SPEED_MIN, SPEED_MAX]."""
     return min(SPEED_MAX, max(SPEED_MIN, sample))

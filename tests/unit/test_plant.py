@@ -32,6 +32,7 @@ from controller.types import (
     Reason,
 )
 from estimators.stepmodel import load_profile
+from estimators.types import LatencyQuantiles
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import itl_reading, obs
 
@@ -169,17 +170,34 @@ def test_a_jump_waits_for_windows_half_a_window_apart() -> None:
     assert next_speed(PlantBelief(speed=8.0), 1.0, 5.0, 100.0, 30.0).speed_jump is None
 
 
-def _decide_twice(d: Decider, itl: float, since_up_s: float | None = None) -> PlantBelief:
-    """The plant belief after two windows reading `itl`, half a window apart (the
-    last scale-up `since_up_s` before the second, if given)."""
+def _decide_twice(
+    d: Decider, itl: float, since_up_s: float | None = None, p50_ms: float | None = None
+) -> PlantBelief:
+    """The plant belief after two windows reading `itl` (their median gap `p50_ms`, if
+    given), half a window apart (the last scale-up `since_up_s` before the second, if
+    given)."""
     s = d.initial_state(4, now_s=ORIGIN_S - 1000)
     _, s = d.decide(obs(t=ORIGIN_S, **LOADED), s, ORIGIN_S)
     half = make_policy().window_s / 2.0
+    dist = None if p50_ms is None else LatencyQuantiles(p50_ms=p50_ms)
     for now in (ORIGIN_S + 5, ORIGIN_S + 5 + half):
         if since_up_s is not None:
             s = replace(s, windows=replace(s.windows, last_scale_up_s=now - since_up_s))
-        _, s = d.decide(obs(t=now, itl_mean_ms=itl, **LOADED), s, now)
+        _, s = d.decide(obs(t=now, itl_mean_ms=itl, itl_dist=dist, **LOADED), s, now)
     return s.plant
+
+
+def test_a_stall_is_not_jumped_to() -> None:
+    """Two windows whose mean ITL reads 5x while their median gap reads as before (a
+    stall of a few seconds: a few long gaps; vLLM's CPU engine stalled so for 5-6 s) are
+    averaged at the half-life; with the median 5x slow too (engines that run slower,
+    every gap slower) they replace the belief."""
+    itl, typical = _itl_for(5.0, **LOADED), _itl_for(0.9, **LOADED)
+    d = Decider(make_model(max_replicas=64, itl_p95_ms=itl / 1.2), make_policy())
+    for p50_ms, jumps in ((typical, False), (itl, True)):
+        speed = _decide_twice(d, itl, p50_ms=p50_ms).speed
+        assert (speed > 4.0) is jumps, (p50_ms, speed)
+        assert speed > 1.0  # the stall is still averaged in
 
 
 def test_a_far_slower_engine_is_jumped_to_once_confirmed() -> None:
