@@ -252,10 +252,10 @@ def replay_recorded(names: list[str] | None = None) -> dict[str, tuple[str, Repl
     world rebuilt in a temporary folder: name -> (its README row, its replay).
 
     Two at a time, in processes of their own (a replay keeps ~1.1 cores busy: its
-    Prometheus answering and the decider ticking: on 2 cores 41 runs took 350 s one by
-    one, 224 s two at a time). The answers do not depend on the pace: every query
-    is evaluated at its tick's recorded instant. Spawned, not forked: the caller may
-    hold gRPC or Prometheus threads, which a fork copies mid-flight."""
+    Prometheus answering and the decider ticking; 46 runs take ~30 s on 2 cores, each
+    query a range query: tests.engine.rangeanswers). The answers do not depend on the
+    pace: every query is evaluated at its tick's recorded instant. Spawned, not forked:
+    the caller may hold gRPC or Prometheus threads, which a fork copies mid-flight."""
     todo = names or recorded_names()
     workers = min(REPLAY_WORKERS, os.cpu_count() or 1, len(todo))
     if workers <= 1:

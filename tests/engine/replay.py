@@ -5,16 +5,18 @@ TSDB the governor read and the governor's config, `workdir` in F) and records ea
 rung's end and the step's start in unix seconds. `python -m tests.engine.replay F
 [F ...]` starts a Prometheus on a copy of each run's TSDB, ticks a `ControlLoop` of
 today's code over the run at the governor's tick interval (every query evaluated at the
-tick's time, as `governor run` does), and prints, per rung, the live governor's capacity
-per replica next to the replayed one, then the replayed capacity at the end of the last
-rung within the SLA against the measured capacity, and the ticks from the step to the
-first scale-up. With `--rungs` it also prints where each rung's time went, from the
-engine's own histograms over the rung (`rung_means`); with `--windows`, every tick's
-window readings as the plant learning took them (`WindowReading`: what the speed, the
-per-sequence fit and its gate read, and the belief after), for a change to
-controller/plant.py to be read window by window (`python -m tests.engine.recorded
-windows NAME` does it for a recorded run). `make test`'s out/engine.json
-replays too (its `capacity_at_sla`; the world's folder is pytest's tmp folder, which
+tick's time, as `governor run` does; each query text asked once, as a range query over
+the ticks' grid, tests/engine/rangeanswers.py, or with `--instant` tick by tick as
+`governor run` sends them: the same replay, ~10x slower), and prints, per rung, the
+live governor's capacity per replica next to the replayed one, then the replayed
+capacity at the end of the last rung within the SLA against the measured capacity, and
+the ticks from the step to the first scale-up. With `--rungs` it also prints where each
+rung's time went, from the engine's own histograms over the rung (`rung_means`); with
+`--windows`, every tick's window readings as the plant learning took them
+(`WindowReading`: what the speed, the per-sequence fit and its gate read, and the belief
+after), for a change to controller/plant.py to be read window by window (`python -m
+tests.engine.recorded windows NAME` does it for a recorded run). `make test`'s
+out/engine.json replays too (its `capacity_at_sla`; the world's folder is pytest's tmp folder, which
 pytest keeps for its last three runs).
 
 What it is for: a change to the plant learning (controller/plant.py) judged over every
@@ -55,8 +57,10 @@ import controller.decider
 from controller.config import GovernorConfig
 from controller.loop import ControlLoop
 from controller.plant import window_speed
+from estimators.prometheus import http_query_client
 from estimators.types import MetricSource
 from tests.engine.capacity import LADDER_POLICY, Rung, served_within_sla
+from tests.engine.rangeanswers import RangeAnswers
 from tests.integration.promserver import PrometheusServer, find_prometheus
 
 LEAD_S = 30.0
@@ -240,15 +244,17 @@ def replay(
     source: MetricSource | None = None,
     query: Query | None = None,
     windows: bool = False,
+    instant: bool = False,
 ) -> Replay:
     """Tick today's loop over the run in `result` (a `capacity` JSON with rung end
-    times) against `source` (default: the Prometheus in `config`, as `governor run`
-    reads it); see the module doc. With `query`, each rung's `rung_means` too; with
+    times) against `source` (default: the Prometheus in `config`, read as `governor run`
+    reads it, its answers fetched a range query a query unless `instant`:
+    tests.engine.rangeanswers); see the module doc. With `query`, each rung's `rung_means` too; with
     `windows`, every tick's `WindowReading` (the decider's `learn_plant` wrapped for the
     replay: the readings are its arguments, the decisions unchanged)."""
     out = Replay()
     if not windows:
-        return _replay(result, config, source, query, out)
+        return _replay(result, config, source, query, out, instant)
     learn = controller.decider.learn_plant
 
     def logged(belief: Any, parts: Parts, dt: float, now_s: float, *args: Any) -> Any:
@@ -273,7 +279,7 @@ def replay(
         return after
 
     with mock.patch.object(controller.decider, "learn_plant", logged):
-        return _replay(result, config, source, query, out)
+        return _replay(result, config, source, query, out, instant)
 
 
 def _replay(
@@ -282,6 +288,7 @@ def _replay(
     source: MetricSource | None,
     query: Query | None,
     out: Replay,
+    instant: bool,
 ) -> Replay:
     """`replay`'s ticks, into `out`."""
     from service.run import prometheus_source
@@ -292,13 +299,15 @@ def _replay(
         raise ValueError("the run records no rung end times (capacity.py before replays)")
     step_at = result.get("step_started_unix_s")
     tick_s = config.policy.tick_interval_s
+    start, stop = replay_span(result, tick_s)
     if source is None:
-        source = prometheus_source(config, reported_s=lambda _settings: None)
+        source = prometheus_source(
+            config, reported_s=lambda _settings: None, client=_client(config, start, stop, instant)
+        )
     loop = ControlLoop(
         config, source, logger=_quiet_logger(), pause_gc=False, switch_interval_s=None
     )
     name = config.models[0].name
-    start, stop = replay_span(result, tick_s)
     ticks_after_step = 0
     for i in range(math.ceil((stop - start) / tick_s) + 1):
         now = start + i * tick_s
@@ -333,16 +342,31 @@ def _replay(
     return out
 
 
-def replay_kept(path: Path, windows: bool = False) -> Replay:
+def _client(
+    config: GovernorConfig, start_s: float, stop_s: float, instant: bool
+) -> RangeAnswers | None:
+    """The query client of a replay on `config`'s Prometheus: the ticks' grid answered
+    from range queries (tests.engine.rangeanswers); None with `instant`: each tick's
+    queries sent as `governor run` sends them (the source's own client)."""
+    if instant:
+        return None
+    p = config.prometheus
+    inner = http_query_client(p.url, p.timeout_s, p.disable_ssl, 0, p.query_method)
+    tick_s = config.policy.tick_interval_s
+    return RangeAnswers(inner, p.url, start_s, stop_s + tick_s, tick_s)
+
+
+def replay_kept(path: Path, windows: bool = False, instant: bool = False) -> Replay:
     """`replay_world` of the run whose `capacity` JSON (or `make test`'s
     out/engine.json) is `path`."""
     result = json.loads(path.read_text())
-    return replay_world(result.get("capacity_at_sla", result), windows=windows)
+    return replay_world(result.get("capacity_at_sla", result), windows=windows, instant=instant)
 
 
-def replay_world(result: dict[str, Any], windows: bool = False) -> Replay:
+def replay_world(result: dict[str, Any], windows: bool = False, instant: bool = False) -> Replay:
     """`replay` of the run `result` (a `capacity` JSON) on a Prometheus started on a copy
-    of its world's TSDB (`workdir`; the folder is not written); `windows` as `replay`."""
+    of its world's TSDB (`workdir`; the folder is not written); `windows`, `instant` as
+    `replay`."""
     binary = find_prometheus()
     if binary is None:
         raise SystemExit("no Prometheus server binary (`make prometheus`)")
@@ -352,7 +376,8 @@ def replay_world(result: dict[str, Any], windows: bool = False) -> Replay:
         prom.start(attempts=1)  # attempt 0 reads data-0
         try:
             config = replay_config(Path(result["workdir"]), prom.url)
-            return replay(result, config, query=prometheus_query(prom.url), windows=windows)
+            query = prometheus_query(prom.url)
+            return replay(result, config, query=query, windows=windows, instant=instant)
         finally:
             prom.stop()
 
@@ -390,17 +415,22 @@ def _rung_line(g: ReplayedRung, start_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tests.engine.replay F [F ...] [--rungs] [--windows] [--json OUT]`
-    (module doc)."""
+    """`python -m tests.engine.replay F [F ...] [--rungs] [--windows] [--instant]
+    [--json OUT]` (module doc)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="capacity JSON files of kept runs")
     ap.add_argument("--rungs", action="store_true", help="print every rung")
     ap.add_argument("--windows", action="store_true", help="print every tick's window readings")
+    ap.add_argument(
+        "--instant",
+        action="store_true",
+        help="send each tick's instant queries as governor run does (same replay, ~10x slower)",
+    )
     ap.add_argument("--json", type=Path, help="write every replay here")
     args = ap.parse_args(argv)
     done: dict[str, Any] = {}
     for path in args.runs:
-        r = replay_kept(path, windows=args.windows)
+        r = replay_kept(path, windows=args.windows, instant=args.instant)
         done[str(path)] = {**asdict(r), "over_measured": r.over_measured}
         for line in window_report(r):
             print(line)

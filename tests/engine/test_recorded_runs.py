@@ -84,7 +84,7 @@ def test_a_rebuilt_world_records_back_to_the_same_files(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def replays() -> dict[str, tuple[str, Replay]]:
-    """Every recorded run's README row and replay (one Prometheus per run, ~9 s each,
+    """Every recorded run's README row and replay (one Prometheus per run, ~1 s each,
     two at a time: tests.engine.recorded.replay_recorded)."""
     return replay_recorded(NAMES)
 
