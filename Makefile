@@ -31,7 +31,7 @@ test-engine: $(STAMP) prometheus engine
 
 # The faults gate runs silently so pytest's summary stays the closing line; the table is
 # in out/faults.md (`make test-faults` prints it). --durations: the 20 slowest tests'
-# times in every CI log, for the 25-minute budget of `make test` (~22 minutes used).
+# times in every CI log, for the 25-minute budget of `make test` (~19 minutes used).
 test: $(STAMP) prometheus engine
 	$(BIN)/python -m pytest -q --durations=20
 	@$(BIN)/python scripts/faults_report.py --check > /dev/null

@@ -16,8 +16,8 @@ rung's time went, from the engine's own histograms over the rung (`rung_means`);
 (`WindowReading`: what the speed, the per-sequence fit and its gate read, and the belief
 after), for a change to controller/plant.py to be read window by window (`python -m
 tests.engine.recorded windows NAME` does it for a recorded run). `make test`'s
-out/engine.json replays too (its `capacity_at_sla`; the world's folder is pytest's tmp folder, which
-pytest keeps for its last three runs).
+out/engine.json replays too (its `capacity_at_sla`; the world's folder is pytest's tmp
+folder, which pytest keeps for its last three runs).
 
 What it is for: a change to the plant learning (controller/plant.py) judged over every
 kept run, in seconds each, instead of one 6-minute engine run per change on a machine
@@ -248,10 +248,11 @@ def replay(
 ) -> Replay:
     """Tick today's loop over the run in `result` (a `capacity` JSON with rung end
     times) against `source` (default: the Prometheus in `config`, read as `governor run`
-    reads it, its answers fetched a range query a query unless `instant`:
-    tests.engine.rangeanswers); see the module doc. With `query`, each rung's `rung_means` too; with
-    `windows`, every tick's `WindowReading` (the decider's `learn_plant` wrapped for the
-    replay: the readings are its arguments, the decisions unchanged)."""
+    reads it; each query text asked once, as a range query over the ticks, unless
+    `instant`: tests.engine.rangeanswers); see the module doc. With `query`, each rung's
+    `rung_means` too; with `windows`, every tick's `WindowReading` (the decider's
+    `learn_plant` wrapped for the replay: the readings are its arguments, the decisions
+    unchanged)."""
     out = Replay()
     if not windows:
         return _replay(result, config, source, query, out, instant)
