@@ -247,9 +247,12 @@ def summary(replays: list[Replay]) -> str:
     )
 
 
-def replay_recorded(names: list[str] | None = None) -> dict[str, tuple[str, Replay]]:
+def replay_recorded(
+    names: list[str] | None = None, phase_s: float = 0.0
+) -> dict[str, tuple[str, Replay]]:
     """Recorded runs `names` (all by default) replayed through today's decider, each
-    world rebuilt in a temporary folder: name -> (its README row, its replay).
+    world rebuilt in a temporary folder: name -> (its README row, its replay); `phase_s`
+    shifts the ticks' grid (tests.engine.replay.replay).
 
     Two at a time, in processes of their own (a replay keeps ~1.1 cores busy: its
     Prometheus answering and the decider ticking; 46 runs take ~30 s on 2 cores, each
@@ -258,24 +261,65 @@ def replay_recorded(names: list[str] | None = None) -> dict[str, tuple[str, Repl
     the caller may hold gRPC or Prometheus threads, which a fork copies mid-flight."""
     todo = names or recorded_names()
     workers = min(REPLAY_WORKERS, os.cpu_count() or 1, len(todo))
+    shifts = [phase_s] * len(todo)
     if workers <= 1:
-        return dict(zip(todo, map(_replay_one, todo), strict=True))
+        return dict(zip(todo, map(replay_one, todo, shifts), strict=True))
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
-        return dict(zip(todo, pool.map(_replay_one, todo), strict=True))
+        return dict(zip(todo, pool.map(replay_one, todo, shifts), strict=True))
 
 
 REPLAY_WORKERS = 2
 """Recorded runs replayed at once (`replay_recorded`)."""
 
 
-def _replay_one(name: str) -> tuple[str, Replay]:
+def replay_one(name: str, phase_s: float = 0.0) -> tuple[str, Replay]:
     """Recorded run `name` replayed in a world rebuilt in a temporary folder: its README
     row and its replay."""
     with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
         result = world(name, Path(tmp) / "world")
-        replayed = replay_world(result)
+        replayed = replay_world(result, phase_s=phase_s)
     return table_row(name, result, replayed), replayed
+
+
+PHASES_S = (0.0, 0.25, 0.5, 0.75)
+"""The tick grid's shifts `phases` replays at, seconds (the harness ticks every 1 s)."""
+PHASE_SPREAD = 1.1
+"""A run whose learned capacity moves by more than this factor with the shift is named."""
+
+
+def phases(names: list[str] | None = None, shifts: tuple[float, ...] = PHASES_S) -> str:
+    """How much the recorded runs' replays depend on where the ticks fall: each run's
+    learned over measured capacity with the tick grid shifted by each of `shifts`
+    seconds, the largest over the smallest (its spread), and per shift how many runs are
+    within 25 % of the measured."""
+    done = [replay_recorded(names, phase_s=s) for s in shifts]
+    heads = " | ".join(f"+{s:g} s" for s in shifts)
+    lines = [f"| recorded run | {heads} | spread |", "| --- |" + " --- |" * (len(shifts) + 1)]
+    moved = []
+    for name in done[0]:
+        ratios = [d[name][1].over_measured for d in done]
+        known = [r for r in ratios if r is not None]
+        spread = max(known) / min(known) if known else None
+        cells = " | ".join("-" if r is None else f"{r:.2f}x" for r in ratios)
+        lines.append(f"| {name} | {cells} | {'-' if spread is None else f'{spread:.2f}'} |")
+        if spread is not None and spread > PHASE_SPREAD:
+            moved.append(name)
+    within = [
+        sum(
+            1
+            for _, r in d.values()
+            if r.over_measured is not None and abs(r.over_measured - 1) <= WITHIN_FRAC
+        )
+        for d in done
+    ]
+    lines += [
+        "",
+        f"Within {100 * WITHIN_FRAC:.0f} % at each shift: {', '.join(map(str, within))} of "
+        f"{len(done[0])}; moved over {PHASE_SPREAD:g}x by the shift: {len(moved)} "
+        f"({', '.join(moved) or 'none'}).",
+    ]
+    return "\n".join(lines)
 
 
 def table(names: list[str] | None = None) -> str:
@@ -290,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     `python -m tests.engine.recorded replay [NAME ...]` prints the README's table of the
     recorded runs (all by default) replayed through today's decider; `python -m
     tests.engine.recorded windows NAME [NAME ...]` prints each one's window readings
-    (tests.engine.replay.window_report) and its row."""
+    (tests.engine.replay.window_report) and its row; `python -m tests.engine.recorded
+    phases [NAME ...]` replays them with the tick grid shifted (`phases`)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) >= 2 and args[0] == "windows":
         for name in args[1:]:
@@ -305,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args and args[0] == "replay":
         print(table(args[1:]))
+        return 0
+    if args and args[0] == "phases":
+        print(phases(args[1:]))
         return 0
     print(main.__doc__, file=sys.stderr)
     return 2

@@ -245,6 +245,7 @@ def replay(
     query: Query | None = None,
     windows: bool = False,
     instant: bool = False,
+    phase_s: float = 0.0,
 ) -> Replay:
     """Tick today's loop over the run in `result` (a `capacity` JSON with rung end
     times) against `source` (default: the Prometheus in `config`, read as `governor run`
@@ -252,10 +253,10 @@ def replay(
     `instant`: tests.engine.rangeanswers); see the module doc. With `query`, each rung's
     `rung_means` too; with `windows`, every tick's `WindowReading` (the decider's
     `learn_plant` wrapped for the replay: the readings are its arguments, the decisions
-    unchanged)."""
+    unchanged); `phase_s` shifts the ticks' grid later by that many seconds."""
     out = Replay()
     if not windows:
-        return _replay(result, config, source, query, out, instant)
+        return _replay(result, config, source, query, out, instant, phase_s)
     learn = controller.decider.learn_plant
 
     def logged(belief: Any, parts: Parts, dt: float, now_s: float, *args: Any) -> Any:
@@ -280,7 +281,7 @@ def replay(
         return after
 
     with mock.patch.object(controller.decider, "learn_plant", logged):
-        return _replay(result, config, source, query, out, instant)
+        return _replay(result, config, source, query, out, instant, phase_s)
 
 
 def _replay(
@@ -290,6 +291,7 @@ def _replay(
     query: Query | None,
     out: Replay,
     instant: bool,
+    phase_s: float,
 ) -> Replay:
     """`replay`'s ticks, into `out`."""
     from service.run import prometheus_source
@@ -301,6 +303,7 @@ def _replay(
     step_at = result.get("step_started_unix_s")
     tick_s = config.policy.tick_interval_s
     start, stop = replay_span(result, tick_s)
+    start += phase_s
     if source is None:
         source = prometheus_source(
             config, reported_s=lambda _settings: None, client=_client(config, start, stop, instant)
@@ -364,10 +367,12 @@ def replay_kept(path: Path, windows: bool = False, instant: bool = False) -> Rep
     return replay_world(result.get("capacity_at_sla", result), windows=windows, instant=instant)
 
 
-def replay_world(result: dict[str, Any], windows: bool = False, instant: bool = False) -> Replay:
+def replay_world(
+    result: dict[str, Any], windows: bool = False, instant: bool = False, phase_s: float = 0.0
+) -> Replay:
     """`replay` of the run `result` (a `capacity` JSON) on a Prometheus started on a copy
-    of its world's TSDB (`workdir`; the folder is not written); `windows`, `instant` as
-    `replay`."""
+    of its world's TSDB (`workdir`; the folder is not written); `windows`, `instant` and
+    `phase_s` as `replay`."""
     binary = find_prometheus()
     if binary is None:
         raise SystemExit("no Prometheus server binary (`make prometheus`)")
@@ -378,7 +383,9 @@ def replay_world(result: dict[str, Any], windows: bool = False, instant: bool = 
         try:
             config = replay_config(Path(result["workdir"]), prom.url)
             query = prometheus_query(prom.url)
-            return replay(result, config, query=query, windows=windows, instant=instant)
+            return replay(
+                result, config, query=query, windows=windows, instant=instant, phase_s=phase_s
+            )
         finally:
             prom.stop()
 
