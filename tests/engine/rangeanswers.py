@@ -14,7 +14,7 @@ Prometheus answers; only their transport is batched.
 
 Anything it cannot answer from a range is sent as the instant query it is (`fallbacks`
 counts them): an instant off the grid or past its end, a range answer that is not a
-matrix or carries warnings. tests/engine/test_replay.py holds a replay through it equal
+matrix or carries warnings. tests/engine/test_rangeanswers.py holds a replay through it equal
 to one sent tick by tick, decision for decision.
 
 Times in unix seconds (ms on the grid, as Prometheus parses them).
