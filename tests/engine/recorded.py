@@ -35,8 +35,10 @@ import sys
 import tempfile
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -229,13 +231,18 @@ def table_row(name: str, result: dict[str, Any], replayed: Replay) -> str:
     )
 
 
-def summary(replays: list[Replay]) -> str:
-    """The README's line under the table: how many runs meet each goal."""
-    within = sum(
+def within_band(replays: Iterable[Replay]) -> int:
+    """How many of `replays` learned a capacity within WITHIN_FRAC of the measured."""
+    return sum(
         1
         for r in replays
         if r.over_measured is not None and abs(r.over_measured - 1) <= WITHIN_FRAC
     )
+
+
+def summary(replays: list[Replay]) -> str:
+    """The README's line under the table: how many runs meet each goal."""
+    within = within_band(replays)
     fast = sum(
         1 for r in replays if r.ticks_to_scale_up is not None and r.ticks_to_scale_up <= GOAL_TICKS
     )
@@ -261,19 +268,19 @@ def replay_recorded(
     the caller may hold gRPC or Prometheus threads, which a fork copies mid-flight."""
     todo = names or recorded_names()
     workers = min(REPLAY_WORKERS, os.cpu_count() or 1, len(todo))
-    shifts = [phase_s] * len(todo)
+    one = partial(_replay_one, phase_s=phase_s)
     if workers <= 1:
-        return dict(zip(todo, map(replay_one, todo, shifts), strict=True))
+        return dict(zip(todo, map(one, todo), strict=True))
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=spawn) as pool:
-        return dict(zip(todo, pool.map(replay_one, todo, shifts), strict=True))
+        return dict(zip(todo, pool.map(one, todo), strict=True))
 
 
 REPLAY_WORKERS = 2
 """Recorded runs replayed at once (`replay_recorded`)."""
 
 
-def replay_one(name: str, phase_s: float = 0.0) -> tuple[str, Replay]:
+def _replay_one(name: str, phase_s: float = 0.0) -> tuple[str, Replay]:
     """Recorded run `name` replayed in a world rebuilt in a temporary folder: its README
     row and its replay."""
     with tempfile.TemporaryDirectory(prefix="recorded-") as tmp:
@@ -289,11 +296,16 @@ PHASE_SPREAD = 1.1
 
 
 def phases(names: list[str] | None = None, shifts: tuple[float, ...] = PHASES_S) -> str:
-    """How much the recorded runs' replays depend on where the ticks fall: each run's
-    learned over measured capacity with the tick grid shifted by each of `shifts`
-    seconds, the largest over the smallest (its spread), and per shift how many runs are
-    within 25 % of the measured."""
-    done = [replay_recorded(names, phase_s=s) for s in shifts]
+    """How much the recorded runs' replays depend on where the ticks fall: `phases_table`
+    of `names` (all by default) replayed with the tick grid shifted by each of `shifts`
+    seconds."""
+    return phases_table([replay_recorded(names, phase_s=s) for s in shifts], shifts)
+
+
+def phases_table(done: list[dict[str, tuple[str, Replay]]], shifts: tuple[float, ...]) -> str:
+    """`done[i]`, the runs replayed at `shifts[i]` (`replay_recorded`), as a table: each
+    run's learned over measured capacity at each shift, the largest over the smallest
+    (its spread), and per shift how many runs are within 25 % of the measured."""
     heads = " | ".join(f"+{s:g} s" for s in shifts)
     lines = [f"| recorded run | {heads} | spread |", "| --- |" + " --- |" * (len(shifts) + 1)]
     moved = []
@@ -305,14 +317,7 @@ def phases(names: list[str] | None = None, shifts: tuple[float, ...] = PHASES_S)
         lines.append(f"| {name} | {cells} | {'-' if spread is None else f'{spread:.2f}'} |")
         if spread is not None and spread > PHASE_SPREAD:
             moved.append(name)
-    within = [
-        sum(
-            1
-            for _, r in d.values()
-            if r.over_measured is not None and abs(r.over_measured - 1) <= WITHIN_FRAC
-        )
-        for d in done
-    ]
+    within = [within_band(r for _, r in d.values()) for d in done]
     lines += [
         "",
         f"Within {100 * WITHIN_FRAC:.0f} % at each shift: {', '.join(map(str, within))} of "

@@ -26,9 +26,8 @@ from tests.engine.recorded import (
     SERIES,
     keep_recording,
     openmetrics,
-    phases,
+    phases_table,
     recorded_names,
-    replay_one,
     replay_recorded,
     run_name,
     summary,
@@ -123,14 +122,16 @@ def test_phases_replays_the_run_at_each_shift_of_the_tick_grid() -> None:
     """`phases`: the replay at shift 0 is the README's; a shifted one ticks on a grid
     that many seconds later (each rung read by a tick half a tick off)."""
     name = NAMES[-1]
-    text = phases([name], shifts=(0.0, 0.5))
+    shifts = (0.0, 0.5)
+    done = [replay_recorded([name], phase_s=s) for s in shifts]
+    text = phases_table(done, shifts)
     row = next(line for line in text.splitlines() if line.startswith(f"| {name} |"))
     readme = next(
         line for line in README.read_text().splitlines() if line.startswith(f"| {name} |")
     )
     assert row.split(" | ")[1] == readme.split(" | ")[4]  # learned over measured
     assert "Within 25 % at each shift: " in text
-    plain, shifted = replay_one(name)[1], replay_one(name, 0.5)[1]
+    plain, shifted = (d[name][1] for d in done)
     assert [abs(a.at_s - b.at_s) for a, b in zip(plain.rungs, shifted.rungs, strict=True)] == [
         0.5
     ] * len(plain.rungs)
