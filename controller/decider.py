@@ -55,23 +55,25 @@ from controller.capacity import (
 )
 from controller.config import SLA, ModelConfig, ScalingPolicy
 from controller.demand import SATURATED_SLOTS_FRAC, Demand, DemandSteps, Raw
-from controller.knobstep import KnobSteps
-from controller.nodata import NoDataSteps
-from controller.plant import (
+from controller.feedback import (
     AT_CAP_FRAC,
     DECODE_BOUND_FRAC,
-    FIT_MAX_WAITING_PER_REPLICA,
     LOADED_FRAC,
-    MAX_WAITING_PER_REPLICA,
-    believed_profile,
     knob_target_out_of_reach,
-    learn_plant,
-    median_reads_slower,
     next_cold_start,
     next_correction,
     next_knob_correction,
     sla_evidence,
     streaming_evidence,
+)
+from controller.knobstep import KnobSteps
+from controller.nodata import NoDataSteps
+from controller.plant import (
+    FIT_MAX_WAITING_PER_REPLICA,
+    MAX_WAITING_PER_REPLICA,
+    believed_profile,
+    learn_plant,
+    median_reads_slower,
     window_parts,
 )
 from controller.rules import rules_stage

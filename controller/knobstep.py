@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from controller.batching import clamp_knobs, seed_policy_knobs, slo_knobs, throughput_knobs
 from controller.config import ModelConfig, ScalingPolicy
-from controller.plant import believed_profile, streaming_violated
+from controller.feedback import streaming_violated
+from controller.plant import believed_profile
 from controller.types import KnobMemory, Knobs, LengthRises, Lengths, ModelState, Reason
 from estimators.smoothing import ewma
 from estimators.stepmodel import Profile

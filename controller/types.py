@@ -397,7 +397,7 @@ class DataHealth:
     whole_at_s: float | None = None
     """The last good tick that saw the fleet whole (None: none yet). A fleet seen short
     and then whole again samples the cold start only if it was not seen whole since the
-    last scale-up (controller.plant.next_cold_start): a replica that restarts an hour
+    last scale-up (controller.feedback.next_cold_start): a replica that restarts an hour
     later is not a cold start of an hour."""
 
     @staticmethod
@@ -445,7 +445,7 @@ class PlantBelief:
     knob_correction: float = 1.0
     """Feedback factor on the ITL step budget the `slo` knobs are sized for, from tokens
     streaming slower than the SLA allows at the engines' sequence cap
-    (controller.plant.next_knob_correction)."""
+    (controller.feedback.next_knob_correction)."""
     speed: float = 1.0
     """Learned step-time factor of the engines against the profile (> 1: slower)."""
     speed_samples: int = 0
@@ -464,7 +464,7 @@ class PlantBelief:
     last one did not)."""
     cold_start_s: float | None = None
     """Learned time from asking for replicas to seeing them all ready, s (None: none
-    seen yet; the configured cold start is used). controller.plant.next_cold_start."""
+    seen yet; the configured cold start is used). controller.feedback.next_cold_start."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,14 +52,8 @@ from pydantic import (
 )
 
 from controller.config import INT32_MAX, format_validation_error, load_yaml
-from controller.plant import (
-    CORRECTION_MIN,
-    KNOB_CORRECTION_MIN,
-    SEQ_RATIO_MAX,
-    SEQ_RATIO_MIN,
-    SPEED_MAX,
-    SPEED_MIN,
-)
+from controller.feedback import CORRECTION_MIN, KNOB_CORRECTION_MIN
+from controller.plant import SEQ_RATIO_MAX, SEQ_RATIO_MIN, SPEED_MAX, SPEED_MIN
 from controller.targets import TargetError, TargetsDoc, targets_doc
 from controller.types import Knobs, ModelState, PlantBelief, SavedState
 

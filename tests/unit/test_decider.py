@@ -679,7 +679,7 @@ def test_a_violation_is_evidence_only_past_chance(
 ) -> None:
     """controller.plant.VIOLATION_Z: misses over the goal's allowance by 2 binomial
     standard deviations of the window's requests."""
-    from controller.plant import sla_evidence
+    from controller.feedback import sla_evidence
 
     o = obs(rate=1.0, **kw)
     assert sla_evidence(o, make_model().sla, requests)[0] is violated

@@ -1,4 +1,4 @@
-"""The knob correction (controller.plant.next_knob_correction): `slo` knobs whose
+"""The knob correction (controller.feedback.next_knob_correction): `slo` knobs whose
 engines stream slower than the SLA allows at their sequence cap get fewer sequences.
 
 The profile's step shape is a belief: vLLM's CPU build's step doubles from 1 to 32
@@ -19,14 +19,14 @@ from prometheus_client import CollectorRegistry
 
 from controller.config import KnobBounds
 from controller.decider import Decider
-from controller.metrics import GovernorMetrics
-from controller.plant import (
+from controller.feedback import (
     CORRECTION_DECAY_PER_S,
     CORRECTION_RECOVERY_PER_S,
     KNOB_CORRECTION_MIN,
     knob_target_out_of_reach,
     next_knob_correction,
 )
+from controller.metrics import GovernorMetrics
 from controller.types import KnobMemory, Knobs, ModelState, PlantBelief, Reason, SavedState
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import long_history, obs

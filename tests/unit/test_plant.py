@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from controller.decider import Decider
+from controller.feedback import next_cold_start
 from controller.metrics import GovernorMetrics
 from controller.plant import (
     SEQ_FIT_MIN_SPEED,
@@ -18,7 +19,6 @@ from controller.plant import (
     SPEED_MAX,
     SPEED_MIN,
     learn_speed,
-    next_cold_start,
     next_speed,
     speed_sample,
 )
