@@ -15,6 +15,8 @@ bounded and smoothed:
   log(speed) and within [SPEED_MIN, SPEED_MAX]. A fleet that never drains its queue
   is read from windows queued at the engines' limit too, priced at the tokens their
   steps ran; those only ever jump the belief to a much slower plant (learn_plant).
+  Where the per-sequence fit below solves, the speed is the fit's own (its x), so
+  speed and ratio describe one line through the windows.
 - **per-sequence ratio** (next_seq_ratio): the engines' step growing with the batch
   faster (or slower) than the profile's, learned on engines far off the profile.
 
@@ -227,7 +229,13 @@ def next_seq_ratio(
     the split and leave r where it is. Within [SEQ_RATIO_MIN, SEQ_RATIO_MAX], and only
     on engines at least SEQ_FIT_MIN_SPEED off the profile at this window's batch
     (other hardware): so believed, or so read by this tick's `clean` window
-    (`clean_off`).
+    (`clean_off`). Where it solves, the speed is the fit's too: the least-squares x
+    of ITL = x (rest + r seqs) at the bounded r (x itself where r = y / x). The speed's
+    own half-life average of samples priced with r drifted apart from the fit (a
+    stall's jump decaying at 60 s, or the small batches' reading) and the step believed
+    at the slot cap was neither's: over the recorded real-engine runs the learned
+    capacity read within 25 % of the measured in 29-30 of 48 at each tick phase,
+    37-39 with the fit's speed (`python -m tests.engine.recorded phases`).
     """
     belief, seen = clean_off(belief, clean, now_s, confirm_s)
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
@@ -253,13 +261,26 @@ def next_seq_ratio(
     fit = tuple(keep * old + (1.0 - keep) * v for old, v in zip(belief.seq_fit, new, strict=True))
     rr, rs, ss, ir, is_ = fit
     det = rr * ss - rs * rs
-    ratio = belief.seq_ratio
     if rr > 0 and ss > 0 and det > 0 and det >= SEQ_FIT_MIN_SPREAD * rr * ss:
         x = (ir * ss - is_ * rs) / det
         y = (is_ * rr - ir * rs) / det
         if x > 0 and y > 0:
-            ratio = min(SEQ_RATIO_MAX, max(SEQ_RATIO_MIN, y / x))
-    return replace(belief, seq_ratio=ratio, seq_fit=fit)  # type: ignore[arg-type]
+            r = min(SEQ_RATIO_MAX, max(SEQ_RATIO_MIN, y / x))
+            # The speed of the same fit: the least-squares x of ITL = x (rest + r seqs),
+            # the fit's own x where r is within its bounds (module doc).
+            speed = _bounded_speed((ir + r * is_) / (rr + 2.0 * r * rs + r * r * ss))
+            return replace(belief, speed=speed, seq_ratio=r, seq_fit=fit)  # type: ignore[arg-type]
+    return replace(belief, seq_fit=fit)  # type: ignore[arg-type]
+
+
+def rescaled_fit(belief: PlantBelief, speed: float) -> PlantBelief:
+    """`belief` at `speed`, its per-sequence fit's ITL sums scaled alike (a jump to a
+    slower plant is a jump of the fit too: the fit sets the speed once it solves,
+    next_seq_ratio, and from sums of the windows before the jump it would take it
+    back). Example: speed 2 -> 6 scales the sums' ITL x rest and ITL x seqs by 3."""
+    k = speed / belief.speed
+    rr, rs, ss, ir, is_ = belief.seq_fit
+    return replace(belief, speed=speed, seq_fit=(rr, rs, ss, k * ir, k * is_))
 
 
 def clean_off(
@@ -372,7 +393,8 @@ def next_speed(
     the same data re-read) all read that slow. A sample within the ratio clears the
     pending jump and is learned at the half-life; so is a jump-worthy sample when a
     jump is not `allowed` (a window still holding the overload before a scale-up).
-    A pending jump not confirmed within 2 x `confirm_s` expires. Example: belief 1,
+    A pending jump not confirmed within 2 x `confirm_s` expires; a confirmed one scales
+    the per-sequence fit with it (`rescaled_fit`). Example: belief 1,
     samples 16 at t = 0 and 20 at t = 5 with confirm_s 5 -> speed 16 at t = 5.
     """
     pending, since = belief.speed_jump, belief.speed_jump_since_s
@@ -386,7 +408,8 @@ def next_speed(
             return replace(belief, speed_jump=s, speed_jump_since_s=now_s)
         low = min(pending, s)
         if now_s - since >= confirm_s:
-            return replace(belief, speed=low, speed_jump=None, speed_jump_since_s=None)
+            jumped = rescaled_fit(belief, low)
+            return replace(jumped, speed_jump=None, speed_jump_since_s=None)
         return replace(belief, speed_jump=low, speed_jump_since_s=since)
     speed = learn_speed(belief.speed, s, dt_s)
     return replace(belief, speed=speed, speed_jump=None, speed_jump_since_s=None)

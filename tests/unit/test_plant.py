@@ -568,3 +568,47 @@ def test_long_prompts_never_open_the_fit() -> None:
             t = ORIGIN_S + 5.0 * k
             _, s = d.decide(obs(t=t, itl_mean_ms=60.0, **kw), replace(s, replicas=4), t)
         assert (s.plant.seq_off_since_s is not None) is streak, (prompt, s.plant)
+
+
+def test_the_speed_is_the_per_sequence_fits_own() -> None:
+    """Where the per-sequence fit solves, the speed is its own x (the least-squares
+    step ITL = x (rest + r seqs)), not the half-life average of the speed samples
+    priced with its ratio: that average, set high by a stall the engines had before
+    (x5 here) or low by their small batches, drifted at its 60 s half-life while the
+    ratio came from the fit, and the step believed at the slot cap was neither
+    (ci-20261204T2150: x2.29 with the fit's ratio 5.07 read 0.67x the measured
+    capacity; 0.75x with the fit's speed). From that stale x5, two minutes of windows
+    at 3, 8 and 20 sequences of engines 2.5x the profile's fixed step with 0.75 ms a
+    sequence: the step believed at 30 sequences is theirs within 10 % (the average
+    read it 1.19x)."""
+    from controller.plant import learn_plant
+
+    belief, t = PlantBelief(speed=5.0, seq_ratio=6.0), 0.0
+    for _ in range(2):
+        for b in (3.0, 8.0, 20.0):
+            for _ in range(4):
+                t += 5.0
+                belief = learn_plant(belief, _seq_parts(b, 17.0, 0.75), 5.0, t, 30.0, True)
+    itl, seqs, rest = _seq_parts(30.0, 17.0, 0.75)
+    assert belief.speed * (rest + belief.seq_ratio * seqs) == pytest.approx(itl, rel=0.10)
+
+
+def test_a_jump_to_a_slower_plant_carries_the_fit_with_it() -> None:
+    """Engines whose fit has solved (2.5x the profile's fixed step, 0.75 ms a sequence)
+    turn 3x slower (a noisy neighbour): the confirmed jump scales the fit's sums
+    (`rescaled_fit`), so the fit, which sets the speed once it solves, does not take
+    the jump back from the windows before it. Within 20 s of the change the step
+    believed at 30 sequences is the slower engines' within 15 % (without the rescale:
+    0.42 of it, the fit's half-life sums still the faster engines')."""
+    from controller.plant import learn_plant, rescaled_fit
+
+    belief = _learned_across_batches(17.0, 0.75)
+    t = 8 * 3 * 6 * 5.0
+    for b in (8.0, 20.0, 3.0, 8.0):
+        t += 5.0
+        itl, seqs, rest = _seq_parts(b, 17.0, 0.75)
+        belief = learn_plant(belief, (3.0 * itl, seqs, rest), 5.0, t, 5.0, True)
+    itl, seqs, rest = _seq_parts(30.0, 17.0, 0.75)
+    assert belief.speed * (rest + belief.seq_ratio * seqs) == pytest.approx(3.0 * itl, rel=0.15)
+    scaled = rescaled_fit(PlantBelief(speed=2.0, seq_fit=(1.0, 2.0, 3.0, 4.0, 5.0)), 6.0)
+    assert scaled.speed == 6.0 and scaled.seq_fit == (1.0, 2.0, 3.0, 12.0, 15.0)
