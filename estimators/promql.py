@@ -351,9 +351,14 @@ class QueryBuilder:
 
     def __post_init__(self) -> None:
         check_labels(self.model_label, self.namespace_label)
-        promql_duration(self.window_s)
-        windows = (self.short_window_s, self.seed_window_s, self.targets_lookback_s)
-        for w in (*windows, self.gauge_lookback_s, self.scrape_interval_s):
+        for w in (
+            self.window_s,
+            self.short_window_s,
+            self.seed_window_s,
+            self.targets_lookback_s,
+            self.gauge_lookback_s,
+            self.scrape_interval_s,
+        ):
             if w is not None:
                 promql_duration(w)
         if self.ingress_rate_query is not None:
