@@ -677,7 +677,7 @@ def test_engines_with_live_knobs_are_not_rolled_out_and_run_the_new_knobs_at_onc
 def test_a_violation_is_evidence_only_past_chance(
     kw: dict, requests: float | None, violated: bool
 ) -> None:
-    """controller.plant.VIOLATION_Z: misses over the goal's allowance by 2 binomial
+    """controller.feedback.VIOLATION_Z: misses over the goal's allowance by 2 binomial
     standard deviations of the window's requests."""
     from controller.feedback import sla_evidence
 
