@@ -18,7 +18,9 @@ bounded and smoothed:
   Where the per-sequence fit below solves, the speed is the fit's own (its x), so
   speed and ratio describe one line through the windows.
 - **per-sequence ratio** (next_seq_ratio): the engines' step growing with the batch
-  faster (or slower) than the profile's, learned on engines far off the profile.
+  faster (or slower) than the profile's, learned on engines far off the profile; where
+  clean windows read the engines within SEQ_FIT_MIN_SPEED of it, the ratio relaxes
+  towards the profile's shape (1) at the speed's half-life.
 
 What the SLA's own signals teach (the violation-driven corrections and the cold start)
 lives in controller.feedback.
@@ -236,10 +238,18 @@ def next_seq_ratio(
     at the slot cap was neither's: over the recorded real-engine runs the learned
     capacity read within 25 % of the measured in 29-30 of 48 at each tick phase,
     37-39 with the fit's speed (`python -m tests.engine.recorded phases`).
+
+    Where the fit is shut and this tick's `clean` window reads the engines within
+    SEQ_FIT_MIN_SPEED of the profile too, the ratio relaxes towards 1 (`_relaxed_ratio`):
+    a ratio the fit learned while it was open (from a stall's windows, ci-20261205T1331:
+    9.62, the step at the slot cap believed 2x the engines', 0.70x the measured
+    capacity; 0.89-0.90x relaxed at every tick phase) is not what windows within the
+    gate show. Without a clean window the ratio stays where it is.
     """
     belief, seen = clean_off(belief, clean, now_s, confirm_s)
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
         return belief
+    within = clean is not None and _within(clean[0] / (clean[2] + clean[1]))
     itl, seqs, rest = parts
     # How far off the profile the belief puts this window's step: the speed with the
     # per-sequence part at the learned ratio (the speed alone, priced with a large
@@ -255,6 +265,8 @@ def next_seq_ratio(
         # simulated plant, whose shape is the profile's, read r from 0.25 to 19 over one
         # conversation hour and cost 1.6x the GPU-hours; its learned speeds stay within
         # 0.7-1.4 in every matrix cell, so the fit never runs there).
+        if within:
+            return _relaxed_ratio(belief, parts, dt_s)
         return belief
     keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)
     new = (rest * rest, rest * seqs, seqs * seqs, itl * rest, itl * seqs)
@@ -271,6 +283,28 @@ def next_seq_ratio(
             speed = _bounded_speed((ir + r * is_) / (rr + 2.0 * r * rs + r * r * ss))
             return replace(belief, speed=speed, seq_ratio=r, seq_fit=fit)  # type: ignore[arg-type]
     return replace(belief, seq_fit=fit)  # type: ignore[arg-type]
+
+
+def _within(off: float) -> bool:
+    """Whether a step `off` x the profile's is within SEQ_FIT_MIN_SPEED of it."""
+    return 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED
+
+
+def _relaxed_ratio(
+    belief: PlantBelief, parts: tuple[float, float, float], dt_s: float
+) -> PlantBelief:
+    """`belief` with its per-sequence ratio moved towards 1 (the profile's shape) by
+    `dt_s` seconds at SPEED_HALF_LIFE_S (in log space), and its speed moved so that the
+    step believed at this window's batch is unchanged."""
+    if belief.seq_ratio == 1.0:
+        return belief
+    _, seqs, rest = parts
+    keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)
+    r = math.exp(keep * math.log(belief.seq_ratio))
+    if abs(r - 1.0) < 0.01:
+        r = 1.0
+    speed = _bounded_speed(belief.speed * (rest + belief.seq_ratio * seqs) / (rest + r * seqs))
+    return replace(belief, speed=speed, seq_ratio=r)
 
 
 def rescaled_fit(belief: PlantBelief, speed: float) -> PlantBelief:

@@ -593,6 +593,36 @@ def test_the_speed_is_the_per_sequence_fits_own() -> None:
     assert belief.speed * (rest + belief.seq_ratio * seqs) == pytest.approx(itl, rel=0.10)
 
 
+def test_a_ratio_the_clean_windows_do_not_bear_out_relaxes_to_the_profiles_shape() -> None:
+    """ci-20261205T1331: a 4 s stall (ITL 38-55 ms where the rungs around read 7-9)
+    confirmed a jump to x2.44, the fit opened on it and solved a ratio of 9.62 from the
+    stall's windows; the speed then came back to x1.24 and the belief, within
+    SEQ_FIT_MIN_SPEED of the profile at the windows' batches (1.9x at 0.5 ms of
+    per-sequence step), shut the fit with the ratio still 9.62 for the rest of the run:
+    the step at the slot cap believed 2x the engines', 0.70x the capacity measured.
+    Clean windows within the gate say the engines run the profile's shape: the ratio
+    relaxes towards 1 at the speed's half-life, the step believed at the window's batch
+    unchanged. From that belief, two minutes of clean windows at 1, 3 and 6 sequences
+    of engines 1.4x the profile: the step believed at 32 sequences is theirs within
+    20 % (2.2x without the relaxation); the same windows without a clean reading leave
+    the ratio as it was."""
+    from controller.plant import learn_plant
+
+    stalled = PlantBelief(speed=1.25, seq_ratio=9.6)
+    relaxed, kept, t = stalled, stalled, 0.0
+    for _ in range(2):
+        for b in (1.0, 3.0, 6.0):
+            for _ in range(4):
+                t += 5.0
+                parts = _seq_parts(b, 1.4 * 6.8, 1.4 * 0.05)
+                relaxed = learn_plant(relaxed, parts, 5.0, t, 5.0, True, None, parts)
+                kept = learn_plant(kept, parts, 5.0, t, 5.0, True)
+    itl, seqs, rest = _seq_parts(32.0, 1.4 * 6.8, 1.4 * 0.05)
+    assert relaxed.seq_ratio < 2.5, relaxed
+    assert relaxed.speed * (rest + relaxed.seq_ratio * seqs) == pytest.approx(itl, rel=0.20)
+    assert kept.seq_ratio == 9.6, kept
+
+
 def test_a_jump_to_a_slower_plant_carries_the_fit_with_it() -> None:
     """Engines whose fit has solved (2.5x the profile's fixed step, 0.75 ms a sequence)
     turn 3x slower (a noisy neighbour): the confirmed jump scales the fit's sums
