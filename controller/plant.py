@@ -249,7 +249,7 @@ def next_seq_ratio(
     belief, seen = clean_off(belief, clean, now_s, confirm_s)
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
         return belief
-    within = clean is not None and _within(clean[0] / (clean[2] + clean[1]))
+    within = clean is not None and _within(clean[0] / (clean[1] + clean[2]))
     itl, seqs, rest = parts
     # How far off the profile the belief puts this window's step: the speed with the
     # per-sequence part at the learned ratio (the speed alone, priced with a large
@@ -259,7 +259,7 @@ def next_seq_ratio(
     off = belief.speed * (rest + belief.seq_ratio * seqs) / (rest + seqs)
     if seen is not None:
         off = max(off, seen) if seen > 1.0 else min(off, seen)
-    if 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED:
+    if _within(off):
         # Engines within 2x of the profile run the hardware it was measured on, shape
         # included: there the fit only learns the step model's own approximations (the
         # simulated plant, whose shape is the profile's, read r from 0.25 to 19 over one
@@ -351,7 +351,7 @@ def clean_off(
         return belief, None
     itl, seqs, rest = clean
     off = itl / (rest + seqs)
-    if 1.0 / SEQ_FIT_MIN_SPEED < off < SEQ_FIT_MIN_SPEED:
+    if _within(off):
         return replace(belief, seq_off_since_s=None), None
     if since is None:
         return replace(belief, seq_off_since_s=now_s), (off if confirm_s <= 0 else None)
