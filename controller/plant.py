@@ -249,7 +249,8 @@ def next_seq_ratio(
     belief, seen = clean_off(belief, clean, now_s, confirm_s)
     if parts is None or dt_s <= 0 or belief.speed_jump is not None:
         return belief
-    within = clean is not None and _within(clean[0] / (clean[1] + clean[2]))
+    reading = window_speed(clean, 1.0)  # the clean window at the profile's own shape
+    within = reading is not None and _within(reading)
     itl, seqs, rest = parts
     # How far off the profile the belief puts this window's step: the speed with the
     # per-sequence part at the learned ratio (the speed alone, priced with a large
@@ -294,13 +295,13 @@ def _relaxed_ratio(
     belief: PlantBelief, parts: tuple[float, float, float], dt_s: float
 ) -> PlantBelief:
     """`belief` with its per-sequence ratio moved towards 1 (the profile's shape) by
-    `dt_s` seconds at SPEED_HALF_LIFE_S (in log space), and its speed moved so that the
-    step believed at this window's batch is unchanged."""
+    `dt_s` seconds at SPEED_HALF_LIFE_S (learn_speed's log-space average, towards a
+    sample of 1), and its speed moved so that the step believed at this window's batch
+    is unchanged."""
     if belief.seq_ratio == 1.0:
         return belief
     _, seqs, rest = parts
-    keep = 0.5 ** (dt_s / SPEED_HALF_LIFE_S)
-    r = math.exp(keep * math.log(belief.seq_ratio))
+    r = learn_speed(belief.seq_ratio, 1.0, dt_s)
     if abs(r - 1.0) < 0.01:
         r = 1.0
     speed = _bounded_speed(belief.speed * (rest + belief.seq_ratio * seqs) / (rest + r * seqs))
