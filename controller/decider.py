@@ -25,7 +25,9 @@ can be replayed from its trace. Steps, in order:
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
    shows on two ticks in a row (or on one, when the queue grew meanwhile on a whole
    fleet) is scaled up for at once (SHORT_WINDOW), and sudden
-   surges past the panic threshold are panic mode's job;
+   surges past the panic threshold are panic mode's job; both only past the noise of
+   the panic window's count (RISE_Z, PANIC_Z: controller.stages.noise_margin_rps;
+   panic from the first full window on);
    raw = demand / capacity; idle -> min replicas, zero only after the idle period; at
    zero with demand but no lengths yet (a gateway's rate only) -> 1 (SCALE_FROM_ZERO).
 5. burst memory: a surge (the short window well over the long one; a fleet that starts
@@ -54,7 +56,7 @@ from controller.capacity import (
     relaxed_sla,
 )
 from controller.config import SLA, ModelConfig, ScalingPolicy
-from controller.demand import SATURATED_SLOTS_FRAC, Demand, DemandSteps, Raw
+from controller.demand import PANIC_Z, SATURATED_SLOTS_FRAC, Demand, DemandSteps, Raw
 from controller.feedback import (
     AT_CAP_FRAC,
     DECODE_BOUND_FRAC,
@@ -520,6 +522,9 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps):
             state.windows.panic_until_s,
             now_s,
             p.panic_hold_s,
+            PANIC_Z if demand.history else 0.0,
+            p.panic_window_s,
+            demand.backlog,
         )
 
     def _stages(

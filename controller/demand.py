@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 
 from controller.config import ModelConfig, ScalingPolicy
-from controller.stages import deadband
+from controller.stages import deadband, noise_margin_rps
 from controller.types import DataHealth, ModelState, PlantBelief, Reason
 from estimators.smoothing import HoltState, holt_forecast, holt_update
 from estimators.types import Observation
@@ -27,6 +27,16 @@ BURST_SURGE_FRAC = 1.25
 BURST_Z = 5.0
 # Half-life of that spread (a mean of z squared over the ticks, s).
 NOISE_HALF_LIFE_S = 600.0
+# A confirmed short-window rise (SHORT_WINDOW) and a panic count only this many Poisson
+# deviations of the panic window's arrivals past their bar (controller.stages.
+# noise_margin_rps): at conversation x16's 90 req/s that is 6 % more, at long-context's
+# 1-3 req/s 35-60 %, where one 10 s window's chance reading scaled up a fleet the
+# cooldown then held for 10 minutes (8 of long-context's 9 matrix rows, 2-14 % of their
+# GPU-hours). Panic counts it only once the long window holds a full window: a fleet
+# that starts was not sized for its load, and its first 2x reading is not noise to
+# discount (conversation x16 from one replica lost 0.07-0.34 points of attainment).
+RISE_Z = 2.0
+PANIC_Z = 2.0
 # A load has fallen (DemandSteps._fall_or_rise) when it kept falling over the scale-down
 # window and its long window reads this many standard deviations under what it read
 # then: Poisson's, or the long window's own spread around the smoothed level where the
@@ -150,8 +160,11 @@ class DemandSteps:
         outpaced = self._outpaced(obs, state, now_s)
         confirmed = self._confirmed(obs, state, now_s, backlog, outpaced)
         rise = confirmed
-        if rise is not None and rise <= (1.0 + p.tolerance_frac) * demand:
-            rise = None  # within the deadband of the demand: not a rise
+        bar = (1.0 + p.tolerance_frac) * demand
+        if rise is not None and rise < bar + noise_margin_rps(
+            bar, backlog, p.panic_window_s, RISE_Z
+        ):
+            rise = None  # within the deadband of the demand, or of its noise: not a rise
         falling, rising, marks, noise = self._fall_or_rise(
             obs.arrival_rate_rps, state, now_s, history
         )

@@ -153,6 +153,18 @@ def clamp(proposal: int, min_replicas: int, max_replicas: int) -> StageOut:
     return StageOut(proposal, Reason.WITHIN_BOUNDS)
 
 
+def noise_margin_rps(bar_rps: float, backlog_rps: float, window_s: float, z: float) -> float:
+    """How far a short-window demand (arrivals + the queue's share, req/s) must read over
+    `bar_rps` before noise cannot explain it: `z` Poisson deviations of the count of
+    arrivals a window of `window_s` seconds holds at the bar (at least one request's).
+    The queue's share is a gauge the fleet built, not a count's noise. Examples at 10 s
+    and z 2: bar 1.6 req/s, no queue -> 0.8 req/s (24 requests in the window, not 17,
+    read as over a bar of 16); bar 52 -> 4.6 req/s (9 %); bar 52 of which a queue's share
+    is 40 -> 2.2 req/s."""
+    arrivals = max(bar_rps - backlog_rps, 0.0) * window_s
+    return z * math.sqrt(max(arrivals, 1.0)) / window_s
+
+
 def panic(
     short_demand_rps: float,
     current: int,
@@ -161,15 +173,20 @@ def panic(
     panic_until_s: float | None,
     now_s: float,
     hold_s: float,
+    noise_z: float = 0.0,
+    window_s: float = 1.0,
+    backlog_rps: float = 0.0,
 ) -> tuple[bool, float | None, Reason]:
     """Enter or stay in panic. Returns (in_panic, new panic_until_s, reason).
 
     Panic starts when short-window demand >= threshold x the capacity of the current
-    replicas (from zero replicas, any demand beyond one replica's capacity); it lasts
-    `hold_s` after the last tick that met the condition (Knative KPA's rule).
+    replicas (from zero replicas, any demand beyond one replica's capacity), by more
+    than the noise of the `window_s` window's arrivals (`noise_margin_rps`, `noise_z`
+    deviations; `backlog_rps` the queue's share of the short demand); it lasts `hold_s`
+    after the last tick that met the condition (Knative KPA's rule).
     """
-    fleet_capacity = max(current, 1) * capacity_rps
-    if short_demand_rps >= threshold_frac * fleet_capacity:
+    at = threshold_frac * max(current, 1) * capacity_rps
+    if short_demand_rps >= at + noise_margin_rps(at, backlog_rps, window_s, noise_z):
         return True, now_s + hold_s, Reason.PANIC
     if panic_until_s is not None and now_s < panic_until_s:
         return True, panic_until_s, Reason.PANIC_HOLD

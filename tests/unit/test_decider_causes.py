@@ -17,6 +17,14 @@ from controller.types import Decision, KnobMemory, Knobs, ModelState, Reason
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import long_history, obs
 
+_LONG_CTX = dict(
+    prompt_tokens_mean=12_000.0,
+    prompt_tokens_p95=40_000.0,
+    output_tokens_mean=300.0,
+    output_tokens_p95=600.0,
+)
+"""Long-context lengths (prompts mean 12k, p95 40k tokens) for `obs`."""
+
 
 def test_a_fleet_that_starts_small_panics_but_is_not_a_burst() -> None:
     d = Decider(make_model(max_replicas=64), make_policy())
@@ -73,21 +81,68 @@ def test_a_surge_the_fleet_grows_for_without_panic_arms_the_burst_memory() -> No
 
 def test_a_rise_within_poisson_noise_is_sized_for_but_not_remembered() -> None:
     """Long-context prompts (mean 12k tokens), 4 replicas settled at 2.2 req/s; the
-    short window reads 3.0 (1.36x) on two ticks: 30 arrivals in the 10 s panic window
-    where 22 were expected, 1.7 standard deviations. The fleet grows for it
-    (SHORT_WINDOW) but no burst is remembered (the long-context trace's short window
-    reads that much by chance every few minutes, and a remembered burst held 7
-    replicas where 5 served for the rest of the run)."""
+    short window reads 4.4 (2x the level, below panic at that fleet's capacity) on two
+    ticks: 44 arrivals in the 10 s panic window where about 25 pass the deadband, past
+    the 2 deviations a rise needs (RISE_Z) but not the 5 of a burst (BURST_Z). The
+    fleet grows for it (SHORT_WINDOW) but no burst is remembered (a remembered burst
+    held 7 replicas where 5 served for the rest of the long-context run)."""
     model = make_model(max_replicas=40, ttft_p95_ms=15_000.0)
     d = Decider(model, make_policy())
-    long_ctx = dict(
-        prompt_tokens_mean=12_000.0,
-        prompt_tokens_p95=40_000.0,
-        output_tokens_mean=300.0,
-        output_tokens_p95=600.0,
-    )
-    _, s = _rise_after_settling(d, 4, 2.2, 3.0, **long_ctx)
+    _, s = _rise_after_settling(d, 4, 2.2, 4.4, **_LONG_CTX)
     assert s.forecast.burst_rps is None
+
+
+@pytest.mark.parametrize(("short", "rise"), [(3.0, False), (3.4, False), (3.6, True), (4.4, True)])
+def test_a_short_window_within_its_poisson_noise_is_not_a_rise(short: float, rise: bool) -> None:
+    """4 long-context replicas settled at 2.2 req/s, then two ticks on which the short
+    (10 s) window reads `short` while the demand reads 2.29: the deadband's bar is 2.52
+    req/s, 25 arrivals in the window, and two Poisson deviations of that (RISE_Z) 1.0
+    req/s more. 3.0 and 3.4 req/s (1.0 and 1.8 deviations over the bar) were rises
+    before, and are not: the long-context trace's short window reads 40 % over its
+    level by chance every few minutes, and each such rise was a scale-up the cooldown
+    held for 10 minutes. 3.6 and 4.4 are rises. At conversation rates (90 req/s, 900
+    arrivals a window) the margin is 6 %
+    (test_a_step_below_panic_scales_up_within_two_ticks_of_showing)."""
+    model = make_model(max_replicas=40, ttft_p95_ms=15_000.0)
+    d = Decider(model, make_policy())
+    s = d.initial_state(4, now_s=ORIGIN_S - 1000)
+    for k in range(12):
+        t = ORIGIN_S - 60 + 5 * k
+        o = obs(t=t, rate=2.2, arrival_rate_short_rps=2.2, ready_replicas=4, **_LONG_CTX)
+        _, s = d.decide(o, s, t)
+    for k, long_rps in enumerate((2.2 * 1.05, 2.2 * 1.1)):
+        t = ORIGIN_S + 5 * k
+        o = obs(t=t, rate=long_rps, arrival_rate_short_rps=short, ready_replicas=4, **_LONG_CTX)
+        dec, s = d.decide(o, s, t)
+    assert (Reason.SHORT_WINDOW in dec.reasons) is rise, dec.explain()
+    assert not dec.panic
+
+
+def test_a_panic_on_a_fleet_sized_for_its_load_must_beat_the_windows_noise() -> None:
+    """2 long-context replicas of ~0.5 req/s each: panic's 2x bar is ~2 req/s, 20
+    arrivals in the 10 s panic window. Settled at 1 req/s for a full window, a reading
+    of 2.4 req/s (24 arrivals) is within two Poisson deviations (PANIC_Z) of the bar: no
+    panic (at a 5 s scrape the long-context trace panicked on such a reading, 3 -> 9
+    replicas where 5 served, held for 10 minutes); 3.0 is past them and panics. A fleet
+    that just started was sized for nothing yet, and panics at 2.4: its first 2x reading
+    is the load outgrowing it (conversation x16 from one replica lost up to a third of a
+    point of attainment with the margin there too)."""
+    d = Decider(make_model(max_replicas=40, ttft_p95_ms=15_000.0), make_policy())
+    s = d.initial_state(2, now_s=ORIGIN_S - 1000)
+    for k in range(12):
+        t = ORIGIN_S - 60 + 5 * k
+        o = obs(t=t, rate=1.0, arrival_rate_short_rps=1.0, ready_replicas=2, **_LONG_CTX)
+        dec, s = d.decide(o, s, t)
+    assert dec.replicas == 2 and dec.capacity_rps_per_replica == pytest.approx(0.5, rel=0.1)
+
+    def tick(state: ModelState, short: float) -> Decision:
+        o = obs(t=ORIGIN_S, rate=1.0, arrival_rate_short_rps=short, ready_replicas=2, **_LONG_CTX)
+        return d.decide(o, state, ORIGIN_S)[0]
+
+    assert not tick(s, 2.4).panic
+    assert tick(s, 3.0).panic
+    fresh = tick(d.initial_state(2), 2.4)
+    assert fresh.panic and fresh.replicas > 2, fresh.explain()
 
 
 def test_short_window_is_at_least_two_scrape_intervals() -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from controller.config import RateLimit
-from controller.stages import clamp, cooldown, deadband, panic, rate_limit, stabilize
+from controller.stages import (
+    clamp,
+    cooldown,
+    deadband,
+    noise_margin_rps,
+    panic,
+    rate_limit,
+    stabilize,
+)
 from controller.types import Reason
 
 HPA_UP = (
@@ -215,6 +223,39 @@ def test_panic(
 ) -> None:
     got = panic(short, current, 10.0, 2.0, until, now, 60.0)
     assert got == (want_panic, want_until, reason)
+
+
+def test_noise_margin_is_poisson_deviations_of_the_windows_arrivals() -> None:
+    """z deviations of the count a window holds at the bar, the queue's share left out
+    (a gauge, not a count), at least one request's: 6 % over a bar of 90 req/s in a 10 s
+    window, 50 % over 1.6 req/s."""
+    assert noise_margin_rps(1.6, 0.0, 10.0, 2.0) == pytest.approx(0.8)
+    assert noise_margin_rps(52.0, 0.0, 10.0, 2.0) == pytest.approx(4.5607, abs=1e-4)
+    assert noise_margin_rps(52.0, 40.0, 10.0, 2.0) == pytest.approx(2.1909, abs=1e-4)
+    assert noise_margin_rps(99.0, 0.0, 10.0, 2.0) / 99.0 == pytest.approx(0.0636, abs=1e-4)
+    assert noise_margin_rps(0.0, 0.0, 10.0, 2.0) == pytest.approx(0.2)  # one request
+    assert noise_margin_rps(5.0, 9.0, 10.0, 2.0) == pytest.approx(0.2)  # queue over the bar
+    assert noise_margin_rps(1.6, 0.0, 10.0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("short", "z", "backlog", "want"),
+    [
+        pytest.param(2.3, 0.0, 0.0, True, id="low-rate-2x-without-noise-test"),
+        pytest.param(2.3, 2.0, 0.0, False, id="low-rate-2x-within-noise"),
+        pytest.param(2.5, 2.0, 0.0, True, id="low-rate-past-noise"),
+        pytest.param(2.3, 2.0, 1.4, True, id="mostly-queue-less-noise"),
+    ],
+)
+def test_panic_past_the_short_windows_noise(
+    short: float, z: float, backlog: float, want: bool
+) -> None:
+    """One replica of 0.8 req/s: the 2x bar is 1.6 req/s, 16 arrivals in a 10 s window,
+    and 2 deviations of it are 0.8 req/s more; a reading mostly queue (1.4 of the bar)
+    needs only 2 deviations of the 2 arrivals left (0.28 req/s)."""
+    got, _, reason = panic(short, 1, 0.8, 2.0, None, 100.0, 60.0, z, 10.0, backlog)
+    assert got is want
+    assert reason == (Reason.PANIC if want else Reason.NO_PANIC)
 
 
 def test_decider_shares_equal_stage_records_and_only_equal_ones() -> None:
