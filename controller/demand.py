@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 
 from controller.config import ModelConfig, ScalingPolicy
-from controller.stages import deadband, noise_margin_rps
+from controller.stages import deadband, noise_margin_rps, poisson_count_sd
 from controller.types import DataHealth, ModelState, PlantBelief, Reason
 from estimators.smoothing import HoltState, holt_forecast, holt_update
 from estimators.types import Observation
@@ -474,7 +474,7 @@ class DemandSteps:
 def _poisson_z(rate: float, base: float, window_s: float) -> float:
     """z of a window's count at `rate` against `base` (req/s) over `window_s` s, by
     Poisson's deviation (at least one request's)."""
-    return (rate - base) * window_s / math.sqrt(max(base * window_s, 1.0))
+    return (rate - base) * window_s / poisson_count_sd(base, window_s)
 
 
 def _spread_after(noise: float | None, z: float, cap: float, tick_s: float) -> float:

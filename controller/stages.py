@@ -161,8 +161,13 @@ def noise_margin_rps(bar_rps: float, backlog_rps: float, window_s: float, z: flo
     and z 2: bar 1.6 req/s, no queue -> 0.8 req/s (24 requests in the window, not 17,
     read as over a bar of 16); bar 52 -> 4.6 req/s (9 %); bar 52 of which a queue's share
     is 40 -> 2.2 req/s."""
-    arrivals = max(bar_rps - backlog_rps, 0.0) * window_s
-    return z * math.sqrt(max(arrivals, 1.0)) / window_s
+    return z * poisson_count_sd(max(bar_rps - backlog_rps, 0.0), window_s) / window_s
+
+
+def poisson_count_sd(rate_rps: float, window_s: float) -> float:
+    """The standard deviation of the count of Poisson arrivals at `rate_rps` over
+    `window_s` s, requests (at least one request's). Example: 2.5 req/s over 10 s -> 5."""
+    return math.sqrt(max(rate_rps * window_s, 1.0))
 
 
 def panic(

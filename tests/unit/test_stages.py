@@ -11,6 +11,7 @@ from controller.stages import (
     deadband,
     noise_margin_rps,
     panic,
+    poisson_count_sd,
     rate_limit,
     stabilize,
 )
@@ -236,6 +237,7 @@ def test_noise_margin_is_poisson_deviations_of_the_windows_arrivals() -> None:
     assert noise_margin_rps(0.0, 0.0, 10.0, 2.0) == pytest.approx(0.2)  # one request
     assert noise_margin_rps(5.0, 9.0, 10.0, 2.0) == pytest.approx(0.2)  # queue over the bar
     assert noise_margin_rps(1.6, 0.0, 10.0, 0.0) == 0.0
+    assert poisson_count_sd(2.5, 10.0) == 5.0 and poisson_count_sd(0.0, 10.0) == 1.0
 
 
 @pytest.mark.parametrize(
