@@ -50,21 +50,37 @@ def test_a_surge_over_the_long_window_arms_the_burst_memory() -> None:
     assert dec.panic and s.forecast.burst_rps == pytest.approx(150.0)
 
 
-def _rise_after_settling(
-    d: Decider, n: int, level: float, short: float, **kw: float
-) -> tuple[Decision, ModelState]:
-    """`n` replicas settled at `level` req/s, then two ticks where the short window
-    reads `short` while the long one creeps up (the decision and state after them)."""
+def _settle(d: Decider, n: int, level: float, **kw: float) -> tuple[Decision, ModelState]:
+    """`n` replicas settled at `level` req/s (both windows) for a full window of 5 s
+    ticks ending just before ORIGIN_S (the last decision and the state after it)."""
     s = d.initial_state(n, now_s=ORIGIN_S - 1000)
     for k in range(12):
         t = ORIGIN_S - 60 + 5 * k
         o = obs(t=t, rate=level, arrival_rate_short_rps=level, ready_replicas=n, **kw)
-        _, s = d.decide(o, s, t)
+        dec, s = d.decide(o, s, t)
+    return dec, s
+
+
+def _after_settling(
+    d: Decider, n: int, level: float, short: float, **kw: float
+) -> tuple[Decision, ModelState]:
+    """`_settle`, then two ticks where the short window reads `short` while the long
+    one creeps up (the decision and state after them)."""
+    _, s = _settle(d, n, level, **kw)
     assert s.forecast.burst_rps is None
     for k, long_rps in enumerate((level * 1.05, level * 1.1)):
         t = ORIGIN_S + 5 * k
         o = obs(t=t, rate=long_rps, arrival_rate_short_rps=short, ready_replicas=n, **kw)
         dec, s = d.decide(o, s, t)
+    return dec, s
+
+
+def _rise_after_settling(
+    d: Decider, n: int, level: float, short: float, **kw: float
+) -> tuple[Decision, ModelState]:
+    """`_after_settling`, asserting that the two ticks made a rise (SHORT_WINDOW)
+    without panic."""
+    dec, s = _after_settling(d, n, level, short, **kw)
     assert not dec.panic and Reason.SHORT_WINDOW in dec.reasons, dec.explain()
     return dec, s
 
@@ -104,16 +120,7 @@ def test_a_short_window_within_its_poisson_noise_is_not_a_rise(short: float, ris
     arrivals a window) the margin is 6 %
     (test_a_step_below_panic_scales_up_within_two_ticks_of_showing)."""
     model = make_model(max_replicas=40, ttft_p95_ms=15_000.0)
-    d = Decider(model, make_policy())
-    s = d.initial_state(4, now_s=ORIGIN_S - 1000)
-    for k in range(12):
-        t = ORIGIN_S - 60 + 5 * k
-        o = obs(t=t, rate=2.2, arrival_rate_short_rps=2.2, ready_replicas=4, **_LONG_CTX)
-        _, s = d.decide(o, s, t)
-    for k, long_rps in enumerate((2.2 * 1.05, 2.2 * 1.1)):
-        t = ORIGIN_S + 5 * k
-        o = obs(t=t, rate=long_rps, arrival_rate_short_rps=short, ready_replicas=4, **_LONG_CTX)
-        dec, s = d.decide(o, s, t)
+    dec, _ = _after_settling(Decider(model, make_policy()), 4, 2.2, short, **_LONG_CTX)
     assert (Reason.SHORT_WINDOW in dec.reasons) is rise, dec.explain()
     assert not dec.panic
 
@@ -128,11 +135,7 @@ def test_a_panic_on_a_fleet_sized_for_its_load_must_beat_the_windows_noise() -> 
     is the load outgrowing it (conversation x16 from one replica lost up to a third of a
     point of attainment with the margin there too)."""
     d = Decider(make_model(max_replicas=40, ttft_p95_ms=15_000.0), make_policy())
-    s = d.initial_state(2, now_s=ORIGIN_S - 1000)
-    for k in range(12):
-        t = ORIGIN_S - 60 + 5 * k
-        o = obs(t=t, rate=1.0, arrival_rate_short_rps=1.0, ready_replicas=2, **_LONG_CTX)
-        dec, s = d.decide(o, s, t)
+    dec, s = _settle(d, 2, 1.0, **_LONG_CTX)
     assert dec.replicas == 2 and dec.capacity_rps_per_replica == pytest.approx(0.5, rel=0.1)
 
     def tick(state: ModelState, short: float) -> Decision:
