@@ -655,6 +655,11 @@ def fleet_capacity_rps(
     would overshoot on the way up and give back the pooling gain minutes later.
     Example: capacity(1) = 5.5, capacity(2) = 12.5, demand 10, tolerance 0.1, current 1
     -> n = 2; 10 / 12.5 = 0.8 raised to 1.1 -> (9.09, 5.5) req/s per replica.
+
+    On the way down the deadband adds its headroom to this raised count: a fleet over
+    n >= 6 steps down to n + 1, not n (ceil((n - 1) x 1.1 x 1.1) > n). That replica is
+    what keeps descents from reversing: without it the matrix gains flaps in seven rows
+    (docs/decider-history.md, "Four levers off the one-factor misses").
     """
     n = max(1, current)
     caps = {n: capacity(n)}

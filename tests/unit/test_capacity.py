@@ -18,6 +18,7 @@ from controller.capacity import (
     square_spread,
 )
 from controller.config import SLA
+from controller.stages import deadband
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import load_profile
 
@@ -163,6 +164,25 @@ def test_fleet_capacity_puts_raw_replicas_at_the_fleet_that_serves(current: int)
         if n > 1:
             assert raw > min(n, (n - 1) * 1.1), (demand, current, raw)
             assert math.ceil(raw * 1.1 - 1e-9) >= n  # the deadband keeps n
+
+
+@pytest.mark.parametrize("n", [6, 7, 10])
+def test_a_descending_fleet_keeps_one_replica_over_the_need(n: int) -> None:
+    """From n + 1 replicas, a load that n serve and n - 1 do not (capacity 10 + k req/s
+    per replica in a fleet of k: pooling) stays on n + 1: the raw count raised into n's
+    band plus the deadband's scale-down headroom asks for n + 1 from n >= 6
+    (fleet_capacity_rps's doc). Removing either added flaps in seven matrix rows
+    (docs/decider-history.md, "Four levers off the one-factor misses"); at n replicas
+    the same load stays at n."""
+
+    def cap(k: int) -> float:
+        return 10.0 + k
+
+    demand = (n - 1) * cap(n - 1) + 1.0
+    for current, kept in ((n + 1, n + 1), (n, n)):
+        c, _ = fleet_capacity_rps(cap, demand, current, 64, 0.1)
+        assert math.ceil(demand / c - 1e-9) == n
+        assert deadband(demand / c, current, 0.1).value == kept, (n, current)
 
 
 @pytest.mark.parametrize("lengths", [CONV, LONG])
