@@ -659,7 +659,7 @@ def fleet_capacity_rps(
     On the way down the deadband adds its headroom to this raised count: a fleet over
     n >= 6 steps down to n + 1, not n (ceil((n - 1) x 1.1 x 1.1) > n). That replica is
     what keeps descents from reversing: without it the matrix gains flaps in seven rows
-    (docs/decider-history.md, "Four levers off the one-factor misses").
+    (docs/decider-history.md, "Levers off the one-factor misses").
     """
     n = max(1, current)
     caps = {n: capacity(n)}

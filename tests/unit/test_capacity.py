@@ -172,7 +172,7 @@ def test_a_descending_fleet_keeps_one_replica_over_the_need(n: int) -> None:
     per replica in a fleet of k: pooling) stays on n + 1: the raw count raised into n's
     band plus the deadband's scale-down headroom asks for n + 1 from n >= 6
     (fleet_capacity_rps's doc). Removing either added flaps in seven matrix rows
-    (docs/decider-history.md, "Four levers off the one-factor misses"); at n replicas
+    (docs/decider-history.md, "Levers off the one-factor misses"); at n replicas
     the same load stays at n."""
 
     def cap(k: int) -> float:
