@@ -171,9 +171,9 @@ def test_a_descending_fleet_keeps_one_replica_over_the_need(n: int) -> None:
     """From n + 1 replicas, a load that n serve and n - 1 do not (capacity 10 + k req/s
     per replica in a fleet of k: pooling) stays on n + 1: the raw count raised into n's
     band plus the deadband's scale-down headroom asks for n + 1 from n >= 6
-    (fleet_capacity_rps's doc). Removing either added flaps in seven matrix rows
-    (docs/decider-history.md, "Levers off the one-factor misses"); at n replicas
-    the same load stays at n."""
+    (fleet_capacity_rps's doc). Removing the raise on the way down added flaps in
+    seven matrix rows, the headroom in ten (docs/decider-history.md, "Levers off the
+    one-factor misses"); at n replicas the same load stays at n."""
 
     def cap(k: int) -> float:
         return 10.0 + k
