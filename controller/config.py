@@ -408,7 +408,7 @@ class GovernorConfig(_Strict):
             except ValidationError as exc:
                 msgs = format_validation_error(exc, prefix=f"models[{m.name}].policy")
                 raise ValueError("; ".join(msgs)) from None
-        problems = _scrape_problems(self.policy, self.prometheus.scrape_interval_s)
+        problems = scrape_problems(self.policy, self.prometheus.scrape_interval_s)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -436,9 +436,10 @@ class GovernorConfig(_Strict):
         return ScalingPolicy.model_validate(merged)
 
 
-def _scrape_problems(policy: ScalingPolicy, scrape_s: float) -> list[str]:
+def scrape_problems(policy: ScalingPolicy, scrape_s: float) -> list[str]:
     """What in the global `policy` the engines' scrape interval (`scrape_s`, seconds)
-    rules out: a rate window or a staleness limit under two scrapes."""
+    rules out: a rate window or a staleness limit under two scrapes (empty: nothing).
+    Example: window_s 45 at a 30 s scrape -> one problem (a rate needs two samples)."""
     out = []
     if policy.window_s < 2.0 * scrape_s:
         out.append(

@@ -17,13 +17,22 @@ from pathlib import Path
 from controller.config import SLA
 from simulator.autoscalers import POLICY_NAMES, Autoscaler, Governor
 from simulator.calibrate import add_calibrate
-from simulator.cli_args import add_plant_args, non_negative, plant_from_args, positive
+from simulator.cli_args import (
+    add_plant_args,
+    add_policy_args,
+    non_negative,
+    plant_from_args,
+    policy_or_say,
+    positive,
+    say_policy,
+)
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
 from simulator.report import decision_record, document, plot, table
 from simulator.scenario import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MIN_REPLICAS,
+    DEFAULT_SCRAPE_INTERVAL_S,
     PolicyResult,
     Scenario,
     run_policy,
@@ -157,6 +166,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
         help="write the governor's decision at each tick here, one JSON object a line "
         "(replicas, knobs, the numbers behind them, each stage's reason, the explain text)",
     )
+    add_policy_args(p)
     _add_matrix_args(p)
     p.add_argument(
         "--progress",
@@ -255,6 +265,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
         spec = dataclasses.replace(spec, traces=tuple(t for t in spec.traces if t.key in keys))
+    scrapes = [c.scrape_interval_s or DEFAULT_SCRAPE_INTERVAL_S for c in spec.conditions]
+    if (policy := policy_or_say(args, scrapes, None, "simulate")) is None:
+        return EXIT_USAGE
+    # Each cell's condition says whether its engines follow knobs live (Scenario).
+    policy = policy.model_copy(update={"knobs_live": False})
+    spec = dataclasses.replace(spec, governor_policy=policy)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if show else None
     if args.matrix_base is None:
@@ -268,6 +284,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             print(f"governor simulate: --matrix-base {args.matrix_base}: {e}", file=sys.stderr)
             return EXIT_USAGE
     print(matrix_table(doc))
+    say_policy(args, policy)
     s = MatrixSummary.of(doc)
     print(
         "\ncell: SLO attainment / GPU-h x oracle (over the trace) / flaps. "
@@ -402,6 +419,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if _matrix_modes(args):
         return cmd_matrix(args)
+    if (
+        policy := policy_or_say(args, [args.scrape_interval_s], args.live_knobs, "simulate")
+    ) is None:
+        return EXIT_USAGE
     trace = trace_of(args, "simulate")
     if trace is None:
         return EXIT_USAGE
@@ -419,6 +440,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         hpa_sync_s=args.hpa_sync_s,
         scrape_interval_s=args.scrape_interval_s,
+        governor_policy=policy,
         plant=plant_from_args(args),
     )
     show = sys.stderr.isatty() if args.progress is None else args.progress
@@ -439,6 +461,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         results[name] = run_policy(name, sc, progress=Progress(name, show), on_tick=on_tick)
     doc = document(sc, results, orc)
     print(table(doc))
+    say_policy(args, policy)
     if args.json_out:
         write_output(args.json_out, json.dumps(doc, indent=2) + "\n")
         print(f"json: {args.json_out}")
@@ -517,6 +540,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         "at most this long",
     )
     add_plant_args(p)
+    add_policy_args(p)
     p.set_defaults(func=cmd_demo)
 
 
@@ -579,7 +603,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"governor demo: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    trace = trace_of(args, "demo")
+    policy = policy_or_say(args, [args.scrape_interval_s], args.live_knobs, "demo")
+    trace = trace_of(args, "demo") if policy is not None else None
     if trace is None:
         return EXIT_USAGE
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
@@ -590,6 +615,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         drain_tail_s=args.drain_tail_s,
         scrape_interval_s=args.scrape_interval_s,
+        governor_policy=policy,
         plant=plant_from_args(args),
     )
     print(
@@ -634,6 +660,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     doc = document(sc, results, orc)
     print()
     print(table(doc))
+    say_policy(args, policy)
     print(demo_goals(doc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

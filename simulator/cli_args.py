@@ -1,15 +1,20 @@
-"""Argument types of the simulator's command line, and the plant flags `governor
+"""Argument types of the simulator's command line, the plant flags `governor
 simulate` and `governor demo` share (simulator.plant: what the simulated engines do,
-apart from what the decider believes)."""
+apart from what the decider believes), and the flags that give the governor an
+operator's own scaling policy (`--policy-from FILE`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import sys
+from collections.abc import Iterable
 
+from controller.config import ConfigError, ScalingPolicy, load_config, scrape_problems
 from simulator.fleet import ROLLOUTS, ROUTERS
 from simulator.plant import Plant
-from simulator.scenario import DEFAULT_SCRAPE_INTERVAL_S
+from simulator.scenario import DEFAULT_SCRAPE_INTERVAL_S, policy_changes
 
 
 def positive(kind: type, name: str):
@@ -130,3 +135,97 @@ def plant_from_args(args: argparse.Namespace) -> Plant:
         rollout=args.plant_rollout,
         prefix_hit_frac=args.plant_prefix_hit,
     )
+
+
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    """`--policy-from FILE` and `--policy-model NAME`: the governor's scaling policy
+    from an operator's config file (`policy_from_args`)."""
+    p.add_argument(
+        "--policy-from",
+        default=None,
+        metavar="FILE",
+        help="run the governor with the scaling policy of FILE, a config file of `governor "
+        "run` (validated as it validates it; environment overrides not applied): its "
+        "global `policy`, with the overrides of the model --policy-model names (or of its "
+        "only model). Only the policy is taken: the SLA, replica bounds, plant and scrape "
+        "interval stay the flags' (or, in a matrix, each cell's). Default: the built-in "
+        "defaults",
+    )
+    p.add_argument(
+        "--policy-model",
+        default=None,
+        metavar="NAME",
+        help="with --policy-from: the model of FILE whose per-model policy overrides apply "
+        "(needed when FILE has several)",
+    )
+
+
+def policy_from_args(
+    args: argparse.Namespace, scrapes_s: Iterable[float], live_knobs: bool | None = None
+) -> ScalingPolicy:
+    """The governor's scaling policy `--policy-from` / `--policy-model` ask for (the
+    defaults without a file). `scrapes_s`: the metric source's scrape intervals it will
+    run under (s; its rate window and staleness limit must span two of each); `live_knobs`:
+    whether the simulated engines follow knobs live (None: each run says, as the matrix's
+    cells do), which a file that sets `knobs_live` itself must agree with.
+
+    Raises ValueError with every problem, each naming the flag and what is wrong:
+    an unreadable or invalid file, a model it lacks, several models and none named."""
+    path, name = args.policy_from, args.policy_model
+    if path is None:
+        if name is not None:
+            raise ValueError(f"--policy-model {name}: read only with --policy-from")
+        return ScalingPolicy()
+    try:
+        cfg = load_config(path, environ={})
+    except ConfigError as exc:
+        raise ValueError(f"--policy-from {exc}") from None
+    names = [m.name for m in cfg.models]
+    if name is None and len(names) > 1:
+        raise ValueError(
+            f"--policy-from {path} has {len(names)} models ({', '.join(names)}): name the one "
+            "whose policy overrides apply with --policy-model"
+        )
+    try:
+        model = cfg.model(name if name is not None else names[0])
+    except KeyError:
+        raise ValueError(
+            f"--policy-model {name}: {path} has no such model (it has {', '.join(names)})"
+        ) from None
+    policy = cfg.policy_for(model)
+    problems = [
+        f"--policy-from {path} with a {s:g} s scrape: {p}"
+        for s in sorted(set(scrapes_s))
+        for p in scrape_problems(policy, s)
+    ]
+    knobs_set = "knobs_live" in cfg.policy.model_fields_set or "knobs_live" in model.policy
+    if live_knobs is not None and knobs_set and policy.knobs_live != live_knobs:
+        problems.append(
+            f"--policy-from {path} sets policy.knobs_live: {str(policy.knobs_live).lower()}, "
+            f"but the simulated engines {'do' if live_knobs else 'do not'} follow knobs live "
+            f"({'drop' if live_knobs else 'give'} --live-knobs, or remove the field)"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+    return policy
+
+
+def policy_or_say(
+    args: argparse.Namespace, scrapes_s: list[float], live_knobs: bool | None, command: str
+) -> ScalingPolicy | None:
+    """The governor's policy (`policy_from_args`), or None after printing why not as
+    `governor COMMAND: ...`."""
+    try:
+        return policy_from_args(args, scrapes_s, live_knobs)
+    except ValueError as exc:
+        print(f"governor {command}: {exc}", file=sys.stderr)
+        return None
+
+
+def say_policy(args: argparse.Namespace, policy: ScalingPolicy) -> None:
+    """Under a result table: the policy fields the governor ran with off the defaults."""
+    if args.policy_from is None:
+        return
+    changed = policy_changes(policy)
+    fields = ", ".join(f"{k}={json.dumps(v)}" for k, v in changed.items()) or "none"
+    print(f"governor policy from {args.policy_from}: fields off the defaults: {fields}")

@@ -53,7 +53,13 @@ from simulator.fleet import ROUTERS
 from simulator.oracle import OracleResult, scenario_oracle
 from simulator.plant import Plant
 from simulator.pool import process_pool
-from simulator.scenario import DEFAULT_MIN_REPLICAS, FLAP_WINDOW_S, Scenario, run_policy
+from simulator.scenario import (
+    DEFAULT_MIN_REPLICAS,
+    FLAP_WINDOW_S,
+    Scenario,
+    policy_changes,
+    run_policy,
+)
 from simulator.traces import load_trace
 
 SMOOTH_ATTAINMENT_GOAL = 0.99
@@ -157,6 +163,8 @@ class MatrixSpec:
     """Where to write a PNG per row with a goal missed (None: no plots)."""
     bound: bool = True
     """Run the `ceiling` per row for its best possible attainment (module doc)."""
+    governor_policy: ScalingPolicy = field(default_factory=ScalingPolicy)
+    """The governor's scaling policy in every cell (`knobs_live` set by each condition)."""
 
     @staticmethod
     def quick(**kw: Any) -> MatrixSpec:
@@ -183,6 +191,7 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
         start_replicas=cond.start_replicas,
         max_replicas=spec.max_replicas,
         seed=spec.seed,
+        governor_policy=spec.governor_policy,
         plant=Plant(
             speed=cond.plant_speed,
             overhead_ms=spec.overhead_ms,
@@ -371,7 +380,16 @@ def _spec_doc(spec: MatrixSpec) -> dict[str, Any]:
         "overhead_ms": spec.overhead_ms,
         "workers": spec.workers,
         "bound": spec.bound,
+        **_policy_doc(spec),
     }
+
+
+def _policy_doc(spec: MatrixSpec) -> dict[str, Any]:
+    """The spec document's `governor_policy`: the fields off the defaults, and nothing at
+    all for the defaults (a default run's document stays as it was before the policy
+    could be chosen)."""
+    changed = policy_changes(spec.governor_policy)
+    return {"governor_policy": changed} if changed else {}
 
 
 def row_goals(row: Mapping[str, Any]) -> dict[str, bool]:
@@ -510,8 +528,10 @@ def rerun_governor(
     they do not depend on the decider, but they do on the simulator, so `base` must come
     from this simulator and the same spec (traces, conditions, seed, fleet bound,
     overhead; checked, ValueError naming what differs). No plots (`base` holds no
-    oracle series). The document says so: `governor_rerun` is true and `wall_s` /
-    `cpu_s` count the governor's cells only.
+    oracle series). The document says so: `governor_rerun` is true, `wall_s` /
+    `cpu_s` count the governor's cells only, and its spec's `governor_policy` is this
+    run's (`spec.governor_policy`, the base's may differ: comparing two policies on the
+    same cells is what the rerun is for).
     """
     if problem := _base_problem(base):
         raise ValueError(problem)
@@ -540,6 +560,8 @@ def rerun_governor(
         row["policies"][GOVERNOR] = _with_ratios(r, row["oracle_gpu_hours"])
         row["goals"] = row_goals(row)
     doc.pop("plots", None)
+    doc["spec"].pop("governor_policy", None)  # the base's; this run's is the spec's
+    doc["spec"].update(_policy_doc(spec))
     doc["governor_rerun"] = True
     doc["wall_s"] = time.perf_counter() - t_start
     doc["cpu_s"] = sum(r.get("cpu_s", 0.0) for r in results.values())

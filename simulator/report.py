@@ -17,7 +17,7 @@ import numpy as np
 from controller.types import DECISION_NUMBERS, Decision
 from estimators.types import finite_or_none
 from simulator.oracle import OracleResult
-from simulator.scenario import PolicyResult, Scenario
+from simulator.scenario import PolicyResult, Scenario, policy_changes
 
 
 def decision_record(d: Decision) -> dict[str, Any]:
@@ -65,6 +65,8 @@ def document(
         "policies": {name: r.summary() for name, r in results.items()},
         "oracle": orc.summary() if orc is not None else None,
     }
+    if changed := policy_changes(sc.governor_policy):
+        doc["scenario"]["governor_policy"] = changed
     if orc is not None and orc.gpu_hours > 0:
         for name, r in results.items():
             doc["policies"][name]["oracle_ratio"] = r.gpu_hours / orc.gpu_hours

@@ -21,6 +21,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -144,6 +145,12 @@ class Scenario:
             policy=self.governor_policy.model_copy(update={"knobs_live": self.plant.live_knobs}),
             prometheus=PrometheusSettings(scrape_interval_s=self.scrape_interval_s),
         )
+
+
+def policy_changes(policy: ScalingPolicy) -> dict[str, Any]:
+    """The fields of `policy` that differ from the built-in defaults (JSON-ready; empty
+    for the defaults): what a result's document records of the governor's policy."""
+    return policy.model_dump(mode="json", exclude_defaults=True)
 
 
 @dataclass
