@@ -141,13 +141,18 @@ def test_what_the_file_need_not_say_is_not_refused(tmp_path: Path) -> None:
 
 
 def test_the_readme_s_example_file_is_a_valid_policy_file(tmp_path: Path) -> None:
-    """The README's `my-governor.yaml` is a config `--policy-from` takes as written."""
+    """The README's `my-governor.yaml` is a config `--policy-from` takes as written, and
+    so is the shipped example it points to, with its model's own override on top."""
     readme = Path("README.md").read_text()
     start = readme.index("# my-governor.yaml")
     path = tmp_path / "my-governor.yaml"
     path.write_text(readme[start : readme.index("```", start)])
     got = policy_from_args(_args(path), [15.0])
     assert got == ScalingPolicy(scale_down_stabilization_s=180.0)
+    # The Configuration section's example: the shipped config's code-assistant model.
+    assert "--policy-from examples/governor.yaml --policy-model code-assistant" in readme
+    example = policy_from_args(_args(Path("examples/governor.yaml"), "code-assistant"), [15.0])
+    assert (example.scale_down_stabilization_s, example.scale_to_zero_idle_s) == (600.0, 900.0)
 
 
 def test_simulate_runs_the_governor_on_the_file_s_policy(
