@@ -235,6 +235,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         MatrixSpec,
         MatrixSummary,
         matrix_table,
+        rerun_changes,
         rerun_governor,
         run_matrix,
     )
@@ -279,7 +280,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         try:
             if args.matrix_plots:
                 raise ValueError("--matrix-plots needs a full run (the base has no oracle series)")
-            doc = rerun_governor(spec, json.loads(Path(args.matrix_base).read_text()), log)
+            base = json.loads(Path(args.matrix_base).read_text())
+            doc = rerun_governor(spec, base, log)
         except (OSError, ValueError, KeyError) as e:
             print(f"governor simulate: --matrix-base {args.matrix_base}: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -293,6 +295,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     )
     for m in s.missed:
         print(f"missed: {m}")
+    if args.matrix_base is not None:
+        print(f"\nagainst {args.matrix_base}: " + "\n".join(rerun_changes(base, doc)))
     if args.json_out:
         write_output(args.json_out, json.dumps(doc, indent=2) + "\n")
         print(f"json: {args.json_out}")

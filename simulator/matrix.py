@@ -457,10 +457,7 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
     for row in doc["rows"]:
         cells = []
         for p in policies:
-            r = row["policies"][p]
-            ratio = r.get("oracle_ratio")
-            rs = "-" if ratio is None else f"{ratio:.2f}x"
-            cell = f"{100 * r['slo_attainment']:.2f} % / {rs} / {r['flaps']}"
+            cell = _cell_text(row["policies"][p])
             cells.append(f"**{cell}**" if p == "governor" else cell)
         if bounded:
             bound = row.get("attainment_bound")
@@ -488,7 +485,43 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _cell_text(cell: Mapping[str, Any]) -> str:
+    """One policy's cell as the table shows it: attainment / GPU-h over the oracle's
+    (over the trace) / flaps, e.g. '99.67 % / 1.56x / 0'."""
+    ratio = cell.get("oracle_ratio")
+    rs = "-" if ratio is None else f"{ratio:.2f}x"
+    return f"{100 * cell['slo_attainment']:.2f} % / {rs} / {cell['flaps']}"
+
+
 GOVERNOR = "governor"
+
+
+def rerun_changes(base: Mapping[str, Any], doc: Mapping[str, Any]) -> list[str]:
+    """What a governor rerun `doc` (`rerun_governor`) moved against its `base`: the goals
+    met before and after (both checked by today's `row_goals`), then a line per row whose
+    governor cell moved (attainment, GPU-h over the oracle, flaps), with the goals it
+    gained (+) and lost (-). Example: 'diurnal / default: 99.67 % / 1.56x / 0 -> 99.60 %
+    / 1.27x / 0 (+GPU-h <= 1.3x oracle)'."""
+    was = {(r["trace"], r["condition"]): r for r in base["rows"]}
+    moved, before, after = [], 0, 0
+    for row in doc["rows"]:
+        old = was[(row["trace"], row["condition"])]
+        goals_was, goals_now = row_goals(old), row_goals(row)
+        before, after = before + sum(goals_was.values()), after + sum(goals_now.values())
+        a, b = old["policies"][GOVERNOR], row["policies"][GOVERNOR]
+        if all(a.get(k) == b.get(k) for k in ("slo_attainment", "oracle_ratio", "flaps")):
+            continue
+        flips = [
+            f"{'+' if goals_now[g] else '-'}{g}"
+            for g in goals_now
+            if goals_now[g] != goals_was.get(g, goals_now[g])
+        ]
+        note = f" ({', '.join(flips)})" if flips else ""
+        moved.append(
+            f"  {row['trace']} / {row['condition']}: {_cell_text(a)} -> {_cell_text(b)}{note}"
+        )
+    cells = "cell" if len(moved) == 1 else "cells"
+    return [f"{len(moved)} governor {cells} moved; goals met {before} -> {after}", *moved]
 
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}

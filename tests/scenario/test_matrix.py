@@ -199,7 +199,8 @@ def test_table_shows_the_oracle_held_without_a_flap() -> None:
 def test_matrix_base_reruns_only_the_governor(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     """`--matrix-base FILE` reruns the governor's cells and takes the rest from FILE: on
     the committed quick matrix it gives back the same governor cells; a governor cell
-    changed in the base is recomputed (and its goals checked again), a baseline's is kept."""
+    changed in the base is recomputed (and its goals checked again), a baseline's is kept;
+    the printout names the cells that moved against the base."""
     import json
     from pathlib import Path
 
@@ -215,7 +216,14 @@ def test_matrix_base_reruns_only_the_governor(tmp_path, capsys) -> None:  # type
     out = tmp_path / "out.json"
     args = ["simulate", "--matrix-quick", "--matrix-base", str(path), "--json", str(out)]
     assert main([*args, "--no-progress"]) == 0
-    assert "goals met" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "goals met" in printed
+    # What moved against the base: the one governor cell the base had wrong, and how.
+    gov0 = committed["rows"][0]["policies"]["governor"]
+    assert f"against {path}: 1 governor cell moved; goals met " in printed
+    moved = next(line for line in printed.splitlines() if line.startswith("  conv x4 / default: "))
+    assert moved.startswith("  conv x4 / default: 0.00 % / ")
+    assert f"-> {100 * gov0['slo_attainment']:.2f} % / {gov0['oracle_ratio']:.2f}x / " in moved
     got = json.loads(out.read_text())
     assert got["governor_rerun"] is True
     for g_row, c_row in zip(got["rows"], committed["rows"], strict=True):
@@ -295,3 +303,25 @@ def test_table_shows_the_held_oracle_and_the_learned_speed() -> None:
     assert "| 6.00 | 1.38x / - | - | 1.28 (1.3) |" in matrix_table({"spec": spec, "rows": [row]})
     gov["learned_speed"] = None  # a run without data: no belief to show
     assert "| 6.00 | 1.38x / - | - | - |" in matrix_table({"spec": spec, "rows": [row]})
+
+
+def test_rerun_changes_name_the_goals_a_moved_cell_flipped() -> None:
+    """`rerun_changes` counts goals before and after with today's rules and names each
+    goal a moved governor cell gained (+) or lost (-); unmoved cells are not listed."""
+    import json
+    from pathlib import Path
+
+    from simulator.matrix import rerun_changes, row_goals
+
+    base = json.loads(Path("docs/matrix-quick.json").read_text())
+    met = sum(sum(row_goals(r).values()) for r in base["rows"])
+    assert rerun_changes(base, base) == [f"0 governor cells moved; goals met {met} -> {met}"]
+    doc = json.loads(json.dumps(base))
+    row = doc["rows"][0]
+    assert row_goals(row)["0 flaps"]
+    row["policies"]["governor"]["flaps"] = 3
+    head, line = rerun_changes(base, doc)
+    assert head == f"1 governor cell moved; goals met {met} -> {met - 1}"
+    g = base["rows"][0]["policies"]["governor"]
+    cell = f"{100 * g['slo_attainment']:.2f} % / {g['oracle_ratio']:.2f}x / "
+    assert line == f"  {row['trace']} / {row['condition']}: {cell}0 -> {cell}3 (-0 flaps)"
