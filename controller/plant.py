@@ -42,7 +42,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from controller.capacity import HIT_MAX, square_spread
+from controller.capacity import HIT_MAX
+from controller.lognormal import square_spread
 from controller.types import Lengths, PlantBelief
 from estimators.stepmodel import Profile
 from estimators.types import Observation

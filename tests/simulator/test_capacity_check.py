@@ -8,7 +8,8 @@ from statistics import NormalDist
 
 import pytest
 
-from controller.capacity import lognormal_sigma, operating_point
+from controller.capacity import operating_point
+from controller.lognormal import lognormal_sigma
 from controller.types import Knobs
 from simulator.capacity_check import SIZES, Row, Split, _setup, check, main, measure, report
 from simulator.matrix import TRACES

@@ -1,4 +1,5 @@
-"""The queueing model of one replica's capacity (controller.capacity)."""
+"""The queueing model of one replica's capacity (controller.capacity) and the lognormal
+lengths it prices (controller.lognormal)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,15 @@ import math
 import pytest
 
 from controller.capacity import (
-    SIGMA_MAX,
     binding_limit,
     capacity_limit,
     capacity_rps,
     erlang_c,
     fleet_capacity_rps,
-    lognormal_sigma,
     operating_point,
-    square_spread,
 )
 from controller.config import SLA
+from controller.lognormal import SIGMA_MAX, lognormal_sigma, square_spread
 from controller.stages import deadband
 from controller.types import Knobs, Lengths
 from estimators.stepmodel import load_profile
