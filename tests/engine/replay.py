@@ -53,7 +53,7 @@ from unittest import mock
 import structlog
 import yaml
 
-import controller.decider
+import controller.plantstep
 from controller.config import GovernorConfig
 from controller.loop import ControlLoop
 from controller.plant import window_speed
@@ -251,13 +251,13 @@ def replay(
     times) against `source` (default: the Prometheus in `config`, read as `governor run`
     reads it; each query text asked once, as a range query over the ticks, unless
     `instant`: tests.engine.rangeanswers); see the module doc. With `query`, each rung's
-    `rung_means` too; with `windows`, every tick's `WindowReading` (the decider's
+    `rung_means` too; with `windows`, every tick's `WindowReading` (the decider's plant step's
     `learn_plant` wrapped for the replay: the readings are its arguments, the decisions
     unchanged); `phase_s` shifts the ticks' grid later by that many seconds."""
     out = Replay()
     if not windows:
         return _replay(result, config, source, query, out, instant, phase_s)
-    learn = controller.decider.learn_plant
+    learn = controller.plantstep.learn_plant
 
     def logged(belief: Any, parts: Parts, dt: float, now_s: float, *args: Any) -> Any:
         after = learn(belief, parts, dt, now_s, *args)
@@ -280,7 +280,7 @@ def replay(
         )
         return after
 
-    with mock.patch.object(controller.decider, "learn_plant", logged):
+    with mock.patch.object(controller.plantstep, "learn_plant", logged):
         return _replay(result, config, source, query, out, instant, phase_s)
 
 
