@@ -53,7 +53,9 @@ SEED = ModelSpec(
 @pytest.fixture(scope="module")
 def seed_prometheus(prometheus_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     registry = CollectorRegistry()
-    registry.register(FakeVllmCollector((SEED,), batches_per_s=10.0))
+    # Stamped: the worked example needs the rate to within 2 % (int(1.8 x 10.25) = 18
+    # sequences), which a busy machine's scrape latency alone can spoil.
+    registry.register(FakeVllmCollector((SEED,), batches_per_s=10.0, stamped=True))
     served = serve_registry(registry)
     prom = PrometheusServer(
         prometheus_bin, Path(tmp_path_factory.mktemp("seed")), {"vllm": [served.target]}
