@@ -12,8 +12,8 @@ prefill comes in chunks that make ~40 % of the steps 50+ ms long. And a mean wit
 the target is a median request at the target, not 99 % of requests.
 
 The model (lengths lognormal, fitted to each mean and p95, moments truncated at the
-profile's max_model_len; `w(L) = per_token L + attn L^2 / 2` the prefill work of an
-L-token prompt, ms):
+profile's max_model_len: controller.lognormal; `w(L) = per_token L + attn L^2 / 2`
+the prefill work of an L-token prompt, ms):
 
 1. Mean step T (ms), a fixed point: B = lam Lout T decoding sequences; a decode-only
    step takes Td = max(floor, base + per_token B) + fixed + B (per_seq + per_kv ctx);
