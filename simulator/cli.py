@@ -32,7 +32,6 @@ from simulator.report import decision_record, document, plot, table
 from simulator.scenario import (
     DEFAULT_MAX_REPLICAS,
     DEFAULT_MIN_REPLICAS,
-    DEFAULT_SCRAPE_INTERVAL_S,
     PolicyResult,
     Scenario,
     run_policy,
@@ -266,7 +265,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
             )
             return EXIT_USAGE
         spec = dataclasses.replace(spec, traces=tuple(t for t in spec.traces if t.key in keys))
-    scrapes = [c.scrape_interval_s or DEFAULT_SCRAPE_INTERVAL_S for c in spec.conditions]
+    scrapes = [c.scrape_s for c in spec.conditions]
     if (policy := policy_or_say(args, scrapes, None, "simulate")) is None:
         return EXIT_USAGE
     # Each cell's condition says whether its engines follow knobs live (Scenario).
@@ -608,7 +607,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"governor demo: {problem}", file=sys.stderr)
         return EXIT_USAGE
     policy = policy_or_say(args, [args.scrape_interval_s], args.live_knobs, "demo")
-    trace = trace_of(args, "demo") if policy is not None else None
+    if policy is None:
+        return EXIT_USAGE
+    trace = trace_of(args, "demo")
     if trace is None:
         return EXIT_USAGE
     sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)

@@ -55,6 +55,7 @@ from simulator.plant import Plant
 from simulator.pool import process_pool
 from simulator.scenario import (
     DEFAULT_MIN_REPLICAS,
+    DEFAULT_SCRAPE_INTERVAL_S,
     FLAP_WINDOW_S,
     Scenario,
     policy_changes,
@@ -102,6 +103,14 @@ class Condition:
         start, the scrape, the cold start nor live knobs do (it runs warm fleets on fixed
         knobs, one per window)."""
         return self.plant_speed, self.router
+
+    @property
+    def scrape_s(self) -> float:
+        """The metric source's scrape interval this condition runs at, s (the scenario's
+        default, DEFAULT_SCRAPE_INTERVAL_S, where it sets none)."""
+        return (
+            DEFAULT_SCRAPE_INTERVAL_S if self.scrape_interval_s is None else self.scrape_interval_s
+        )
 
 
 TRACES: tuple[MatrixTrace, ...] = (
@@ -182,15 +191,13 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
     trace = load_trace(
         tr.spec, rate_multiplier=tr.rate_scale, duration_s=tr.duration_s, seed=spec.seed
     )
-    kw: dict[str, Any] = {}
-    if cond.scrape_interval_s is not None:
-        kw["scrape_interval_s"] = cond.scrape_interval_s
     return Scenario(
         trace=trace,
         sla=SLA(ttft_p95_ms=tr.ttft_ms, itl_p95_ms=tr.itl_ms),
         start_replicas=cond.start_replicas,
         max_replicas=spec.max_replicas,
         seed=spec.seed,
+        scrape_interval_s=cond.scrape_s,
         governor_policy=spec.governor_policy,
         plant=Plant(
             speed=cond.plant_speed,
@@ -199,7 +206,6 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
             live_knobs=cond.live_knobs,
             router=cond.router,
         ),
-        **kw,
     )
 
 
