@@ -68,7 +68,8 @@ SMOOTH_ORACLE_RATIO_GOAL = 1.3
 SMOOTH_ATTAINMENT_KEY = "attainment >= 99 %"
 HOLD_S = ScalingPolicy().scale_down_stabilization_s
 """The scale-down window the governor keeps by default (s; the HPA's default too): the
-"oracle held" column holds each minute's oracle count that long (OracleResult.held_ratio)."""
+"oracle held" column holds each minute's oracle count through the governor's window
+(OracleResult.held_ratio), this long unless `--policy-from` sets another (`_hold_doc`)."""
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,7 @@ def _document(
     for t in spec.traces:
         for c in spec.conditions:
             orc = oracles[(t.key, *c.oracle_plant)]
+            hold_s = spec.governor_policy.scale_down_stabilization_s
             pol = {}
             for p in spec.policies:
                 pol[p] = _with_ratios(dict(results[(t.key, c.name, p)]), orc.gpu_hours)
@@ -345,9 +347,9 @@ def _document(
                 "smooth": t.smooth,
                 "oracle_gpu_hours": orc.gpu_hours,
                 "oracle_peak": max(orc.replicas, default=0),
-                "oracle_held_ratio": orc.held_ratio(HOLD_S),
+                "oracle_held_ratio": orc.held_ratio(hold_s),
                 "oracle_flap_free_ratio": orc.flap_free_ratio(
-                    HOLD_S,
+                    hold_s,
                     FLAP_WINDOW_S,
                     DEFAULT_MIN_REPLICAS if c.start_replicas is None else c.start_replicas,
                 ),
@@ -387,6 +389,7 @@ def _spec_doc(spec: MatrixSpec) -> dict[str, Any]:
         "workers": spec.workers,
         "bound": spec.bound,
         **_policy_doc(spec),
+        **_hold_doc(spec.governor_policy.scale_down_stabilization_s),
     }
 
 
@@ -396,6 +399,20 @@ def _policy_doc(spec: MatrixSpec) -> dict[str, Any]:
     could be chosen)."""
     changed = policy_changes(spec.governor_policy)
     return {"governor_policy": changed} if changed else {}
+
+
+def _hold_doc(hold_s: float) -> dict[str, Any]:
+    """The spec document's `oracle_hold_s`: the window (s) the rows' "oracle held" and
+    "no flap" figures hold the oracle's counts through (the governor's scale-down
+    window), recorded only off the default HOLD_S, as `_policy_doc` records the policy.
+    A governor rerun keeps its base's: it reruns no oracle."""
+    return {} if hold_s == HOLD_S else {"oracle_hold_s": hold_s}
+
+
+def oracle_hold_s(doc: Mapping[str, Any]) -> float:
+    """The window (s) the "oracle held" figures of matrix document `doc` hold the
+    oracle's counts through (`_hold_doc`)."""
+    return float(doc["spec"].get("oracle_hold_s", HOLD_S))
 
 
 def row_goals(row: Mapping[str, Any]) -> dict[str, bool]:
@@ -454,7 +471,7 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
         *policies,
         *best,
         "oracle GPU-h",
-        f"oracle held {HOLD_S:.0f} s / no flap",
+        f"oracle held {oracle_hold_s(doc):g} s / no flap",
         "governor + tail",
         "learned speed (plant)",
         "goals missed",

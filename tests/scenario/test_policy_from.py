@@ -14,7 +14,16 @@ import pytest
 from controller.config import ScalingPolicy
 from service.cli import main
 from simulator.cli_args import policy_from_args
-from simulator.matrix import CONDITIONS, TRACES, MatrixSpec, _spec_doc, scenario_for
+from simulator.matrix import (
+    CONDITIONS,
+    TRACES,
+    MatrixSpec,
+    _document,
+    _spec_doc,
+    matrix_table,
+    scenario_for,
+)
+from simulator.oracle import OracleResult
 
 _MODEL = "{name: %s, deployment: %s, sla: {ttft_p95_ms: 500, itl_p95_ms: 50}%s}"
 
@@ -200,16 +209,50 @@ def test_every_matrix_cell_runs_the_file_s_policy(
     assert scenario_for(spec, TRACES[3], CONDITIONS[0]).governor_policy == policy
     assert _spec_doc(spec)["governor_policy"] == {"tolerance_frac": 0.2}
     assert "governor_policy" not in _spec_doc(MatrixSpec())
-    path = _config(tmp_path, "{target_utilization_frac: 0.5, knobs_live: true}")
+    path = _config(
+        tmp_path,
+        "{target_utilization_frac: 0.5, knobs_live: true, scale_down_stabilization_s: 120}",
+    )
     out = tmp_path / "m.json"
     args = ["simulate", "--matrix-quick", "--matrix-base", "docs/matrix-quick.json"]
     assert main([*args, "--policy-from", str(path), "--json", str(out), "--no-progress"]) == 0
     got = json.loads(out.read_text())
     committed = json.loads(Path("docs/matrix-quick.json").read_text())
-    assert got["spec"]["governor_policy"] == {"target_utilization_frac": 0.5}
+    assert got["spec"]["governor_policy"] == {
+        "target_utilization_frac": 0.5,
+        "scale_down_stabilization_s": 120.0,
+    }
+    assert "oracle_hold_s" not in got["spec"]  # the base's oracle figures, held 300 s
     gpu = [r["policies"]["governor"]["gpu_hours"] for r in got["rows"]]
     was = [r["policies"]["governor"]["gpu_hours"] for r in committed["rows"]]
     assert sum(gpu) > 1.2 * sum(was)
     printed = capsys.readouterr().out
-    assert "fields off the defaults: target_utilization_frac=0.5" in printed
+    changed = "scale_down_stabilization_s=120.0, target_utilization_frac=0.5"
+    assert f"fields off the defaults: {changed}" in printed
+    assert "| oracle held 300 s / no flap |" in printed
     assert "knobs_live" not in printed
+
+
+@pytest.mark.parametrize(("hold_s", "held"), [(300.0, 9 / 5), (120.0, 7 / 5), (0.0, 1.0)])
+def test_the_oracle_is_held_through_the_file_s_scale_down_window(
+    hold_s: float, held: float
+) -> None:
+    """A matrix run on a policy with another scale-down window holds the oracle's counts
+    through that window ("oracle held" and "no flap"), records it (only off the default,
+    so the committed matrices stay as they are) and says it in the column's header."""
+    spec = MatrixSpec(
+        traces=TRACES[3:],
+        conditions=CONDITIONS[:1],
+        policies=("governor",),
+        governor_policy=ScalingPolicy(scale_down_stabilization_s=hold_s),
+    )
+    tr, cond = TRACES[3], CONDITIONS[0]
+    orc = OracleResult(gpu_hours=5 / 60, window_s=60.0, replicas=[3, 1, 1])
+    cell = {"slo_attainment": 0.995, "gpu_hours": 0.1, "gpu_hours_trace": 0.1, "flaps": 0}
+    results = {(tr.key, cond.name, "governor"): cell}
+    doc = _document(spec, results, {(tr.key, *cond.oracle_plant): orc}, 0.0)
+    row = doc["rows"][0]
+    assert row["oracle_held_ratio"] == pytest.approx(held)
+    assert row["oracle_flap_free_ratio"] == orc.flap_free_ratio(hold_s, 600.0, 1)
+    assert doc["spec"].get("oracle_hold_s") == (None if hold_s == 300.0 else hold_s)
+    assert f"| oracle held {hold_s:g} s / no flap |" in matrix_table(doc)
