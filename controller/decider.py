@@ -58,6 +58,7 @@ from controller.knobstep import KnobSteps
 from controller.nodata import NoDataSteps
 from controller.plant import (
     believed_profile,
+    model_overhead,
 )
 from controller.plantstep import PlantSteps
 from controller.rules import rules_stage
@@ -229,6 +230,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps, PlantSteps):
             plant_speed=plant.speed,
             plant_seq_ratio=plant.seq_ratio,
             plant_cold_start_s=self._cold_start(plant),
+            plant_overhead_ms=model_overhead(plant.overhead_ms, self.profile.request_overhead_ms),
             capacity_correction=plant.capacity_correction,
             knob_correction=plant.knob_correction,
             prefix_hit_frac=None if lengths is None else priced_hit_frac(lengths.prefix_hit_frac),

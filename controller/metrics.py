@@ -91,6 +91,12 @@ MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
         "(learned, else configured), s",
     ),
     (
+        "plant_overhead_ms",
+        "governor_plant_overhead_milliseconds",
+        "Per-request time before the engine core (HTTP, rendering, tokenizing) the TTFT "
+        "bound prices (learned, else the profile's), ms",
+    ),
+    (
         "capacity_correction",
         "governor_capacity_correction",
         "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
@@ -242,6 +248,7 @@ class GovernorMetrics:
             d.plant_speed,
             d.plant_seq_ratio,
             d.plant_cold_start_s,
+            d.plant_overhead_ms,
             d.capacity_correction,
             d.knob_correction,
             d.prefix_hit_frac,

@@ -2,7 +2,7 @@
 
 The profile (estimators.stepmodel) is a belief: the step times of one model on one GPU
 as measured somewhere else. A customer's engines can be slower or faster (another
-driver, another vLLM version, a noisy neighbour, a CPU build). Two corrections, both
+driver, another vLLM version, a noisy neighbour, a CPU build). Three corrections, all
 bounded and smoothed:
 
 - **speed** (step-time factor, learned before the SLA is violated): each window's mean
@@ -21,6 +21,24 @@ bounded and smoothed:
   faster (or slower) than the profile's, learned on engines far off the profile; where
   clean windows read the engines within SEQ_FIT_MIN_SPEED of it, the ratio relaxes
   towards the profile's shape (1) at the speed's half-life.
+
+- **per-request overhead** (next_overhead): the time before the engine core (HTTP,
+  rendering and tokenizing the prompt), which the capacity model's TTFT bound spends out
+  of the target. The profile's calibrated value is a belief too: a gateway, an auth hop
+  or a loaded API server takes several times it, and the violations that would teach
+  it come after the SLA is missed (docs/decider-history.md, "An overhead the profile
+  does not know": a 200 ms overhead against the believed 29 ms put diurnal under 99 %
+  in six of nine matrix rows). vLLM's TTFT runs from the request's arrival at the
+  frontend (vLLM 0.32 stamps `arrival_time` before rendering and tokenizing), and so
+  does its end-to-end latency, while its queue, prefill and decode times
+  (`vllm:request_{queue,prefill,decode}_time_seconds`) run in the engine core; all four
+  are recorded as a request finishes. Over one window, mean end-to-end latency less
+  the three means is the time outside the engine core (before it, and the last
+  token's way back out: a little more than the TTFT pays, on the safe side): one
+  sample (overhead_sample), from a window with enough requests, learned as a
+  half-life average in ms from the profile's value, within [0, OVERHEAD_MAX_MS]; the
+  models use it rounded to OVERHEAD_QUANTUM_MS, and the profile's own within one
+  quantum (model_overhead).
 
 What the SLA's own signals teach (the violation-driven corrections and the cold start)
 lives in controller.feedback.
@@ -487,6 +505,66 @@ def learn_plant(
     return next_seq_ratio(learned, fit, dt_s, clean_parts, now_s, confirm_s)
 
 
+OVERHEAD_MAX_MS = 10_000.0
+"""Bound of the learned overhead, ms (a frontend that takes longer is broken, not slow)."""
+OVERHEAD_QUANTUM_MS = 10.0
+"""The overhead the models use is rounded to this, ms; within it of the profile's, the
+profile's own (`model_overhead`)."""
+
+
+def overhead_sample(obs: Observation, window_s: float) -> float | None:
+    """One window's per-request time outside the engine core (ms): mean end-to-end
+    latency less mean queue, prefill and decode times, within [0, OVERHEAD_MAX_MS];
+    None where the window cannot say (fewer than MIN_REQUESTS_PER_WINDOW requests, a
+    mean missing or not finite). All four are recorded when a request finishes, so
+    they are means over the same requests whatever the load did (the TTFT, recorded
+    at the first token, is not: while a queue drained, a slower plant at 29 ms read
+    170-180 ms from TTFT less queue and prefill, its requests' first tokens and their
+    ends 20 s apart)."""
+    means = (
+        obs.e2e_mean_ms,
+        obs.queue_time_mean_ms,
+        obs.prefill_time_mean_ms,
+        obs.decode_time_mean_ms,
+    )
+    if any(v is None or not math.isfinite(v) for v in means):
+        return None
+    if obs.arrival_rate_rps * window_s < MIN_REQUESTS_PER_WINDOW:
+        return None
+    e2e, queue, prefill, decode = means  # type: ignore[misc]
+    return min(OVERHEAD_MAX_MS, max(0.0, e2e - queue - prefill - decode))
+
+
+def next_overhead(
+    previous_ms: float | None,
+    sample_ms: float | None,
+    dt_s: float,
+    prior_ms: float,
+    half_life_s: float = SPEED_HALF_LIFE_S,
+) -> float | None:
+    """The learned overhead (ms) after `dt_s` seconds of evidence `sample_ms`: a
+    half-life average from `previous_ms` (None: nothing learned yet, start from the
+    profile's `prior_ms`); unchanged without a sample. Example: a window of 12 req/s
+    over 60 s, end-to-end mean 3,412 ms, queue 38, prefill 146, decode 3,000: a sample
+    of 228 ms; from nothing learned on a profile of 29 ms, 5 s of it with a 60 s
+    half-life -> 29 + (228 - 29) x (1 - 0.5 ** (5 / 60)) = 40.2 ms."""
+    if sample_ms is None or dt_s <= 0:
+        return previous_ms
+    prev = prior_ms if previous_ms is None else previous_ms
+    keep = 0.5 ** (dt_s / half_life_s)
+    return keep * prev + (1.0 - keep) * sample_ms
+
+
+def model_overhead(learned_ms: float | None, prior_ms: float) -> float:
+    """The overhead the models price (ms): the profile's `prior_ms` where nothing is
+    learned or the learned value is within OVERHEAD_QUANTUM_MS of it, else the learned
+    one rounded to the quantum. Example: learned 40.2, prior 29 -> 40.0; learned 35,
+    prior 29 -> 29."""
+    if learned_ms is None or abs(learned_ms - prior_ms) < OVERHEAD_QUANTUM_MS:
+        return prior_ms
+    return round(learned_ms / OVERHEAD_QUANTUM_MS) * OVERHEAD_QUANTUM_MS
+
+
 def model_speed(speed: float) -> float:
     """The learned speed as the models use it: rounded to SPEED_QUANTUM, and 1 within
     one quantum of 1 (a profile that is right stays exactly itself)."""
@@ -496,8 +574,25 @@ def model_speed(speed: float) -> float:
 
 def believed_profile(profile: Profile, belief: PlantBelief) -> Profile:
     """`profile` as the models use it under `belief`: x its learned speed and
-    per-sequence ratio, each as `model_speed` rounds it (`scaled_profile`)."""
-    return scaled_profile(profile, model_speed(belief.speed), model_speed(belief.seq_ratio))
+    per-sequence ratio, each as `model_speed` rounds it (`scaled_profile`), with the
+    learned overhead as `model_overhead` rounds it."""
+    scaled = scaled_profile(profile, model_speed(belief.speed), model_speed(belief.seq_ratio))
+    overhead = model_overhead(belief.overhead_ms, profile.request_overhead_ms)
+    if overhead == scaled.request_overhead_ms:
+        return scaled
+    key = (id(scaled), overhead)
+    hit = _OVERHEAD.get(key)
+    if hit is not None and hit[0] is scaled:
+        return hit[1]
+    if len(_OVERHEAD) >= _SCALED_MAX:
+        _OVERHEAD.clear()
+    out = scaled.model_copy(update={"request_overhead_ms": overhead})
+    _OVERHEAD[key] = (scaled, out)
+    return out
+
+
+_OVERHEAD: dict[tuple[int, float], tuple[Profile, Profile]] = {}
+"""`believed_profile`'s profiles with another overhead, kept by identity as `_SCALED`."""
 
 
 def scaled_profile(profile: Profile, speed: float, seq_ratio: float = 1.0) -> Profile:

@@ -34,6 +34,8 @@ from controller.plant import (
     believed_profile,
     learn_plant,
     median_reads_slower,
+    next_overhead,
+    overhead_sample,
     window_parts,
 )
 from controller.types import DataHealth, KnobMemory, Knobs, Lengths, ModelState, PlantBelief
@@ -82,8 +84,7 @@ class PlantSteps:
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
         belief = self._speed(obs, state, memory, knobs, lengths, now_s, dt)
-        cold = next_cold_start(self.model.cold_start_s, state, obs, now_s, self._max_gap_s)
-        belief = replace(belief, cold_start_s=cold)
+        belief = self._timings(obs, state, belief, now_s, dt)
         profile = believed_profile(self.profile, belief)
         # Where one unloaded replica comes within RELAX_FACTOR of a target, sized relaxed.
         relaxed = None if lengths is None else relaxed_sla(knobs, lengths, self.model.sla, profile)
@@ -134,6 +135,20 @@ class PlantSteps:
         )
         plant = replace(belief, capacity_correction=correction, knob_correction=knob_correction)
         return caps, plant, relaxed is not None, out_of_reach
+
+    def _timings(
+        self, obs: Observation, state: ModelState, belief: PlantBelief, now_s: float, dt: float
+    ) -> PlantBelief:
+        """Step 3's learned cold start (controller.feedback.next_cold_start) and
+        per-request overhead (controller.plant.next_overhead) on `belief`."""
+        cold = next_cold_start(self.model.cold_start_s, state, obs, now_s, self._max_gap_s)
+        overhead = next_overhead(
+            state.plant.overhead_ms,
+            overhead_sample(obs, self.policy.window_s),
+            dt,
+            self.profile.request_overhead_ms,
+        )
+        return replace(belief, cold_start_s=cold, overhead_ms=overhead)
 
     def _knob_correction(
         self,

@@ -184,6 +184,9 @@ class Decision:
     """Learned factor on the profile's per-sequence step costs on top of the speed."""
     plant_cold_start_s: float | None = None
     """The cold start planned with (ask to all ready), s: learned, else configured."""
+    plant_overhead_ms: float | None = None
+    """The per-request time before the engine core the TTFT bound prices, ms: learned
+    (controller.plant.model_overhead), else the profile's."""
     capacity_correction: float | None = None
     """The feedback correction on capacity from observed SLA violations, in [0.4, 1]."""
     knob_correction: float | None = None
@@ -246,6 +249,11 @@ class Decision:
                     if self.plant_cold_start_s is not None
                     else ""
                 )
+                + (
+                    f"  overhead {self.plant_overhead_ms:.0f} ms"
+                    if self.plant_overhead_ms is not None
+                    else ""
+                )
             )
         for s in self.stages:
             arrow = f"{s.before} -> {s.after}"
@@ -279,6 +287,7 @@ DECISION_NUMBERS = (
     "plant_cold_start_s",
     "knob_correction",
     "prefix_hit_frac",
+    "plant_overhead_ms",
 )
 """The `Decision` fields that are optional numbers (None: not computed), as the admin
 API (service.convert) and `governor simulate --decisions` (simulator.report) export them."""
@@ -465,6 +474,9 @@ class PlantBelief:
     cold_start_s: float | None = None
     """Learned time from asking for replicas to seeing them all ready, s (None: none
     seen yet; the configured cold start is used). controller.feedback.next_cold_start."""
+    overhead_ms: float | None = None
+    """Learned per-request time before the engine core, ms (None: none learned yet; the
+    profile's is used). controller.plant.next_overhead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -550,6 +562,7 @@ class SavedState:
     plant_seq_off_since_s: float | None = None
     fleet_full_since_s: float | None = None
     plant_cold_start_s: float | None = None
+    plant_overhead_ms: float | None = None
     fleet_calm_since_s: float | None = None
     fleet_whole_at_s: float | None = None
     plant_knob_correction: float = 1.0
@@ -604,6 +617,7 @@ class SavedState:
             plant_seq_fit=s.plant.seq_fit,
             plant_seq_off_since_s=s.plant.seq_off_since_s,
             plant_cold_start_s=s.plant.cold_start_s,
+            plant_overhead_ms=s.plant.overhead_ms,
             plant_knob_correction=s.plant.knob_correction,
         )
 
@@ -665,6 +679,7 @@ class SavedState:
                 seq_fit=self.plant_seq_fit,
                 seq_off_since_s=self.plant_seq_off_since_s,
                 cold_start_s=self.plant_cold_start_s,
+                overhead_ms=self.plant_overhead_ms,
             ),
             rules=RuleMemory(states=self.rules),
         )

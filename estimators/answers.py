@@ -106,6 +106,8 @@ _TTFT_MEAN = Signal.TTFT_MEAN_S.value
 _ITL_MEAN = Signal.ITL_MEAN_S.value
 _DECODE_MEAN = Signal.DECODE_TIME_MEAN_S.value
 _PREFILL_MEAN = Signal.PREFILL_TIME_MEAN_S.value
+_QUEUE_MEAN = Signal.QUEUE_TIME_MEAN_S.value
+_E2E_MEAN = Signal.E2E_MEAN_S.value
 _STEP_TOKENS = Signal.STEP_TOKENS_MEAN.value
 _DISTS = {h: tuple(quantile_signal(h, p) for p in DIST_QUANTILES) for h in ("ttft", "itl", "e2e")}
 _QUEUE_P95 = quantile_signal("queue", 0.95)
@@ -282,6 +284,8 @@ def observation(
         decode_time_p95_ms=_ms(q.get(_DECODE_P95)),
         decode_time_mean_ms=_ms(r.get(_DECODE_MEAN)),
         prefill_time_mean_ms=_ms(r.get(_PREFILL_MEAN)),
+        queue_time_mean_ms=_ms(r.get(_QUEUE_MEAN)),
+        e2e_mean_ms=_ms(r.get(_E2E_MEAN)),
         tpot_p95_ms=_ms(q.get(_TPOT_P95)),
         tpot_attainment_frac=_attainment(t.tpot_edges, name, mq.itl_sla_s),
         itl_mean_ms=_ms(r.get(_ITL_MEAN)),

@@ -174,6 +174,8 @@ class Signal(StrEnum):
     ITL_MEAN_S = "itl_mean_s"
     DECODE_TIME_MEAN_S = "decode_time_mean_s"
     PREFILL_TIME_MEAN_S = "prefill_time_mean_s"
+    QUEUE_TIME_MEAN_S = "queue_time_mean_s"
+    E2E_MEAN_S = "e2e_mean_s"
     STEP_TOKENS_MEAN = "step_tokens_mean"
     RUNNING = "running"
     WAITING = "waiting"
@@ -209,6 +211,8 @@ MEANS: tuple[tuple[Signal, tuple[str, ...]], ...] = (
     (Signal.ITL_MEAN_S, ITL_METRICS),
     (Signal.DECODE_TIME_MEAN_S, DECODE_METRICS),
     (Signal.PREFILL_TIME_MEAN_S, PREFILL_METRICS),
+    (Signal.QUEUE_TIME_MEAN_S, QUEUE_METRICS),
+    (Signal.E2E_MEAN_S, E2E_METRICS),
     (Signal.STEP_TOKENS_MEAN, STEP_TOKENS_METRICS),
 )
 # Histograms read at the SLA thresholds for exact attainment: (tag, names).

@@ -115,6 +115,12 @@ class Observation:
     """Mean per-request decode time (histogram sum / count), ms."""
     prefill_time_mean_ms: float | None = None
     """Mean per-request prefill time (`vllm:request_prefill_time_seconds`), ms."""
+    queue_time_mean_ms: float | None = None
+    """Mean per-request queue time (`vllm:request_queue_time_seconds`: queued in the
+    engine core to first scheduled), ms."""
+    e2e_mean_ms: float | None = None
+    """Mean end-to-end latency (`vllm:e2e_request_latency_seconds`: arrival at the
+    frontend to the last token), ms."""
     tpot_p95_ms: float | None = None
     """p95 of per-request time per output token (`vllm:request_time_per_output_token_seconds`)."""
     tpot_attainment_frac: float | None = None

@@ -382,6 +382,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
                     f", cold start {d.plant_cold_start_s:.0f} s"
                     if d.HasField("plant_cold_start_s")
                     else ""
+                ) + (
+                    f", overhead {d.plant_overhead_ms:.0f} ms"
+                    if d.HasField("plant_overhead_ms")
+                    else ""
                 )
                 knob = d.knob_correction if d.HasField("knob_correction") else 1.0
                 print(

@@ -53,7 +53,7 @@ from pydantic import (
 
 from controller.config import INT32_MAX, format_validation_error, load_yaml
 from controller.feedback import CORRECTION_MIN, KNOB_CORRECTION_MIN
-from controller.plant import SEQ_RATIO_MAX, SEQ_RATIO_MIN, SPEED_MAX, SPEED_MIN
+from controller.plant import OVERHEAD_MAX_MS, SEQ_RATIO_MAX, SEQ_RATIO_MIN, SPEED_MAX, SPEED_MIN
 from controller.targets import TargetError, TargetsDoc, targets_doc
 from controller.types import Knobs, ModelState, PlantBelief, SavedState
 
@@ -114,6 +114,7 @@ PLAIN_FIELDS = (
     "plant_seq_ratio",
     "plant_seq_fit",
     "plant_cold_start_s",
+    "plant_overhead_ms",
     "plant_knob_correction",
 )
 
@@ -312,6 +313,7 @@ def _check_plant(plant: PlantBelief, where: str) -> None:
         ("plant_speed_jump", plant.speed_jump, SPEED_MIN, SPEED_MAX),
         ("plant_seq_ratio", plant.seq_ratio, SEQ_RATIO_MIN, SEQ_RATIO_MAX),
         ("plant_cold_start_s", plant.cold_start_s, 1e-3, math.inf),
+        ("plant_overhead_ms", plant.overhead_ms, 0.0, OVERHEAD_MAX_MS),
     )
     for name, value, lo, hi in bounds:
         if value is not None and not lo <= value <= hi:

@@ -209,6 +209,8 @@ class _WindowHistograms:
             "decode_time_p95_ms": self.quantile("decode_t", 0.95, 1000.0),
             "decode_time_mean_ms": self.mean("decode_t", 1000.0),
             "prefill_time_mean_ms": self.mean("prefill_t", 1000.0),
+            "queue_time_mean_ms": self.mean("queue", 1000.0),
+            "e2e_mean_ms": self.mean("e2e", 1000.0),
             "tpot_p95_ms": self.quantile("tpot", 0.95, 1000.0),
             "tpot_attainment_frac": fraction_le(q.itl_sla_s, tpot_b) if q.itl_sla_s else None,
             "step_tokens_mean": self.mean("iter_tokens"),

@@ -265,6 +265,7 @@ def test_per_request_phases_tpot_and_step_tokens(
     assert a.decode_time_p95_ms == pytest.approx(1750.0)  # 1.5 s + 0.5 s * (95 - 90) / 10
     assert a.decode_time_mean_ms == pytest.approx(740.0, rel=1e-9)
     assert a.prefill_time_mean_ms == pytest.approx(100.0, rel=1e-9)
+    assert a.queue_time_mean_ms == pytest.approx(130.0, rel=1e-9)  # 90 x 0.1 s, 10 x 0.4 s
     check_quantile(a.tpot_p95_ms, 0.95, A_TPOT, TPOT_BUCKETS_S, 1000.0)
     assert a.tpot_p95_ms == pytest.approx(62.5)
     assert a.tpot_attainment_frac == pytest.approx(0.9, rel=1e-12)  # TPOT <= 50 ms
@@ -277,6 +278,7 @@ def test_per_request_phases_tpot_and_step_tokens(
     for field in ("decode_time_p95_ms", "decode_time_mean_ms", "prefill_time_mean_ms"):
         assert getattr(b, field) is None, field
     assert b.step_tokens_mean is None
+    assert b.queue_time_mean_ms == pytest.approx(50.0, rel=1e-9)  # B exports queue times
     assert b.itl_mean_ms == pytest.approx(1000 * sum(B_ITL) / len(B_ITL), rel=1e-9)
 
 

@@ -125,6 +125,8 @@ def test_saved_form_holds_every_state_field_and_round_trips() -> None:
         ({"plant_knob_correction": 0.0}, "plant_knob_correction"),
         ({"plant_knob_correction": 1.5}, "plant_knob_correction"),
         ({"plant_cold_start_s": 0.0}, "plant_cold_start_s"),
+        ({"plant_overhead_ms": -1.0}, "plant_overhead_ms"),
+        ({"plant_overhead_ms": 1e9}, "plant_overhead_ms"),
         ({"plant_speed_samples": -3}, "plant_speed_samples"),
     ],
 )

@@ -135,6 +135,8 @@ def test_calibration_signals_match_ground_truth(observed: tuple[Fleet, Observati
     assert obs.decode_time_mean_ms == pytest.approx(1000 * decode[fin].mean(), rel=1e-6)
     prefill = rec.first_token_s - rec.sched_s
     assert obs.prefill_time_mean_ms == pytest.approx(1000 * prefill[fin].mean(), rel=1e-6)
+    queue = rec.sched_s - rec.arrival_s
+    assert obs.queue_time_mean_ms == pytest.approx(1000 * queue[fin].mean(), rel=1e-6)
     multi = fin & (rec.output_tokens > 1)
     tpot = np.where(multi, decode / np.maximum(rec.output_tokens - 1, 1), 0.0)
     assert obs.tpot_attainment_frac == pytest.approx(np.mean(tpot[fin] <= 0.05))
