@@ -8,15 +8,18 @@ time: start at 4 replicas; scrape every 5 s and 30 s; plant step times x0.7 and 
 cold start 2x the configured one; engines that follow knob changes live (the chart's
 default; in the other rows they restart to take new knobs); requests spread over the
 replicas at random (kube-proxy's choice of endpoint behind a plain Service) instead of by
-a gateway's least-outstanding balancing, which the decider's capacity model assumes. A
-cell is (SLO attainment, GPU-hours / oracle, flaps).
+a gateway's least-outstanding balancing, which the decider's capacity model assumes; a
+per-request overhead of 200 ms before the engines (a gateway, an auth hop, a loaded API
+server) where the profile the decider starts from says 29. A cell is (SLO attainment,
+GPU-hours / oracle, flaps).
 
 Cost: cells run in parallel worker processes (default 2); the oracle is computed once per
-trace, plant speed and router (neither the start, the scrape nor the cold start changes
-it), and `static` holds that oracle's peak. `--matrix-quick` runs short slices of the same traces
-under two conditions (a smoke run for tests). `--matrix-combined` runs the full traces
-under several factors changed at once (COMBINED_CONDITIONS: slower or faster plants with
-a 30 s scrape and a 2x cold start), the same cells, goals and columns.
+trace, plant speed, router and overhead (neither the start, the scrape nor the cold
+start changes it), and `static` holds that oracle's peak. `--matrix-quick` runs short
+slices of the same traces under two conditions (a smoke run for tests).
+`--matrix-combined` runs the full traces under several factors changed at once
+(COMBINED_CONDITIONS: slower or faster plants with a 30 s scrape and a 2x cold start),
+the same cells, goals and columns.
 
 Goals checked per row (issue "Control that holds off its tuning point"): smooth traces
 (conv, long-context, diurnal): governor attainment >= 99 %, GPU-h <= 1.3x the oracle, 0
@@ -72,6 +75,10 @@ HOLD_S = ScalingPolicy().scale_down_stabilization_s
 (OracleResult.held_ratio), this long unless `--policy-from` sets another (`_hold_doc`)."""
 
 
+OracleKey = tuple[str, float, str, float | None]
+"""An oracle's key: (trace key, *Condition.oracle_plant)."""
+
+
 @dataclass(frozen=True)
 class MatrixTrace:
     """One trace row group: spec, rate multiplier, SLA (ms), whether it is smooth, and
@@ -97,13 +104,15 @@ class Condition:
     cold_start_factor: float = 1.0
     live_knobs: bool = False
     router: str = ROUTERS[0]
+    overhead_ms: float | None = None
+    """The plant's per-request overhead, ms (None: the spec's, by default the profile's)."""
 
     @property
-    def oracle_plant(self) -> tuple[float, str]:
-        """What of the condition changes the oracle (plant speed, router): neither the
-        start, the scrape, the cold start nor live knobs do (it runs warm fleets on fixed
-        knobs, one per window)."""
-        return self.plant_speed, self.router
+    def oracle_plant(self) -> tuple[float, str, float | None]:
+        """What of the condition changes the oracle (plant speed, router, overhead):
+        neither the start, the scrape, the cold start nor live knobs do (it runs warm
+        fleets on fixed knobs, one per window)."""
+        return self.plant_speed, self.router, self.overhead_ms
 
     @property
     def scrape_s(self) -> float:
@@ -130,6 +139,7 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("cold start 2x", cold_start_factor=2.0),
     Condition("knobs live", live_knobs=True),
     Condition("random routing", router="random"),
+    Condition("overhead 200 ms", overhead_ms=200.0),
 )
 
 
@@ -202,7 +212,7 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
         governor_policy=spec.governor_policy,
         plant=Plant(
             speed=cond.plant_speed,
-            overhead_ms=spec.overhead_ms,
+            overhead_ms=spec.overhead_ms if cond.overhead_ms is None else cond.overhead_ms,
             cold_start_factor=cond.cold_start_factor,
             live_knobs=cond.live_knobs,
             router=cond.router,
@@ -210,9 +220,9 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
     )
 
 
-def _oracle_condition(speed: float, router: str) -> Condition:
+def _oracle_condition(speed: float, router: str, overhead_ms: float | None) -> Condition:
     """The condition an oracle runs on (Condition.oracle_plant)."""
-    return Condition("oracle", plant_speed=speed, router=router)
+    return Condition("oracle", plant_speed=speed, router=router, overhead_ms=overhead_ms)
 
 
 def _oracle_job(args: tuple[MatrixSpec, MatrixTrace, Condition]) -> OracleResult:
@@ -243,15 +253,18 @@ def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> di
     """Run every cell (see module doc); returns the JSON document."""
     t_start = time.perf_counter()
     say = log or (lambda _m: None)
-    oracle_keys = sorted({(t.key, *c.oracle_plant) for t in spec.traces for c in spec.conditions})
+    oracle_keys = sorted(
+        {(t.key, *c.oracle_plant) for t in spec.traces for c in spec.conditions},
+        key=lambda k: (k[0], k[1], k[2], -1.0 if k[3] is None else k[3]),
+    )
     by_key = {t.key: t for t in spec.traces}
     runs = (*spec.policies, CEILING) if spec.bound else spec.policies
     cells = [(t, c, p) for t in spec.traces for c in spec.conditions for p in runs]
     results: dict[tuple[str, str, str], dict[str, Any]] = {}
-    oracles: dict[tuple[str, float, str], OracleResult] = {}
+    oracles: dict[OracleKey, OracleResult] = {}
     with process_pool(spec.workers) as pool:
-        ofut: dict[tuple[str, float, str], Future[OracleResult]] = {
-            k: pool.submit(_oracle_job, (spec, by_key[k[0]], _oracle_condition(k[1], k[2])))
+        ofut: dict[OracleKey, Future[OracleResult]] = {
+            k: pool.submit(_oracle_job, (spec, by_key[k[0]], _oracle_condition(*k[1:])))
             for k in oracle_keys
         }
         cfut = {
@@ -280,7 +293,7 @@ def _plot_missed(
     spec: MatrixSpec,
     doc: Mapping[str, Any],
     series: Mapping[tuple[str, str, str], dict[str, list[float]]],
-    oracles: Mapping[tuple[str, float, str], OracleResult],
+    oracles: Mapping[OracleKey, OracleResult],
 ) -> list[str]:
     """A PNG per row with a goal missed (load, replicas of the governor, hpa-queue and
     the oracle, p95 TTFT per minute), named `<trace>_<condition>.png`; their paths."""
@@ -330,7 +343,7 @@ def _plot_missed(
 def _document(
     spec: MatrixSpec,
     results: Mapping[tuple[str, str, str], dict[str, Any]],
-    oracles: Mapping[tuple[str, float, str], OracleResult],
+    oracles: Mapping[OracleKey, OracleResult],
     wall_s: float,
 ) -> dict[str, Any]:
     rows = []

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from simulator.matrix import CONDITIONS, TRACES, row_goals
+from simulator.matrix import CONDITIONS, TRACES, MatrixSpec, row_goals, scenario_for
 
 
 def _cell(att: float, gpu_h: float, flaps: int = 0, ratio: float | None = None) -> dict[str, Any]:
@@ -80,7 +80,12 @@ def test_the_matrix_covers_the_issue_conditions() -> None:
         "cold start 2x",
         "knobs live",
         "random routing",
+        "overhead 200 ms",
     ]
+    over = CONDITIONS[-1]
+    assert over.overhead_ms == 200.0 and over.oracle_plant == (1.0, "least-outstanding", 200.0)
+    assert scenario_for(MatrixSpec(), TRACES[3], over).plant.overhead_ms == 200.0
+    assert scenario_for(MatrixSpec(), TRACES[3], CONDITIONS[0]).plant.overhead_ms is None
 
 
 def test_matrix_traces_filter_refuses_unknown_keys(capsys) -> None:  # type: ignore[no-untyped-def]

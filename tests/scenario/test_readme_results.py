@@ -50,6 +50,7 @@ FULL_RERUN = (
     ("diurnal", "default", "governor"),
     ("diurnal", "knobs live", "governor"),  # the engines' live knob path, end to end
     ("diurnal", "random routing", "governor"),  # kube-proxy's random endpoint
+    ("diurnal", "overhead 200 ms", "governor"),  # the overhead learned from the histograms
 )
 COMBINED_RERUN = (("diurnal", "slow + cold 2x", "governor"),)
 """A cheap cell of the combined matrix."""
