@@ -58,6 +58,7 @@ per-sequence part (40 + 0.039) x (0.015 + 5e-5 x 1,260) = 3.12 ms: speed =
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from controller.capacity import HIT_MAX
@@ -580,19 +581,11 @@ def believed_profile(profile: Profile, belief: PlantBelief) -> Profile:
     overhead = model_overhead(belief.overhead_ms, profile.request_overhead_ms)
     if overhead == scaled.request_overhead_ms:
         return scaled
-    key = (id(scaled), overhead)
-    hit = _OVERHEAD.get(key)
-    if hit is not None and hit[0] is scaled:
-        return hit[1]
-    if len(_OVERHEAD) >= _SCALED_MAX:
-        _OVERHEAD.clear()
-    out = scaled.model_copy(update={"request_overhead_ms": overhead})
-    _OVERHEAD[key] = (scaled, out)
-    return out
-
-
-_OVERHEAD: dict[tuple[int, float], tuple[Profile, Profile]] = {}
-"""`believed_profile`'s profiles with another overhead, kept by identity as `_SCALED`."""
+    return _kept(
+        (id(scaled), overhead),
+        scaled,
+        lambda: scaled.model_copy(update={"request_overhead_ms": overhead}),
+    )
 
 
 def scaled_profile(profile: Profile, speed: float, seq_ratio: float = 1.0) -> Profile:
@@ -602,19 +595,27 @@ def scaled_profile(profile: Profile, speed: float, seq_ratio: float = 1.0) -> Pr
     and this runs up to three times per model per tick)."""
     if speed == 1.0 and seq_ratio == 1.0:
         return profile
-    key = (id(profile), speed, seq_ratio)
-    hit = _SCALED.get(key)
-    if hit is not None and hit[0] is profile:
+    return _kept(
+        (id(profile), speed, seq_ratio), profile, lambda: _scaled(profile, speed, seq_ratio)
+    )
+
+
+_KEPT_MAX = 256
+_KEPT: dict[tuple[object, ...], tuple[Profile, Profile]] = {}
+"""Profiles derived from another (scaled, or with another overhead), by (id of the base,
+what changed), each with its base: a key whose id was reused by a new profile misses."""
+
+
+def _kept(key: tuple[object, ...], base: Profile, build: Callable[[], Profile]) -> Profile:
+    """The profile `build` derives from `base`, kept under `key` (`_KEPT`)."""
+    hit = _KEPT.get(key)
+    if hit is not None and hit[0] is base:
         return hit[1]
-    if len(_SCALED) >= _SCALED_MAX:
-        _SCALED.clear()
-    scaled = _scaled(profile, speed, seq_ratio)
-    _SCALED[key] = (profile, scaled)
-    return scaled
-
-
-_SCALED_MAX = 256
-_SCALED: dict[tuple[int, float, float], tuple[Profile, Profile]] = {}
+    if len(_KEPT) >= _KEPT_MAX:
+        _KEPT.clear()
+    out = build()
+    _KEPT[key] = (base, out)
+    return out
 
 
 def _scaled(profile: Profile, speed: float, seq_ratio: float = 1.0) -> Profile:

@@ -347,10 +347,10 @@ def _document(
     wall_s: float,
 ) -> dict[str, Any]:
     rows = []
+    hold_s = spec.governor_policy.scale_down_stabilization_s
     for t in spec.traces:
         for c in spec.conditions:
             orc = oracles[(t.key, *c.oracle_plant)]
-            hold_s = spec.governor_policy.scale_down_stabilization_s
             pol = {}
             for p in spec.policies:
                 pol[p] = _with_ratios(dict(results[(t.key, c.name, p)]), orc.gpu_hours)
