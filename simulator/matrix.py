@@ -253,9 +253,9 @@ def run_matrix(spec: MatrixSpec, log: Callable[[str], None] | None = None) -> di
     """Run every cell (see module doc); returns the JSON document."""
     t_start = time.perf_counter()
     say = log or (lambda _m: None)
-    oracle_keys = sorted(
-        {(t.key, *c.oracle_plant) for t in spec.traces for c in spec.conditions},
-        key=lambda k: (k[0], k[1], k[2], -1.0 if k[3] is None else k[3]),
+    # Each oracle once, in the spec's order (deterministic, whatever the key's types).
+    oracle_keys = list(
+        dict.fromkeys((t.key, *c.oracle_plant) for t in spec.traces for c in spec.conditions)
     )
     by_key = {t.key: t for t in spec.traces}
     runs = (*spec.policies, CEILING) if spec.bound else spec.policies
