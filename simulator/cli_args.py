@@ -61,6 +61,20 @@ def non_negative(name: str):
     return conv
 
 
+def speed_change(text: str) -> tuple[float, float]:
+    """An argparse type for --plant-speed-change: 'AT_S:F', AT_S >= 0 and F > 0."""
+    at, sep, factor = text.partition(":")
+    try:
+        pair = (float(at), float(factor)) if sep else None
+    except ValueError:
+        pair = None
+    if pair is None or not all(math.isfinite(v) for v in pair) or pair[0] < 0 or pair[1] <= 0:
+        raise argparse.ArgumentTypeError(
+            f"--plant-speed-change must be AT_S:F with AT_S >= 0 and F > 0, got {text!r}"
+        )
+    return pair
+
+
 def add_plant_args(p: argparse.ArgumentParser) -> None:
     """The plant and metric-source flags shared by `simulate` and `demo`."""
     p.add_argument(
@@ -69,6 +83,15 @@ def add_plant_args(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="simulated step times x F (1.3 = GPU 30%% slower than the profile the "
         "decider believes; the decider keeps its profile)",
+    )
+    p.add_argument(
+        "--plant-speed-change",
+        type=speed_change,
+        default=None,
+        metavar="AT_S:F",
+        help="from AT_S seconds on, the simulated step times are F x the profile's (a GPU "
+        "that throttles or a node pool swapped mid-run; before, --plant-speed's); the "
+        "decider is not told",
     )
     p.add_argument(
         "--plant-overhead-ms",
@@ -134,6 +157,7 @@ def plant_from_args(args: argparse.Namespace) -> Plant:
         router=args.plant_router,
         rollout=args.plant_rollout,
         prefix_hit_frac=args.plant_prefix_hit,
+        speed_change=args.plant_speed_change,
     )
 
 

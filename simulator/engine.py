@@ -172,14 +172,7 @@ class Engine(DecodeJumps, Preemption):
                 f"KV cache ({self.total_blocks * bs} tokens) smaller than max_model_len "
                 f"({self.max_model_len}): vLLM refuses to start"
             )
-        st = profile.step_model()
-        self._floor, self._base, self._per_token = st.floor, st.base, st.per_token
-        self._fixed, self._per_seq, self._per_kv, self._attn = (
-            st.fixed,
-            st.per_seq,
-            st.per_kv,
-            st.attn,
-        )
+        self._set_step_model(profile)
         if not (math.isfinite(overhead_s) and overhead_s >= 0):
             raise ValueError(f"overhead_s must be finite and >= 0, got {overhead_s}")
         # Server time a request spent before it reached the engine (HTTP, tokenization):
@@ -314,6 +307,24 @@ class Engine(DecodeJumps, Preemption):
         if self.fl_kind == 2:
             self._truncate_jump(t_s)
         self.knobs, self.mns, self.mnbt = knobs, mns, mnbt
+
+    def set_profile(self, profile: Profile, t_s: float) -> None:
+        """The hardware changes at `t_s` (simulator.plant's speed change): the steps that
+        start at or after `t_s` take `profile`'s step times; a step in flight keeps its
+        duration and a decode jump is cut after the step in flight at `t_s`. Only the
+        step times change (the KV cache and context length stay the engine's)."""
+        if self.wake_s <= t_s:
+            self.advance_to(t_s)
+        if self.fl_kind == 2:
+            self._truncate_jump(t_s)
+        self.profile = profile
+        self._set_step_model(profile)
+
+    def _set_step_model(self, profile: Profile) -> None:
+        st = profile.step_model()
+        self._floor, self._base, self._per_token = st.floor, st.base, st.per_token
+        self._fixed, self._per_seq, self._per_kv = st.fixed, st.per_seq, st.per_kv
+        self._attn = st.attn
 
     # -- time ----------------------------------------------------------------------------------
 

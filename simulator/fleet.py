@@ -224,12 +224,18 @@ class Fleet:
         self.knobs = knobs
         if not self.live_knobs:
             return
-        for rep in self.replicas:
-            if rep.state is ReplicaState.GONE:
-                continue
+        for rep in (r for r in self.replicas if r.state is not ReplicaState.GONE):
             rep.knobs = knobs
             if rep.engine is not None:
                 rep.engine.set_knobs(knobs, self.now_s)
+
+    def set_profile(self, profile: Profile, t_s: float) -> None:
+        """From `t_s` on, every engine and replica started later runs `profile` (a plant
+        that changes: simulator.plant's speed change; Engine.set_profile)."""
+        self.advance_to(t_s)
+        self.profile = profile
+        for _, engine in self.live_engines():
+            engine.set_profile(profile, t_s)
 
     def roll_out(self, now_s: float | None = None) -> None:
         """Replace every SERVING replica whose knobs differ from the fleet's, one at a
@@ -643,11 +649,9 @@ class Fleet:
         deltas: dict[float, list[int]] = {}
 
         def add(t: float, ready: int, total: int) -> None:
-            if t > self.now_s:
-                return
-            d = deltas.setdefault(t, [0, 0])
-            d[0] += ready
-            d[1] += total
+            if t <= self.now_s:
+                d = deltas.setdefault(t, [0, 0])
+                d[0], d[1] = d[0] + ready, d[1] + total
 
         for r in self.replicas:
             add(r.requested_s, 0, 1)
@@ -661,8 +665,7 @@ class Fleet:
         out: list[tuple[float, int, int]] = []
         ready = total = 0
         for t in sorted(deltas):
-            ready += deltas[t][0]
-            total += deltas[t][1]
+            ready, total = ready + deltas[t][0], total + deltas[t][1]
             out.append((t, ready, total))
         return out
 
@@ -682,12 +685,11 @@ class Fleet:
         """Totals at the fleet's current time."""
         engines = [r.engine for r in self.replicas if r.engine is not None]
         log = self.log
-        finished = sum(1 for x in log.finish_s if not math.isnan(x))
         return FleetStats(
             now_s=self.now_s,
             submitted=len(log),
             dispatched=sum(1 for x in log.dispatch_s if not math.isnan(x)),
-            completed=finished,
+            completed=sum(1 for x in log.finish_s if not math.isnan(x)),
             refused=sum(log.refused),
             preemptions=sum(e.metrics.preemptions for e in engines),
             gpu_seconds=self.gpu_seconds(),

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -64,7 +65,7 @@ from simulator.scenario import (
     policy_changes,
     run_policy,
 )
-from simulator.traces import load_trace
+from simulator.traces import Trace, load_trace
 
 SMOOTH_ATTAINMENT_GOAL = 0.99
 SMOOTH_ORACLE_RATIO_GOAL = 1.3
@@ -75,7 +76,7 @@ HOLD_S = ScalingPolicy().scale_down_stabilization_s
 (OracleResult.held_ratio), this long unless `--policy-from` sets another (`_hold_doc`)."""
 
 
-OracleKey = tuple[str, float, str, float | None]
+OracleKey = tuple[str, float, str, float | None, float | None]
 """An oracle's key: (trace key, *Condition.oracle_plant)."""
 
 
@@ -106,13 +107,23 @@ class Condition:
     router: str = ROUTERS[0]
     overhead_ms: float | None = None
     """The plant's per-request overhead, ms (None: the spec's, by default the profile's)."""
+    speed_midway: float | None = None
+    """The plant's step-time factor from the middle of the trace on (`midway_s`), the
+    decider not told; None: `plant_speed` throughout."""
 
     @property
-    def oracle_plant(self) -> tuple[float, str, float | None]:
-        """What of the condition changes the oracle (plant speed, router, overhead):
-        neither the start, the scrape, the cold start nor live knobs do (it runs warm
-        fleets on fixed knobs, one per window)."""
-        return self.plant_speed, self.router, self.overhead_ms
+    def oracle_plant(self) -> tuple[float, str, float | None, float | None]:
+        """What of the condition changes the oracle (plant speed, router, overhead, the
+        speed from midway): neither the start, the scrape, the cold start nor live knobs
+        do (it runs warm fleets on fixed knobs, one per window)."""
+        return self.plant_speed, self.router, self.overhead_ms, self.speed_midway
+
+    @property
+    def plant_text(self) -> str:
+        """The plant's speed as the table's learned-speed column shows it: '1.3', or
+        '1 -> 1.3' for a change midway."""
+        mid = "" if self.speed_midway is None else f" -> {self.speed_midway:g}"
+        return f"{self.plant_speed:g}{mid}"
 
     @property
     def scrape_s(self) -> float:
@@ -121,6 +132,12 @@ class Condition:
         return (
             DEFAULT_SCRAPE_INTERVAL_S if self.scrape_interval_s is None else self.scrape_interval_s
         )
+
+
+def midway_s(trace: Trace) -> float:
+    """When a `speed_midway` change comes: half the trace's span, down to a whole
+    minute (so no oracle window is split), seconds."""
+    return 60.0 * math.floor(trace.span_s / 120.0)
 
 
 TRACES: tuple[MatrixTrace, ...] = (
@@ -140,6 +157,7 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("knobs live", live_knobs=True),
     Condition("random routing", router="random"),
     Condition("overhead 200 ms", overhead_ms=200.0),
+    Condition("slows 1.3x midway", speed_midway=1.3),
 )
 
 
@@ -202,6 +220,7 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
     trace = load_trace(
         tr.spec, rate_multiplier=tr.rate_scale, duration_s=tr.duration_s, seed=spec.seed
     )
+    mid = cond.speed_midway
     return Scenario(
         trace=trace,
         sla=SLA(ttft_p95_ms=tr.ttft_ms, itl_p95_ms=tr.itl_ms),
@@ -216,13 +235,22 @@ def scenario_for(spec: MatrixSpec, tr: MatrixTrace, cond: Condition) -> Scenario
             cold_start_factor=cond.cold_start_factor,
             live_knobs=cond.live_knobs,
             router=cond.router,
+            speed_change=None if mid is None else (midway_s(trace), mid),
         ),
     )
 
 
-def _oracle_condition(speed: float, router: str, overhead_ms: float | None) -> Condition:
+def _oracle_condition(
+    speed: float, router: str, overhead_ms: float | None, speed_midway: float | None
+) -> Condition:
     """The condition an oracle runs on (Condition.oracle_plant)."""
-    return Condition("oracle", plant_speed=speed, router=router, overhead_ms=overhead_ms)
+    return Condition(
+        "oracle",
+        plant_speed=speed,
+        router=router,
+        overhead_ms=overhead_ms,
+        speed_midway=speed_midway,
+    )
 
 
 def _oracle_job(args: tuple[MatrixSpec, MatrixTrace, Condition]) -> OracleResult:
@@ -391,10 +419,19 @@ def _with_ratios(cell: dict[str, Any], oracle_gpu_hours: float) -> dict[str, Any
     return cell
 
 
+def condition_doc(cond: Condition) -> dict[str, Any]:
+    """A condition as the document records it; `speed_midway` only where set, so
+    documents written before it existed compare equal (`--matrix-base`)."""
+    doc = dataclasses.asdict(cond)
+    if doc["speed_midway"] is None:
+        del doc["speed_midway"]
+    return doc
+
+
 def _spec_doc(spec: MatrixSpec) -> dict[str, Any]:
     return {
         "traces": [dataclasses.asdict(t) for t in spec.traces],
-        "conditions": [dataclasses.asdict(c) for c in spec.conditions],
+        "conditions": [condition_doc(c) for c in spec.conditions],
         "policies": list(spec.policies),
         "seed": spec.seed,
         "max_replicas": spec.max_replicas,
@@ -475,7 +512,7 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
     plant (median step-time factor against its profile; the plant's own in brackets),
     then the goals missed (those out of reach marked)."""
     policies: Sequence[str] = doc["spec"]["policies"]
-    plant = {c["name"]: c.get("plant_speed") for c in doc["spec"].get("conditions", ())}
+    plant = {c["name"]: Condition(**c).plant_text for c in doc["spec"].get("conditions", ())}
     bounded = any("attainment_bound" in row for row in doc["rows"])
     best = ["best possible"] if bounded else []
     head = [
@@ -511,7 +548,7 @@ def matrix_table(doc: Mapping[str, Any]) -> str:
             for k in ("oracle_held_ratio", "oracle_flap_free_ratio")
         )
         truth = plant.get(row["condition"])
-        speed = "-" if learned is None else f"{learned:.2f}" + (f" ({truth:g})" if truth else "")
+        speed = "-" if learned is None else f"{learned:.2f}" + (f" ({truth})" if truth else "")
         lines.append(
             f"| {row['trace']} | {row['condition']} | "
             + " | ".join(cells)

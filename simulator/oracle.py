@@ -173,11 +173,14 @@ def oracle(
     overhead_s: float = 0.0,
     router: str = ROUTERS[0],
     prefix_hit_frac: float = 0.0,
+    change: tuple[float, Profile] | None = None,
 ) -> OracleResult:
     """Run the oracle over `trace` in windows of `window_s` (see module doc) on the plant
     `profile` with `overhead_s` of per-request server overhead, behind `router`
     (simulator.fleet.ROUTERS), its engines finding `prefix_hit_frac` of each prompt in
-    their prefix cache."""
+    their prefix cache. `change` (at_s, profile): the plant from `at_s` s on
+    (simulator.plant's speed change); a window it splits runs on the faster of the two,
+    so the sum stays a lower bound."""
     n_windows = max(1, math.ceil(trace.span_s / window_s)) if len(trace) else 0
     jobs = []
     for i in range(n_windows):
@@ -189,14 +192,26 @@ def oracle(
             trace.output_tokens[a:b],
             trace.name,
         )
+        plant = profile if change is None else _window_plant(profile, change, lo, hi)
         jobs.append(
-            (sub, profile, knobs, sla, max_replicas, seed, overhead_s, router, prefix_hit_frac)
+            (sub, plant, knobs, sla, max_replicas, seed, overhead_s, router, prefix_hit_frac)
         )
     with process_pool(min(2 if workers is None else workers, len(jobs))) as pool:
         counts = list(pool.map(window_replicas, jobs))
     return OracleResult(
         gpu_hours=sum(counts) * window_s / 3600.0, window_s=window_s, replicas=counts
     )
+
+
+def _window_plant(before: Profile, change: tuple[float, Profile], lo: float, hi: float) -> Profile:
+    """The plant of the window [lo, hi) s around a change (at_s, profile): the one in
+    force all through it, else (split) the faster one, the lower bound's."""
+    at_s, after = change
+    if at_s <= lo:
+        return after
+    if at_s >= hi:
+        return before
+    return min(before, after, key=lambda p: p.step_time.per_token_ms)
 
 
 def scenario_oracle(sc: Scenario, workers: int | None = None) -> OracleResult:
@@ -213,4 +228,5 @@ def scenario_oracle(sc: Scenario, workers: int | None = None) -> OracleResult:
         overhead_s=sc.plant.overhead_s(sc.profile),
         router=sc.plant.router,
         prefix_hit_frac=sc.plant.prefix_hit_frac,
+        change=sc.plant.changed_profile(sc.profile),
     )

@@ -2,7 +2,8 @@
 
 The decider plans with the profile it is configured with (its belief). The plant is what
 the simulated engines actually do: the same profile with every step time multiplied by
-`speed` (1.3 = a GPU 30 % slower than the profile says), a per-request server overhead
+`speed` (1.3 = a GPU 30 % slower than the profile says; `speed_change` changes it
+mid-run, a plant that moves under the controller), a per-request server overhead
 before the first step (HTTP, tokenization; default: the profile's calibrated
 `request_overhead_ms`), and cold starts `cold_start_factor` times the configured one.
 With `live_knobs` the engines follow knob changes at their next step (the governor's
@@ -49,6 +50,10 @@ class Plant:
     router: str = ROUTERS[0]
     rollout: str = ROLLOUTS[0]
     prefix_hit_frac: float = 0.0
+    speed_change: tuple[float, float] | None = None
+    """(at_s, speed): from `at_s` seconds on, every engine's step times are `speed` x the
+    profile's (a GPU that throttles, a noisy neighbour, a node pool swapped mid-run); the
+    steps before keep `speed`. None: `speed` throughout."""
 
     def __post_init__(self) -> None:
         for name in ("speed", "cold_start_factor"):
@@ -64,17 +69,28 @@ class Plant:
         if self.router not in ROUTERS:
             known = ", ".join(ROUTERS)
             raise ValueError(f"plant router must be one of {known}, got {self.router!r}")
+        if self.speed_change is not None:
+            at_s, after = self.speed_change
+            if not (math.isfinite(at_s) and at_s >= 0 and math.isfinite(after) and after > 0):
+                raise ValueError(
+                    "plant speed_change must be (at_s >= 0, speed > 0), both finite, "
+                    f"got {self.speed_change}"
+                )
         if self.rollout not in ROLLOUTS:
             known = ", ".join(ROLLOUTS)
             raise ValueError(f"plant rollout must be one of {known}, got {self.rollout!r}")
 
     def profile(self, belief: Profile) -> Profile:
-        """`belief` with every step-time coefficient x `speed` (the same object at 1.0)."""
-        if self.speed == 1.0:
-            return belief
-        st = belief.step_time.model_dump()
-        scaled = StepTimeCoefficients(**{k: v * self.speed for k, v in st.items()})
-        return belief.model_copy(update={"step_time": scaled})
+        """`belief` with every step-time coefficient x `speed` (the same object at 1.0):
+        the plant from t = 0 (until `speed_change`, if any)."""
+        return _scaled(belief, self.speed)
+
+    def changed_profile(self, belief: Profile) -> tuple[float, Profile] | None:
+        """(at_s, the plant's profile from then on) of `speed_change`, or None."""
+        if self.speed_change is None:
+            return None
+        at_s, after = self.speed_change
+        return at_s, _scaled(belief, after)
 
     def overhead_s(self, belief: Profile) -> float:
         """Per-request server overhead, seconds."""
@@ -87,8 +103,8 @@ class Plant:
 
     def describe(self, belief: Profile) -> dict[str, float | bool | str]:
         """JSON-ready summary (speed, overhead in ms, cold-start factor, live knobs,
-        router, roll-out, prefix-cache hits)."""
-        return {
+        router, roll-out, prefix-cache hits; the speed change where there is one)."""
+        out: dict[str, float | bool | str] = {
             "speed": self.speed,
             "overhead_ms": self.overhead_s(belief) * 1000.0,
             "cold_start_factor": self.cold_start_factor,
@@ -97,3 +113,15 @@ class Plant:
             "rollout": self.rollout,
             "prefix_hit_frac": self.prefix_hit_frac,
         }
+        if self.speed_change is not None:  # only where set: earlier outputs stay as they were
+            out["speed_change_at_s"], out["speed_after"] = self.speed_change
+        return out
+
+
+def _scaled(belief: Profile, speed: float) -> Profile:
+    """`belief` with every step-time coefficient x `speed` (the same object at 1.0)."""
+    if speed == 1.0:
+        return belief
+    st = belief.step_time.model_dump()
+    scaled = StepTimeCoefficients(**{k: v * speed for k, v in st.items()})
+    return belief.model_copy(update={"step_time": scaled})

@@ -178,9 +178,10 @@ class PolicyResult:
     """When the fleet had settled after the scored window (runs with a settling tail)."""
     settled_replicas: int | None = None
     learned_speed: float | None = None
-    """The median over the scored window of the step-time factor the policy believed
-    (the governor's learned speed, controller.plant; None for a policy that learns
-    none): against the plant's own (`Plant.speed`), how well it calibrated online."""
+    """The median over the scored window (from the plant's speed change on, where it
+    has one) of the step-time factor the policy believed (the governor's learned speed,
+    controller.plant; None for a policy that learns none): against the plant's own
+    (`Plant.speed`, or the speed after the change), how well it calibrated online."""
 
     def summary(self) -> dict[str, float | int | None]:
         return {
@@ -372,6 +373,9 @@ def run_policy(
     policy = make_policy(name, sc, fleet, source)
     end = sc.end_s
     events: list[tuple[float, int]] = [(policy.interval_s, 0), (sc.hpa_sync_s, 1)]
+    change = sc.plant.changed_profile(sc.profile)
+    if change is not None:
+        heapq.heappush(events, (change[0], 2))  # after a tick or sync at the same time
     run = _Run()
     scored: PolicyResult | None = None
     settled_s: float | None = None
@@ -387,7 +391,10 @@ def run_policy(
         if t > end + settle_max_s:
             break
         fleet.advance_to(t)
-        if kind == 0:
+        if kind == 2:
+            assert change is not None
+            fleet.set_profile(change[1], t)
+        elif kind == 0:
             _apply_policy(run, policy, fleet, t)
             if on_tick is not None:
                 on_tick(t, policy)
@@ -421,6 +428,7 @@ def _result(name: str, sc: Scenario, fleet: Fleet, run: _Run) -> PolicyResult:
     att, ttft_p95, itl_p95, refused, unfinished = score(fleet, sc.sla)
     run.series["ttft_p95_by_minute"] = ttft_p95_by_minute(fleet, end)
     actions = list(run.actions)
+    since = 0.0 if sc.plant.speed_change is None else sc.plant.speed_change[0]
     return PolicyResult(
         name=name,
         slo_attainment=att,
@@ -437,7 +445,7 @@ def _result(name: str, sc: Scenario, fleet: Fleet, run: _Run) -> PolicyResult:
         unfinished=unfinished,
         max_replicas=int(max(run.series["total"], default=0)),
         series=run.series,
-        learned_speed=_median([v for t, v in run.learned if t <= end]),
+        learned_speed=_median([v for t, v in run.learned if since <= t <= end]),
     )
 
 

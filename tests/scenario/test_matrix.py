@@ -81,9 +81,12 @@ def test_the_matrix_covers_the_issue_conditions() -> None:
         "knobs live",
         "random routing",
         "overhead 200 ms",
+        "slows 1.3x midway",
     ]
-    over = CONDITIONS[-1]
-    assert over.overhead_ms == 200.0 and over.oracle_plant == (1.0, "least-outstanding", 200.0)
+    over = CONDITIONS[-2]
+    assert over.overhead_ms == 200.0
+    assert over.oracle_plant == (1.0, "least-outstanding", 200.0, None)
+    assert CONDITIONS[-1].oracle_plant == (1.0, "least-outstanding", None, 1.3)
     assert scenario_for(MatrixSpec(), TRACES[3], over).plant.overhead_ms == 200.0
     assert scenario_for(MatrixSpec(), TRACES[3], CONDITIONS[0]).plant.overhead_ms is None
 

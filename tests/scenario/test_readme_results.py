@@ -32,6 +32,7 @@ from simulator.matrix import (
     TRACES,
     MatrixSpec,
     MatrixSummary,
+    condition_doc,
     matrix_table,
     scenario_for,
 )
@@ -51,6 +52,7 @@ FULL_RERUN = (
     ("diurnal", "knobs live", "governor"),  # the engines' live knob path, end to end
     ("diurnal", "random routing", "governor"),  # kube-proxy's random endpoint
     ("diurnal", "overhead 200 ms", "governor"),  # the overhead learned from the histograms
+    ("diurnal", "slows 1.3x midway", "governor"),  # the plant changed mid-run
 )
 COMBINED_RERUN = (("diurnal", "slow + cold 2x", "governor"),)
 """A cheap cell of the combined matrix."""
@@ -120,7 +122,7 @@ def test_committed_matrices_are_the_current_specs() -> None:
         known = [dataclasses.asdict(t) for t in spec.traces]
         got = doc["spec"]["traces"]
         assert got and got == [t for t in known if t in got], path
-        assert doc["spec"]["conditions"] == [dataclasses.asdict(c) for c in spec.conditions]
+        assert doc["spec"]["conditions"] == [condition_doc(c) for c in spec.conditions]
         assert len(doc["rows"]) == len(got) * len(spec.conditions)
 
 
