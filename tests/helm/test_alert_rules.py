@@ -99,12 +99,18 @@ def test_the_chart_takes_the_alert_durations_prometheus_loads(
     as_for = _prometheus_loads(tmp_path, {"alert": "A", "expr": "x > 0", "for": duration})
     for key in ("slaShortWindow", "slaLongWindow", "actuationGapWindow", "tailWindow"):
         assert _chart_takes(key, duration) == as_range, (key, duration, as_range)
-    for key in ("slaFor", "actuationFailingFor", "actuationGapFor", "tailFor"):
+    for key in (
+        "slaFor",
+        "actuationFailingFor",
+        "actuationGapFor",
+        "tailFor",
+        "plantOffProfileFor",
+    ):
         assert _chart_takes(key, duration) == as_for, (key, duration, as_for)
     if as_range:
         # The rendered rules, with every window and for: at this duration, load.
         windows = ("slaShortWindow", "slaLongWindow", "actuationGapWindow", "tailWindow")
-        fors = ("slaFor", "actuationFailingFor", "actuationGapFor", "tailFor")
+        fors = ("slaFor", "actuationFailingFor", "actuationGapFor", "tailFor", "plantOffProfileFor")
         rules = _rules(monitoring={"prometheusRule": dict.fromkeys(windows + fors, duration)})
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
         out = _promtool("check", "rules", "rules.yaml", cwd=tmp_path)
@@ -760,3 +766,69 @@ def test_actuation_gap_alerts_can_be_turned_off_without_kube_state_metrics() -> 
     off = {r.get("alert") for g in rules["groups"] for r in g["rules"]}
     assert not {"GovernorActuationGap", "GovernorActuationUnobserved"} & off
     assert "GovernorControllerStale" in off
+
+
+def test_plant_off_profile_fires_either_way_past_the_factor_and_only_for_the_leader(
+    tmp_path: Path,
+) -> None:
+    """GovernorPlantOffProfile (plantOffProfileFactor 1.5, for 30m by default): model a's
+    engines read 2.10x the profile's step time and c's 0.50x (faster than the profile)
+    for 40 minutes, so both alert after 30 (not at 20); b reads 1.20x, within the factor;
+    a follower's stale 3.0x for b is not read."""
+    leader = {**GOV, "instance": "10.0.0.1:9464"}
+    follower = {**GOV, "instance": "10.0.0.2:9464"}
+    speed = "governor_plant_speed_factor"
+
+    def fired(model: str, value: str) -> dict[str, Any]:
+        return {
+            "exp_labels": {"severity": "warning", "model": model},
+            "exp_annotations": {
+                "summary": "llm-governor: a model's engines run far off its profile",
+                "description": f"{model}: its engines' steps have taken {value}x the "
+                "profile's for 30m (warned past 1.5x either way). The governor sizes "
+                "replicas and knobs with what it learned, but the profile is for other "
+                "hardware, or the hardware changed under the model (a degraded or "
+                "throttling GPU, another node pool, another vLLM version): check the "
+                "engines' nodes and the model's profile; 'governor explain' shows the "
+                "learned factors.",
+            },
+        }
+
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": [
+                _series(speed, {**leader, "model": "a"}, "2.1x40"),
+                _series(speed, {**leader, "model": "b"}, "1.2x40"),
+                _series(speed, {**leader, "model": "c"}, "0.5x40"),
+                _series(speed, {**follower, "model": "b"}, "3x40"),
+                _series("governor_leader", leader, "1x40"),
+                _series("governor_leader", follower, "0x40"),
+            ],
+            "alert_rule_test": [
+                {"eval_time": "20m", "alertname": "GovernorPlantOffProfile", "exp_alerts": []},
+                {
+                    "eval_time": "35m",
+                    "alertname": "GovernorPlantOffProfile",
+                    "exp_alerts": [fired("a", "2.10"), fired("c", "0.50")],
+                },
+            ],
+        },
+    ]
+    _run_tests(tmp_path, _rules(), tests)
+    rules = _rules(monitoring={"prometheusRule": {"plantOffProfileFactor": 2.5}})
+    tests[0]["alert_rule_test"] = [
+        {
+            "eval_time": "35m",
+            "alertname": "GovernorPlantOffProfile",
+            "exp_alerts": [],  # 2.10 and 0.50 are within 2.5x either way
+        }
+    ]
+    _run_tests(tmp_path, rules, tests)
+
+
+@pytest.mark.parametrize("factor", [1, 0.5, -2])
+def test_the_chart_refuses_a_plant_factor_that_is_not_over_one(factor: float) -> None:
+    """A factor of 1 or less would fire on every model at every speed."""
+    with pytest.raises(helm.HelmError, match="plantOffProfileFactor"):
+        _rules(monitoring={"prometheusRule": {"plantOffProfileFactor": factor}})
