@@ -307,6 +307,7 @@ SINGLE_RUN_FLAGS = (
     "rate_scale",
     "duration",
     "plant_speed",
+    "plant_speed_change",
     "plant_cold_start_x",
     "live_knobs",
     "plant_router",

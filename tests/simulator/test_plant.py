@@ -205,6 +205,10 @@ def test_simulate_plant_flags_refuse_bad_values(
         (["--matrix-quick", "--plot", "p.png"], "--plot: not read with --matrix"),
         (["--matrix", "--plant-router", "random"], "--plant-router: not read with --matrix"),
         (
+            ["--matrix-quick", "--plant-speed-change", "60:1.3"],
+            "--plant-speed-change: not read with --matrix",
+        ),
+        (
             ["--matrix", "--plant-rollout", "unavailable"],
             "--plant-rollout: not read with --matrix",
         ),
