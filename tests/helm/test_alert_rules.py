@@ -86,6 +86,25 @@ def _chart_takes(key: str, duration: str) -> bool:
     return True
 
 
+WINDOWS = (
+    "slaShortWindow",
+    "slaLongWindow",
+    "actuationGapWindow",
+    "tailWindow",
+    "slowReplicaWindow",
+)
+"""The alerts' range selectors (monitoring.prometheusRule)."""
+FORS = (
+    "slaFor",
+    "actuationFailingFor",
+    "actuationGapFor",
+    "tailFor",
+    "plantOffProfileFor",
+    "slowReplicaFor",
+)
+"""The alerts' `for:` durations (monitoring.prometheusRule)."""
+
+
 @pytest.mark.parametrize("duration", DURATIONS)
 def test_the_chart_takes_the_alert_durations_prometheus_loads(
     tmp_path: Path, duration: str
@@ -97,21 +116,13 @@ def test_the_chart_takes_the_alert_durations_prometheus_loads(
         tmp_path, {"alert": "A", "expr": f"rate(x[{duration}]) > 0", "for": "1m"}
     )
     as_for = _prometheus_loads(tmp_path, {"alert": "A", "expr": "x > 0", "for": duration})
-    for key in ("slaShortWindow", "slaLongWindow", "actuationGapWindow", "tailWindow"):
+    for key in WINDOWS:
         assert _chart_takes(key, duration) == as_range, (key, duration, as_range)
-    for key in (
-        "slaFor",
-        "actuationFailingFor",
-        "actuationGapFor",
-        "tailFor",
-        "plantOffProfileFor",
-    ):
+    for key in FORS:
         assert _chart_takes(key, duration) == as_for, (key, duration, as_for)
     if as_range:
         # The rendered rules, with every window and for: at this duration, load.
-        windows = ("slaShortWindow", "slaLongWindow", "actuationGapWindow", "tailWindow")
-        fors = ("slaFor", "actuationFailingFor", "actuationGapFor", "tailFor", "plantOffProfileFor")
-        rules = _rules(monitoring={"prometheusRule": dict.fromkeys(windows + fors, duration)})
+        rules = _rules(monitoring={"prometheusRule": dict.fromkeys(WINDOWS + FORS, duration)})
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
         out = _promtool("check", "rules", "rules.yaml", cwd=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -832,3 +843,69 @@ def test_the_chart_refuses_a_plant_factor_that_is_not_over_one(factor: float) ->
     """A factor of 1 or less would fire on every model at every speed."""
     with pytest.raises(helm.HelmError, match="plantOffProfileFactor"):
         _rules(monitoring={"prometheusRule": {"plantOffProfileFactor": factor}})
+
+
+def _itl_counters(model: str, instance: str, gap_s: float, per_s: float, name: str = "") -> list:
+    """An engine's ITL histogram _sum and _count: `per_s` token gaps a second, each
+    `gap_s` apart (1-minute samples); `name` the metric (vLLM's current one by default)."""
+    metric = name or "vllm:inter_token_latency_seconds"
+    labels = {"model_name": model, "instance": instance}
+    n = per_s * 60
+    return [
+        _series(f"{metric}_sum", labels, f"0+{n * gap_s:g}x60"),
+        _series(f"{metric}_count", labels, f"0+{n:g}x60"),
+    ]
+
+
+def test_slow_replica_fires_on_the_engine_far_off_the_median_only(tmp_path: Path) -> None:
+    """GovernorSlowReplica (factor 1.5 over 10m, for 15m): model A's four streaming
+    engines read 20, 20, 22 (on the deprecated metric name) and 45 ms; the 45 ms one
+    alerts, once, after its `for`. An idle fifth engine (0.5 gaps a second at 100 ms)
+    neither alerts nor counts. Model B's three engines (20, 24, 28 ms) are within 1.5x of
+    their median; two engines (20 and 80 ms) have no median to speak of."""
+    a, b = MODEL_8B["name"], MODEL_CODE["name"]
+    tpot = "vllm:time_per_output_token_seconds"
+    engines = [
+        *_itl_counters(a, "10.1.0.1:8000", 0.020, 50),
+        *_itl_counters(a, "10.1.0.2:8000", 0.020, 50),
+        *_itl_counters(a, "10.1.0.3:8000", 0.022, 50, tpot),
+        *_itl_counters(a, "10.1.0.4:8000", 0.045, 25),
+        *_itl_counters(a, "10.1.0.5:8000", 0.100, 0.5),
+        *_itl_counters(b, "10.2.0.1:8000", 0.020, 40),
+        *_itl_counters(b, "10.2.0.2:8000", 0.024, 40),
+        *_itl_counters(b, "10.2.0.3:8000", 0.028, 40),
+    ]
+    rules = _rules()
+    rule = _rule(rules, "GovernorSlowReplica", model=a)
+    description = (
+        f"Engine 10.1.0.4:8000 of {a} has streamed tokens 45ms apart on average over "
+        "10m, more than 1.5 x the median engine's, for 15m: a degraded or throttling GPU "
+        "or a bad node (check its node and GPU health); its requests miss the ITL target "
+        "first. Deleting the pod reschedules it."
+    )
+    fired = {
+        "exp_labels": {**rule["labels"], "instance": "10.1.0.4:8000"},
+        "exp_annotations": {"summary": rule["annotations"]["summary"], "description": description},
+    }
+    two = [
+        *_itl_counters(b, "10.2.0.1:8000", 0.020, 40),
+        *_itl_counters(b, "10.2.0.2:8000", 0.080, 40),  # > 1.5 x their median, 50 ms
+    ]
+    tests = [
+        {
+            "interval": "1m",
+            "input_series": engines,
+            "alert_rule_test": [
+                {"eval_time": "12m", "alertname": "GovernorSlowReplica", "exp_alerts": []},
+                {"eval_time": "40m", "alertname": "GovernorSlowReplica", "exp_alerts": [fired]},
+            ],
+        },
+        {
+            "interval": "1m",
+            "input_series": two,
+            "alert_rule_test": [
+                {"eval_time": "40m", "alertname": "GovernorSlowReplica", "exp_alerts": []},
+            ],
+        },
+    ]
+    _run_tests(tmp_path, rules, tests)

@@ -667,7 +667,19 @@ def test_alerts_cover_sla_burn_staleness_and_actuation() -> None:
     assert len(tails) == 2 * (3 + 3 + 2)
     # The governor-side alerts select this release's Service (the ServiceMonitor's job);
     # the latency ones read vLLM's series, the unobserved one kube-state-metrics' only.
-    vllm_side = {"GovernorSLABurn", "GovernorLatencyP99High", "GovernorLatencyP999High"}
+    vllm_side = {
+        "GovernorSLABurn",
+        "GovernorLatencyP99High",
+        "GovernorLatencyP999High",
+        "GovernorSlowReplica",
+    }
+    # One slow-replica alert per model, on that model's vLLM series only.
+    slow = {r["labels"]["model"]: r["expr"] for r in alerts if r["alert"] == "GovernorSlowReplica"}
+    assert set(slow) == {m["name"] for m in models}
+    for name, expr in slow.items():
+        others = [m["name"] for m in models if m["name"] != name]
+        assert f'model_name="{name}"' in expr
+        assert not any(f'model_name="{o}"' in expr for o in others)
     for r in alerts:
         if r["alert"] not in vllm_side | {"GovernorActuationUnobserved"}:
             assert f'job="{FULLNAME}"' in r["expr"], r["alert"]

@@ -153,6 +153,15 @@ histogram_quantile({{ .q }},
 ){{ end }})
 {{- end -}}
 
+{{/* One model's counter rates summed per engine (dict "metrics": series names, deprecated
+ones after, joined with `or` per series; "suffix": _sum or _count; "window"; "scopes":
+llm-governor.modelScopes, joined with `or`): a vector with one element per `instance`. */}}
+{{- define "llm-governor.perInstance" -}}
+{{- range $k, $scope := .scopes }}{{ if $k }} or {{ end }}sum by (instance) (
+{{- range $j, $name := $.metrics }}{{ if $j }} or {{ end }}rate({{ $name }}{{ $.suffix }}{ {{- $scope -}} }[{{ $.window }}]){{ end -}}
+){{ end }}
+{{- end -}}
+
 {{- define "llm-governor.namespaceLabel" -}}
 {{- $prom := .Values.prometheus | default dict -}}
 {{- if hasKey $prom "namespace_label" -}}

@@ -133,13 +133,13 @@ parse, fails to load the rule file, which drops every rule of its group. `for:` 
 (the alert fires on the first evaluation that matches, Prometheus' default). */ -}}
 {{- $pr := $v.monitoring.prometheusRule -}}
 {{- $grammar := "^([0-9]+y)?([0-9]+w)?([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?([0-9]+ms)?$" -}}
-{{- range $key := list "slaShortWindow" "slaLongWindow" "actuationGapWindow" "tailWindow" -}}
+{{- range $key := list "slaShortWindow" "slaLongWindow" "actuationGapWindow" "tailWindow" "slowReplicaWindow" -}}
 {{- $w := toString (get $pr $key) -}}
 {{- if not (and (regexMatch $grammar $w) (regexMatch "[1-9]" $w)) -}}
 {{- fail (printf "monitoring.prometheusRule.%s: must be a Prometheus duration longer than zero, units largest first (e.g. 5m, 1h30m; got %q): it is the range of the alerts' [%s] selectors, and a zero or malformed range fails to load, which drops the whole rule group" $key $w $w) -}}
 {{- end -}}
 {{- end -}}
-{{- range $key := list "slaFor" "actuationFailingFor" "actuationGapFor" "tailFor" "plantOffProfileFor" -}}
+{{- range $key := list "slaFor" "actuationFailingFor" "actuationGapFor" "tailFor" "plantOffProfileFor" "slowReplicaFor" -}}
 {{- $w := toString (get $pr $key) -}}
 {{- if not (and $w (regexMatch $grammar $w)) -}}
 {{- fail (printf "monitoring.prometheusRule.%s: must be a Prometheus duration, units largest first (e.g. 10m, 1h30m; 0s fires on the first evaluation that matches; got %q): it is the alerts' for:, which Prometheus cannot load otherwise" $key $w) -}}
