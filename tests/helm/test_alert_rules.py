@@ -223,10 +223,13 @@ def test_dashboard_groups_as_the_recording_rules_do() -> None:
         vllm = [
             t["expr"] for p in dash["panels"] for t in p.get("targets", []) if "vllm:" in t["expr"]
         ]
-        assert len(vllm) == 7
+        assert len(vllm) == 8
         for expr in vllm:
             (by,) = set(re.findall(r"(?:sum|max) by \(([^)]*)\)", expr))
-            assert set(by.split(", ")) - {"le"} == want, (prometheus, expr)
+            # by the recording rules' labels, and the bucket or (one panel) the engine
+            assert set(by.split(", ")) - {"le", "instance"} == want, (prometheus, expr)
+        per_engine = [e for e in vllm if "instance)" in e]
+        assert len(per_engine) == 1 and "le)" not in per_engine[0]
         names = [v["name"] for v in dash["templating"]["list"]]
         if prometheus.get("namespace_label", "namespace") is None:
             assert names == ["datasource", "model"]
