@@ -10,13 +10,14 @@ default; in the other rows they restart to take new knobs); requests spread over
 replicas at random (kube-proxy's choice of endpoint behind a plain Service) instead of by
 a gateway's least-outstanding balancing, which the decider's capacity model assumes; a
 per-request overhead of 200 ms before the engines (a gateway, an auth hop, a loaded API
-server) where the profile the decider starts from says 29. A cell is (SLO attainment,
-GPU-hours / oracle, flaps).
+server) where the profile the decider starts from says 29; every engine 1.3x slower from
+half the trace on (a plant that changes under the controller). A cell is (SLO
+attainment, GPU-hours / oracle, flaps).
 
 Cost: cells run in parallel worker processes (default 2); the oracle is computed once per
-trace, plant speed, router and overhead (neither the start, the scrape nor the cold
-start changes it), and `static` holds that oracle's peak. `--matrix-quick` runs short
-slices of the same traces under two conditions (a smoke run for tests).
+trace, plant speed (and its change midway), router and overhead (neither the start,
+the scrape nor the cold start changes it), and `static` holds that oracle's peak.
+`--matrix-quick` runs short slices of the same traces under two conditions (a smoke run).
 `--matrix-combined` runs the full traces under several factors changed at once
 (COMBINED_CONDITIONS: slower or faster plants with a 30 s scrape and a 2x cold start),
 the same cells, goals and columns.
