@@ -302,10 +302,7 @@ class Engine(DecodeJumps, Preemption):
         are preempted at the next step start (back to the front of the waiting queue, as
         vLLM preempts for KV space)."""
         mns, mnbt = checked_knobs(knobs)
-        if self.wake_s <= t_s:
-            self.advance_to(t_s)
-        if self.fl_kind == 2:
-            self._truncate_jump(t_s)
+        self._cut_at(t_s)
         self.knobs, self.mns, self.mnbt = knobs, mns, mnbt
 
     def set_profile(self, profile: Profile, t_s: float) -> None:
@@ -313,14 +310,20 @@ class Engine(DecodeJumps, Preemption):
         start at or after `t_s` take `profile`'s step times; a step in flight keeps its
         duration and a decode jump is cut after the step in flight at `t_s`. Only the
         step times change (the KV cache and context length stay the engine's)."""
+        self._cut_at(t_s)
+        self.profile = profile
+        self._set_step_model(profile)
+
+    def _cut_at(self, t_s: float) -> None:
+        """Apply every step up to `t_s` (seconds) and cut an in-flight decode jump after
+        its step in flight at `t_s`, so what changes now changes the steps after it."""
         if self.wake_s <= t_s:
             self.advance_to(t_s)
         if self.fl_kind == 2:
             self._truncate_jump(t_s)
-        self.profile = profile
-        self._set_step_model(profile)
 
     def _set_step_model(self, profile: Profile) -> None:
+        """The step-time coefficients (ms, per unit) the steps read, from `profile`."""
         st = profile.step_model()
         self._floor, self._base, self._per_token = st.floor, st.base, st.per_token
         self._fixed, self._per_seq, self._per_kv = st.fixed, st.per_seq, st.per_kv

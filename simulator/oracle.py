@@ -205,7 +205,9 @@ def oracle(
 
 def _window_plant(before: Profile, change: tuple[float, Profile], lo: float, hi: float) -> Profile:
     """The plant of the window [lo, hi) s around a change (at_s, profile): the one in
-    force all through it, else (split) the faster one, the lower bound's."""
+    force all through it, else (split) the faster one, the lower bound's. Faster by the
+    per-token coefficient: the plant scales every step-time coefficient by one factor
+    (simulator.plant), so one coefficient orders them."""
     at_s, after = change
     if at_s <= lo:
         return after

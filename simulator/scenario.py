@@ -373,6 +373,7 @@ def run_policy(
     policy = make_policy(name, sc, fleet, source)
     end = sc.end_s
     events: list[tuple[float, int]] = [(policy.interval_s, 0), (sc.hpa_sync_s, 1)]
+    heapq.heapify(events)  # a tick longer than the HPA's sync comes second
     change = sc.plant.changed_profile(sc.profile)
     if change is not None:
         heapq.heappush(events, (change[0], 2))  # after a tick or sync at the same time

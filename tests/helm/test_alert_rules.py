@@ -848,7 +848,9 @@ def test_the_chart_refuses_a_plant_factor_that_is_not_over_one(factor: float) ->
         _rules(monitoring={"prometheusRule": {"plantOffProfileFactor": factor}})
 
 
-def _itl_counters(model: str, instance: str, gap_s: float, per_s: float, name: str = "") -> list:
+def _itl_counters(
+    model: str, instance: str, gap_s: float, per_s: float, name: str = ""
+) -> list[dict[str, str]]:
     """An engine's ITL histogram _sum and _count: `per_s` token gaps a second, each
     `gap_s` apart (1-minute samples); `name` the metric (vLLM's current one by default)."""
     metric = name or "vllm:inter_token_latency_seconds"
@@ -862,8 +864,8 @@ def _itl_counters(model: str, instance: str, gap_s: float, per_s: float, name: s
 
 def test_slow_replica_fires_on_the_engine_far_off_the_median_only(tmp_path: Path) -> None:
     """GovernorSlowReplica (factor 1.5 over 10m, for 15m): model A's four streaming
-    engines read 20, 20, 22 (on the deprecated metric name) and 45 ms; the 45 ms one
-    alerts, once, after its `for`. An idle fifth engine (0.5 gaps a second at 100 ms)
+    engines read 20, 20, 22 and 45 ms (the last on the deprecated metric name only); the
+    45 ms one alerts, once, after its `for`. An idle fifth engine (0.5 gaps a second at 100 ms)
     neither alerts nor counts. Model B's three engines (20, 24, 28 ms) are within 1.5x of
     their median; two engines (20 and 80 ms) have no median to speak of."""
     a, b = MODEL_8B["name"], MODEL_CODE["name"]
@@ -871,8 +873,8 @@ def test_slow_replica_fires_on_the_engine_far_off_the_median_only(tmp_path: Path
     engines = [
         *_itl_counters(a, "10.1.0.1:8000", 0.020, 50),
         *_itl_counters(a, "10.1.0.2:8000", 0.020, 50),
-        *_itl_counters(a, "10.1.0.3:8000", 0.022, 50, tpot),
-        *_itl_counters(a, "10.1.0.4:8000", 0.045, 25),
+        *_itl_counters(a, "10.1.0.3:8000", 0.022, 50),
+        *_itl_counters(a, "10.1.0.4:8000", 0.045, 25, tpot),
         *_itl_counters(a, "10.1.0.5:8000", 0.100, 0.5),
         *_itl_counters(b, "10.2.0.1:8000", 0.020, 40),
         *_itl_counters(b, "10.2.0.2:8000", 0.024, 40),
@@ -884,7 +886,7 @@ def test_slow_replica_fires_on_the_engine_far_off_the_median_only(tmp_path: Path
         f"Engine 10.1.0.4:8000 of {a} has streamed tokens 45ms apart on average over "
         "10m, more than 1.5 x the median engine's, for 15m: a degraded or throttling GPU "
         "or a bad node (check its node and GPU health); its requests miss the ITL target "
-        "first. Deleting the pod reschedules it."
+        "first. Cordon its node and delete the pod to move it."
     )
     fired = {
         "exp_labels": {**rule["labels"], "instance": "10.1.0.4:8000"},

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.config import SLA
+from controller.config import SLA, ScalingPolicy
 from controller.types import Knobs
 from estimators.stepmodel import load_profile
 from service.cli import main
@@ -510,3 +510,26 @@ def test_the_demo_judges_gpu_hours_as_the_matrix_does() -> None:
     assert "GPU-h <= 1.3x oracle met" in demo_goals({"policies": {"governor": row}})
     row |= {"oracle_ratio": 1.16, "oracle_ratio_trace": 1.36}
     assert "GPU-h <= 1.3x oracle MISSED" in demo_goals({"policies": {"governor": row}})
+
+
+def test_a_governor_tick_longer_than_the_hpa_sync_runs_in_time_order() -> None:
+    """A tick of 20 s (allowed up to 300 s) comes after the HPA's first 15 s sync: the
+    run's event heap orders them (an unordered list once advanced the fleet to 20 s and
+    then asked it back to 15 s: "cannot go back in time")."""
+    trace = load_trace("synthetic:poisson:rate=5,duration=120", seed=1)
+    sc = Scenario(
+        trace=trace,
+        sla=SLA_STD,
+        drain_tail_s=0,
+        governor_policy=ScalingPolicy(tick_interval_s=20.0),
+    )
+    ticks: list[float] = []
+    syncs: list[float] = []
+    res = run_policy(
+        "governor",
+        sc,
+        on_tick=lambda t, _p: ticks.append(t),
+        on_sync=lambda t, _f, _p: syncs.append(t),
+    )
+    assert ticks[:3] == [20.0, 40.0, 60.0] and syncs[:3] == [15.0, 30.0, 45.0]
+    assert res.requests == len(trace)

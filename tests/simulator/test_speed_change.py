@@ -95,7 +95,8 @@ def test_simulate_refuses_a_bad_speed_change_flag(
 def test_the_oracle_sizes_each_window_on_the_plant_in_force() -> None:
     """60 req/s over three minutes, the plant 1.6x slower from 120 s: the first two
     windows need what the profile's plant needs, the third what the slow plant needs
-    (more); a change inside a window sizes it on the faster plant (a lower bound)."""
+    (more); a change inside a window sizes it on the faster plant (a lower bound),
+    whichever side of the change that is."""
     p, k = load_profile(), Knobs(160, 2560)
     trace = load_trace("synthetic:poisson:rate=60,duration=180", seed=1)
     slow = Plant(speed=1.6).profile(p)
@@ -106,6 +107,8 @@ def test_the_oracle_sizes_each_window_on_the_plant_in_force() -> None:
     assert scenario_oracle(sc, workers=1).replicas == [*fast_counts[:2], slow_counts[2]]
     split = oracle(trace, p, k, SLA_STD, workers=1, change=(150.0, slow)).replicas
     assert split == fast_counts
+    sped_up = oracle(trace, slow, k, SLA_STD, workers=1, change=(150.0, p)).replicas
+    assert sped_up == [*slow_counts[:2], fast_counts[2]]  # the split minute: the faster
 
 
 def test_midway_is_half_the_span_in_whole_minutes() -> None:
