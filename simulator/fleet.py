@@ -1,7 +1,8 @@
 """simulator.fleet: a discrete-event fleet of simulated engines behind a router.
 
-Owns replica lifecycle, routing, knob application, scrape scheduling and fleet-level
-accounting. Times are seconds on the simulation clock (`_s`).
+Owns replica lifecycle, routing, knob application and scrape scheduling; the replica
+records and the fleet-level accounting over them are simulator.replicas'. Times are
+seconds on the simulation clock (`_s`).
 
 Lifecycle: `scale_to` requests a replica -> STARTING for the cold start (the profile's
 `cold_start_s`, or the `cold_start_s` given: a number, or a (low, high) range drawn
@@ -24,9 +25,10 @@ replicas, ties broken round-robin; "random": a SERVING replica drawn uniformly p
 by the fleet's seed. With no SERVING replica, requests queue FIFO at the router (counted,
 never dropped) and are dispatched when a replica becomes ready.
 
-Accounting: GPU-seconds count each replica from the moment it is requested (cold start
-included) until it is GONE (or until now); the replica timeline records (t, ready, total)
-at every change; peak router queue; per-request records (`RequestLog`).
+Accounting (simulator.replicas.FleetAccounting, which `Fleet` mixes in): GPU-seconds
+count each replica from the moment it is requested (cold start included) until it is
+GONE (or until now); the replica timeline records (t, ready, total) at every change; peak
+router queue; per-request records (`RequestLog`).
 
 Event order at one instant: lifecycle events, then scrapes, then arrivals.
 """
@@ -39,44 +41,13 @@ import random
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from enum import StrEnum
-
-import numpy as np
 
 from controller.types import Knobs
 from estimators.stepmodel import DEFAULT_PROFILE, Profile, load_profile
 from simulator.engine import INF, Engine, checked_knobs
-from simulator.requests import RequestLog, RequestRecords
+from simulator.replicas import FleetAccounting, Replica, ReplicaState
+from simulator.requests import RequestLog
 from simulator.traces import Trace
-
-
-class ReplicaState(StrEnum):
-    """Where a replica is in its lifecycle."""
-
-    STARTING = "STARTING"
-    SERVING = "SERVING"
-    DRAINING = "DRAINING"
-    GONE = "GONE"
-
-
-@dataclass(slots=True)
-class Replica:
-    """One replica: its lifecycle times (seconds) and, once serving, its engine."""
-
-    replica_id: int
-    knobs: Knobs
-    requested_s: float
-    ready_s: float
-    """When the cold start ends (scheduled; the replica serves from then unless cancelled)."""
-    state: ReplicaState = ReplicaState.STARTING
-    engine: Engine | None = None
-    drain_s: float | None = None
-    gone_s: float | None = None
-
-    def gpu_seconds(self, now_s: float) -> float:
-        """GPU time held from request to gone (or `now_s`), seconds."""
-        end = self.gone_s if self.gone_s is not None else now_s
-        return max(0.0, min(end, now_s) - self.requested_s)
 
 
 @dataclass(slots=True)
@@ -84,23 +55,6 @@ class _Scraper:
     interval_s: float
     next_s: float
     callback: Callable[[float], None]
-
-
-@dataclass(frozen=True, slots=True)
-class FleetStats:
-    """Fleet-level totals at `now_s`."""
-
-    now_s: float
-    submitted: int
-    dispatched: int
-    completed: int
-    refused: int
-    preemptions: int
-    gpu_seconds: float
-    peak_router_queue: int
-    router_queued_total: int
-    replicas_requested: int
-    steps: int
 
 
 @dataclass(slots=True)
@@ -123,7 +77,7 @@ ready during each cold start, no extra GPU; the chart's example engine for templ
 changes)."""
 
 
-class Fleet:
+class Fleet(FleetAccounting):
     """A fleet of simulated replicas of one model behind a router (`router`, ROUTERS).
 
     `profile` is a `Profile` or a profile name/path; `knobs` default to the profile's
@@ -633,68 +587,3 @@ class Fleet:
         for rep in self._draining:
             assert rep.engine is not None
             yield rep.replica_id, rep.engine
-
-    def gpu_seconds(self, now_s: float | None = None) -> float:
-        """GPU-seconds used up to `now_s` (default: the fleet's time), cold starts included."""
-        t = self.now_s if now_s is None else now_s
-        return sum(r.gpu_seconds(t) for r in self.replicas)
-
-    def records(self) -> RequestRecords:
-        """Per-request ground truth as numpy arrays."""
-        return self.log.arrays()
-
-    def timeline(self) -> list[tuple[float, int, int]]:
-        """(t_s, ready replicas, total replicas) at every change up to now, from the
-        replicas' lifecycle times (ready: SERVING; total: holding a GPU)."""
-        deltas: dict[float, list[int]] = {}
-
-        def add(t: float, ready: int, total: int) -> None:
-            if t <= self.now_s:
-                d = deltas.setdefault(t, [0, 0])
-                d[0], d[1] = d[0] + ready, d[1] + total
-
-        for r in self.replicas:
-            add(r.requested_s, 0, 1)
-            if r.gone_s is not None:
-                add(r.gone_s, 0, -1)
-            if r.engine is not None:  # it served from ready_s until drained or gone
-                add(r.ready_s, 1, 0)
-                end = r.drain_s if r.drain_s is not None else r.gone_s
-                if end is not None:
-                    add(end, -1, 0)
-        out: list[tuple[float, int, int]] = []
-        ready = total = 0
-        for t in sorted(deltas):
-            ready, total = ready + deltas[t][0], total + deltas[t][1]
-            out.append((t, ready, total))
-        return out
-
-    def replica_series(self, step_s: float, until_s: float | None = None) -> np.ndarray:
-        """(t, ready, total) sampled every `step_s` from the first change, shape (n, 3)."""
-        tl = self.timeline()
-        end = self.now_s if until_s is None else until_s
-        if not tl:
-            return np.zeros((0, 3))
-        ts = np.arange(tl[0][0], end + 1e-9, step_s)
-        times = np.array([e[0] for e in tl])
-        idx = np.searchsorted(times, ts, side="right") - 1
-        vals = np.array([e[1:] for e in tl], dtype=np.float64)[idx]
-        return np.column_stack([ts, vals])
-
-    def stats(self) -> FleetStats:
-        """Totals at the fleet's current time."""
-        engines = [r.engine for r in self.replicas if r.engine is not None]
-        log = self.log
-        return FleetStats(
-            now_s=self.now_s,
-            submitted=len(log),
-            dispatched=sum(1 for x in log.dispatch_s if not math.isnan(x)),
-            completed=sum(1 for x in log.finish_s if not math.isnan(x)),
-            refused=sum(log.refused),
-            preemptions=sum(e.metrics.preemptions for e in engines),
-            gpu_seconds=self.gpu_seconds(),
-            peak_router_queue=self.peak_router_queue,
-            router_queued_total=self.router_queued_total,
-            replicas_requested=len(self.replicas),
-            steps=sum(e.steps for e in engines),
-        )
