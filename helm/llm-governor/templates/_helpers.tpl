@@ -143,23 +143,20 @@ the first lack. Another namespace's model of this name never counts. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* A histogram quantile over one model's series (dict "q", "metrics": bucket series
-names, deprecated ones after, joined with `or` per series as the estimators do;
-"window"; "scopes": llm-governor.modelScopes, joined with `or`). */}}
-{{- define "llm-governor.modelQuantile" -}}
-histogram_quantile({{ .q }},
-{{- range $k, $scope := .scopes }}{{ if $k }} or{{ end }} sum by (le) (
-{{- range $j, $name := $.metrics }}{{ if $j }} or {{ end }}rate({{ $name }}{ {{- $scope -}} }[{{ $.window }}]){{ end -}}
-){{ end }})
+{{/* One model's counter rates summed by a label (dict "by": the label, e.g. le or
+instance; "metrics": series names, deprecated ones after, joined with `or` per series as
+the estimators do; "suffix": appended to each name, e.g. _sum (optional); "window";
+"scopes": llm-governor.modelScopes, joined with `or`). */}}
+{{- define "llm-governor.modelSum" -}}
+{{- range $k, $scope := .scopes }}{{ if $k }} or {{ end }}sum by ({{ $.by }}) (
+{{- range $j, $name := $.metrics }}{{ if $j }} or {{ end }}rate({{ $name }}{{ $.suffix | default "" }}{ {{- $scope -}} }[{{ $.window }}]){{ end -}}
+){{ end }}
 {{- end -}}
 
-{{/* One model's counter rates summed per engine (dict "metrics": series names, deprecated
-ones after, joined with `or` per series; "suffix": _sum or _count; "window"; "scopes":
-llm-governor.modelScopes, joined with `or`): a vector with one element per `instance`. */}}
-{{- define "llm-governor.perInstance" -}}
-{{- range $k, $scope := .scopes }}{{ if $k }} or {{ end }}sum by (instance) (
-{{- range $j, $name := $.metrics }}{{ if $j }} or {{ end }}rate({{ $name }}{{ $.suffix }}{ {{- $scope -}} }[{{ $.window }}]){{ end -}}
-){{ end }}
+{{/* A histogram quantile over one model's series (dict "q", "metrics": bucket series
+names, "window", "scopes": as llm-governor.modelSum sums them by `le`). */}}
+{{- define "llm-governor.modelQuantile" -}}
+histogram_quantile({{ .q }}, {{ include "llm-governor.modelSum" (dict "by" "le" "metrics" .metrics "window" .window "scopes" .scopes) }})
 {{- end -}}
 
 {{- define "llm-governor.namespaceLabel" -}}
