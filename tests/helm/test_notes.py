@@ -15,7 +15,6 @@ import re
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from tests.helm.chart import (
     render_files,
     values,
 )
+from tests.integration.promserver import free_port
 
 GRPC_HOST = f"{FULLNAME}.{NAMESPACE}.svc.cluster.local"
 ADMIN = {"existingSecret": "governor-admin", "key": "admin.token"}
@@ -209,12 +209,6 @@ def test_admin_commands_fit_the_values(case: str) -> None:
 
 
 # ---------------------------------------------------------------------- a real governor
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -283,7 +277,7 @@ def stop() -> Iterator[list[subprocess.Popen[str]]]:
 def test_printed_commands_work_against_the_rendered_governor(
     mode: str, tmp_path: Path, stop: list[subprocess.Popen[str]]
 ) -> None:
-    grpc_port, metrics_port, admin_port = _free_port(), _free_port(), _free_port()
+    grpc_port, metrics_port, admin_port = free_port(), free_port(), free_port()
     over: dict[str, Any] = {
         "ports": {"grpc": grpc_port, "metrics": metrics_port},
         "adminToken": ADMIN,

@@ -37,11 +37,25 @@ def find_prometheus() -> str | None:
     return shutil.which("prometheus")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port that was free a moment ago and that this process has not been
+    given before.
+
+    The kernel may hand the same ephemeral port to two binds in a row once the first socket
+    is closed, so two ports taken for one test (a gRPC and a metrics port, an engine's port
+    and its Prometheus's, before either server has bound) could be the same. Remembering the
+    ports already given makes every port from this function distinct within a test run.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_for(check: Callable[[], bool], deadline_s: float, what: str, poll_s: float = 0.2) -> None:
