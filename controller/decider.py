@@ -25,7 +25,8 @@ can be replayed from its trace. Steps, in order:
    backlog / backlog_drain_s. The smoothed level, not the
    raw sample, so one noisy window cannot scale up on its own: a rise the short window
    shows on two ticks in a row (or on one, when the queue grew meanwhile on a whole
-   fleet) is scaled up for at once (SHORT_WINDOW), and sudden
+   fleet) past what the fleet serves at the SLA is scaled up for at once
+   (SHORT_WINDOW), and sudden
    surges past the panic threshold are panic mode's job; both only past the noise of
    the panic window's count (RISE_Z, PANIC_Z: controller.stages.noise_margin_rps;
    panic from the first full window on);

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import pathlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -261,6 +262,12 @@ def _oracle_job(args: tuple[MatrixSpec, MatrixTrace, Condition]) -> OracleResult
 
 _PLOTTED = ("governor", "hpa-queue")
 """The policies a missed row's plot shows (with the oracle)."""
+_PLOT_FIELDS = (
+    *("slo_attainment", "gpu_hours", "scaling_actions", "flaps", "knob_changes"),
+    *("ttft_p95_ms", "itl_p95_ms", "peak_queue", "requests", "refused", "unfinished"),
+    "max_replicas",
+)
+"""What of a policy's cell the plot's PolicyResult carries (simulator.scenario)."""
 
 
 def _cell_job(args: tuple[MatrixSpec, MatrixTrace, Condition, str, int | None]) -> dict[str, Any]:
@@ -325,7 +332,8 @@ def _plot_missed(
     oracles: Mapping[OracleKey, OracleResult],
 ) -> list[str]:
     """A PNG per row with a goal missed (load, replicas of the governor, hpa-queue and
-    the oracle, p95 TTFT per minute), named `<trace>_<condition>.png`; their paths."""
+    the oracle, p95 TTFT per minute), named `<trace>_<condition>.png`; their paths. A
+    row that meets every goal has none: one an earlier run left there is removed."""
     from simulator.report import plot
     from simulator.scenario import PolicyResult
 
@@ -334,37 +342,18 @@ def _plot_missed(
     by_cond = {c.name: c for c in spec.conditions}
     assert spec.plots_dir is not None
     for row in doc["rows"]:
-        if all(row["goals"].values()):
-            continue
         tr, cond = by_key[row["trace"]], by_cond[row["condition"]]
+        path = pathlib.Path(spec.plots_dir, f"{tr.key}_{cond.name}".replace(" ", "-") + ".png")
+        if all(row["goals"].values()):
+            path.unlink(missing_ok=True)
+            continue
         results = {}
         for p in _PLOTTED:
             s = series.get((tr.key, cond.name, p))
             if s is not None:
                 r = row["policies"][p]
-                results[p] = PolicyResult(
-                    name=p,
-                    slo_attainment=r["slo_attainment"],
-                    gpu_hours=r["gpu_hours"],
-                    scaling_actions=r["scaling_actions"],
-                    flaps=r["flaps"],
-                    knob_changes=r["knob_changes"],
-                    ttft_p95_ms=r["ttft_p95_ms"],
-                    itl_p95_ms=r["itl_p95_ms"],
-                    peak_queue=r["peak_queue"],
-                    requests=r["requests"],
-                    refused=r["refused"],
-                    unfinished=r["unfinished"],
-                    max_replicas=r["max_replicas"],
-                    series=s,
-                )
-        name = f"{tr.key}_{cond.name}".replace(" ", "-") + ".png"
-        path = plot(
-            scenario_for(spec, tr, cond),
-            results,
-            oracles[(tr.key, *cond.oracle_plant)],
-            f"{spec.plots_dir}/{name}",
-        )
+                results[p] = PolicyResult(name=p, series=s, **{k: r[k] for k in _PLOT_FIELDS})
+        plot(scenario_for(spec, tr, cond), results, oracles[(tr.key, *cond.oracle_plant)], path)
         out.append(str(path))
     return out
 

@@ -333,3 +333,18 @@ def test_rerun_changes_name_the_goals_a_moved_cell_flipped() -> None:
     g = base["rows"][0]["policies"]["governor"]
     cell = f"{100 * g['slo_attainment']:.2f} % / {g['oracle_ratio']:.2f}x / "
     assert line == f"  {row['trace']} / {row['condition']}: {cell}0 -> {cell}3 (-0 flaps)"
+
+
+def test_a_row_that_meets_every_goal_loses_the_plot_an_earlier_run_left(tmp_path: Path) -> None:
+    """`--matrix-plots` into a folder an earlier run wrote: the plot of a row that now
+    meets every goal goes (it showed a miss that is no longer there); a file that is not
+    a row's plot stays."""
+    from simulator.matrix import _plot_missed
+
+    spec = MatrixSpec(traces=TRACES[:1], conditions=CONDITIONS[:1], plots_dir=str(tmp_path))
+    stale = tmp_path / "conv-x16_default.png"
+    stale.write_bytes(b"")
+    (tmp_path / "other.png").write_bytes(b"")
+    met = {"trace": "conv x16", "condition": "default", "goals": {"0 flaps": True}}
+    assert _plot_missed(spec, {"rows": [met]}, {}, {}) == []
+    assert not stale.exists() and (tmp_path / "other.png").exists()

@@ -459,3 +459,24 @@ def test_the_burst_memory_holds_what_two_ticks_in_a_row_saw() -> None:
     assert s.forecast.burst_rps == pytest.approx(150.0)  # 300 on one tick only
     _, s = d.decide(obs(t=t, rate=60.0, arrival_rate_short_rps=300.0), s, t)
     assert s.forecast.burst_rps == pytest.approx(300.0)  # and on the next one too
+
+
+@pytest.mark.parametrize(("past_target", "scales_up"), [(1.1, False), (1.15, False), (1.25, True)])
+def test_a_rise_into_the_headroom_is_left_to_the_long_window(
+    past_target: float, scales_up: bool
+) -> None:
+    """7 replicas settled at 80 req/s, sized at the 0.85 target utilization; then two
+    ticks on which the short window reads `past_target` x what the fleet serves at the
+    target. 1.1x and 1.15x are rises (past the deadband and the noise of the demand) but
+    within what the 7 replicas serve at the SLA (1 / 0.85 = 1.18x): the headroom is for
+    them, and the long window sizes for them within a window (chased at once, one after a
+    step down asked back a replica within the flap span, conversation x16's minute 19).
+    1.25x is past it: a scale-up now (SHORT_WINDOW)."""
+    d = Decider(make_model(max_replicas=40), make_policy())
+    dec, _ = _settle(d, 7, 80.0)
+    assert dec.replicas == 7, dec.explain()
+    target = 7 * dec.capacity_rps_per_replica
+    dec, _ = _after_settling(d, 7, 80.0, past_target * target)
+    assert (Reason.SHORT_WINDOW in dec.reasons) is scales_up, dec.explain()
+    assert (dec.replicas > 7) is scales_up
+    assert not dec.panic
