@@ -370,7 +370,7 @@ class DemandSteps:
         # replica within the 10-minute flap span of a step down (conversation x16: 10 ->
         # 7 at minute 11, +1 at minute 19 on 107 req/s read where the level was 85 and
         # 7 replicas serve 97 at the target, about 115 at the SLA).
-        bar = state.replicas
+        bar: float = state.replicas
         if reason == Reason.SHORT_WINDOW:
             bar /= self.policy.target_utilization_frac
         if rise is not None and rise / current > bar:
