@@ -673,13 +673,22 @@ def test_alerts_cover_sla_burn_staleness_and_actuation() -> None:
         "GovernorLatencyP999High",
         "GovernorSlowReplica",
     }
-    # One slow-replica alert per model, on that model's vLLM series only.
+    # One slow-replica alert per model, on the per-engine means recorded from that
+    # model's vLLM series only.
     slow = {r["labels"]["model"]: r["expr"] for r in alerts if r["alert"] == "GovernorSlowReplica"}
-    assert set(slow) == {m["name"] for m in models}
+    gaps = {
+        r["labels"]["model"]: (r["record"], r["expr"])
+        for r in rules
+        if r.get("record", "").startswith("governor:engine_token_gap_seconds:")
+    }
+    assert set(slow) == set(gaps) == {m["name"] for m in models}
     for name, expr in slow.items():
         others = [m["name"] for m in models if m["name"] != name]
-        assert f'model_name="{name}"' in expr
-        assert not any(f'model_name="{o}"' in expr for o in others)
+        record, recorded = gaps[name]
+        assert expr.count(f'{record}{{model="{name}"}}') == 3, expr
+        assert "vllm:" not in expr
+        assert f'model_name="{name}"' in recorded
+        assert not any(f'model_name="{o}"' in recorded for o in others)
     for r in alerts:
         if r["alert"] not in vllm_side | {"GovernorActuationUnobserved"}:
             assert f'job="{FULLNAME}"' in r["expr"], r["alert"]
