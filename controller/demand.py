@@ -355,32 +355,35 @@ class DemandSteps:
         correction = plant.capacity_correction
         capacity, current = caps[0] * correction, caps[1] * correction
         level = demand.demand
-        rise, reason = demand.rise, Reason.SHORT_WINDOW
+        # A confirmed rise is scaled up for now only past what the fleet serves: a rise
+        # the short window shows past its capacity at the SLA (without the target
+        # utilization's headroom), a growing queue past its capacity at the target. A
+        # rise into the headroom is what the headroom is for, and the long window sizes
+        # for it within a window. Chased at once, a 10 s reading just past the target
+        # asked back a replica within the 10-minute flap span of a step down
+        # (conversation x16: 10 -> 7 at minute 11, +1 at minute 19 on 107 req/s read
+        # where the level was 85 and 7 replicas serve 97 at the target, about 115 at the
+        # SLA). Each is held to its own bar, the larger that passes chased.
+        rises: list[tuple[float, Reason]] = []
+        at_sla = current * state.replicas / self.policy.target_utilization_frac
+        if demand.rise is not None and demand.rise > at_sla:
+            rises.append((demand.rise, Reason.SHORT_WINDOW))
         if demand.outpaced_rps is not None:
-            # A fleet whose queue grows serves at least its capacity at the SLA (a
+            # A fleet whose queue grows serves at least its capacity at the target (a
             # belief, the learned speed's), and the load is that plus the growth.
             floor = current * state.replicas + demand.outpaced_rps + demand.backlog
-            if rise is None or floor > rise:
-                rise, reason = floor, Reason.QUEUE_GROWTH
-        # A confirmed rise is scaled up for now only past what the fleet serves at the
-        # SLA: its capacity without the target utilization's headroom, for a rise the
-        # short window shows; a growing queue is past it already. A rise into the
-        # headroom is what the headroom is for, and the long window sizes for it within
-        # a window. Chased at once, a 10 s reading just past the target asked back a
-        # replica within the 10-minute flap span of a step down (conversation x16: 10 ->
-        # 7 at minute 11, +1 at minute 19 on 107 req/s read where the level was 85 and
-        # 7 replicas serve 97 at the target, about 115 at the SLA).
-        bar: float = state.replicas
-        if reason == Reason.SHORT_WINDOW:
-            bar /= self.policy.target_utilization_frac
-        if rise is not None and rise / current > bar:
+            if floor > current * state.replicas:
+                rises.append((floor, Reason.QUEUE_GROWTH))
+        rise: float | None = None
+        if rises:
+            rise, reason = max(rises, key=lambda r: r[0])
             level = rise  # a confirmed rise: scale up for it now
         if (remembered := self._burst_memory(state, now_s)) > level:
             # Bursts that needed panic recur faster than a cold start can follow:
             # keep capacity for them (decaying) instead of chasing each one.
             return Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None, current)
-        if level is rise:
-            return Raw(level / capacity, reason, capacity, None, current)
+        if rise is not None:
+            return Raw(rise / capacity, reason, capacity, None, current)
         reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
         if infeasible:
             reason = Reason.SLA_INFEASIBLE
@@ -393,9 +396,11 @@ class DemandSteps:
         (mean z squared) after this tick; `why` the panic stage's and the raw count's
         reasons.
 
-        A surge that panicked or that the short window confirmed (SHORT_WINDOW: the
-        fleet grows for it without panicking, as code x4's minute-3 burst did from 3 to
-        7 replicas, and the next burst found 4) starts the burst memory; once started
+        A surge that panicked or that the short window confirmed past the fleet's
+        capacity at the SLA (SHORT_WINDOW: the fleet grows for it without panicking, as
+        code x4's minute-3 burst did from 3 to 7 replicas, and the next burst found 4;
+        a rise into the target utilization's headroom is not chased, and is no burst to
+        remember) starts the burst memory; once started
         it follows the envelope (a decaying max) of what the short window shows on two
         ticks in a row (`Demand.confirmed`; the observed demand without two readings),
         so bursts that the grown fleet now absorbs without panicking keep it from

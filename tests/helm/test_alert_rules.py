@@ -888,8 +888,16 @@ def test_slow_replica_fires_on_the_engine_far_off_the_median_only(tmp_path: Path
         "or a bad node (check its node and GPU health); its requests miss the ITL target "
         "first. Cordon its node and delete the pod to move it."
     )
+    record = next(
+        r
+        for g in rules["groups"]
+        for r in g["rules"]
+        if r.get("record", "").startswith("governor:engine_token_gap_seconds:")
+        and r["labels"]["model"] == a
+    )
     fired = {
-        "exp_labels": {**rule["labels"], "instance": "10.1.0.4:8000"},
+        # The recorded mean's release label comes with it.
+        "exp_labels": {**rule["labels"], "instance": "10.1.0.4:8000", **record["labels"]},
         "exp_annotations": {"summary": rule["annotations"]["summary"], "description": description},
     }
     two = [

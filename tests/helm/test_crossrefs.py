@@ -685,7 +685,8 @@ def test_alerts_cover_sla_burn_staleness_and_actuation() -> None:
     for name, expr in slow.items():
         others = [m["name"] for m in models if m["name"] != name]
         record, recorded = gaps[name]
-        assert expr.count(f'{record}{{model="{name}"}}') == 3, expr
+        governor = f"{NAMESPACE}/{FULLNAME}"
+        assert expr.count(f'{record}{{model="{name}", governor="{governor}"}}') == 3, expr
         assert "vllm:" not in expr
         assert f'model_name="{name}"' in recorded
         assert not any(f'model_name="{o}"' in recorded for o in others)

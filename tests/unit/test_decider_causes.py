@@ -360,7 +360,7 @@ def _queued(
 
 def test_a_growing_queue_scales_up_before_the_rate_shows_it() -> None:
     """The queue grown by 300 in 5 s on a whole fleet: the fleet serves what it can (at
-    least its capacity at the SLA, ~6 replicas' worth) and the load is that plus 60
+    least its capacity at the target, ~6 replicas' worth) and the load is that plus 60
     req/s, whatever the short window reads yet (92 against 90; vLLM's CPU engine read
     64 req/s of a step to 188 on the tick its queue went 99 -> 177). A queue that did
     not grow, or one that grows while replicas are still starting, leaves it to the
@@ -461,17 +461,19 @@ def test_the_burst_memory_holds_what_two_ticks_in_a_row_saw() -> None:
     assert s.forecast.burst_rps == pytest.approx(300.0)  # and on the next one too
 
 
-@pytest.mark.parametrize(("past_target", "scales_up"), [(1.1, False), (1.15, False), (1.25, True)])
+@pytest.mark.parametrize(("past_target", "scales_up"), [(1.1, False), (1.15, False), (1.4, True)])
 def test_a_rise_into_the_headroom_is_left_to_the_long_window(
     past_target: float, scales_up: bool
 ) -> None:
-    """7 replicas settled at 80 req/s, sized at the 0.85 target utilization; then two
-    ticks on which the short window reads `past_target` x what the fleet serves at the
-    target. 1.1x and 1.15x are rises (past the deadband and the noise of the demand) but
-    within what the 7 replicas serve at the SLA (1 / 0.85 = 1.18x): the headroom is for
-    them, and the long window sizes for them within a window (chased at once, one after a
-    step down asked back a replica within the flap span, conversation x16's minute 19).
-    1.25x is past it: a scale-up now (SHORT_WINDOW)."""
+    """7 replicas settled at 80 req/s; then two ticks on which the short window reads
+    `past_target` x 7 replicas' capacity at the 0.85 target utilization, as sized for
+    the settled load (the current fleet's reads about 6 % more, its deadband share not
+    taken off). 1.1x and 1.15x are rises (past the deadband and the noise of the demand)
+    but within what the 7 replicas serve at the SLA (1 / 0.85 of the current fleet's
+    target, 1.25x of this one): the headroom is for them, and the long window sizes for
+    them within a window (chased at once, one after a step down asked back a replica
+    within the flap span, conversation x16's minute 19). 1.4x is past it: a scale-up
+    now (SHORT_WINDOW)."""
     d = Decider(make_model(max_replicas=40), make_policy())
     dec, _ = _settle(d, 7, 80.0)
     assert dec.replicas == 7, dec.explain()
@@ -480,3 +482,32 @@ def test_a_rise_into_the_headroom_is_left_to_the_long_window(
     assert (Reason.SHORT_WINDOW in dec.reasons) is scales_up, dec.explain()
     assert (dec.replicas > 7) is scales_up
     assert not dec.panic
+
+
+@pytest.mark.parametrize("short", [None, 112.0, 120.0])
+def test_a_rise_in_the_headroom_does_not_hide_a_growing_queue(short: float | None) -> None:
+    """7 replicas of 15.44 req/s each at the target (108 req/s; 127 at the SLA) whose
+    queue grows by 8 req/s on a whole fleet (QUEUE_GROWTH: the load is at least 108 + 8
+    + the 2 req/s backlog drain = 118). A confirmed short-window rise to 112 or 120,
+    within the SLA's capacity, is not chased itself, and must not stand in the way:
+    held to the SLA's bar in place of the queue's, 120 (the larger) left the fleet at
+    raw 5.5 with its queue growing."""
+    from controller.demand import Demand
+    from controller.types import PlantBelief
+    from estimators.smoothing import HoltState
+
+    d = Decider(make_model(max_replicas=40), make_policy())
+    demand = Demand(
+        load=HoltState(80.0, 0.0, ORIGIN_S),
+        demand=82.0,
+        short=120.0,
+        long=82.0,
+        observed=120.0,
+        idle=False,
+        rise=short,
+        backlog=2.0,
+        outpaced_rps=8.0,
+    )
+    raw = d._raw(d.initial_state(7), ORIGIN_S, demand, (15.44, 15.44), PlantBelief())
+    assert raw.reason == Reason.QUEUE_GROWTH
+    assert raw.raw == pytest.approx((7 * 15.44 + 8.0 + 2.0) / 15.44)
