@@ -365,14 +365,15 @@ class DemandSteps:
         # where the level was 85 and 7 replicas serve 97 at the target, about 115 at the
         # SLA). Each is held to its own bar, the larger that passes chased.
         rises: list[tuple[float, Reason]] = []
-        at_sla = current * state.replicas / self.policy.target_utilization_frac
+        at_target = current * state.replicas  # what the fleet serves at the target, req/s
+        at_sla = at_target / self.policy.target_utilization_frac
         if demand.rise is not None and demand.rise > at_sla:
             rises.append((demand.rise, Reason.SHORT_WINDOW))
         if demand.outpaced_rps is not None:
             # A fleet whose queue grows serves at least its capacity at the target (a
             # belief, the learned speed's), and the load is that plus the growth.
-            floor = current * state.replicas + demand.outpaced_rps + demand.backlog
-            if floor > current * state.replicas:
+            floor = at_target + demand.outpaced_rps + demand.backlog
+            if floor > at_target:
                 rises.append((floor, Reason.QUEUE_GROWTH))
         rise: float | None = None
         if rises:

@@ -262,12 +262,6 @@ def _oracle_job(args: tuple[MatrixSpec, MatrixTrace, Condition]) -> OracleResult
 
 _PLOTTED = ("governor", "hpa-queue")
 """The policies a missed row's plot shows (with the oracle)."""
-_PLOT_FIELDS = (
-    *("slo_attainment", "gpu_hours", "scaling_actions", "flaps", "knob_changes"),
-    *("ttft_p95_ms", "itl_p95_ms", "peak_queue", "requests", "refused", "unfinished"),
-    "max_replicas",
-)
-"""What of a policy's cell the plot's PolicyResult carries (simulator.scenario)."""
 
 
 def _cell_job(args: tuple[MatrixSpec, MatrixTrace, Condition, str, int | None]) -> dict[str, Any]:
@@ -338,6 +332,7 @@ def _plot_missed(
     from simulator.scenario import PolicyResult
 
     out = []
+    known = {f.name for f in dataclasses.fields(PolicyResult)}  # a cell is its summary()
     by_key = {t.key: t for t in spec.traces}
     by_cond = {c.name: c for c in spec.conditions}
     assert spec.plots_dir is not None
@@ -352,7 +347,8 @@ def _plot_missed(
             s = series.get((tr.key, cond.name, p))
             if s is not None:
                 r = row["policies"][p]
-                results[p] = PolicyResult(name=p, series=s, **{k: r[k] for k in _PLOT_FIELDS})
+                cell = {k: v for k, v in r.items() if k in known}
+                results[p] = PolicyResult(name=p, series=s, **cell)
         plot(scenario_for(spec, tr, cond), results, oracles[(tr.key, *cond.oracle_plant)], path)
         out.append(str(path))
     return out
