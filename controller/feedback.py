@@ -4,11 +4,13 @@ the SLA or met it with margin, and the corrections and times that evidence sets.
 controller.plant learns how fast the engines are from their step times, before the SLA
 is violated; this module holds what only the SLA's outcome shows:
 
-- **capacity correction** (`next_correction`, in [CORRECTION_MIN, 1]): shrinks while
-  the observed SLA is violated on a whole fleet that was believed big enough, recovers
-  while it is met with margin on a loaded fleet. It catches what the step-time model
-  cannot see (e.g. a burstier arrival process than assumed). It judges only a fleet
-  seen whole (every replica asked for ready) for a window.
+- **capacity correction** (`next_correction`, in [CORRECTION_MIN, `correction_ceiling`]):
+  shrinks while the observed SLA is violated on a whole fleet that was believed big
+  enough, recovers while it is met with margin on a loaded fleet, and past 1 (the
+  model shown pessimistic) spends the target utilization's headroom, slowly. It
+  catches what the step-time model cannot see (e.g. a burstier arrival process than
+  assumed, or a router that spreads long prompts better than it prices). It judges
+  only a fleet seen whole (every replica asked for ready) for a window.
 - **knob correction** (`next_knob_correction`): the ITL step budget the `slo` knobs are
   sized for, shrunk while tokens stream slower than the SLA allows at the sequence cap.
 - **cold start** (`next_cold_start`): the time from asking for replicas to seeing them
@@ -29,6 +31,17 @@ from estimators.types import Observation
 CORRECTION_MIN = 0.4
 CORRECTION_DECAY_PER_S = 0.005  # while violated: x exp(-0.005 dt); 60 s -> x0.74
 CORRECTION_RECOVERY_PER_S = 0.0005  # while healthy: +0.0005 per s; 10 min -> +0.3
+# Past 1 the evidence is weaker: a fleet loaded to 80 % of what the corrected model
+# says it serves at the target, met with margin, claims more than the model; so it rises
+# at a quarter of the recovery's pace (10 healthy minutes: +0.075; the whole headroom of
+# a 0.85 target, +0.18, in about 24). Measured (docs/decider-history.md, "The model shown
+# pessimistic"): at the full pace the conversation trace gained a flap at seeds 1, 2
+# and 3 (a fleet shrunk on a correction of 1.18 met a rise of 7 % and came back within
+# 4 minutes), at half of it at seed 1; at a quarter and an eighth at none of them.
+CORRECTION_GAIN_PER_S = CORRECTION_RECOVERY_PER_S / 4.0
+CORRECTION_MAX = 2.0
+"""The largest correction whatever the target utilization (the model at most twice
+pessimistic); `correction_ceiling` is usually lower."""
 COLD_START_WEIGHT = 0.5  # a new ask-to-ready sample's weight against the learned cold start
 LOADED_FRAC = 0.8  # demand >= 80 % of the corrected fleet capacity counts as "loaded"
 HEALTHY_FRAC = 0.7  # observed p95 below 70 % of its threshold counts as "met with margin"
@@ -232,13 +245,34 @@ def next_knob_correction(
     return k
 
 
+def correction_ceiling(target_utilization_frac: float) -> float:
+    """The largest capacity correction: 1 / the target utilization (at most
+    CORRECTION_MAX). A fleet sized at the target on a corrected capacity then runs at
+    most at what the uncorrected model says it serves at the SLA: evidence of a
+    pessimistic model spends the headroom, never more. Example: target 0.85 -> 1.18."""
+    return min(CORRECTION_MAX, 1.0 / target_utilization_frac)
+
+
 def next_correction(
-    c: float, dt_s: float, violated: bool, healthy: bool, judge: bool, loaded: bool
+    c: float,
+    dt_s: float,
+    violated: bool,
+    healthy: bool,
+    judge: bool,
+    loaded: bool,
+    ceiling: float,
 ) -> float:
-    """The capacity correction after `dt_s` seconds: shrinks while `violated` on a fleet
-    the decider may `judge`, recovers while `healthy` and `loaded`; else unchanged."""
+    """The capacity correction after `dt_s` seconds, within [CORRECTION_MIN, `ceiling`]
+    (`correction_ceiling`; a correction over a lowered ceiling is brought to it at once):
+    shrinks while `violated` on a fleet the decider may `judge` (x0.74 a minute),
+    recovers while `healthy` and `loaded` (+0.03 a minute up to 1, +0.0075 a minute
+    past it); else unchanged. Example: 1.0 after 20 healthy, loaded minutes -> 1.15;
+    then one violated minute -> 0.85."""
+    c = min(c, ceiling)
     if violated and judge:
         return max(CORRECTION_MIN, c * math.exp(-CORRECTION_DECAY_PER_S * dt_s))
     if healthy and not violated and loaded:
-        return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt_s)
+        if c < 1.0:
+            return min(1.0, c + CORRECTION_RECOVERY_PER_S * dt_s)
+        return min(ceiling, c + CORRECTION_GAIN_PER_S * dt_s)
     return c

@@ -99,7 +99,8 @@ MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
     (
         "capacity_correction",
         "governor_capacity_correction",
-        "Feedback factor on per-replica capacity from observed SLA violations (0.4-1)",
+        "Feedback factor on per-replica capacity from the observed SLA"
+        " (0.4 to 1/target utilization)",
     ),
     (
         "knob_correction",

@@ -21,6 +21,7 @@ from controller.feedback import (
     AT_CAP_FRAC,
     DECODE_BOUND_FRAC,
     LOADED_FRAC,
+    correction_ceiling,
     knob_target_out_of_reach,
     next_cold_start,
     next_correction,
@@ -129,7 +130,8 @@ class PlantSteps:
         violated, healthy = sla_evidence(obs, self.model.sla, requests)
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
         judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
-        correction = next_correction(c, dt, violated, healthy, judge, loaded)
+        ceiling = correction_ceiling(self.policy.target_utilization_frac)
+        correction = next_correction(c, dt, violated, healthy, judge, loaded, ceiling)
         knob_correction, out_of_reach = self._knob_correction(
             obs, state, memory, knobs, now_s, dt, requests
         )

@@ -188,7 +188,8 @@ class Decision:
     """The per-request time before the engine core the TTFT bound prices, ms: learned
     (controller.plant.model_overhead), else the profile's."""
     capacity_correction: float | None = None
-    """The feedback correction on capacity from observed SLA violations, in [0.4, 1]."""
+    """The feedback correction on capacity from the observed SLA, in [0.4, 1 / the target
+    utilization]: below 1 from violations, past 1 from a loaded fleet met with margin."""
     knob_correction: float | None = None
     """The feedback factor on the ITL step budget the `slo` knobs are sized for, from
     tokens streaming too slowly at the sequence cap, in [0.25, 1]."""
@@ -450,7 +451,8 @@ class PlantBelief:
     """What the decider has learned about the engines, as factors on its profile."""
 
     capacity_correction: float = 1.0
-    """Feedback factor on the per-replica capacity from observed SLA violations."""
+    """Feedback factor on the per-replica capacity from the observed SLA
+    (controller.feedback.next_correction)."""
     knob_correction: float = 1.0
     """Feedback factor on the ITL step budget the `slo` knobs are sized for, from tokens
     streaming slower than the SLA allows at the engines' sequence cap

@@ -52,7 +52,7 @@ from pydantic import (
 )
 
 from controller.config import INT32_MAX, format_validation_error, load_yaml
-from controller.feedback import CORRECTION_MIN, KNOB_CORRECTION_MIN
+from controller.feedback import CORRECTION_MAX, CORRECTION_MIN, KNOB_CORRECTION_MIN
 from controller.plant import OVERHEAD_MAX_MS, SEQ_RATIO_MAX, SEQ_RATIO_MIN, SPEED_MAX, SPEED_MIN
 from controller.targets import TargetError, TargetsDoc, targets_doc
 from controller.types import Knobs, ModelState, PlantBelief, SavedState
@@ -307,7 +307,7 @@ def _check_plant(plant: PlantBelief, where: str) -> None:
     in (controller.plant): a hand-edited or corrupt document with a correction or speed
     of 0 loaded, and every tick of that model then raised ZeroDivisionError."""
     bounds = (
-        ("capacity_correction", plant.capacity_correction, CORRECTION_MIN, 1.0),
+        ("capacity_correction", plant.capacity_correction, CORRECTION_MIN, CORRECTION_MAX),
         ("plant_knob_correction", plant.knob_correction, KNOB_CORRECTION_MIN, 1.0),
         ("plant_speed", plant.speed, SPEED_MIN, SPEED_MAX),
         ("plant_speed_jump", plant.speed_jump, SPEED_MIN, SPEED_MAX),

@@ -104,6 +104,9 @@ def test_saved_form_holds_every_state_field_and_round_trips() -> None:
     assert 2 + sum(leaves(f.default) for f in records) == len(fields(SavedState))
     assert from_wall(to_wall(STATE, 0.0), 0.0) == STATE
     assert from_wall(json.loads(json.dumps(to_wall(STATE, 7.0))), 7.0) == STATE
+    # A correction past 1 (a pessimistic model, learned) survives a restart too.
+    over = to_wall(STATE, 0.0) | {"capacity_correction": 1.15}
+    assert from_wall(over, 0.0).plant.capacity_correction == 1.15
 
 
 @pytest.mark.parametrize(
@@ -118,7 +121,7 @@ def test_saved_form_holds_every_state_field_and_round_trips() -> None:
         # every tick of the model raised ZeroDivisionError), outside their bounds
         ({"capacity_correction": 0.0}, "capacity_correction"),
         ({"capacity_correction": -1.0}, "capacity_correction"),
-        ({"capacity_correction": 1.5}, "capacity_correction"),
+        ({"capacity_correction": 2.5}, "capacity_correction"),  # past CORRECTION_MAX
         ({"plant_speed": 1e-9}, "plant_speed"),
         ({"plant_speed_jump": 1000.0}, "plant_speed_jump"),
         ({"plant_seq_ratio": 0.0}, "plant_seq_ratio"),
