@@ -238,6 +238,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         rerun_governor,
         run_matrix,
     )
+    from simulator.plotdir import check_plots_dir
 
     kw = {
         "policies": tuple(args.policies),
@@ -273,6 +274,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     spec = dataclasses.replace(spec, governor_policy=policy)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if show else None
+    if args.matrix_plots:
+        try:  # before any cell runs: a folder of another matrix's plots is refused
+            check_plots_dir(args.matrix_plots, spec.traces)
+        except ValueError as e:
+            print(f"governor simulate: --matrix-plots: {e}", file=sys.stderr)
+            return EXIT_USAGE
     if args.matrix_base is None:
         doc = run_matrix(spec, log=log)
     else:

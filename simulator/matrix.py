@@ -328,14 +328,16 @@ def _plot_missed(
     """A PNG per row with a goal missed (load, replicas of the governor, hpa-queue and
     the oracle, p95 TTFT per minute), named `<trace>_<condition>.png`; their paths. A
     row that meets every goal has none: one an earlier run left there is removed."""
+    from simulator.plotdir import claim_plots_dir
     from simulator.report import plot
     from simulator.scenario import PolicyResult
 
+    assert spec.plots_dir is not None
+    claim_plots_dir(spec.plots_dir, spec.traces)
     out = []
     known = {f.name for f in dataclasses.fields(PolicyResult)}  # a cell is its summary()
     by_key = {t.key: t for t in spec.traces}
     by_cond = {c.name: c for c in spec.conditions}
-    assert spec.plots_dir is not None
     for row in doc["rows"]:
         tr, cond = by_key[row["trace"]], by_cond[row["condition"]]
         path = pathlib.Path(spec.plots_dir, f"{tr.key}_{cond.name}".replace(" ", "-") + ".png")
