@@ -14,10 +14,11 @@ can be replayed from its trace. Steps, in order:
    a queueing model of the engine at the attainment goal's quantile, for the smallest
    fleet whose pooled capacity serves the demand) on the profile x the engines' learned
    speed (controller.plant: learned online from their mean ITL against the batch they
-   ran, before the SLA is violated), times a feedback correction in [0.4, 1 / the
-   target utilization] that shrinks while the observed SLA is violated on a fleet seen
-   whole (every replica asked for ready) for a window and grows while it is met with
-   margin on a loaded fleet (past 1 at a quarter of the pace: the headroom spent).
+   ran, before the SLA is violated), times a feedback correction in [0.4, min(2, 1 /
+   the target utilization)] that shrinks while the observed SLA is violated on a fleet
+   seen whole (every replica asked for ready) for a window and grows while it is met
+   with margin on a loaded fleet (past 1 at a quarter of the pace, on a fleet seen
+   whole too: the headroom spent).
    The cold start (ask to all ready) is learned and sets that dead time (these steps:
    controller/plantstep.py).
 4. demand = smoothed level (+ the Holt trend over one cold start, half a window more on

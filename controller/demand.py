@@ -385,7 +385,8 @@ class DemandSteps:
             return Raw(remembered / capacity, Reason.BURST_MEMORY, capacity, None, current)
         if rise is not None:
             return Raw(rise / capacity, reason, capacity, None, current)
-        reason = Reason.SLA_FEEDBACK if correction < 0.999 else Reason.CAPACITY
+        # Either way off 1 the SLA's evidence, not the model alone, sized the fleet.
+        reason = Reason.SLA_FEEDBACK if abs(correction - 1.0) > 0.001 else Reason.CAPACITY
         if infeasible:
             reason = Reason.SLA_INFEASIBLE
         return Raw(max(level / capacity, 1e-9), reason, capacity, None, current)

@@ -100,7 +100,7 @@ MODEL_GAUGES: tuple[tuple[str, str, str], ...] = (
         "capacity_correction",
         "governor_capacity_correction",
         "Feedback factor on per-replica capacity from the observed SLA"
-        " (0.4 to 1/target utilization)",
+        " (0.4 to min(2, 1/target utilization))",
     ),
     (
         "knob_correction",

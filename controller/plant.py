@@ -40,7 +40,7 @@ bounded and smoothed:
   models use it rounded to OVERHEAD_QUANTUM_MS, and the profile's own within one
   quantum (model_overhead).
 
-What the SLA's own signals teach (the violation-driven corrections and the cold start)
+What the SLA's own signals teach (the capacity and knob corrections and the cold start)
 lives in controller.feedback.
 
 Worked example of one speed sample (window_parts, default profile: floor 6.6, base

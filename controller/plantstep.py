@@ -124,6 +124,7 @@ class PlantSteps:
         loaded = (
             base_capacity is not None
             and obs.ready_replicas is not None
+            and obs.ready_replicas > 0
             and obs.arrival_rate_rps >= LOADED_FRAC * obs.ready_replicas * base_capacity * c
         )
         requests = obs.arrival_rate_rps * self.policy.window_s
@@ -131,7 +132,8 @@ class PlantSteps:
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
         judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
         ceiling = correction_ceiling(self.policy.target_utilization_frac)
-        correction = next_correction(c, dt, violated, healthy, judge, loaded, ceiling)
+        complete = not obs.targets_down and obs.waiting is not None
+        correction = next_correction(c, dt, violated, healthy, judge, loaded, ceiling, complete)
         knob_correction, out_of_reach = self._knob_correction(
             obs, state, memory, knobs, now_s, dt, requests
         )

@@ -20,7 +20,7 @@ class Reason(StrEnum):
 
     # raw recommendation
     CAPACITY = "CAPACITY"  # from demand / per-replica capacity
-    SLA_FEEDBACK = "SLA_FEEDBACK"  # capacity corrected because the observed SLA is violated
+    SLA_FEEDBACK = "SLA_FEEDBACK"  # capacity corrected by the observed SLA (either way)
     IDLE = "IDLE"  # no demand: recommend min (zero only after the idle period)
     SCALE_TO_ZERO = "SCALE_TO_ZERO"
     SCALE_FROM_ZERO = "SCALE_FROM_ZERO"  # demand at zero replicas, no lengths yet: one
@@ -188,8 +188,9 @@ class Decision:
     """The per-request time before the engine core the TTFT bound prices, ms: learned
     (controller.plant.model_overhead), else the profile's."""
     capacity_correction: float | None = None
-    """The feedback correction on capacity from the observed SLA, in [0.4, 1 / the target
-    utilization]: below 1 from violations, past 1 from a loaded fleet met with margin."""
+    """The feedback correction on capacity from the observed SLA, in [0.4, min(2, 1 / the
+    target utilization)]: below 1 from violations, past 1 from a loaded fleet met with
+    margin."""
     knob_correction: float | None = None
     """The feedback factor on the ITL step budget the `slo` knobs are sized for, from
     tokens streaming too slowly at the sequence cap, in [0.25, 1]."""

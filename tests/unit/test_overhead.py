@@ -132,7 +132,8 @@ def test_a_slow_frontend_is_learned_and_priced_before_the_sla_is_violated() -> N
     decisions, s = _run(120, e2e_mean_ms=3329.0, **phases)  # 10 minutes: ten half-lives
     blind, _ = _run(120, e2e_mean_ms=3329.0)  # no phase histograms: nothing learned
     assert s.plant.overhead_ms == pytest.approx(229.0, rel=0.01)
-    assert s.plant.capacity_correction >= 1.0  # never violated: no SLA feedback
+    # Not the correction: it never shrank (the healthy, loaded fleet grew it past 1).
+    assert s.plant.capacity_correction >= 1.0
     last = decisions[-1]
     assert last.plant_overhead_ms == 230.0
     assert blind[-1].plant_overhead_ms == PROFILE_MS
