@@ -58,7 +58,7 @@ from controller.capacity import (
 from controller.config import ModelConfig, ScalingPolicy
 from controller.demand import PANIC_Z, Demand, DemandSteps, Raw
 from controller.knobstep import KnobSteps
-from controller.nodata import NoDataSteps
+from controller.nodata import NoDataSteps, partial_data
 from controller.plant import (
     believed_profile,
     model_overhead,
@@ -200,10 +200,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps, PlantSteps):
         raw = self._raw(state, now_s, demand, caps, plant, hard)  # steps 4 and 5
         panic_state = self._panic(state, now_s, demand, raw)
         burst = self._burst(state, now_s, demand, (panic_state[2], raw.reason))
-        partial = f"{obs.targets_down} engine target(s) down" if obs.targets_down else None
-        if partial is None and obs.waiting is None and state.replicas > 0:
-            # The queue is unknown, not drained: the replicas asked for it stay.
-            partial = "waiting gauge absent"
+        partial = partial_data(obs, state.replicas)
         stages, windows = self._stages(state, now_s, raw, demand, panic_state, partial)  # step 6
         rules = state.rules
         if self.model.scale_out_rules:  # step 7

@@ -20,6 +20,19 @@ from controller.types import Decision, KnobMemory, Knobs, ModelState, Reason, St
 from estimators.types import NoDataError, Observation, SourceError
 
 
+def partial_data(obs: Observation, replicas: int) -> str | None:
+    """Why a good observation is partial, or None: an engine target down, or the
+    waiting gauge absent on a fleet that has replicas (the queue is unknown, not
+    drained). A partial window holds scale-downs (`Decider._stages`) and grows no
+    capacity correction past 1 (controller.feedback.next_correction): nothing on it may
+    lower replicas."""
+    if obs.targets_down:
+        return f"{obs.targets_down} engine target(s) down"
+    if obs.waiting is None and replicas > 0:
+        return "waiting gauge absent"
+    return None
+
+
 class NoDataSteps:
     """No-data steps of `Decider` (see the module doc)."""
 

@@ -29,6 +29,7 @@ from controller.feedback import (
     sla_evidence,
     streaming_evidence,
 )
+from controller.nodata import partial_data
 from controller.plant import (
     FIT_MAX_WAITING_PER_REPLICA,
     MAX_WAITING_PER_REPLICA,
@@ -132,7 +133,7 @@ class PlantSteps:
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
         judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
         ceiling = correction_ceiling(self.policy.target_utilization_frac)
-        complete = not obs.targets_down and obs.waiting is not None
+        complete = partial_data(obs, state.replicas) is None
         correction = next_correction(c, dt, violated, healthy, judge, loaded, ceiling, complete)
         knob_correction, out_of_reach = self._knob_correction(
             obs, state, memory, knobs, now_s, dt, requests

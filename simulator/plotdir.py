@@ -54,7 +54,10 @@ def check_plots_dir(folder: str, traces: Iterable[_Trace]) -> None:
     """ValueError naming the trace when `folder` holds plots of a trace under one of
     `traces`' keys that replays differently (the quick matrix's long-context into the
     full matrix's folder, say); nothing is written."""
-    held = _held(folder)
+    _check(folder, _held(folder), traces)
+
+
+def _check(folder: str, held: dict[str, dict[str, Any]], traces: Iterable[_Trace]) -> None:
     for key, want in _record(traces).items():
         have = held.get(key)
         if have is not None and have != want:
@@ -66,10 +69,11 @@ def check_plots_dir(folder: str, traces: Iterable[_Trace]) -> None:
 
 def claim_plots_dir(folder: str, traces: Iterable[_Trace]) -> None:
     """Record `traces` in `folder` (creating it), keeping the traces other runs recorded."""
-    check_plots_dir(folder, traces)
+    held = _held(folder)
+    _check(folder, held, traces)
     path = pathlib.Path(folder, OWNER_FILE)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = _held(folder) | _record(traces)
+    record = held | _record(traces)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 

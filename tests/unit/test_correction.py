@@ -34,7 +34,7 @@ def test_the_ceiling_is_the_uncorrected_models_capacity_at_the_sla() -> None:
 
 def test_past_one_it_grows_at_a_quarter_of_the_recovery_pace() -> None:
     ceiling = correction_ceiling(0.85)
-    # (c, dt, violated, healthy, judge, loaded)
+    # (c, dt, violated, healthy, judge, loaded, ceiling, complete)
     assert next_correction(0.9, 100.0, False, True, True, True, ceiling, True) == pytest.approx(
         0.9 + 100 * CORRECTION_RECOVERY_PER_S
     )
