@@ -77,6 +77,18 @@ def risen_length(
     return window[0], max(window[1], p95), since
 
 
+def lengths_replaced(rises: LengthRises, now_s: float) -> bool:
+    """Whether a reading of longer requests replaced the length belief on this tick
+    (`risen_length`, `KnobSteps._inflight`): a shift, where what was learned of the
+    plant on the old lengths (the capacity correction past 1) no longer holds."""
+    sustained = (
+        (rises.prompt_since_s, SHIFT_SUSTAIN_S),
+        (rises.output_since_s, SHIFT_SUSTAIN_S),
+        (rises.inflight_since_s, INFLIGHT_SUSTAIN_S),
+    )
+    return any(since is not None and now_s - since >= need for since, need in sustained)
+
+
 def inflight_output_tokens(obs: Observation) -> float | None:
     """The mean output length of the requests in flight, tokens, by Little's law: a
     request runs for its prefill and then one inter-token latency per output token, so

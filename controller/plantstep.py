@@ -70,6 +70,7 @@ class PlantSteps:
         lengths: Lengths | None,
         now_s: float,
         demand_rps: float = 0.0,
+        shifted: bool = False,
     ) -> tuple[tuple[float, float] | None, PlantBelief, bool, bool]:
         """Step 3: the updated belief about the plant (controller.plant: the learned
         speed, the feedback correction), the per-replica capacity at the SLA with
@@ -82,6 +83,8 @@ class PlantSteps:
         Replicas still on knobs from before a change count with those: capacity is the
         fleet's mean. Example: 2 of 4 replicas on knobs worth 10 req/s, the published
         ones worth 14 -> 12 req/s per replica.
+
+        `shifted`: the length belief was replaced on this tick (`_correction`).
         """
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
@@ -111,6 +114,38 @@ class PlantSteps:
             mixed = (n_old * old + (state.replicas - n_old) * caps[1]) / state.replicas
             caps = (caps[0] * mixed / caps[1], mixed)
         base_capacity = None if caps is None else caps[1]  # the fleet we have
+        requests = obs.arrival_rate_rps * self.policy.window_s
+        correction = self._correction(
+            obs, state, base_capacity, now_s, dt, relaxed is not None, shifted
+        )
+        knob_correction, out_of_reach = self._knob_correction(
+            obs, state, memory, knobs, now_s, dt, requests
+        )
+        plant = replace(belief, capacity_correction=correction, knob_correction=knob_correction)
+        return caps, plant, relaxed is not None, out_of_reach
+
+    def _correction(
+        self,
+        obs: Observation,
+        state: ModelState,
+        base_capacity: float | None,
+        now_s: float,
+        dt: float,
+        relaxed: bool,
+        shifted: bool,
+    ) -> float:
+        """Step 3's capacity correction (controller.feedback.next_correction) after this
+        window, on the fleet we have priced at `base_capacity` (req/s a replica,
+        uncorrected; None: unknown) and an SLA `relaxed` or not.
+
+        Where the length belief was `shifted` on this tick (controller.knobstep.
+        lengths_replaced) a correction past 1 is brought to 1: it was the model shown
+        pessimistic on the old lengths, and on the new ones the model may err the other
+        way. Example (`synthetic:length-shift:rate=40,duration=3600`, outputs 4x longer
+        from 1,800 s, start 4): 1.15 learned by then, held through the shift, TTFT p95
+        2.4 s in minute 32 and 96.84 % over the hour; brought to 1 at 1,860 s, 352 ms
+        and 97.33 %, on 8 % more GPU-hours (it grows again on the new lengths' evidence).
+        """
         c = state.plant.capacity_correction
         # The model is only wrong if the fleet we have was believed big enough (demand
         # within the deadband of its estimated capacity: we did not mean to scale up).
@@ -131,15 +166,10 @@ class PlantSteps:
         requests = obs.arrival_rate_rps * self.policy.window_s
         violated, healthy = sla_evidence(obs, self.model.sla, requests)
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
-        judge = believed_enough and relaxed is None and self._judge(obs, state, now_s)
-        ceiling = correction_ceiling(self.policy.target_utilization_frac)
+        judge = believed_enough and not relaxed and self._judge(obs, state, now_s)
+        ceiling = 1.0 if shifted else correction_ceiling(self.policy.target_utilization_frac)
         complete = partial_data(obs, state.replicas) is None
-        correction = next_correction(c, dt, violated, healthy, judge, loaded, ceiling, complete)
-        knob_correction, out_of_reach = self._knob_correction(
-            obs, state, memory, knobs, now_s, dt, requests
-        )
-        plant = replace(belief, capacity_correction=correction, knob_correction=knob_correction)
-        return caps, plant, relaxed is not None, out_of_reach
+        return next_correction(c, dt, violated, healthy, judge, loaded, ceiling, complete)
 
     def _timings(
         self, obs: Observation, state: ModelState, belief: PlantBelief, now_s: float, dt: float

@@ -8,8 +8,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 from controller.decider import Decider
-from controller.knobstep import SHIFT_MIN_REQUESTS, SHIFT_RISE, SHIFT_SUSTAIN_S, risen_length
-from controller.types import Forecast, HoltState, Lengths, ModelState
+from controller.knobstep import (
+    INFLIGHT_SUSTAIN_S,
+    SHIFT_MIN_REQUESTS,
+    SHIFT_RISE,
+    SHIFT_SUSTAIN_S,
+    lengths_replaced,
+    risen_length,
+)
+from controller.types import (
+    Decision,
+    Forecast,
+    HoltState,
+    LengthRises,
+    Lengths,
+    ModelState,
+    PlantBelief,
+)
 from tests.conftest import ORIGIN_S, make_model, make_policy
 from tests.unit.helpers import long_history, obs
 
@@ -34,19 +49,20 @@ def test_the_docstring_example_and_what_stands() -> None:
     assert risen_length((4232.0, 12700.0), belief, 600.0, 655.0, False) == (1460.0, 4724.0, None)
 
 
-def _run(
-    prompts: list[float], rate: float = 40.0, history_s: float = 1000.0
-) -> list[tuple[float, float, int]]:
+def _ticks(
+    prompts: list[float], rate: float, history_s: float, plant: PlantBelief
+) -> list[tuple[Decision, ModelState]]:
     """Ticks 5 s apart at `rate` req/s on 6 ready replicas whose output histogram reads
     the conversation's and whose prompt windows read `prompts` (means; p95 3.5x), from a
-    belief of the conversation's lengths and a good history `history_s` old: (the
-    believed prompt mean and p95, the replicas asked for) of each."""
+    belief of the conversation's lengths and of `plant`, and a good history `history_s`
+    old: the decision and the state after each."""
     d = Decider(make_model(max_replicas=64), make_policy())
     s: ModelState = d.initial_state(6, now_s=ORIGIN_S - 1000)
     s = replace(
         s,
         forecast=Forecast(load=HoltState(level=rate, trend=0.0, at_s=ORIGIN_S - 5.0), lengths=CONV),
         health=replace(long_history(), first_good_s=ORIGIN_S - history_s),
+        plant=plant,
     )
     out = []
     for i, p in enumerate(prompts):
@@ -59,6 +75,17 @@ def _run(
             prompt_tokens_p95=3.5 * p,
         )
         dec, s = d.decide(o, s, t)
+        out.append((dec, s))
+    return out
+
+
+def _run(
+    prompts: list[float], rate: float = 40.0, history_s: float = 1000.0
+) -> list[tuple[float, float, int]]:
+    """`_ticks` from the profile's plant: (the believed prompt mean and p95, the
+    replicas asked for) of each."""
+    out = []
+    for dec, s in _ticks(prompts, rate, history_s, PlantBelief()):
         assert s.forecast.lengths is not None
         out.append((s.forecast.lengths.prompt_mean, s.forecast.lengths.prompt_p95, dec.replicas))
     return out
@@ -84,3 +111,33 @@ def test_prompts_past_the_rise_replace_the_belief_once_sustained() -> None:
     assert max(m for m, _, _ in sparse) < 1.1 * CONV.prompt_mean
     young = _run([grown] * (sustained + 2), history_s=make_policy().lengths_half_life_s - 60.0)
     assert max(m for m, _, _ in young) < grown
+
+
+def test_a_shift_takes_back_a_correction_past_1() -> None:
+    """A capacity correction past 1 is the model shown pessimistic on the old lengths:
+    on the tick the risen prompts become the belief it is brought to 1 (the fleet sized
+    on the new lengths by the model alone), and a correction under 1 (the model shown
+    optimistic) stands. Windows within the rise keep it."""
+    sustained = int(SHIFT_SUSTAIN_S / 5.0)
+    grown = [2.0 * CONV.prompt_mean] * (sustained + 2)
+    shifted = _ticks(grown, 40.0, 1000.0, PlantBelief(capacity_correction=1.15))
+    corrections = [dec.capacity_correction for dec, _ in shifted]
+    assert min(corrections[:sustained]) > 1.14
+    assert corrections[sustained] == 1.0
+    assert shifted[sustained][0].replicas >= shifted[0][0].replicas
+    low = _ticks(grown, 40.0, 1000.0, PlantBelief(capacity_correction=0.8))
+    assert max(abs(dec.capacity_correction - 0.8) for dec, _ in low) < 0.01
+    steady = _ticks(
+        [CONV.prompt_mean] * (sustained + 2), 40.0, 1000.0, PlantBelief(capacity_correction=1.15)
+    )
+    assert min(dec.capacity_correction for dec, _ in steady) > 1.14
+
+
+def test_each_rise_replaces_the_belief_at_its_own_sustain() -> None:
+    now = 1000.0
+    assert not lengths_replaced(LengthRises(), now)
+    assert lengths_replaced(LengthRises(prompt_since_s=now - SHIFT_SUSTAIN_S), now)
+    assert not lengths_replaced(LengthRises(output_since_s=now - SHIFT_SUSTAIN_S + 5.0), now)
+    assert lengths_replaced(LengthRises(output_since_s=now - SHIFT_SUSTAIN_S), now)
+    assert lengths_replaced(LengthRises(inflight_since_s=now - INFLIGHT_SUSTAIN_S), now)
+    assert not lengths_replaced(LengthRises(inflight_since_s=now - INFLIGHT_SUSTAIN_S + 5.0), now)
