@@ -238,6 +238,22 @@ def test_dashboard_groups_as_the_recording_rules_do() -> None:
             assert names == ["datasource", "model", "namespace"]
 
 
+@pytest.mark.parametrize("window", ["10m", "3m"])
+def test_the_token_gap_panel_reads_the_slow_replica_alerts_window(window: str) -> None:
+    """The per-engine token-gap panel shows what GovernorSlowReplica compares: each
+    engine's mean over slowReplicaWindow (a 5m panel beside a 10m alert showed a spike
+    the alert never saw, or hid one it fired on)."""
+    dash = _dashboard(monitoring={"prometheusRule": {"slowReplicaWindow": window}})
+    panel = next(p for p in dash["panels"] if p["title"] == "Mean token gap per engine")
+    expr = panel["targets"][0]["expr"]
+    assert set(re.findall(r"\[([^\]]+)\]", expr)) == {window}
+    assert f"over {window}" in panel["description"]
+    rules = _rules(monitoring={"prometheusRule": {"slowReplicaWindow": window}})
+    records = [r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r]
+    assert f"governor:engine_token_gap_seconds:mean{window}" in records
+    assert "__" not in json.dumps(dash).replace("__name__", "")
+
+
 @pytest.mark.parametrize("namespace_label", ["namespace", None])
 def test_dashboard_queries_are_valid_promql(tmp_path: Path, namespace_label: str | None) -> None:
     dash = _dashboard(prometheus={"namespace_label": namespace_label})

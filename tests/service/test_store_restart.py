@@ -12,6 +12,7 @@ import pytest
 import structlog
 
 from controller.config import GovernorConfig
+from controller.feedback import CORRECTION_MAX, CORRECTION_MIN
 from controller.targets import TargetsDoc, config_to_targets
 from controller.types import Knobs, Lengths, ModelState, RuleState, SavedState
 from estimators.smoothing import HoltState
@@ -107,6 +108,14 @@ def test_saved_form_holds_every_state_field_and_round_trips() -> None:
     # A correction past 1 (a pessimistic model, learned) survives a restart too.
     over = to_wall(STATE, 0.0) | {"capacity_correction": 1.15}
     assert from_wall(over, 0.0).plant.capacity_correction == 1.15
+    # The bounds themselves load (a target utilization of 0.5 or less has a ceiling of
+    # CORRECTION_MAX; a long violation floors it at CORRECTION_MIN); just past, refused.
+    for bound in (CORRECTION_MIN, CORRECTION_MAX):
+        at = to_wall(STATE, 0.0) | {"capacity_correction": bound}
+        assert from_wall(at, 0.0).plant.capacity_correction == bound
+    for past in (CORRECTION_MIN * 0.999, CORRECTION_MAX * 1.001):
+        with pytest.raises(StoreError, match="capacity_correction"):
+            from_wall(to_wall(STATE, 0.0) | {"capacity_correction": past}, 0.0, "state.demo")
 
 
 @pytest.mark.parametrize(
