@@ -84,8 +84,11 @@ class PlantSteps:
         fleet's mean. Example: 2 of 4 replicas on knobs worth 10 req/s, the published
         ones worth 14 -> 12 req/s per replica.
 
-        `shifted`: the length belief was replaced on this tick (`_correction`).
+        Where the length belief was `shifted` on this tick (controller.knobstep.
+        lengths_replaced) a correction past 1 is brought to 1 (`_correction`).
         """
+        ceiling = 1.0 if shifted else correction_ceiling(self.policy.target_utilization_frac)
+        c = min(state.plant.capacity_correction, ceiling)  # held to a ceiling now lower
         prev_tick = state.forecast.load.at_s if state.forecast.load is not None else None
         dt = 0.0 if prev_tick is None else min(max(0.0, now_s - prev_tick), self._max_gap_s)
         belief = self._speed(obs, state, memory, knobs, lengths, now_s, dt)
@@ -99,7 +102,7 @@ class PlantSteps:
             if lengths is None
             else fleet_capacity_rps(
                 lambda n: self._capacity(knobs, lengths, profile, n, sla),  # type: ignore[arg-type]
-                demand_rps / state.plant.capacity_correction,
+                demand_rps / c,
                 state.replicas,
                 self.model.replicas.max_replicas,
                 self.policy.tolerance_frac,
@@ -116,7 +119,7 @@ class PlantSteps:
         base_capacity = None if caps is None else caps[1]  # the fleet we have
         requests = obs.arrival_rate_rps * self.policy.window_s
         correction = self._correction(
-            obs, state, base_capacity, now_s, dt, relaxed is not None, shifted
+            obs, state, (c, ceiling), base_capacity, now_s, dt, relaxed is not None
         )
         knob_correction, out_of_reach = self._knob_correction(
             obs, state, memory, knobs, now_s, dt, requests
@@ -128,25 +131,28 @@ class PlantSteps:
         self,
         obs: Observation,
         state: ModelState,
+        correction: tuple[float, float],
         base_capacity: float | None,
         now_s: float,
         dt: float,
         relaxed: bool,
-        shifted: bool,
     ) -> float:
         """Step 3's capacity correction (controller.feedback.next_correction) after this
-        window, on the fleet we have priced at `base_capacity` (req/s a replica,
-        uncorrected; None: unknown) and an SLA `relaxed` or not.
+        window, from `correction` (the correction and its ceiling this tick), on the
+        fleet we have priced at `base_capacity` (req/s a replica, uncorrected; None:
+        unknown) and an SLA `relaxed` or not.
 
-        Where the length belief was `shifted` on this tick (controller.knobstep.
-        lengths_replaced) a correction past 1 is brought to 1: it was the model shown
+        The ceiling is 1 on a tick where the length belief was replaced (a shift,
+        controller.knobstep.lengths_replaced): a correction past 1 was the model shown
         pessimistic on the old lengths, and on the new ones the model may err the other
-        way. Example (`synthetic:length-shift:rate=40,duration=3600`, outputs 4x longer
-        from 1,800 s, start 4): 1.15 learned by then, held through the shift, TTFT p95
-        2.4 s in minute 32 and 96.84 % over the hour; brought to 1 at 1,860 s, 352 ms
-        and 97.33 %, on 8 % more GPU-hours (it grows again on the new lengths' evidence).
+        way. A belief that moves without a replacement (the smoothed lengths after a
+        data gap longer than their half-life, a prefix-hit share that falls, a drift
+        under SHIFT_RISE) keeps it. Example (`synthetic:length-shift:rate=40,duration=
+        3600`, outputs 4x longer from 1,800 s, start 4): 1.15 learned by then, held
+        through the shift, TTFT p95 2.4 s in minute 32 and 96.84 % over the hour; brought
+        to 1 at 1,860 s, 352 ms and 97.33 %, on 8 % more GPU-hours (the fleet sized at 1).
         """
-        c = state.plant.capacity_correction
+        c, ceiling = correction
         # The model is only wrong if the fleet we have was believed big enough (demand
         # within the deadband of its estimated capacity: we did not mean to scale up).
         believed_enough = (
@@ -167,7 +173,6 @@ class PlantSteps:
         violated, healthy = sla_evidence(obs, self.model.sla, requests)
         # An SLA out of every fleet's reach is violated whatever the fleet: no evidence.
         judge = believed_enough and not relaxed and self._judge(obs, state, now_s)
-        ceiling = 1.0 if shifted else correction_ceiling(self.policy.target_utilization_frac)
         complete = partial_data(obs, state.replicas) is None
         return next_correction(c, dt, violated, healthy, judge, loaded, ceiling, complete)
 

@@ -81,6 +81,7 @@ def test_a_shift_takes_back_the_correction_learned_on_the_old_lengths() -> None:
     res = run_policy("governor", scenario, on_tick=on_tick)
     assert corrections[29] > 1.1  # learned on the old lengths
     assert corrections[31] == 1.0  # the shift read, the correction taken back
+    assert corrections[50] > 1.0  # and grown again on the new lengths' evidence
     assert res.series["ttft_p95_by_minute"][32] < 500.0
     assert 100.0 * res.slo_attainment == pytest.approx(97.33, abs=0.01)
     assert res.flaps == 0

@@ -131,6 +131,10 @@ def test_a_shift_takes_back_a_correction_past_1() -> None:
         [CONV.prompt_mean] * (sustained + 2), 40.0, 1000.0, PlantBelief(capacity_correction=1.15)
     )
     assert min(dec.capacity_correction for dec, _ in steady) > 1.14
+    # a rise that falls back on the tick it would have sustained replaced nothing
+    brief = [2.0 * CONV.prompt_mean] * sustained + [CONV.prompt_mean] * 2
+    fell = _ticks(brief, 40.0, 1000.0, PlantBelief(capacity_correction=1.15))
+    assert min(dec.capacity_correction for dec, _ in fell) > 1.14
 
 
 def test_each_rise_replaces_the_belief_at_its_own_sustain() -> None:
