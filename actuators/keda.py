@@ -214,7 +214,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.IsActiveResponse]:
         """The current value at open (once one is known), then each change. Ends with OK
-        when the server shuts down; with NOT_FOUND when the model is removed."""
+        when the server shuts down; with NOT_FOUND when the model is removed or moved to
+        another namespace than the ScaledObject's (as GetMetrics and IsActive answer
+        then: a stream that kept pushing would let KEDA scale a workload the model no
+        longer governs)."""
         model = await self._resolve(request, context)
         async with stream_slot(self.streams, context, "StreamIsActive"):
             last: bool | None = None
@@ -223,6 +226,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     active = self.board.get(model).active
                 except KeyError:
                     await context.abort(grpc.StatusCode.NOT_FOUND, f"model {model!r} was removed")
+                await self._resolve(request, context)  # its namespace, as configured now
                 if active is None or active == last:
                     continue
                 last = active

@@ -184,14 +184,19 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000.0
 
 
+def _ms_or_none(v: float | None) -> float | None:
+    """Seconds -> milliseconds where a latency (finite, >= 0, finite in ms), else None."""
+    if v is None or not 0.0 <= v < _INF:
+        return None
+    ms = v * 1000.0
+    return ms if ms < _INF else None
+
+
 def _dist(q: Mapping[str, float], tags: tuple[str, ...]) -> LatencyQuantiles | None:
-    """p50/p90/p95/p99 in ms from a quantile row (finite values only); None when none."""
+    """p50/p90/p95/p99 in ms from a quantile row (finite values >= 0 only, finite in ms
+    too); None when none."""
     t50, t90, t95, t99 = tags
-    p50, p90, p95, p99 = q.get(t50), q.get(t90), q.get(t95), q.get(t99)
-    p50 = p50 * 1000.0 if p50 is not None and p50 - p50 == 0.0 else None
-    p90 = p90 * 1000.0 if p90 is not None and p90 - p90 == 0.0 else None
-    p95 = p95 * 1000.0 if p95 is not None and p95 - p95 == 0.0 else None
-    p99 = p99 * 1000.0 if p99 is not None and p99 - p99 == 0.0 else None
+    p50, p90, p95, p99 = (_ms_or_none(q.get(t)) for t in (t50, t90, t95, t99))
     if p50 is None and p90 is None and p95 is None and p99 is None:
         return None
     return LatencyQuantiles(p50, p90, p95, p99)
@@ -515,6 +520,13 @@ def parse_edge_buckets(
     return edge_buckets(index_buckets(raw, query, model_label, faults, scopes))
 
 
+BUCKET_NOISE = 0.01
+"""How much less than a lower bound's a cumulative bucket's rate may read (relative to
+the larger) and still be noise: float error, or `rate()`'s extrapolation, which differs
+between series only while they are young (a first sample near zero). Within it the
+running maximum holds; past it, no buckets (the attainment is then read off the p95)."""
+
+
 def edge_buckets(acc: BucketIndex) -> dict[str, dict[str, Buckets]]:
     """Histogram tag -> model -> cumulative buckets from an index of bucket rates (tag ->
     model -> {`le` text: rate}).
@@ -524,8 +536,12 @@ def edge_buckets(acc: BucketIndex) -> dict[str, dict[str, Buckets]]:
     engines (`estimators.promql.le_spellings`); a non-numeric `le` is skipped. Counts
     are made monotonic (running maximum, as PromQL does against float noise in rates).
     A model with any bucket of a histogram that is not a finite count >= 0 (NaN,
-    infinite, negative, or a repeated `le`, indexed as NaN) gets no buckets of it at
-    all: no data, not a wrong attainment.
+    infinite, negative, or a repeated `le`, indexed as NaN), or that reads fewer than a
+    lower bound's by more than noise (BUCKET_NOISE of the larger: the `+Inf`
+    bucket under a finite one's, a lower bucket over a higher one's), gets no buckets of
+    it at all: no data, not a wrong attainment. (The running maximum made `le="0.5"` at
+    4 with `+Inf` at 0 read all of them within 500 ms, and that 100 % grew the capacity
+    correction where TTFT p95 read 3 s.)
     """
     cache = LE_CACHE
     out: dict[str, dict[str, Buckets]] = {}
@@ -553,12 +569,14 @@ def edge_buckets(acc: BucketIndex) -> dict[str, dict[str, Buckets]]:
                 if prev is not None:
                     if not 0.0 <= raw < _INF:  # NaN, +-Inf or negative
                         break
+                    if raw < running_max * (1.0 - BUCKET_NOISE):  # fewer than below
+                        break
                     if raw > running_max:
                         running_max = raw
                     buckets.append((prev, running_max))
                 prev, raw = bound, c
             else:
-                if 0.0 <= raw < _INF:
+                if 0.0 <= raw < _INF and raw >= running_max * (1.0 - BUCKET_NOISE):
                     buckets.append((prev, max(running_max, raw)))  # type: ignore[arg-type]
                     column[model] = buckets
     return out

@@ -126,6 +126,10 @@ DEMAND_SIGNAL: Final = "arrival_rate"
 TARGETS_SIGNAL: Final = "targets_up"
 """The signal named in the `NoDataError` of a model whose engine targets are all down."""
 STALENESS_SIGNAL: Final = "staleness"
+FUTURE_STAMP_S: Final = 1.0
+"""How far past the evaluation time a sample's timestamp may read (s: the query's time
+has millisecond resolution): later, the answer is broken, and no staleness is read off
+it (a gauge stamped 1e6 s ahead read a fresh model whose counters were a day old)."""
 """The signal named in the `NoDataError` of a model without a current sample."""
 _UNSET: Final = object()
 """`PrometheusSource(namespace_label=...)` not given (None is a setting: no scoping)."""
@@ -645,6 +649,10 @@ class PrometheusSource:
         seen = count(s.get(TARGETS_SEEN))
         if seen is None:
             seen = known
+        bad = [(k, v) for k, v in (("up", up), ("known", known), ("seen", seen)) if v and v < 0]
+        if bad:  # a count of targets below 0 is no count: never read as "some are up"
+            detail = ", ".join(f"{k} {v}" for k, v in bad) + ": a target count below 0"
+            return NoDataError(name, TARGETS_SIGNAL, detail)
         d = t.demand.get(name, EMPTY)
         ingress = finite(d.get(INGRESS))
         if ingress is not None and ingress < 0.0:
@@ -671,6 +679,9 @@ class PrometheusSource:
         stamps = [ts for ts in (gauge_ts, counter_ts) if ts is not None]
         if not stamps:
             detail = "no current sample: every engine series is stale (targets down or gone)"
+            return NoDataError(name, STALENESS_SIGNAL, detail)
+        if max(stamps) > now_s + FUTURE_STAMP_S:  # evaluated at now_s: no later sample
+            detail = f"a sample stamped {max(stamps) - now_s:.1f} s after the evaluation time"
             return NoDataError(name, STALENESS_SIGNAL, detail)
         staleness_s = max(0.0, now_s - max(stamps))
         if self.max_staleness_s is not None and staleness_s > self.max_staleness_s:

@@ -178,6 +178,19 @@ class Observation:
             elif isinstance(v, bool) or not isinstance(v, int | float) or 0 <= v < _INF:
                 continue
             object.__setattr__(self, name, None)
+        # A share past 1 or a length under one token is no reading either: a prefix-hit
+        # share of 3 (hits over queries of another window) priced every prompt at the
+        # cap of hits and sized 6 replicas where 16 serve; a prompt mean of 0 (a sum
+        # rate of 0 beside a count rate) read 88 req/s a replica. Past 1 by float noise
+        # (1 + 1e-6 at most) reads 1.
+        for name in FRACTIONS:
+            v = getattr(self, name)
+            if v is not None and v > 1.0:
+                object.__setattr__(self, name, 1.0 if v <= 1.0 + FRACTION_NOISE else None)
+        for name in TOKEN_LENGTHS:
+            v = getattr(self, name)
+            if v is not None and v < 1.0:
+                object.__setattr__(self, name, None)
 
 
 _INF = math.inf
@@ -187,6 +200,17 @@ OPTIONAL_NUMBERS: tuple[str, ...] = tuple(
 """The optional numeric fields of `Observation` that construction cleans (NaN, +-Inf and
 negative values become None); `arrival_rate_rps` is required and validated instead,
 `observed_at_s` and `staleness_s` are times the source sets."""
+FRACTIONS: tuple[str, ...] = tuple(n for n in OPTIONAL_NUMBERS if n.endswith("_frac"))
+"""The shares among them (0-1): past 1 + FRACTION_NOISE, construction sets them to None."""
+FRACTION_NOISE = 1e-6
+"""How far past 1 a share may read by float noise in its rates (then it reads 1)."""
+TOKEN_LENGTHS = (
+    "prompt_tokens_mean",
+    "prompt_tokens_p95",
+    "output_tokens_mean",
+    "output_tokens_p95",
+)
+"""Request lengths (tokens): a request has at least one of each, so under 1 is None."""
 
 
 ObservationResult = Observation | NoDataError

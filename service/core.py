@@ -65,7 +65,7 @@ from service.store import (
     published_doc,
     to_wall,
 )
-from service.views import ModelStatusView, StatusView
+from service.views import ModelStatusView, StatusView, actuation_texts
 
 MAX_MODELS = 2000  # models a target set may hold after an admin addition
 
@@ -512,7 +512,7 @@ class ServiceCore:
                     stored = self.store.load_targets()
                 except TargetsInvalidError as exc:
                     # Stored set is broken: build on the last valid one, replacing it.
-                    stored_doc, stored_rev = self.targets, exc.revision
+                    stored, stored_doc, stored_rev = None, self.targets, exc.revision
                 except StoreError as exc:
                     raise AdminError(grpc.StatusCode.UNAVAILABLE, f"store: {exc}") from None
                 else:
@@ -532,6 +532,11 @@ class ServiceCore:
                         grpc.StatusCode.INVALID_ARGUMENT, "; ".join(exc.problems)
                     ) from None
                 if dry_run:
+                    return cfg, stored_rev
+                if stored is not None and doc == stored.doc:
+                    # Nothing changed (a pause of a paused model, a target set as it is):
+                    # no write, so the revision another operator read still holds.
+                    self._apply(cfg, doc, stored_rev)
                     return cfg, stored_rev
                 try:
                     rev = self.store.save_targets(doc, stored_rev)
@@ -631,6 +636,8 @@ class ServiceCore:
             self._require(name)
 
             def change(doc: TargetsDoc) -> TargetsDoc:
+                if (name in doc.paused) == paused:
+                    return doc  # already so: nothing to write (`_update_targets`)
                 rest = tuple(p for p in doc.paused if p != name)
                 return TargetsDoc(models=doc.models, paused=(*rest, name) if paused else rest)
 
@@ -657,15 +664,7 @@ class ServiceCore:
         for n in wanted:
             self._require(n)
         snap = self.loop.snapshot()
-        actuation: dict[str, str] = {}
-        for act in self.extra_actuators:
-            status_fn = getattr(act, "status", None)
-            if callable(status_fn):
-                for model, st in status_fn().items():
-                    describe = getattr(st, "describe", None)
-                    text = describe() if callable(describe) else str(st)
-                    # several actuators (scale, roll-out, drain): every one's outcome
-                    actuation[model] = "; ".join(filter(None, (actuation.get(model), text)))
+        actuation = actuation_texts(self.extra_actuators)
         models = []
         for m in self.config.models:
             if wanted and m.name not in wanted:

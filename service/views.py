@@ -3,6 +3,7 @@ builds it, the admin API turns it into GetStatusResponse (service.convert)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from actuators.publisher import Published
@@ -33,3 +34,18 @@ class StatusView:
     store: str
     targets_revision: str
     targets_problem: str
+
+
+def actuation_texts(actuators: Iterable[object]) -> dict[str, str]:
+    """model -> what the actuators with a `status()` (model -> outcome, with or without
+    a `describe()`) say of its last actuation; several (scale, roll-out, drain) joined
+    by "; "."""
+    out: dict[str, str] = {}
+    for act in actuators:
+        status_fn = getattr(act, "status", None)
+        if callable(status_fn):
+            for model, st in status_fn().items():
+                describe = getattr(st, "describe", None)
+                text = describe() if callable(describe) else str(st)
+                out[model] = "; ".join(filter(None, (out.get(model), text)))
+    return out

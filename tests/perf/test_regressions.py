@@ -30,7 +30,7 @@ from controller.config import SLA, KnobBounds
 from controller.loop import ControlLoop
 from controller.metrics import GovernorMetrics
 from controller.types import Knobs, Lengths
-from estimators.answers import parse_edge_buckets, parse_tagged
+from estimators.answers import BUCKET_NOISE, parse_edge_buckets, parse_tagged
 from estimators.prometheus import PrometheusSource
 from estimators.promql import SIGNAL_LABEL
 from estimators.stepmodel import load_profile
@@ -107,9 +107,12 @@ def _ref_buckets(raw: Any, faults: Faults) -> dict[str, dict[str, list[tuple[flo
             continue
         running, buckets = 0.0, []
         for bound in sorted(by_bound):
+            if by_bound[bound] < running * (1.0 - BUCKET_NOISE):  # past noise: void
+                break
             running = max(running, by_bound[bound])
             buckets.append((bound, running))
-        column[model] = buckets
+        else:
+            column[model] = buckets
     return out
 
 

@@ -179,22 +179,29 @@ def test_keda_zero_is_reported_in_both_fields_and_inactive(svc: Service) -> None
     assert keda.poll() == (0, False)
 
 
-def test_stream_is_active_sends_the_current_value_at_open_then_changes(svc: Service) -> None:
-    svc.tick()
-    assert svc.core.board.get("demo").replicas
-    ref = es.ScaledObjectRef(name="so", namespace="default", scalerMetadata={"model": "demo"})
-    stream = svc.keda.StreamIsActive(ref, timeout=30)
-    got: queue.Queue[bool] = queue.Queue()
+def _drain(stream: Any) -> tuple[queue.Queue[object], threading.Thread]:
+    """A thread putting each message's `result` of a StreamIsActive call on a queue,
+    then the RpcError that ends it (if one does)."""
+    got: queue.Queue[object] = queue.Queue()
 
     def consume() -> None:
         try:
             for msg in stream:
                 got.put(msg.result)
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError as exc:
+            got.put(exc)
 
     t = threading.Thread(target=consume, daemon=True)
     t.start()
+    return got, t
+
+
+def test_stream_is_active_sends_the_current_value_at_open_then_changes(svc: Service) -> None:
+    svc.tick()
+    assert svc.core.board.get("demo").replicas
+    ref = es.ScaledObjectRef(name="so", namespace="default", scalerMetadata={"model": "demo"})
+    stream = svc.keda.StreamIsActive(ref, timeout=30)
+    got, t = _drain(stream)
     # No tick and no change since the stream opened: the first message must still come.
     assert got.get(timeout=10) is True
     svc.source.set("demo", 0.0)
@@ -209,6 +216,40 @@ def test_stream_is_active_sends_the_current_value_at_open_then_changes(svc: Serv
     assert got.empty()
     stream.cancel()
     t.join(5)
+
+
+def test_stream_is_active_ends_when_its_model_moves_to_another_namespace(svc: Service) -> None:
+    """A stream opened for the model in namespace `llm` ends with NOT_FOUND once the
+    operator moves the model to `staging`, as GetMetrics answers then: it pushed on, and
+    a `False` would have let KEDA scale the old namespace's workload to zero."""
+    name = "meta-llama/Llama-3.1-8B"
+    svc.tick()
+    ref = es.ScaledObjectRef(name="so", namespace="llm", scalerMetadata={"model": name})
+    stream = svc.keda.StreamIsActive(ref, timeout=30)
+    got, t = _drain(stream)
+    assert got.get(timeout=10) is True
+    target = svc.admin.GetTarget(pb.GetTargetRequest(model=name), timeout=5).target
+    target.namespace = "staging"
+    svc.admin.SetTarget(pb.SetTargetRequest(target=target), timeout=5)
+    svc.tick()
+    end = got.get(timeout=10)
+    assert isinstance(end, grpc.RpcError), end
+    assert end.code() == grpc.StatusCode.NOT_FOUND and "staging" in (end.details() or "")
+    t.join(5)
+
+
+def test_a_pause_or_resume_that_changes_nothing_keeps_the_revision(svc: Service) -> None:
+    """Pausing a paused model (or resuming a running one) writes nothing: the revision
+    an operator read for `target set --expected-revision` still holds."""
+    svc.admin.PauseActuation(pb.PauseRequest(model="demo"), timeout=5)
+    rev = svc.core.targets_revision
+    svc.admin.PauseActuation(pb.PauseRequest(model="demo"), timeout=5)
+    assert svc.core.targets_revision == rev
+    svc.admin.ResumeActuation(pb.PauseRequest(model="demo"), timeout=5)
+    resumed = svc.core.targets_revision
+    assert resumed != rev
+    svc.admin.ResumeActuation(pb.PauseRequest(model="demo"), timeout=5)
+    assert svc.core.targets_revision == resumed
 
 
 @pytest.mark.parametrize(

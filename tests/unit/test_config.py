@@ -179,10 +179,18 @@ def test_a_file_not_utf8_is_a_config_error(tmp_path: Path) -> None:
         ({"sla": {"ttft_p95_ms": 500, "itl_p95_ms": 50, "attainment_goal_frac": 1}}, "less than 1"),
         ({"replicas": {"max_replicas": 10_001}}, "less than or equal to 10000"),
         ({"knobs": {"max_num_seqs_max": 2**31}}, "less than or equal to 2147483647"),
+        # another kind than the field's, per model (a Struct, `--policy`) or not: lax
+        # mode read 1 and "yes" as true and "5" as 5, and the store kept them as sent
+        ({"policy": {"knobs_live": 1}}, "knobs_live: expected true or false, got 1"),
+        ({"policy": {"knobs_live": "yes"}}, "expected true or false, got 'yes'"),
+        ({"policy": {"scale_down_stabilization_s": "5"}}, "expected a number, got a string"),
+        ({"policy": {"no_data_ticks_before_fallback": "1000"}}, "expected a number"),
+        ({"sla": {"ttft_p95_ms": "500", "itl_p95_ms": 50}}, "expected a number, got a string"),
     ],
 )
 def test_values_the_governor_cannot_run_on_are_refused(patch: dict, needle: str) -> None:
-    """A boolean read as 1 (an SLA of 1 ms); a goal of every request (no quantile to
+    """A boolean read as 1 (an SLA of 1 ms), a number or a string read as a boolean, a
+    string read as a number; a goal of every request (no quantile to
     size for: every tick raised in decide and the model froze); counts past what the
     API's fields carry (a traceback in `target get`) or any fleet (10**6 replicas took
     one decide 2.7 s)."""

@@ -24,16 +24,17 @@ class DemandClient:
     """Answers the demand query with `demand` (signal -> value), the state query with a
     fresh sample, `up` of 2 targets up and 2 running; nothing else."""
 
-    def __init__(self, demand: dict[str, float], up: int = 2) -> None:
+    def __init__(self, demand: dict[str, float], up: int = 2, gauge_ts: float = NOW - 1.0) -> None:
         self.demand = demand
         self.up = up
+        self.gauge_ts = gauge_ts
 
     def custom_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
         if "arrival_rps" in query:
             return [_row(k, v) for k, v in self.demand.items()]
         if "gauge_sample_ts" in query:
             return [
-                _row("gauge_sample_ts", NOW - 1.0),
+                _row("gauge_sample_ts", self.gauge_ts),
                 _row("running", 2.0),
                 _row("targets_up", float(self.up)),
                 _row("targets_known", 2.0),
@@ -42,11 +43,11 @@ class DemandClient:
 
 
 def _observe(
-    demand: dict[str, float], ingress: bool = False, up: int = 2
+    demand: dict[str, float], ingress: bool = False, up: int = 2, gauge_ts: float = NOW - 1.0
 ) -> Observation | NoDataError:
     src = PrometheusSource(
         "http://p",
-        client=DemandClient(demand, up),
+        client=DemandClient(demand, up, gauge_ts),
         ingress_rate_query="sum by (model_name) (rate(gateway_requests_total[{window}]))"
         if ingress
         else None,
@@ -79,3 +80,21 @@ def test_a_negative_ingress_rate_is_no_ingress_signal() -> None:
     assert isinstance(ok, Observation) and ok.arrival_rate_rps == 4.0 and ok.targets_up == 0
     more = _observe({"arrival_rps": 3.0, "ingress_rps": 4.0}, ingress=True)
     assert isinstance(more, Observation) and more.arrival_rate_rps == 4.0
+
+
+def test_a_negative_target_count_is_no_data_never_some_up() -> None:
+    """`targets_up` of -1 with 2 known read truthy and passed the all-down check, with
+    more targets down than known: a count below 0 is no data, naming the targets."""
+    out = _observe({"arrival_rps": 5.0}, up=-1)
+    assert isinstance(out, NoDataError), out
+    assert out.signal == "targets_up" and "below 0" in str(out)
+    assert isinstance(_observe({"arrival_rps": 5.0}, up=1), Observation)
+
+
+def test_a_sample_stamped_after_the_evaluation_time_is_no_data() -> None:
+    """Every query is evaluated at the tick's time: a gauge stamped a million seconds
+    later read the model as fresh (staleness 0) whatever its counters' age."""
+    out = _observe({"arrival_rps": 5.0}, gauge_ts=NOW + 1e6)
+    assert isinstance(out, NoDataError), out
+    assert out.signal == "staleness" and "after the evaluation time" in str(out)
+    assert isinstance(_observe({"arrival_rps": 5.0}, gauge_ts=NOW + 0.0005), Observation)
