@@ -72,6 +72,16 @@ class DuplicateKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML) reads a float without a dot or an exponent sign (`5e2`, `1.5e3`) as a
+# string, which a number field now refuses (controller.strictmodel): read it as YAML 1.2
+# and every other parser do, a number.
+DuplicateKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def load_yaml(text: str) -> Any:
     """`text` parsed as YAML like yaml.safe_load, but a key given twice in one mapping
     is a yaml.YAMLError naming it and its line."""

@@ -391,6 +391,10 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
         )
         if x
     ]
+    if args.plot_out and not args.plot_out.lower().endswith(".png"):
+        # matplotlib picks the format by the suffix: another one failed after the whole
+        # run (`--json` already written), none wrote PATH.png beside the PATH printed
+        problems.append(f"--plot {args.plot_out}: name a .png file (the plot is a PNG)")
     if args.decisions_out and Governor.name not in args.policies:
         problems.append(
             f"--decisions: the governor is not among --policies {','.join(args.policies)}"

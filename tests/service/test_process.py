@@ -239,6 +239,9 @@ def test_governor_run_bad_arguments_exit_2(
     cfg = _write_config(tmp_path / "config.yaml")
     cases = [
         (["run"], "--config"),
+        # read as "not given", an empty path ran the demo config and wrote its state
+        (["run", "--config", ""], "--config: empty path"),
+        (["run", "--config", " ", "--simulated-fleet", "synthetic:poisson"], "empty path"),
         (["run", "--config", str(cfg), "--grpc-listen", "nowhere"], "HOST:PORT"),
         (["run", "--config", str(cfg), "--metrics-listen", "h:99999"], "port"),
         (["run", "--config", str(tmp_path / "missing.yaml")], "cannot read"),

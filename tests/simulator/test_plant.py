@@ -262,6 +262,13 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(
     cases = [
         (["simulate", "--json", str(blocker / "out.json")], "is a file, not a directory"),
         (["simulate", "--plot", str(tmp_path)], "is a directory"),
+        # matplotlib picks the format by suffix: .xyz failed after the run, none wrote
+        # PATH.png beside the PATH printed
+        (
+            ["simulate", "--json", str(tmp_path / "j.json"), "--plot", str(tmp_path / "p.xyz")],
+            ".png",
+        ),
+        (["simulate", "--plot", str(tmp_path / "p2")], "name a .png file"),
         (["simulate", "--matrix-quick", "--json", str(tmp_path)], "is a directory"),
         (["calibrate", "--out", str(blocker / "c.md")], "is a file, not a directory"),
         (["demo", "--out", str(blocker)], "is a file"),
@@ -270,6 +277,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_run(
         assert main(args) == 2, args
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err, (args, err)
+    assert not (tmp_path / "j.json").exists()
     from simulator.outputs import output_problem
 
     assert output_problem("--json", str(tmp_path / "new" / "dir" / "x.json")) is None

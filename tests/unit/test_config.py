@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.config import ConfigError, load_config, parse_config
+from controller.config import ConfigError, load_config, load_yaml, parse_config
 from service.cli import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "governor.yaml"
@@ -223,6 +223,23 @@ def test_namespace_label_defaults_and_can_be_turned_off() -> None:
 def test_empty_and_non_mapping_files() -> None:
     assert any("models" in p for p in _problems({}))
     assert any("must be a mapping" in p for p in _problems([1, 2]))
+
+
+def test_a_float_written_as_yaml_1_2_reads_as_a_number() -> None:
+    """PyYAML (YAML 1.1) reads `5e2` and `1.5e3` as strings, which a number field refuses
+    (not converted); the loader reads them as YAML 1.2 does, in the file, the environment
+    overrides and the CLI's KEY=VALUE alike. Other strings stay strings."""
+    text = yaml.safe_dump(MIN).replace("ttft_p95_ms: 500", "ttft_p95_ms: 5e2")
+    assert "5e2" in text
+    cfg = parse_config(load_yaml(text), environ={"GOVERNOR_POLICY__WINDOW_S": "1.2e2"})
+    assert cfg.models[0].sla.ttft_p95_ms == 500.0 and cfg.policy.window_s == 120.0
+    assert [load_yaml(t) for t in ("-2E-1", ".5e1", "e5", "1e", "v1e5")] == [
+        -0.2,
+        5.0,
+        "e5",
+        "1e",
+        "v1e5",
+    ]
 
 
 def test_env_overrides_apply_and_validate() -> None:
