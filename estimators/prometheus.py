@@ -126,11 +126,11 @@ DEMAND_SIGNAL: Final = "arrival_rate"
 TARGETS_SIGNAL: Final = "targets_up"
 """The signal named in the `NoDataError` of a model whose engine targets are all down."""
 STALENESS_SIGNAL: Final = "staleness"
+"""The signal named in the `NoDataError` of a model without a current sample."""
 FUTURE_STAMP_S: Final = 1.0
 """How far past the evaluation time a sample's timestamp may read (s: the query's time
 has millisecond resolution): later, the answer is broken, and no staleness is read off
 it (a gauge stamped 1e6 s ahead read a fresh model whose counters were a day old)."""
-"""The signal named in the `NoDataError` of a model without a current sample."""
 _UNSET: Final = object()
 """`PrometheusSource(namespace_label=...)` not given (None is a setting: no scoping)."""
 DECISIVE: Final = frozenset(
