@@ -180,12 +180,9 @@ def count(v: float | None) -> int | None:
 
 
 def _ms(v: float | None) -> float | None:
-    """Seconds -> milliseconds (None stays None; NaN and infinities stay such)."""
-    return None if v is None else v * 1000.0
-
-
-def _ms_or_none(v: float | None) -> float | None:
-    """Seconds -> milliseconds where a latency (finite, >= 0, finite in ms), else None."""
+    """Seconds -> milliseconds where a latency (finite, >= 0, finite in ms), else None
+    (Observation cleans its own fields the same way; the quantiles of a LatencyQuantiles
+    are cleaned only here)."""
     if v is None or not 0.0 <= v < _INF:
         return None
     ms = v * 1000.0
@@ -196,7 +193,7 @@ def _dist(q: Mapping[str, float], tags: tuple[str, ...]) -> LatencyQuantiles | N
     """p50/p90/p95/p99 in ms from a quantile row (finite values >= 0 only, finite in ms
     too); None when none."""
     t50, t90, t95, t99 = tags
-    p50, p90, p95, p99 = (_ms_or_none(q.get(t)) for t in (t50, t90, t95, t99))
+    p50, p90, p95, p99 = (_ms(q.get(t)) for t in (t50, t90, t95, t99))
     if p50 is None and p90 is None and p95 is None and p99 is None:
         return None
     return LatencyQuantiles(p50, p90, p95, p99)
