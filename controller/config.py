@@ -88,10 +88,19 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=DuplicateKeyLoader)
 
 
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""The largest config or targets file read, bytes: four times what a ConfigMap holds
+(1 MiB), far past any fleet's models; `check-config /dev/zero` had read until memory ran
+out."""
+
+
 def read_config_text(path: Path) -> str:
-    """The text of the file at `path`; OSError or ValueError (not UTF-8, naming the byte
-    offset) for the caller to report."""
-    data = path.read_bytes()
+    """The text of the file at `path`; OSError or ValueError (past MAX_CONFIG_BYTES, or
+    not UTF-8, naming the byte offset) for the caller to report."""
+    with path.open("rb") as fh:
+        data = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ValueError(f"larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: not a config file")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -501,14 +510,18 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> list[str]:
+def apply_env_overrides(
+    data: dict[str, Any], environ: Mapping[str, str]
+) -> tuple[list[str], dict[str, list[str]]]:
     """Apply `GOVERNOR_A__B__0__C=value` overrides to `data` in place.
 
     Returns the problems found (an index past the end of a list, a path through a
-    scalar); unknown keys are left for validation to report. Names without `__` are
-    not overrides (module doc).
+    scalar; unknown keys are left for validation to report) and the overrides applied
+    (variable name -> its path of keys, `['models', '0', 'sla', 'ttft_p95_ms']`). Names
+    without `__` are not overrides (module doc).
     """
     problems: list[str] = []
+    applied: dict[str, list[str]] = {}
     for key in sorted(environ):
         if not key.upper().startswith(ENV_PREFIX) or "__" not in key[len(ENV_PREFIX) :]:
             continue
@@ -539,8 +552,31 @@ def apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> lis
                 problems.append(f"env {key}: cannot set {part!r} inside a scalar")
                 ok = False
                 break
-        del ok
-    return problems
+        if ok:
+            applied[key] = path
+    return problems, applied
+
+
+def _blame_env(lines: list[str], applied: dict[str, list[str]], data: dict[str, Any]) -> list[str]:
+    """`lines` (validation problems, `path: message`), each whose path an environment
+    override set (or lies under) ending `(set by env NAME)`: the file does not hold the
+    value it reports. A model entry's path reads `models[NAME]` or `models.INDEX`."""
+    models = data.get("models")
+    prefixes: list[tuple[str, str]] = []
+    for key, path in applied.items():
+        prefixes.append((".".join(path), key))
+        if path[0] == "models" and len(path) > 1 and isinstance(models, list):
+            entry = models[int(path[1])] if path[1].isdigit() else None
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                prefixes.append((".".join([f"models[{entry['name']}]", *path[2:]]), key))
+    out = []
+    for line in lines:
+        field = line.partition(": ")[0]
+        keys = sorted(
+            {k for p, k in prefixes if field == p or field.startswith((p + ".", p + "["))}
+        )
+        out.append(f"{line} (set by env {', '.join(keys)})" if keys else line)
+    return out
 
 
 def parse_config(
@@ -553,7 +589,7 @@ def parse_config(
         raise ConfigError(
             [f"<root>: must be a mapping with a 'models:' list (got {type(data).__name__})"], source
         )
-    problems = apply_env_overrides(data, os.environ if environ is None else environ)
+    problems, applied = apply_env_overrides(data, os.environ if environ is None else environ)
     entry_problems: list[str] = []
     if isinstance(data.get("models"), list):
         # each entry through the one target validator (controller.targets), so a config
@@ -567,7 +603,8 @@ def parse_config(
         rest = format_validation_error(exc)
         if entry_problems:  # the entries' own problems are reported once, by name
             rest = [p for p in rest if not p.startswith("models.")]
-        raise ConfigError(problems + entry_problems + rest, source) from None
+        found = _blame_env(entry_problems + rest, applied, data)
+        raise ConfigError(problems + found, source) from None
     if problems:
         raise ConfigError(problems, source)
     return cfg

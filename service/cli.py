@@ -96,9 +96,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def blank_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The arguments of the chosen (sub)command given as an empty or blank string, each
+    named as its flag (or positional name). Every path, name, address and trace of the
+    command line is text that means something; `--json ''` or `--targets ''` had read as
+    "not given" and silently skipped the output or the check they ask for. A default
+    (from the environment, say) is the command's own to judge."""
+    blank: list[str] = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if isinstance(action, argparse._SubParsersAction):
+            # `target set` names itself "target set" in `command` (set_defaults)
+            chosen = action.choices.get(str(value).split(" ")[0])
+            if chosen is not None:
+                blank += blank_arguments(chosen, args)
+            continue
+        values = value if isinstance(value, list) else [value]
+        if value != action.default and any(isinstance(v, str) and not v.strip() for v in values):
+            blank.append(action.option_strings[0] if action.option_strings else action.dest)
+    return blank
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if blank := blank_arguments(parser, args):
+        for name in blank:
+            print(
+                f"governor {args.command}: {name}: empty (give a value, or leave it out)",
+                file=sys.stderr,
+            )
+        return EXIT_USAGE
     try:
         return int(args.func(args))
     except BrokenPipeError:

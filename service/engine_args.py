@@ -57,13 +57,24 @@ def _config_knobs(args: argparse.Namespace) -> KnobBounds | None:
         return None
 
 
+LIVE_ONLY = (
+    "plugin_dir",
+    "default_max_num_seqs_ceiling",
+    "default_max_num_batched_tokens_ceiling",
+    "max_num_seqs_ceiling",
+    "max_num_batched_tokens_ceiling",
+)
+"""The `engine-args` flags (argparse dests) only `--live` reads."""
+
+
 def fallback_problems(args: argparse.Namespace, kb: KnobBounds | None) -> list[str]:
     """What makes the fallback knobs unusable: a --default-* flag outside the model's
     knob bounds (when --config names the model; without it the bounds are unknown: a
     model may raise them up to INT32_MAX, and the chart passes a model's defaults
     without its bounds), or a token budget below max_num_seqs, which vLLM refuses (the
     two flags, or one flag against the default it does not override; with --live, a
-    pair of ceiling flags). Empty when the flags are sound or not given."""
+    pair of ceiling flags), and flags only --live reads given without it. Empty when the
+    flags are sound or not given."""
     seqs, tokens = args.default_max_num_seqs, args.default_max_num_batched_tokens
     of = f"of {args.model!r} in {args.config}"
     problems = []
@@ -100,6 +111,16 @@ def fallback_problems(args: argparse.Namespace, kb: KnobBounds | None) -> list[s
         else:
             pair = f"--default-max-num-batched-tokens {t} is below --default-max-num-seqs {s}"
         problems.append(f"{pair}: vLLM refuses a token budget below max_num_seqs{hint}")
+    live_only = [
+        "--" + dest.replace("_", "-")
+        for dest in LIVE_ONLY
+        if getattr(args, dest, None) not in (None, False)
+    ]
+    if live_only and not args.live:
+        problems.append(
+            f"{', '.join(live_only)}: read only with --live (an engine that follows the "
+            "governor live); without it they would be ignored"
+        )
     for kind in ("", "default-"):  # --live: a pair of ceiling flags given together
         cs = getattr(args, f"{kind.replace('-', '_')}max_num_seqs_ceiling", None)
         ct = getattr(args, f"{kind.replace('-', '_')}max_num_batched_tokens_ceiling", None)

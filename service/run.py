@@ -592,9 +592,6 @@ def _run(args: argparse.Namespace) -> int:
         raise _RunError(str(exc), 2) from None
     if args.config is None and args.simulated_fleet is None:
         raise _RunError("give --config FILE (or --simulated-fleet TRACE)", 2)
-    if args.config is not None and not args.config.strip():
-        # read as "not given" it ran the demo config against the configured Prometheus
-        raise _RunError("--config: empty path (give the config file)", 2)
     try:
         config = load_config(args.config) if args.config is not None else demo_config()
     except ConfigError as exc:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.config import SLA
+from controller.config import SLA, ScalingPolicy
 from simulator.autoscalers import POLICY_NAMES, Autoscaler, Governor
 from simulator.calibrate import add_calibrate
 from simulator.cli_args import (
@@ -25,6 +25,8 @@ from simulator.cli_args import (
     policy_or_say,
     positive,
     say_policy,
+    scenario_or_say,
+    trace_of,
 )
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
@@ -37,7 +39,7 @@ from simulator.scenario import (
     run_policy,
     slo_met,
 )
-from simulator.traces import MAX_RATE_MULTIPLIER, Trace, load_trace
+from simulator.traces import MAX_RATE_MULTIPLIER
 
 EXIT_USAGE = 2
 
@@ -408,25 +410,6 @@ def usage_problems(args: argparse.Namespace) -> list[str]:
     return problems
 
 
-def trace_of(args: argparse.Namespace, command: str) -> Trace | None:
-    """The trace `args` ask for (--trace, --rate-scale, --duration, --seed); None after
-    printing why it cannot be had (a bad spec, or no memory for the scaled trace)."""
-    try:
-        return load_trace(
-            args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
-        )
-    except (OSError, ValueError) as exc:
-        print(f"governor {command}: --trace {args.trace}: {exc}", file=sys.stderr)
-    except MemoryError:
-        print(
-            f"governor {command}: --trace {args.trace} at --rate-scale {args.rate_scale:g}: out "
-            "of memory building the scaled trace (it is scaled whole before --duration cuts "
-            "it): lower --rate-scale",
-            file=sys.stderr,
-        )
-    return None
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     if problems := usage_problems(args):
         for problem in problems:
@@ -441,23 +424,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     trace = trace_of(args, "simulate")
     if trace is None:
         return EXIT_USAGE
-    if len(trace) == 0:
-        print(f"governor simulate: --trace {args.trace}: no requests", file=sys.stderr)
-        return EXIT_USAGE
-    sla = SLA(ttft_p95_ms=args.sla_ttft_p95_ms, itl_p95_ms=args.sla_itl_p95_ms)
-    sc = Scenario(
-        trace=trace,
-        sla=sla,
-        start_replicas=args.start_replicas,
-        min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
-        static_replicas=args.static_replicas,
-        seed=args.seed,
-        hpa_sync_s=args.hpa_sync_s,
-        scrape_interval_s=args.scrape_interval_s,
-        governor_policy=policy,
-        plant=plant_from_args(args),
+    sc = scenario_or_say(
+        lambda: Scenario(
+            trace=trace,
+            sla=SLA(ttft_p95_ms=args.sla_ttft_p95_ms, itl_p95_ms=args.sla_itl_p95_ms),
+            start_replicas=args.start_replicas,
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
+            static_replicas=args.static_replicas,
+            seed=args.seed,
+            hpa_sync_s=args.hpa_sync_s,
+            scrape_interval_s=args.scrape_interval_s,
+            governor_policy=policy,
+            plant=plant_from_args(args),
+        ),
+        "simulate",
     )
+    if sc is None:
+        return EXIT_USAGE
     show = sys.stderr.isatty() if args.progress is None else args.progress
     orc = None
     if not args.no_oracle:
@@ -605,7 +589,9 @@ def demo_goals(doc: dict) -> str:
     return "goals: " + "; ".join(f"{name} {'met' if ok else 'MISSED'}" for name, ok in checks)
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def _demo_scenario(args: argparse.Namespace) -> tuple[Scenario, ScalingPolicy] | None:
+    """The demo's scenario and the governor's policy from its flags; None after
+    printing what is wrong with them (nothing run or written)."""
     problems = [
         p
         for p in (
@@ -614,27 +600,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         if p
     ]
-    if problems:
-        for problem in problems:
-            print(f"governor demo: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    policy = policy_or_say(args, [args.scrape_interval_s], args.live_knobs, "demo")
-    if policy is None:
-        return EXIT_USAGE
-    trace = trace_of(args, "demo")
-    if trace is None:
-        return EXIT_USAGE
-    sla = SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0)
-    sc = Scenario(
-        trace=trace,
-        sla=sla,
-        start_replicas=args.start_replicas,
-        seed=args.seed,
-        drain_tail_s=args.drain_tail_s,
-        scrape_interval_s=args.scrape_interval_s,
-        governor_policy=policy,
-        plant=plant_from_args(args),
+    for problem in problems:
+        print(f"governor demo: {problem}", file=sys.stderr)
+    policy = (
+        None if problems else policy_or_say(args, [args.scrape_interval_s], args.live_knobs, "demo")
     )
+    trace = None if policy is None else trace_of(args, "demo")
+    if policy is None or trace is None:
+        return None
+    sc = scenario_or_say(
+        lambda: Scenario(
+            trace=trace,
+            sla=SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0),
+            start_replicas=args.start_replicas,
+            seed=args.seed,
+            drain_tail_s=args.drain_tail_s,
+            scrape_interval_s=args.scrape_interval_s,
+            governor_policy=policy,
+            plant=plant_from_args(args),
+        ),
+        "demo",
+    )
+    return None if sc is None else (sc, policy)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if (made := _demo_scenario(args)) is None:
+        return EXIT_USAGE
+    sc, policy = made
+    trace = sc.trace
+    sla = sc.sla
     print(
         f"llm-governor demo: {trace.name}, {len(trace):,} requests over "
         f"{trace.span_s / 60:.0f} min; "

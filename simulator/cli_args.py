@@ -1,7 +1,9 @@
 """Argument types of the simulator's command line, the plant flags `governor
 simulate` and `governor demo` share (simulator.plant: what the simulated engines do,
-apart from what the decider believes), and the flags that give the governor an
-operator's own scaling policy (`--policy-from FILE`)."""
+apart from what the decider believes), the flags that give the governor an
+operator's own scaling policy (`--policy-from FILE`), and what both commands make of
+their flags before a run: the trace (`trace_of`) and the scenario, its governor config
+validated (`scenario_or_say`)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,21 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from controller.config import ConfigError, ScalingPolicy, load_config, scrape_problems
+from pydantic import ValidationError
+
+from controller.config import (
+    ConfigError,
+    ScalingPolicy,
+    format_validation_error,
+    load_config,
+    scrape_problems,
+)
 from simulator.fleet import ROLLOUTS, ROUTERS
 from simulator.plant import Plant
-from simulator.scenario import DEFAULT_SCRAPE_INTERVAL_S, policy_changes
+from simulator.scenario import DEFAULT_SCRAPE_INTERVAL_S, Scenario, policy_changes
+from simulator.traces import Trace, load_trace
 
 
 def positive(kind: type, name: str):
@@ -199,7 +210,14 @@ def policy_from_args(
     if path is None:
         if name is not None:
             raise ValueError(f"--policy-model {name}: read only with --policy-from")
-        return ScalingPolicy()
+        policy = ScalingPolicy()
+        if problems := [
+            f"--scrape-interval-s {s:g} is too slow for the governor's default policy: {p}"
+            for s in sorted(set(scrapes_s))
+            for p in scrape_problems(policy, s)
+        ]:
+            raise ValueError("; ".join(problems))
+        return policy
     try:
         cfg = load_config(path, environ={})
     except ConfigError as exc:
@@ -244,6 +262,56 @@ def policy_or_say(
     except ValueError as exc:
         print(f"governor {command}: {exc}", file=sys.stderr)
         return None
+
+
+CONFIG_FLAGS = {
+    "ttft_p95_ms": "--sla-ttft-p95-ms",
+    "itl_p95_ms": "--sla-itl-p95-ms",
+    "min_replicas": "--min-replicas",
+    "max_replicas": "--max-replicas",
+    "scrape_interval_s": "--scrape-interval-s",
+}
+"""The flag that sets each field of the governor's config a scenario builds."""
+
+
+def scenario_or_say(build: Callable[[], Scenario], command: str) -> Scenario | None:
+    """The scenario `build` makes, its governor config validated as `governor run`
+    validates a file (the SLA's and the replica bounds' limits); None after printing
+    each problem as `governor COMMAND: --flag: ...`."""
+    try:
+        sc = build()
+        sc.governor_config()
+    except ValidationError as exc:
+        for line in format_validation_error(exc):
+            field, sep, rest = line.partition(": ")
+            flag = CONFIG_FLAGS.get(field.rsplit(".", 1)[-1]) if sep else None
+            print(f"governor {command}: {f'{flag}: {rest}' if flag else line}", file=sys.stderr)
+        return None
+    return sc
+
+
+def trace_of(args: argparse.Namespace, command: str) -> Trace | None:
+    """The trace `args` ask for (--trace, --rate-scale, --duration, --seed); None after
+    printing why it cannot be had (a bad spec, no memory for the scaled trace, or no
+    request in it: nothing to replay and no oracle)."""
+    try:
+        trace = load_trace(
+            args.trace, rate_multiplier=args.rate_scale, duration_s=args.duration, seed=args.seed
+        )
+    except (OSError, ValueError) as exc:
+        print(f"governor {command}: --trace {args.trace}: {exc}", file=sys.stderr)
+    except MemoryError:
+        print(
+            f"governor {command}: --trace {args.trace} at --rate-scale {args.rate_scale:g}: out "
+            "of memory building the scaled trace (it is scaled whole before --duration cuts "
+            "it): lower --rate-scale",
+            file=sys.stderr,
+        )
+    else:
+        if len(trace):
+            return trace
+        print(f"governor {command}: --trace {args.trace}: no requests", file=sys.stderr)
+    return None
 
 
 def say_policy(args: argparse.Namespace, policy: ScalingPolicy) -> None:

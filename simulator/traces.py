@@ -37,6 +37,14 @@ MAX_RATE_MULTIPLIER = 100.0
 memory, ~70 bytes a request while scaling and more in the simulation, before a duration
 cuts it (K=100 makes azure:conv's 19,366 requests 1.9 million; K=3,000 ran out of memory
 with a traceback). A higher rate belongs in a synthetic trace's own parameters."""
+MAX_TOKENS = 10_000_000
+"""The longest prompt or output a trace file may give a request, tokens: past any
+context window served today, and within int64 (a count of 1e30 had overflowed with a
+traceback)."""
+MAX_SYNTHETIC_REQUESTS = 2_000_000
+"""The most requests a synthetic trace may expect (its peak rate x its duration): the
+size of the largest scaled trace (`MAX_RATE_MULTIPLIER` x azure:conv), built whole in
+memory like it."""
 BUNDLED_TRACES = Path(__file__).resolve().parent / "data" / "traces"
 AZURE_FILES = {
     "conv": "AzureLLMInferenceTrace_conv.csv",
@@ -195,28 +203,63 @@ def _parse_times(values: list[str]) -> np.ndarray:
     return secs
 
 
+def _tokens(value: object) -> int:
+    """A token count from a trace file's field (text or a JSON number): finite, in
+    [0, MAX_TOKENS] (0 is read as 1 request token later). ValueError naming the value."""
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        v = math.nan
+    if not math.isfinite(v) or not 0 <= v <= MAX_TOKENS:
+        raise ValueError(f"token count {value!r} is not a number in [0, {MAX_TOKENS:,}]")
+    return int(v)
+
+
 def load_csv(path: str | Path, name: str | None = None) -> Trace:
-    """Azure-format or generic CSV with a header (timestamp seconds or datetime)."""
+    """Azure-format or generic CSV with a header (timestamp seconds or datetime).
+
+    ValueError naming the file (and the line) for a file without a header, a header
+    without the columns, a row shorter than the header, a token count that is not a
+    number in [0, MAX_TOKENS] and times that are neither seconds nor timestamps."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
+    times: list[str] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
     with opener(path, "rt", newline="") as fh:
         reader = csv.reader(fh)
-        header = next(reader)
-        it, ip, io = (
-            _pick(header, _TIME_COLS, path),
-            _pick(header, _PROMPT_COLS, path),
-            _pick(header, _OUTPUT_COLS, path),
-        )
-        times: list[str] = []
-        prompts: list[int] = []
-        outputs: list[int] = []
-        for row in reader:
-            if not row:
-                continue
-            times.append(row[it])
-            prompts.append(int(float(row[ip])))
-            outputs.append(int(float(row[io])))
-    return Trace.from_arrays(_parse_times(times), prompts, outputs, name or path.stem)
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise ValueError(f"{path}: empty file (a header row names the columns)")
+            it, ip, io = (
+                _pick(header, _TIME_COLS, path),
+                _pick(header, _PROMPT_COLS, path),
+                _pick(header, _OUTPUT_COLS, path),
+            )
+            for row in reader:
+                if not row:
+                    continue
+                if len(row) <= max(it, ip, io):
+                    raise ValueError(
+                        f"{path}:{reader.line_num}: {len(row)} field(s), the header has "
+                        f"{len(header)}"
+                    )
+                try:
+                    prompts.append(_tokens(row[ip]))
+                    outputs.append(_tokens(row[io]))
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{reader.line_num}: {exc}") from None
+                times.append(row[it])
+        except csv.Error as exc:
+            raise ValueError(f"{path}:{reader.line_num}: not CSV ({exc})") from None
+    try:
+        arrival_s = _parse_times(times)
+    except ValueError as exc:
+        raise ValueError(
+            f"{path}: column {header[it]!r} holds neither seconds nor timestamps ({exc})"
+        ) from None
+    return Trace.from_arrays(arrival_s, prompts, outputs, name or path.stem)
 
 
 def load_azure_csv(path: str | Path) -> Trace:
@@ -238,8 +281,8 @@ def load_jsonl(path: str | Path, name: str | None = None) -> Trace:
             try:
                 rec = json.loads(line)
                 t.append(float(rec["timestamp"]) / 1000.0)
-                p.append(int(rec["input_length"]))
-                o.append(int(rec["output_length"]))
+                p.append(_tokens(rec["input_length"]))
+                o.append(_tokens(rec["output_length"]))
             except (KeyError, ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: bad record ({exc})") from exc
     return Trace.from_arrays(t, p, o, name or path.stem)
@@ -377,6 +420,58 @@ from `at` on: prompts by `prompt_x`, outputs by `output_x`; by default outputs 4
 longer at the same rate, a replica's capacity falling ~3x within one request)."""
 
 
+_AT_LEAST_ZERO = frozenset(
+    ("rate", "low", "high", "start_rate", "end_rate", "mean", "base", "factor", "spike_s")
+)
+_FRACTIONS = frozenset(("at", "amplitude"))
+"""Parameters in [0, 1]; every other one (durations, periods, the length shift's factors
+and the lengths) must be > 0, every rate and `factor`/`spike_s` >= 0."""
+
+
+def _param_problems(name: str, cfg: dict[str, float]) -> list[str]:
+    """What is wrong with generator `name`'s parameters `cfg` (empty: nothing): each must
+    be finite and within its range (see `_AT_LEAST_ZERO`, `_FRACTIONS`), a long-context
+    output p95 at least its median, and the trace's expected size (peak rate x duration)
+    within `MAX_SYNTHETIC_REQUESTS`."""
+    out = []
+    for key, v in cfg.items():
+        if key in _FRACTIONS:
+            ok, want = 0 <= v <= 1, "in [0, 1]"
+        elif key in _AT_LEAST_ZERO:
+            ok, want = 0 <= v < math.inf, ">= 0"
+        else:
+            ok, want = 0 < v < math.inf, "> 0"
+        if not ok:
+            out.append(f"{key} must be a finite number {want}, got {v:g}")
+    if out:
+        return out
+    if cfg.get("output_p95", math.inf) < cfg.get("output_median", 0.0):
+        out.append(
+            f"output_p95 ({cfg['output_p95']:g}) must be >= output_median "
+            f"({cfg['output_median']:g})"
+        )
+    expected = _peak_rate(name, cfg) * cfg["duration"]
+    if expected > MAX_SYNTHETIC_REQUESTS:
+        out.append(
+            f"its peak rate x duration is ~{expected:.3g} requests, past the "
+            f"{MAX_SYNTHETIC_REQUESTS:,} a trace is built with in memory"
+        )
+    return out
+
+
+def _peak_rate(name: str, cfg: dict[str, float]) -> float:
+    """The highest rate (requests/s) generator `name` reaches with parameters `cfg`."""
+    if name in ("poisson", "length-shift"):
+        return cfg["rate"]
+    if name == "step":
+        return max(cfg["low"], cfg["high"])
+    if name == "ramp":
+        return max(cfg["start_rate"], cfg["end_rate"])
+    if name in ("diurnal", "long-context"):
+        return cfg["mean"] * (1.0 + cfg["amplitude"])
+    return cfg["base"] * max(cfg["factor"], 1.0)  # flash-crowd
+
+
 def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
     """A synthetic trace with conversation-like lengths; `params` override the defaults
     in `SYNTHETIC_DEFAULTS[name]`."""
@@ -387,33 +482,27 @@ def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
     if unknown:
         raise ValueError(f"synthetic:{name}: unknown parameter(s) {sorted(unknown)}")
     cfg.update({k: float(v) for k, v in params.items()})
-    dur = cfg["duration"]
-    if dur <= 0:
-        raise ValueError(f"synthetic:{name}: duration must be > 0, got {dur}")
+    if problems := _param_problems(name, cfg):
+        raise ValueError(f"synthetic:{name}: {'; '.join(problems)}")
+    dur, peak = cfg["duration"], _peak_rate(name, cfg)
     rng = np.random.default_rng(seed)
     rate: Callable[[np.ndarray], np.ndarray]
     if name in ("poisson", "length-shift"):
         r = cfg["rate"]
-        rate, peak = (lambda t: np.full_like(t, r)), r
+        rate = lambda t: np.full_like(t, r)  # noqa: E731
     elif name == "step":
         lo, hi, at = cfg["low"], cfg["high"], cfg["at"] * dur
-        rate, peak = (lambda t: np.where(t < at, lo, hi)), max(lo, hi)
+        rate = lambda t: np.where(t < at, lo, hi)  # noqa: E731
     elif name == "ramp":
         a, b = cfg["start_rate"], cfg["end_rate"]
-        rate, peak = (lambda t: a + (b - a) * t / dur), max(a, b)
+        rate = lambda t: a + (b - a) * t / dur  # noqa: E731
     elif name in ("diurnal", "long-context"):
         mean, amp, per = cfg["mean"], cfg["amplitude"], cfg["period"]
-        if not 0 <= amp <= 1:
-            raise ValueError(f"synthetic:{name}: amplitude must be in [0, 1], got {amp}")
         # Starts at the trough: mean * (1 - amp) at t = 0, peak at half a period.
         rate = lambda t: mean * (1.0 - amp * np.cos(2.0 * np.pi * t / per))  # noqa: E731
-        peak = mean * (1.0 + amp)
     else:  # flash-crowd
         base, fac, at, sp = cfg["base"], cfg["factor"], cfg["at"] * dur, cfg["spike_s"]
         rate = lambda t: np.where((t >= at) & (t < at + sp), base * fac, base)  # noqa: E731
-        peak = base * max(fac, 1.0)
-    if peak < 0:
-        raise ValueError(f"synthetic:{name}: rates must be >= 0")
     t = _nhpp(rate, peak, dur, rng) if peak > 0 else np.zeros(0)
     if name == "long-context":
         p, o = long_context_lengths(len(t), rng, cfg)
@@ -429,10 +518,6 @@ def _shifted(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Prompt and output lengths (tokens) multiplied by `prompt_x` and `output_x` where
     `after`, at least one token each."""
-    if prompt_x <= 0 or output_x <= 0:
-        raise ValueError(
-            f"synthetic:length-shift: prompt_x and output_x must be > 0, got {prompt_x}, {output_x}"
-        )
 
     def scale(x: np.ndarray, f: float) -> np.ndarray:
         return np.where(after, np.maximum(1, np.rint(x * f)), x).astype(np.int64)

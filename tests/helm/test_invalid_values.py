@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.helm.chart import (
+    CHART,
     MODEL_8B,
     MODEL_CODE,
     chart_copy,
@@ -314,6 +315,20 @@ SCHEMA_ONLY: dict[str, tuple[dict[str, Any], str]] = {
         values(governor={"adminListen": "127.0.0.1:99999"}),
         "/governor/adminListen",
     ),
+    # a health service the governor does not serve: the probe never passes
+    "readiness-probe-of-an-unknown-service": (
+        values(probes={"readiness": {"service": "externalscaler.ExternalScalar"}}),
+        "/probes/readiness/service",
+    ),
+    # unquoted: the alert's PromQL does not parse and the whole rule group fails to load
+    "kube-state-metrics-selector-unquoted": (
+        values(monitoring={"prometheusRule": {"kubeStateMetricsSelector": "job=ksm"}}),
+        "/monitoring/prometheusRule/kubeStateMetricsSelector",
+    ),
+    "kube-state-metrics-selector-with-a-brace": (
+        values(monitoring={"prometheusRule": {"kubeStateMetricsSelector": 'job="k"} or up{'}}),
+        "/monitoring/prometheusRule/kubeStateMetricsSelector",
+    ),
 }
 
 
@@ -510,3 +525,26 @@ def test_watch_stream_limits_agree_with_governor_run(case: str) -> None:
                 args += [flag, str(governor[key])]
         with pytest.raises(_RunError):
             _check_flags(build_parser().parse_args(args))
+
+
+def test_probe_services_are_the_health_names_the_governor_serves() -> None:
+    """The schema's probe services are exactly what `governor run` marks SERVING."""
+    import json
+
+    from service import listeners
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    served = {"", listeners._BATCHING, listeners._KEDA, listeners._ADMIN}
+    assert set(schema["$defs"]["probe"]["properties"]["service"]["enum"]) == served
+
+
+@pytest.mark.parametrize(
+    "selector", ["", 'job="kube-state-metrics"', 'job="ksm", cluster=~"eu-.*"', 'a!="x\\"y"']
+)
+def test_a_kube_state_metrics_selector_of_matchers_renders(selector: str) -> None:
+    vals = values(
+        monitoring={"prometheusRule": {"enabled": True, "kubeStateMetricsSelector": selector}}
+    )
+    rendered = "".join(render_files(vals).values())
+    assert "kube_deployment_spec_replicas{" in rendered
+    assert selector in rendered  # verbatim, in a folded block scalar

@@ -372,12 +372,12 @@ def test_simulate_without_memory_for_the_trace_says_so(
 ) -> None:
     """A MemoryError building the scaled trace: a message naming the flags, exit 2, no
     traceback (the run has not started)."""
-    import simulator.cli
+    import simulator.cli_args
 
     def no_memory(*a: object, **k: object) -> Trace:
         raise MemoryError
 
-    monkeypatch.setattr(simulator.cli, "load_trace", no_memory)
+    monkeypatch.setattr(simulator.cli_args, "load_trace", no_memory)
     argv = ["simulate", "--trace", "azure:conv", "--rate-scale", "80", "--no-oracle"]
     assert main(argv) == 2
     err = capsys.readouterr().err

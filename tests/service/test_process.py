@@ -240,8 +240,8 @@ def test_governor_run_bad_arguments_exit_2(
     cases = [
         (["run"], "--config"),
         # read as "not given", an empty path ran the demo config and wrote its state
-        (["run", "--config", ""], "--config: empty path"),
-        (["run", "--config", " ", "--simulated-fleet", "synthetic:poisson"], "empty path"),
+        (["run", "--config", ""], "--config: empty"),
+        (["run", "--config", " ", "--simulated-fleet", "synthetic:poisson"], "--config: empty"),
         (["run", "--config", str(cfg), "--grpc-listen", "nowhere"], "HOST:PORT"),
         (["run", "--config", str(cfg), "--metrics-listen", "h:99999"], "port"),
         (["run", "--config", str(tmp_path / "missing.yaml")], "cannot read"),
@@ -250,11 +250,11 @@ def test_governor_run_bad_arguments_exit_2(
         (["run", "--config", str(cfg), "--shutdown-grace-s", "0"], "grace"),
         (["run", "--config", str(cfg), "--tick-nice", "-1"], "--tick-nice must be within"),
         (["run", "--config", str(cfg), "--tick-nice", "20"], "--tick-nice must be within"),
-        (["run", "--config", str(cfg), "--identity", ""], "--identity must not be empty"),
-        (["run", "--config", str(cfg), "--identity", "  "], "--identity must not be empty"),
+        (["run", "--config", str(cfg), "--identity", ""], "--identity: empty"),
+        (["run", "--config", str(cfg), "--identity", "  "], "--identity: empty"),
         (
             ["run", "--config", str(cfg), "--leader-election", "on", "--identity", ""],
-            "--identity must not be empty",
+            "--identity: empty",
         ),
     ]
     for argv, text in cases:

@@ -169,7 +169,7 @@ def test_length_shift_multiplies_the_lengths_from_its_shift_on() -> None:
     assert np.mean(b.prompt_tokens[late]) / np.mean(b.prompt_tokens[~late]) == pytest.approx(
         3.0, rel=0.1
     )
-    with pytest.raises(ValueError, match="output_x must be > 0"):
+    with pytest.raises(ValueError, match="output_x must be a finite number > 0"):
         load_trace("synthetic:length-shift:output_x=0")
 
 
@@ -205,3 +205,96 @@ def test_truncated_and_describe() -> None:
     assert len(tr.truncated(2.0)) == 2
     d = tr.describe()
     assert d["requests"] == 4 and d["span_s"] == 3.0 and d["prompt_mean"] == 2.5
+
+
+_HEADER = "timestamp,prompt_tokens,output_tokens\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        pytest.param("", "empty file (a header row", id="empty-file"),  # was StopIteration
+        pytest.param(_HEADER + "1,2\n", ":2: 2 field(s), the header has 3", id="short-row"),
+        pytest.param(  # was OverflowError from numpy's int64
+            _HEADER + "1,3,4\n2,1e30,5\n", ":3: token count '1e30' is not a number", id="huge"
+        ),
+        pytest.param(_HEADER + "1,nan,5\n", ":2: token count 'nan'", id="nan-tokens"),
+        pytest.param(_HEADER + "1,3,-4\n", ":2: token count '-4'", id="negative-tokens"),
+        pytest.param(_HEADER + "1,3,x\n", ":2: token count 'x'", id="text-tokens"),
+        pytest.param(
+            _HEADER + "abc,3,5\n", "column 'timestamp' holds neither seconds nor", id="bad-time"
+        ),
+        pytest.param(_HEADER + '1,"' + "9" * 200_000 + '",5\n', "not CSV", id="huge-field"),
+    ],
+)
+def test_a_broken_csv_trace_names_the_file_and_line(tmp_path: Path, text: str, needle: str) -> None:
+    """Each of these ended in a traceback (StopIteration, IndexError, OverflowError) or
+    a message without the line; now a ValueError naming the file and what is wrong."""
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_trace(path)
+    assert str(path) in str(err.value) and needle in str(err.value), str(err.value)
+
+
+def test_a_csv_at_the_token_bound_loads(tmp_path: Path) -> None:
+    """MAX_TOKENS itself is a count a file may give, one past it is not."""
+    from simulator.traces import MAX_TOKENS
+
+    path = tmp_path / "t.csv"
+    path.write_text(_HEADER + f"1,{MAX_TOKENS},0\n")
+    assert load_trace(path).prompt_tokens.tolist() == [MAX_TOKENS]
+    path.write_text(_HEADER + f"1,{MAX_TOKENS + 1},0\n")
+    with pytest.raises(ValueError, match="token count"):
+        load_trace(path)
+
+
+def test_a_jsonl_token_count_past_the_bound_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    rows = [{"timestamp": 0, "input_length": 5, "output_length": 2}]
+    rows.append({"timestamp": 10, "input_length": 1e30, "output_length": 2})
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(ValueError, match=r"t\.jsonl:2: bad record \(token count"):
+        load_trace(path)
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("synthetic:step:at=5", "at must be a finite number in [0, 1], got 5"),
+        ("synthetic:step:at=nan", "at must be a finite number in [0, 1], got nan"),
+        ("synthetic:flash-crowd:factor=-2", "factor must be a finite number >= 0, got -2"),
+        ("synthetic:flash-crowd:spike_s=inf", "spike_s must be a finite number >= 0"),
+        ("synthetic:poisson:rate=nan", "rate must be a finite number >= 0, got nan"),
+        ("synthetic:ramp:end_rate=-1", "end_rate must be a finite number >= 0"),
+        ("synthetic:diurnal:period=0", "period must be a finite number > 0, got 0"),
+        ("synthetic:diurnal:amplitude=1.5", "amplitude must be a finite number in [0, 1]"),
+        ("synthetic:poisson:duration=nan", "duration must be a finite number > 0"),
+        ("synthetic:long-context:output_median=nan", "output_median must be a finite number > 0"),
+        ("synthetic:long-context:output_p95=100", "output_p95 (100) must be >= output_median"),
+        ("synthetic:length-shift:output_x=0", "output_x must be a finite number > 0, got 0"),
+        ("synthetic:poisson:duration=1e12", "~2e+13 requests, past the 2,000,000"),
+        ("synthetic:flash-crowd:base=1000,factor=10", "~1.2e+07 requests"),
+    ],
+)
+def test_a_synthetic_parameter_out_of_range_is_refused(spec: str, needle: str) -> None:
+    """step:at=5 and flash-crowd:factor=-2 ran a different trace than asked (no step, no
+    spike), at=nan and output_median=nan ran a broken one (0.04 % attainment),
+    rate=nan said only "no requests", duration=1e12 ran out of memory."""
+    with pytest.raises(ValueError) as err:
+        load_trace(spec)
+    assert needle in str(err.value), str(err.value)
+
+
+def test_a_synthetic_trace_at_its_size_bound_is_built() -> None:
+    """The size bound is on the expected count (peak rate x duration), inclusive."""
+    from simulator.traces import MAX_SYNTHETIC_REQUESTS
+
+    assert _expected("poisson", rate=MAX_SYNTHETIC_REQUESTS / 1000.0, duration=1000.0) == []
+    assert _expected("poisson", rate=MAX_SYNTHETIC_REQUESTS / 1000.0 + 1, duration=1000.0)
+
+
+def _expected(name: str, **params: float) -> list[str]:
+    from simulator.traces import _param_problems
+
+    return _param_problems(name, {**SYNTHETIC_DEFAULTS[name], **params})

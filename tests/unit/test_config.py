@@ -264,6 +264,52 @@ def test_env_overrides_apply_and_validate() -> None:
     assert "policy.tolerance_frac" in exc.value.problems[0]
 
 
+def test_a_problem_an_env_override_made_names_the_variable() -> None:
+    """A bad value from the environment was reported as the file's (`policy.window_s:
+    ...` under the file's name): the operator looked in a file that does not hold it. A
+    model's entry is named `models[NAME]` in the problem, its override by index."""
+    env = {
+        "GOVERNOR_POLICY__TOLERANCE_FRAC": "abc",
+        "GOVERNOR_MODELS__0__SLA": "{ttft_p95_ms: -1, itl_p95_ms: 50}",
+        "GOVERNOR_MODELS__0__REPLICAS__MAX_REPLICAS": "3",
+    }
+    data = yaml.safe_load(yaml.safe_dump(MIN))
+    data["models"][0]["replicas"] = {"min_replicas": 5, "max_replicas": "x"}
+    data["models"][0]["cold_start_s"] = -1
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data, environ=env)
+    problems = exc.value.problems
+    assert any(
+        p.startswith("policy.tolerance_frac")
+        and p.endswith("(set by env GOVERNOR_POLICY__TOLERANCE_FRAC)")
+        for p in problems
+    ), problems
+    assert any(
+        p.startswith("models[m].sla.ttft_p95_ms")
+        and p.endswith("(set by env GOVERNOR_MODELS__0__SLA)")
+        for p in problems
+    ), problems
+    assert any("cold_start_s" in p and "set by env" not in p for p in problems), problems
+
+
+def test_a_config_file_past_the_size_bound_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check-config /dev/zero` read until memory ran out; a file one byte past
+    MAX_CONFIG_BYTES is refused, one at it is read (and judged as YAML)."""
+    from controller.config import MAX_CONFIG_BYTES
+
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    assert main(["check-config", str(big)]) == 2
+    assert "larger than 4 MiB" in capsys.readouterr().err
+    big.write_bytes(b"#" * MAX_CONFIG_BYTES)
+    assert main(["check-config", str(big)]) == 2
+    assert "larger than" not in capsys.readouterr().err
+    assert main(["check-config", "/dev/zero"]) == 2
+    assert "larger than 4 MiB" in capsys.readouterr().err
+
+
 def test_check_config_cli_success(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
