@@ -57,7 +57,7 @@ from controller.capacity import (
 )
 from controller.config import ModelConfig, ScalingPolicy
 from controller.demand import PANIC_Z, Demand, DemandSteps, Raw
-from controller.knobstep import KnobSteps, lengths_replaced
+from controller.knobstep import KnobSteps, lengths_replaced, prefix_fell
 from controller.nodata import NoDataSteps, partial_data
 from controller.plant import (
     believed_profile,
@@ -186,7 +186,7 @@ class Decider(DemandSteps, KnobSteps, NoDataSteps, PlantSteps):
         slots = knob_memory.largest(knobs).max_num_seqs  # a replica's sequence slots
         demand = self._demand(obs, state, now_s, slots)  # step 4
         sizing = self._sizing_demand(state, now_s, demand)
-        shifted = lengths_replaced(rises, now_s)
+        shifted = lengths_replaced(rises, now_s) or prefix_fell(state.forecast.lengths, lengths)
         caps, plant, hard, out_of_reach = self._plant(
             obs, state, knob_memory, knobs, lengths, now_s, sizing, shifted
         )

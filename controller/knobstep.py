@@ -89,6 +89,19 @@ def lengths_replaced(rises: LengthRises, now_s: float) -> bool:
     return any(since is not None and now_s - since >= need for since, need in sustained)
 
 
+def prefix_fell(old: Lengths | None, new: Lengths | None) -> bool:
+    """Whether the believed prefix-hit share fell on this tick (from `old`'s to `new`'s;
+    it falls at once, `KnobSteps._lengths`) far enough that the prompt tokens the engines
+    compute grew SHIFT_RISE x, as a length shift's prompts do (`lengths_replaced`): what
+    was learned of the plant while the cache spared them (the correction past 1) no
+    longer holds. Example: 0.6 -> 0.4 computes 1.5x the tokens (0.4 -> 0.6 of each
+    prompt) and is one; 0.2 -> 0.1 (1.125x) is not."""
+    if old is None or new is None or new.prefix_hit_frac >= old.prefix_hit_frac:
+        return False
+    # 1e-9: the example's 0.6 -> 0.4 is 1.5x in decimals, a hair under it in floats
+    return 1.0 - new.prefix_hit_frac >= SHIFT_RISE * (1.0 - old.prefix_hit_frac) - 1e-9
+
+
 def inflight_output_tokens(obs: Observation) -> float | None:
     """The mean output length of the requests in flight, tokens, by Little's law: a
     request runs for its prefill and then one inter-token latency per output token, so
@@ -254,7 +267,10 @@ class KnobSteps:
         last = state.forecast.load.at_s if state.forecast.load is not None else None
         if old is None or last is None:
             return new, LengthRises()
-        dt, hl = now_s - last, self.policy.lengths_half_life_s
+        # A data gap is no evidence that the lengths moved: the window after it weighs as
+        # one MAX_GAP_TICKS after the last (as the Holt filter and the correction do);
+        # weighed over a 600 s gap it was 75 % of the belief and could shrink the fleet.
+        dt, hl = min(now_s - last, self._max_gap_s), self.policy.lengths_half_life_s
         # While the history is younger than the half-life, the half-life is its age: the
         # first windows hold a few requests (at a 5 s scrape the first one read long-
         # context prompts as 5.6k / 9.5k tokens, mean / p95, against 12k / 40k), and

@@ -85,7 +85,7 @@ class PlantSteps:
         ones worth 14 -> 12 req/s per replica.
 
         Where the length belief was `shifted` on this tick (controller.knobstep.
-        lengths_replaced) a correction past 1 is brought to 1 (`_correction`).
+        lengths_replaced, prefix_fell) a correction past 1 is brought to 1 (`_correction`).
         """
         ceiling = 1.0 if shifted else correction_ceiling(self.policy.target_utilization_frac)
         c = min(state.plant.capacity_correction, ceiling)  # held to a ceiling now lower
@@ -143,14 +143,14 @@ class PlantSteps:
         unknown) and an SLA `relaxed` or not.
 
         The ceiling is 1 on a tick where the length belief was replaced (a shift,
-        controller.knobstep.lengths_replaced): a correction past 1 was the model shown
+        controller.knobstep.lengths_replaced, or a prefix-hit share that fell as far,
+        controller.knobstep.prefix_fell): a correction past 1 was the model shown
         pessimistic on the old lengths, and on the new ones the model may err the other
-        way. A belief that moves without a replacement (the smoothed lengths after a
-        data gap longer than their half-life, a prefix-hit share that falls, a drift
-        under SHIFT_RISE) keeps it. Example (`synthetic:length-shift:rate=40,duration=
-        3600`, outputs 4x longer from 1,800 s, start 4): 1.15 learned by then, held
-        through the shift, TTFT p95 2.4 s in minute 32 and 96.84 % over the hour; brought
-        to 1 at 1,860 s, 352 ms and 97.33 %, on 8 % more GPU-hours (the fleet sized at 1).
+        way. A belief that drifts (under SHIFT_RISE) keeps it. Example
+        (`synthetic:length-shift:rate=40,duration=3600`, outputs 4x longer from 1,800 s,
+        start 4): 1.15 learned by then, held through the shift, TTFT p95 2.4 s in minute
+        32 and 96.84 % over the hour; brought to 1 at 1,860 s, 352 ms and 97.33 %, on 8 %
+        more GPU-hours (the fleet sized at 1).
         """
         c, ceiling = correction
         # The model is only wrong if the fleet we have was believed big enough (demand
