@@ -58,7 +58,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from actuators.kubeapi import CallAbandoned, KubeCallError, QueuedActuatorBase
+from actuators.kubeapi import CallAbandoned, KubeCallError, QueuedActuatorBase, malformed_answer
 from actuators.kubernetes import failure_reason
 from controller.types import Decision, Knobs
 
@@ -125,7 +125,7 @@ def rollout_in_progress(dep: Any) -> bool:
     status, spec = dep.status, dep.spec
     if status is None:
         return True
-    if (status.observed_generation or 0) < (dep.metadata.generation or 0):
+    if (status.observed_generation or 0) < (getattr(dep.metadata, "generation", None) or 0):
         return True
     want = spec.replicas if spec is not None and spec.replicas is not None else 0
     updated = status.updated_replicas or 0
@@ -379,7 +379,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 continue
             with self._lock:
                 catch_up = model in self._catch_up
-            st = self._try(model, *targets[model], knobs, catch_up)
+            st = self._try_isolated(model, *targets[model], knobs, catch_up)
             out[model] = st
             with self._lock:
                 self._status[model] = st
@@ -410,6 +410,20 @@ class KnobRolloutActuator(QueuedActuatorBase):
             f"{desired - down} ready; the load needs {needed:.2f}"
         )
 
+    def _try_isolated(
+        self, model: str, namespace: str, deployment: str, knobs: Knobs, catch_up: bool
+    ) -> RolloutStatus:
+        """`_try`, with anything it raises (an answer of a shape it did not expect, a bug)
+        confined to this model: FAILED, counted as `exception`. The models queued behind
+        it still roll out (one Deployment read without metadata had stopped them all)."""
+        try:
+            return self._try(model, namespace, deployment, knobs, catch_up)
+        except Exception as exc:
+            self._log.error("rollout_raised", model=model, error=repr(exc))
+            self._report_error("exception")
+            detail = f"unexpected error: {exc!r}"
+            return RolloutStatus(model, RolloutReason.FAILED, knobs, detail, self._wall())
+
     def _try(
         self, model: str, namespace: str, deployment: str, knobs: Knobs, catch_up: bool = False
     ) -> RolloutStatus:
@@ -435,6 +449,9 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 dep = self._call(
                     f"read {where}", self.apps.read_namespaced_deployment, deployment, namespace
                 )
+                version = getattr(dep.metadata, "resource_version", None)
+                if not version:  # the patch below is conditional on it
+                    raise malformed_answer(f"read {where}", "no metadata.resourceVersion")
                 template = dep.spec.template.metadata if dep.spec and dep.spec.template else None
                 current = ((template.annotations if template else None) or {}).get(
                     ROLLOUT_ANNOTATION
@@ -451,7 +468,7 @@ class KnobRolloutActuator(QueuedActuatorBase):
                 if short:
                     return done(RolloutReason.WAITING_CAPACITY, short)
                 body = {
-                    "metadata": {"resourceVersion": dep.metadata.resource_version},
+                    "metadata": {"resourceVersion": version},
                     "spec": {
                         "template": {"metadata": {"annotations": {ROLLOUT_ANNOTATION: value}}}
                     },

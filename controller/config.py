@@ -84,8 +84,16 @@ DuplicateKeyLoader.add_implicit_resolver(
 
 def load_yaml(text: str) -> Any:
     """`text` parsed as YAML like yaml.safe_load, but a key given twice in one mapping
-    is a yaml.YAMLError naming it and its line."""
-    return yaml.load(text, Loader=DuplicateKeyLoader)
+    is a yaml.YAMLError naming it and its line, and so are a value the constructors
+    cannot read (ValueError: an integer past Python's 4,300-digit limit, a date of month
+    13) and nesting past the recursion limit (RecursionError): every reader handles
+    yaml.YAMLError, and those had stopped every tick from a targets ConfigMap edit."""
+    try:
+        return yaml.load(text, Loader=DuplicateKeyLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+    except ValueError as exc:
+        raise yaml.YAMLError(f"a value it cannot read: {exc}".split(";")[0]) from None
 
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024

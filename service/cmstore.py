@@ -17,6 +17,7 @@ import binascii
 import gzip
 import json
 import threading
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ import yaml
 
 from controller.targets import TargetsDoc
 from service.store import (
+    MAX_STATE_BYTES,
     STATE_KEY,
     TARGETS_KEY,
     ConflictError,
@@ -32,6 +34,7 @@ from service.store import (
     StoredTargets,
     StoreError,
     TargetsInvalidError,
+    parse_json_bytes,
     parse_state,
     parse_targets_yaml,
 )
@@ -254,20 +257,13 @@ class ConfigMapStore:
         packed = (cm.binary_data or {}).get(STATE_GZ_KEY)
         if packed is not None:
             where += f" binaryData {STATE_GZ_KEY}"
-            try:
-                text = gzip.decompress(base64.b64decode(packed, validate=True))
-            except (binascii.Error, OSError, EOFError) as exc:
-                raise StoreError(f"{where}: not gzip-compressed base64: {exc}") from None
+            text = _gunzip(packed, where)
         elif STATE_KEY in (cm.data or {}):
             where += f" key {STATE_KEY}"
             text = cm.data[STATE_KEY].encode()
         else:
             return None
-        try:
-            raw = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{where}: not JSON: {exc}") from None
-        return parse_state(raw, where)
+        return parse_state(parse_json_bytes(text, where), where)
 
     def save_state(self, doc: StateDoc) -> None:
         """Write `doc` gzip-compressed to binaryData `state.json.gz` (dropping the plain
@@ -301,6 +297,22 @@ class ConfigMapStore:
                 except ConflictError:
                     if attempt == 1:
                         raise
+
+
+def _gunzip(packed: str, where: str) -> bytes:
+    """The gzip member in base64 `packed`, inflated to at most MAX_STATE_BYTES (one byte
+    more is refused, not inflated further); StoreError naming `where` for what is not
+    base64, not gzip, truncated or larger."""
+    try:
+        inflater = zlib.decompressobj(wbits=31)  # a gzip header and trailer
+        data = inflater.decompress(base64.b64decode(packed, validate=True), MAX_STATE_BYTES + 1)
+    except (binascii.Error, zlib.error) as exc:
+        raise StoreError(f"{where}: not gzip-compressed base64: {exc}") from None
+    if len(data) > MAX_STATE_BYTES:
+        raise StoreError(f"{where}: inflates past {MAX_STATE_BYTES} bytes")
+    if not inflater.eof:
+        raise StoreError(f"{where}: not gzip-compressed base64: truncated")
+    return data
 
 
 def configmap_size(data: Mapping[str, str], binary_data: Mapping[str, str]) -> int:

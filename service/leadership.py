@@ -73,7 +73,8 @@ def saved_states(
         if name not in names:
             continue
         try:
-            states[name] = from_wall(raw, offset, f"{where}: {name}" if where else name)
+            label = f"{where}: {name}" if where else name
+            states[name] = from_wall(raw, offset, label, doc.saved_at_unix_s)
         except StoreError as exc:
             if strict:
                 raise

@@ -423,15 +423,38 @@ class TlsFiles:
     """How often the files are checked for a change, seconds (`TlsReloader`)."""
 
 
+MAX_PEM_BYTES = 1024 * 1024
+"""The largest TLS file read, bytes: four times a full public CA bundle (~230 KB); a
+certificate flag pointed at /dev/zero had read until memory ran out."""
+
+
 def _read_pem(path: str, what: str, marker: bytes) -> bytes:
+    """The PEM file at `path` holding a `marker` block (at most MAX_PEM_BYTES);
+    SecurityConfigError naming `what` and the file otherwise."""
     try:
-        data = Path(path).read_bytes()
+        with Path(path).open("rb") as fh:
+            data = fh.read(MAX_PEM_BYTES + 1)
     except OSError as exc:
         raise SecurityConfigError(
             f"{what} {path}: cannot read: {exc.strerror or type(exc).__name__}"
         ) from None
+    if len(data) > MAX_PEM_BYTES:
+        raise SecurityConfigError(f"{what} {path}: larger than {MAX_PEM_BYTES} bytes: not PEM")
     if b"-----BEGIN" not in data or marker not in data:
         raise SecurityConfigError(f"{what} {path}: not a PEM file holding a {marker.decode()}")
+    return data
+
+
+def _read_ca(path: str, what: str) -> bytes:
+    """The CA certificates at `path` (`_read_pem`), each one parsed: a file that only
+    names CERTIFICATE had been taken, and the server then failed to listen with an
+    error about the address (or, on a reload, kept the old CA reporting success)."""
+    data = _read_pem(path, what, b"CERTIFICATE")
+    try:
+        ssl.create_default_context().load_verify_locations(cadata=data.decode("latin-1"))
+    except (ssl.SSLError, ValueError) as exc:
+        why = exc.reason if isinstance(exc, ssl.SSLError) and exc.reason else exc
+        raise SecurityConfigError(f"{what} {path}: not a usable CA certificate: {why}") from None
     return data
 
 
@@ -453,7 +476,7 @@ def _certificate_configuration(tls: TlsFiles) -> Any:
         ) from None
     ca = None
     if tls.client_ca_file:
-        ca = _read_pem(tls.client_ca_file, "TLS client CA file", b"CERTIFICATE")
+        ca = _read_ca(tls.client_ca_file, "TLS client CA file")
     return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
 
@@ -544,7 +567,7 @@ def channel_credentials(
     present `cert_file`/`key_file` (both or neither)."""
     if bool(cert_file) != bool(key_file):
         raise SecurityConfigError("give both --tls-cert-file and --tls-key-file, or neither")
-    ca = _read_pem(ca_file, "TLS CA file", b"CERTIFICATE") if ca_file else None
+    ca = _read_ca(ca_file, "TLS CA file") if ca_file else None
     cert = _read_pem(cert_file, "TLS certificate file", b"CERTIFICATE") if cert_file else None
     key = _read_pem(key_file, "TLS key file", b"PRIVATE KEY") if key_file else None
     return grpc.ssl_channel_credentials(

@@ -33,7 +33,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -253,6 +253,26 @@ def to_wall(state: ModelState, offset_s: float) -> dict[str, Any]:
     return d
 
 
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""The largest state document read, bytes of JSON (after decompression): 20 times the
+~3 MB of 1,000 models; the 1 MiB of gzip a ConfigMap holds can inflate to ~1 GiB (a
+1,000:1 bomb), which every follower's read would have held in memory, ~4.7x over."""
+
+
+def parse_json_bytes(data: bytes, where: str, hint: str = "") -> Any:
+    """`data` (UTF-8 JSON, at most MAX_STATE_BYTES) parsed; StoreError `where: ...hint`
+    when it is larger, not UTF-8, not JSON or nested past the recursion limit (none of
+    which may stop a tick or a start with a traceback)."""
+    if len(data) > MAX_STATE_BYTES:
+        raise StoreError(f"{where}: larger than {MAX_STATE_BYTES} bytes{hint}")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{where}: not JSON: {exc}{hint}") from None
+    except RecursionError:
+        raise StoreError(f"{where}: not JSON: nested too deeply{hint}") from None
+
+
 def restore_offset(wall_s: float, monotonic_s: float, saved_at_unix_s: float) -> float:
     """The offset (wall - monotonic, seconds) to load a state saved at `saved_at_unix_s`
     with, in a process whose clocks read `wall_s` and `monotonic_s` now.
@@ -270,25 +290,48 @@ def restore_offset(wall_s: float, monotonic_s: float, saved_at_unix_s: float) ->
     return offset
 
 
-def from_wall(data: Mapping[str, Any], offset_s: float, where: str = "state") -> ModelState:
+MAX_AHEAD_S = 86_400.0
+"""How far past its save a stored time may lie, seconds: a panic hold or a roll-out's
+end lies ahead, none by more than the longest window a policy may set (a day). A panic
+hold stored 30 years ahead had pinned its model at its size, in panic, with no error."""
+
+
+def from_wall(
+    data: Mapping[str, Any],
+    offset_s: float,
+    where: str = "state",
+    saved_at_unix_s: float = math.nan,
+) -> ModelState:
     """The ModelState stored by `to_wall`, shifted back by this process's `offset_s`
-    (= wall - monotonic, seconds). StoreError naming the field when invalid."""
+    (= wall - monotonic, seconds). StoreError naming the field when invalid, or when a
+    time lies more than MAX_AHEAD_S after `saved_at_unix_s` (when finite)."""
     if not isinstance(data, Mapping):
         raise StoreError(f"{where}: must be a mapping (got {type(data).__name__})")
+    latest = saved_at_unix_s + MAX_AHEAD_S if math.isfinite(saved_at_unix_s) else math.inf
+
+    def back(value: Any, name: str) -> float:
+        t = _finite(value, name)
+        if t > latest:
+            raise ValueError(
+                f"{name}: {t:.0f} lies {t - saved_at_unix_s:.0f} s after the save; no hold "
+                f"lasts past {MAX_AHEAD_S:.0f} s"
+            )
+        return t - offset_s
+
     try:
         d = dict(data)
         for f in TIME_FIELDS:
             if d.get(f) is not None:
-                d[f] = _finite(d[f], f) - offset_s
+                d[f] = back(d[f], f)
         for f in TIME_PAIR_FIELDS:
             if d.get(f) is not None:
-                d[f] = [[_finite(t, f) - offset_s, v] for t, v in d[f]]
+                d[f] = [[back(t, f), v] for t, v in _pairs(d[f], f)]
         for f, sub in NESTED_TIME_FIELDS.items():
             if isinstance(d.get(f), Mapping) and d[f].get(sub) is not None:
-                d[f] = dict(d[f]) | {sub: _finite(d[f][sub], f"{f}.{sub}") - offset_s}
+                d[f] = dict(d[f]) | {sub: back(d[f][sub], f"{f}.{sub}")}
         for f, (times, at) in RECORD_TIME_FIELDS.items():
             if isinstance(d.get(f), list):
-                d[f] = [_record_from_wall(r, times, at, offset_s, f) for r in d[f]]
+                d[f] = [_record_from_wall(r, times, at, back, f) for r in d[f]]
         state = _STATE.validate_python(d).state()
     except ValidationError as exc:
         raise StoreError(f"{where}: " + "; ".join(format_validation_error(exc))) from None
@@ -322,19 +365,27 @@ def _check_plant(plant: PlantBelief, where: str) -> None:
         raise StoreError(f"{where}.plant_speed_samples: must be >= 0 (got {plant.speed_samples})")
 
 
+def _pairs(items: Any, where: str) -> list[Any]:
+    """`items`, a list of [time, value] pairs; ValueError naming `where` otherwise."""
+    if not isinstance(items, list) or not all(
+        isinstance(x, list | tuple) and len(x) == 2 for x in items
+    ):
+        raise ValueError(f"{where}: must be a list of [time, value] pairs (got {items!r:.80})")
+    return items
+
+
 def _record_from_wall(
-    rec: Any, times: str, at: str, offset_s: float, where: str
+    rec: Any, times: str, at: str, back: Callable[[Any, str], float], where: str
 ) -> Mapping[str, Any]:
-    """A saved record with its `times` list and `at` time shifted back by `offset_s`."""
+    """A saved record with its `times` list and `at` time taken `back` (checked, on the
+    monotonic clock)."""
     if not isinstance(rec, Mapping):
         raise ValueError(f"{where}: each item must be a mapping (got {type(rec).__name__})")
     out = dict(rec)
     if isinstance(out.get(times), list):
-        out[times] = [
-            None if t is None else _finite(t, f"{where}.{times}") - offset_s for t in out[times]
-        ]
+        out[times] = [None if t is None else back(t, f"{where}.{times}") for t in out[times]]
     if out.get(at) is not None:
-        out[at] = _finite(out[at], f"{where}.{at}") - offset_s
+        out[at] = back(out[at], f"{where}.{at}")
     return out
 
 
@@ -454,18 +505,17 @@ class FileStore:
     # ------------------------------------------------------------------ raw file
     def _read(self) -> dict[str, Any]:
         try:
-            text = self.path.read_text()
+            with self.path.open("rb") as fh:
+                raw = fh.read(MAX_STATE_BYTES + 1)
         except FileNotFoundError:
             return {}
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot read: {exc.strerror or exc}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise StoreError(
-                f"{self.path}: corrupt state file (not JSON: {exc}); move it away to start "
-                "fresh, or restore a backup"
-            ) from None
+        data = parse_json_bytes(
+            raw,
+            f"{self.path}: corrupt state file",
+            "; move it away to start fresh, or restore a backup",
+        )
         if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
             got = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise StoreError(

@@ -310,6 +310,29 @@ def test_a_config_file_past_the_size_bound_is_refused_unread(
     assert "larger than 4 MiB" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("models: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+        (
+            "policy: {window_s: " + "9" * 5000 + "}\n",
+            "a value it cannot read: Exceeds the limit (4300 digits)",
+        ),
+    ],
+)
+def test_yaml_past_the_parsers_limits_is_invalid_yaml(
+    tmp_path: Path, text: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """RecursionError and ValueError (Python's 4,300-digit limit) escaped the YAML
+    reader: a traceback from check-config, and every tick raised on such a targets
+    ConfigMap (tests/service/test_stored_input.py)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and needle in err and "Traceback" not in err
+
+
 def test_check_config_cli_success(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
