@@ -173,6 +173,20 @@ def _decision(model: str) -> Decision:
     return Decision(model, 0.0, True, 4, knobs, (), Reason.KNOBS_CHANGED, 2.0, rollout=True)
 
 
+def _rollouts_of_a_and_b(api: FakeKubeAPI, errors: list[str]) -> KnobRolloutActuator:
+    """A roll-out actuator of models a and b (Deployments a and b in NS), errors counted
+    into `errors`, no rate limit."""
+    return KnobRolloutActuator(
+        api_client(api.url),
+        lambda: {"a": (NS, "a"), "b": (NS, "b")},
+        lambda model: 0.0,
+        background=False,
+        sleep=lambda s: None,
+        request_timeout_s=5.0,
+        on_error=errors.append,
+    )
+
+
 def test_a_deployment_read_without_metadata_fails_its_model_only(api: FakeKubeAPI) -> None:
     """Model a's Deployment answers without metadata: a is FAILED (malformed answer, not
     patched, counted), and b, queued behind it, still rolls out (an AttributeError out of
@@ -189,15 +203,7 @@ def test_a_deployment_read_without_metadata_fails_its_model_only(api: FakeKubeAP
 
     api._deployment = without_metadata  # type: ignore[method-assign]
     errors: list[str] = []
-    act = KnobRolloutActuator(
-        api_client(api.url),
-        lambda: {"a": (NS, "a"), "b": (NS, "b")},
-        lambda model: 0.0,
-        background=False,
-        sleep=lambda s: None,
-        request_timeout_s=5.0,
-        on_error=errors.append,
-    )
+    act = _rollouts_of_a_and_b(api, errors)
     act.apply([_decision("a"), _decision("b")])
     status = act.status()
     assert status["a"].reason == RolloutReason.FAILED
@@ -212,15 +218,7 @@ def test_anything_one_models_rollout_raises_stays_with_that_model(api: FakeKubeA
     api.add_deployment(NS, "a", 4)
     api.add_deployment(NS, "b", 4)
     errors: list[str] = []
-    act = KnobRolloutActuator(
-        api_client(api.url),
-        lambda: {"a": (NS, "a"), "b": (NS, "b")},
-        lambda model: 0.0,
-        background=False,
-        sleep=lambda s: None,
-        request_timeout_s=5.0,
-        on_error=errors.append,
-    )
+    act = _rollouts_of_a_and_b(api, errors)
     real = act._try
 
     def broken(model: str, *args: Any) -> Any:
