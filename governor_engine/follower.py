@@ -30,6 +30,18 @@ MODEL_ENV = "GOVERNOR_MODEL"
 TLS_CA_ENV = "GOVERNOR_TLS_CA_FILE"
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
+STABLE_STREAM_S = 30.0
+"""How long a stream must have stayed open before its end starts the retries from
+BACKOFF_INITIAL_S again, seconds: a peer that answers once and hangs up (a proxy that
+cuts streams) had been reconnected every ~0.5 s, forever, a warning each time."""
+KEEPALIVE_TIME_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+"""The channel's HTTP/2 pings, ms: one every 30 s on the open stream (the governor
+accepts one per 10 s), the connection given up 10 s after one goes unanswered (a
+partition found out in ~40 s). The
+governor only sends on a change: without them a dead governor node or a partition (no
+FIN, no RST) left the stream open and silent, the engine on its last knobs, with no
+warning."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +56,22 @@ class KnobUpdate:
 
 
 def open_channel(server: str, tls_ca_file: str | None = None) -> Any:
-    """A gRPC channel to `server` (host:port); TLS trusting `tls_ca_file` when given."""
+    """A gRPC channel to `server` (host:port); TLS trusting `tls_ca_file` when given;
+    keepalive pings (KEEPALIVE_TIME_MS) so a silent peer is found out."""
     import grpc
 
+    options = [
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # the wait for a ping's ack: 60 s by default whatever keepalive_timeout_ms says
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
     if tls_ca_file:
         with open(tls_ca_file, "rb") as f:
             creds = grpc.ssl_channel_credentials(root_certificates=f.read())
-        return grpc.secure_channel(server, creds)
-    return grpc.insecure_channel(server)
+        return grpc.secure_channel(server, creds, options=options)
+    return grpc.insecure_channel(server, options=options)
 
 
 class Backoff:
@@ -115,6 +135,7 @@ class KnobFollower:
         self._thread: threading.Thread | None = None
         self._call: Any = None
         self._connected = False
+        self._refused: tuple[int, int] | None = None  # the last refused knobs, logged once
         self.failures = 0
         """Failed or ended streams so far (read-only for callers)."""
 
@@ -142,14 +163,17 @@ class KnobFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            opened_at = self._clock()
             try:
                 self._follow_once()
                 problem = "the governor ended the stream"
             except Exception as exc:  # never let the thread die: log and retry
-                problem = _describe(exc)
+                problem = describe_error(exc)
             if self._stop.is_set():
                 return
             self.failures += 1
+            if self._connected and self._clock() - opened_at >= STABLE_STREAM_S:
+                self._backoff.reset()  # a stream that served: retry soon
             delay = self._backoff.next_delay_s()
             if self._connected or self.failures == 1:
                 LOG.warning(
@@ -181,16 +205,21 @@ class KnobFollower:
             channel.close()
 
     def _accept(self, seqs: int, tokens: int, generation: int) -> None:
-        """Store a config when both knobs are positive; log a refused one."""
+        """Store a config when both knobs are positive; log a refused one once (a peer
+        repeating it had written ~0.7 MB of log a second)."""
         if seqs <= 0 or tokens <= 0:
-            LOG.warning(
-                "governor %s sent non-positive knobs (%d, %d); ignored", self.server, seqs, tokens
-            )
+            if self._refused != (seqs, tokens):
+                LOG.warning(
+                    "governor %s sent non-positive knobs (%d, %d); ignored (logged once)",
+                    self.server,
+                    seqs,
+                    tokens,
+                )
+            self._refused = (seqs, tokens)
             return
         if not self._connected:
             LOG.info("governor %s: following model %r", self.server, self.model)
         self._connected = True
-        self._backoff.reset()
         self._latest = KnobUpdate(seqs, tokens, generation, self._clock())
 
 
@@ -200,7 +229,8 @@ def _knobs_text(update: KnobUpdate | None) -> str:
     return f"at {update.max_num_seqs}/{update.max_num_batched_tokens}"
 
 
-def _describe(exc: Exception) -> str:
+def describe_error(exc: Exception) -> str:
+    """`CODE: details` of a gRPC error, `Type: message` of any other."""
     code = getattr(exc, "code", None)
     details = getattr(exc, "details", None)
     if callable(code) and callable(details):

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from governor_engine.follower import MODEL_ENV, SERVER_ENV, TLS_CA_ENV, KnobUpdate
+from governor_engine.follower import LOG, MODEL_ENV, SERVER_ENV, TLS_CA_ENV, KnobUpdate
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,10 @@ class EngineSettings:
     model: str
     tls_ca_file: str | None
     engine_id: str
+    preempt_over_cap: bool = True
+    """`governor_preempt_over_cap` (governor_engine.scheduler): true/false, as a JSON
+    boolean or its spelling in a string ("false", "0", "no", "off"); anything else is
+    warned about, naming the key, and read as the default, true."""
 
     @classmethod
     def resolve(
@@ -81,11 +85,40 @@ class EngineSettings:
         served_model_name: str,
         env: Mapping[str, str] | None = None,
     ) -> EngineSettings:
-        """Settings from the engine's config, then the environment."""
+        """Settings from the engine's config, then the environment; a blank setting is
+        not given (a blank $GOVERNOR_MODEL had won over the served model name, and the
+        engine then failed to start on "the model name is empty")."""
         e = os.environ if env is None else env
         extra = additional_config if isinstance(additional_config, Mapping) else {}
-        server = str(extra.get("governor_server") or e.get(SERVER_ENV, "")).strip()
-        model = str(extra.get("governor_model") or e.get(MODEL_ENV, "") or served_model_name)
-        tls = extra.get("governor_tls_ca_file") or e.get(TLS_CA_ENV) or None
-        engine_id = e.get("POD_NAME") or e.get("HOSTNAME") or ""
-        return cls(server, model.strip(), str(tls) if tls else None, engine_id)
+
+        def first(key: str, env_name: str) -> str:
+            return _text(extra.get(key)) or _text(e.get(env_name))
+
+        tls = first("governor_tls_ca_file", TLS_CA_ENV)
+        return cls(
+            server=first("governor_server", SERVER_ENV),
+            model=first("governor_model", MODEL_ENV) or served_model_name.strip(),
+            tls_ca_file=tls or None,
+            engine_id=_text(e.get("POD_NAME")) or _text(e.get("HOSTNAME")),
+            preempt_over_cap=_flag(extra, "governor_preempt_over_cap", True),
+        )
+
+
+def _text(value: Any) -> str:
+    """A setting's text, blank when unset (None) or only whitespace."""
+    return "" if value is None else str(value).strip()
+
+
+def _flag(extra: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A boolean setting of `--additional-config`: a JSON boolean or its spelling in a
+    string (a quoted Helm value); anything else warned about and `default`."""
+    value = extra.get(key, default)
+    if isinstance(value, bool):
+        return value
+    text = _text(value).lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    LOG.warning("governor: %s=%r is not true or false; using %s", key, value, default)
+    return default

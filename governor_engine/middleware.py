@@ -18,18 +18,23 @@ the server's own arguments on the first request (`scope["app"].state.args`).
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from governor_engine.follower import LOG, Backoff, open_channel
+from governor_engine.follower import LOG, Backoff, describe_error, open_channel
 from governor_engine.limits import EngineSettings
 
 HEADER = b"x-latency-dist"
 REFRESH_S = 5.0
 MAX_AGE_S = 300.0
+MAX_AHEAD_S = 60.0
+"""How far ahead of this engine's clock a distribution's `observed_at` may lie, seconds
+(clock skew between pods); one further ahead, or not finite, is never sent: it had never
+aged out, and clients set their timeouts from a governor gone for days."""
+MAX_QUANTILE_MS = 86_400_000.0
+"""A quantile past a day (ms) is left out of the header: no timeout anyone sets."""
 CALL_TIMEOUT_S = 2.0
 
 Scope = MutableMapping[str, Any]
@@ -42,11 +47,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 def format_header(p50_ms: float | None, p90_ms: float | None, p99_ms: float | None) -> str | None:
     """`p50=321ms,p90=789ms,p99=1240ms` (whole milliseconds); None when all are missing.
 
-    A missing, negative or non-finite quantile is left out."""
+    A missing, negative or non-finite quantile, or one past MAX_QUANTILE_MS, is left out."""
     parts = [
         f"{name}={round(v)}ms"
         for name, v in (("p50", p50_ms), ("p90", p90_ms), ("p99", p99_ms))
-        if v is not None and math.isfinite(v) and v >= 0
+        if v is not None and 0 <= v <= MAX_QUANTILE_MS
     ]
     return ",".join(parts) or None
 
@@ -80,7 +85,8 @@ class LatencyDistCache:
     def header(self) -> bytes | None:
         """The header value to send now, or None. Never blocks."""
         value, observed_at = self._value
-        if value is None or self._wall() - observed_at > self.max_age_s:
+        age = self._wall() - observed_at
+        if value is None or not -MAX_AHEAD_S <= age <= self.max_age_s:  # NaN: False
             return None
         return value
 
@@ -104,14 +110,26 @@ class LatencyDistCache:
 
     def _run(self) -> None:
         backoff = Backoff(self.refresh_s, max(self.refresh_s, 60.0))
+        problem = ""  # the last failure's, warned once until it changes or clears
         while not self._stop.is_set():
             try:
                 self.refresh()
                 backoff.reset()
                 delay = self.refresh_s
+                if problem:
+                    LOG.info("governor: latency distribution refreshed again")
+                problem = ""
             except Exception as exc:  # keep the last value; retry later
                 delay = backoff.next_delay_s()
-                LOG.debug("governor: latency distribution not refreshed: %s", exc)
+                if (text := describe_error(exc)) != problem:
+                    LOG.warning(
+                        "governor %s: latency distribution not refreshed (%s); responses "
+                        "carry the last one until it is %g s old",
+                        self.settings.server,
+                        text,
+                        self.max_age_s,
+                    )
+                problem = text
             self._stop.wait(delay)
 
     def _fetch_from_governor(self) -> tuple[str | None, float]:

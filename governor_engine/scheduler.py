@@ -61,14 +61,11 @@ class _GovernedMixin:
             min_tokens = int(self.vllm_config.model_config.max_model_len)
         self._governor_limits = LiveLimits(ceiling, min_tokens)
         self._governor_follower = None
-        extra = self.vllm_config.additional_config
-        self._governor_preempt = not (
-            isinstance(extra, dict) and extra.get("governor_preempt_over_cap") is False
-        )
         model_config = self.vllm_config.model_config
         settings = EngineSettings.resolve(
             self.vllm_config.additional_config, str(model_config.served_model_name)
         )
+        self._governor_preempt = settings.preempt_over_cap
         if not settings.server:
             LOG.warning(
                 "governor: no address (--additional-config governor_server or "

@@ -223,7 +223,7 @@ def test_latency_cache_reads_the_governors_distribution() -> None:
     core, clock = _core(FakeSource({"demo": 10.0}, dists={"e2e": e2e}))
     with ServerThread(core, logger=quiet_logger()) as s:
         settings = EngineSettings(s.address, "demo", None, "pod-1")
-        cache = LatencyDistCache(settings)
+        cache = LatencyDistCache(settings, wall=clock.wall)  # the governor's clock
         cache.refresh()
         assert cache.header() is None  # nothing observed yet: no header
         core.tick(clock.advance(5))
