@@ -47,6 +47,10 @@ MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}$"
 MAX_REPLICAS = 10_000
 """The most replicas a model may be given: past any fleet one model runs, and the
 queueing model's cost grows with the fleet (10**6 took one decide 2.7 s)."""
+MAX_SCRAPE_INTERVAL_S = 300
+"""The slowest engine scrape the governor runs with, seconds (`prometheus.
+scrape_interval_s`, and what Prometheus reports at start): past it every window and
+lookback is stretched past usefulness (a reported 1 h read a pod dead for 2 h as up)."""
 INT32_MAX = 2**31 - 1
 """The largest count the API's int32 fields carry (the batching knobs' bounds)."""
 
@@ -374,7 +378,7 @@ class PrometheusSettings(_Strict):
     )
     scrape_interval_s: PositiveFloat = Field(
         default=15.0,
-        le=300,
+        le=MAX_SCRAPE_INTERVAL_S,
         description="how often Prometheus scrapes the engines: a rate window needs at "
         "least two samples, so the short (panic) window is at least two of these",
     )

@@ -15,6 +15,7 @@ Prometheus the loop can read answers the check too.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,8 @@ _UNIT_S["y"] = 365 * _UNIT_S["d"]
 
 
 def parse_duration_s(text: str) -> float | None:
-    """A Prometheus duration ("15s", "1m30s", "500ms") in seconds; None when malformed."""
+    """A Prometheus duration ("15s", "1m30s", "500ms") in seconds; None when malformed
+    or not finite (a 400-digit count had read as infinity)."""
     if not isinstance(text, str) or not text:
         return None
     pos, total = 0, 0.0
@@ -39,7 +41,7 @@ def parse_duration_s(text: str) -> float | None:
             return None
         total += float(m.group(1)) * _UNIT_S[m.group(2)]
         pos = m.end()
-    return total if pos == len(text) and total > 0 else None
+    return total if pos == len(text) and 0 < total < math.inf else None
 
 
 def engine_scrape_interval_s(

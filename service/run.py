@@ -27,6 +27,7 @@ import structlog
 from controller.actuation import Actuator
 from controller.config import (
     INT32_MAX,
+    MAX_SCRAPE_INTERVAL_S,
     ConfigError,
     GovernorConfig,
     PrometheusSettings,
@@ -445,9 +446,27 @@ def checked_scrape_interval_s(
 
     reported = (reported_s or ask_prometheus)(config.prometheus)
     configured = config.prometheus.scrape_interval_s
-    if reported is None or reported <= configured:
+    log = structlog.get_logger("governor.run")
+    if reported is None:
+        log.info(
+            "scrape_interval_unchecked",
+            configured_s=configured,
+            note="Prometheus did not say how often it scrapes the engines (targets API "
+            "unreachable or its answer unreadable); prometheus.scrape_interval_s is used",
+        )
         return configured
-    structlog.get_logger("governor.run").warning(
+    if reported > MAX_SCRAPE_INTERVAL_S:
+        log.error(
+            "scrape_interval_unusable",
+            configured_s=configured,
+            reported_s=reported,
+            note=f"Prometheus reports the engines scraped slower than {MAX_SCRAPE_INTERVAL_S:g} "
+            "s, past what the governor runs with; prometheus.scrape_interval_s is used",
+        )
+        return configured
+    if reported <= configured:
+        return configured
+    log.warning(
         "scrape_interval_mismatch",
         configured_s=configured,
         reported_s=reported,

@@ -102,6 +102,7 @@ def test_odd_targets_answers_are_no_answer_never_a_raise(
         ("", None),
         ("15", None),
         ("x1s", None),
+        ("1" + "0" * 400 + "s", None),  # read as infinity: a traceback at start
     ],
 )
 def test_durations(text: str, seconds: float | None) -> None:
@@ -141,3 +142,27 @@ def test_the_gauges_lookback_follows_the_slower_reported_scrape(
 
     source = prometheus_source(_config(), lambda _settings: reported)
     assert source.scrape_interval_s == lookback_s
+
+
+@pytest.mark.parametrize(
+    ("reported", "event", "used"),
+    [
+        (None, "scrape_interval_unchecked", 15.0),  # it said nothing at all
+        (3600.0, "scrape_interval_unusable", 15.0),  # a pod dead 2 h read as up
+        (300.0, "scrape_interval_mismatch", 300.0),  # the slowest a config may say
+    ],
+)
+def test_a_reported_interval_is_used_only_within_the_configs_bound(
+    reported: float | None, event: str, used: float
+) -> None:
+    """What Prometheus reports had been adopted whatever it was, and its absence was
+    silent: a reported 1 h stretched the gauges' lookback to 2 h, where the config itself
+    refuses past MAX_SCRAPE_INTERVAL_S; now it is logged and the configured one is used."""
+    from structlog.testing import capture_logs
+
+    from controller.config import MAX_SCRAPE_INTERVAL_S
+
+    assert MAX_SCRAPE_INTERVAL_S == 300
+    with capture_logs() as logs:
+        assert checked_scrape_interval_s(_config(), lambda _settings: reported) == used
+    assert [entry["event"] for entry in logs] == [event]
