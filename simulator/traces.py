@@ -450,7 +450,7 @@ def _param_problems(name: str, cfg: dict[str, float]) -> list[str]:
             f"output_p95 ({cfg['output_p95']:g}) must be >= output_median "
             f"({cfg['output_median']:g})"
         )
-    expected = _peak_rate(name, cfg) * cfg["duration"]
+    expected = _rate_curve(name, cfg)[1] * cfg["duration"]
     if expected > MAX_SYNTHETIC_REQUESTS:
         out.append(
             f"its peak rate x duration is ~{expected:.3g} requests, past the "
@@ -459,17 +459,27 @@ def _param_problems(name: str, cfg: dict[str, float]) -> list[str]:
     return out
 
 
-def _peak_rate(name: str, cfg: dict[str, float]) -> float:
-    """The highest rate (requests/s) generator `name` reaches with parameters `cfg`."""
+def _rate_curve(
+    name: str, cfg: dict[str, float]
+) -> tuple[Callable[[np.ndarray], np.ndarray], float]:
+    """Generator `name`'s rate (requests/s at times in seconds) with parameters `cfg`,
+    and the highest rate it reaches."""
+    dur = cfg["duration"]
     if name in ("poisson", "length-shift"):
-        return cfg["rate"]
+        r = cfg["rate"]
+        return (lambda t: np.full_like(t, r)), r
     if name == "step":
-        return max(cfg["low"], cfg["high"])
+        lo, hi, at = cfg["low"], cfg["high"], cfg["at"] * dur
+        return (lambda t: np.where(t < at, lo, hi)), max(lo, hi)
     if name == "ramp":
-        return max(cfg["start_rate"], cfg["end_rate"])
+        a, b = cfg["start_rate"], cfg["end_rate"]
+        return (lambda t: a + (b - a) * t / dur), max(a, b)
     if name in ("diurnal", "long-context"):
-        return cfg["mean"] * (1.0 + cfg["amplitude"])
-    return cfg["base"] * max(cfg["factor"], 1.0)  # flash-crowd
+        mean, amp, per = cfg["mean"], cfg["amplitude"], cfg["period"]
+        # Starts at the trough: mean * (1 - amp) at t = 0, peak at half a period.
+        return (lambda t: mean * (1.0 - amp * np.cos(2.0 * np.pi * t / per))), mean * (1.0 + amp)
+    base, fac, at, sp = cfg["base"], cfg["factor"], cfg["at"] * dur, cfg["spike_s"]  # flash-crowd
+    return (lambda t: np.where((t >= at) & (t < at + sp), base * fac, base)), base * max(fac, 1.0)
 
 
 def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
@@ -484,25 +494,9 @@ def synthetic(name: str, seed: int = 0, **params: float) -> Trace:
     cfg.update({k: float(v) for k, v in params.items()})
     if problems := _param_problems(name, cfg):
         raise ValueError(f"synthetic:{name}: {'; '.join(problems)}")
-    dur, peak = cfg["duration"], _peak_rate(name, cfg)
+    dur = cfg["duration"]
     rng = np.random.default_rng(seed)
-    rate: Callable[[np.ndarray], np.ndarray]
-    if name in ("poisson", "length-shift"):
-        r = cfg["rate"]
-        rate = lambda t: np.full_like(t, r)  # noqa: E731
-    elif name == "step":
-        lo, hi, at = cfg["low"], cfg["high"], cfg["at"] * dur
-        rate = lambda t: np.where(t < at, lo, hi)  # noqa: E731
-    elif name == "ramp":
-        a, b = cfg["start_rate"], cfg["end_rate"]
-        rate = lambda t: a + (b - a) * t / dur  # noqa: E731
-    elif name in ("diurnal", "long-context"):
-        mean, amp, per = cfg["mean"], cfg["amplitude"], cfg["period"]
-        # Starts at the trough: mean * (1 - amp) at t = 0, peak at half a period.
-        rate = lambda t: mean * (1.0 - amp * np.cos(2.0 * np.pi * t / per))  # noqa: E731
-    else:  # flash-crowd
-        base, fac, at, sp = cfg["base"], cfg["factor"], cfg["at"] * dur, cfg["spike_s"]
-        rate = lambda t: np.where((t >= at) & (t < at + sp), base * fac, base)  # noqa: E731
+    rate, peak = _rate_curve(name, cfg)
     t = _nhpp(rate, peak, dur, rng) if peak > 0 else np.zeros(0)
     if name == "long-context":
         p, o = long_context_lengths(len(t), rng, cfg)
