@@ -14,19 +14,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.config import SLA, ScalingPolicy
+from controller.config import ScalingPolicy
 from simulator.autoscalers import POLICY_NAMES, Autoscaler, Governor
 from simulator.calibrate import add_calibrate
 from simulator.cli_args import (
     add_plant_args,
     add_policy_args,
     non_negative,
-    plant_from_args,
     policy_or_say,
     positive,
     say_policy,
-    scenario_or_say,
-    trace_of,
+    scenario_from_args,
 )
 from simulator.oracle import scenario_oracle
 from simulator.outputs import output_problem, write_output
@@ -417,31 +415,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if _matrix_modes(args):
         return cmd_matrix(args)
-    if (
-        policy := policy_or_say(args, [args.scrape_interval_s], args.live_knobs, "simulate")
-    ) is None:
-        return EXIT_USAGE
-    trace = trace_of(args, "simulate")
-    if trace is None:
-        return EXIT_USAGE
-    sc = scenario_or_say(
-        lambda: Scenario(
-            trace=trace,
-            sla=SLA(ttft_p95_ms=args.sla_ttft_p95_ms, itl_p95_ms=args.sla_itl_p95_ms),
-            start_replicas=args.start_replicas,
-            min_replicas=args.min_replicas,
-            max_replicas=args.max_replicas,
-            static_replicas=args.static_replicas,
-            seed=args.seed,
-            hpa_sync_s=args.hpa_sync_s,
-            scrape_interval_s=args.scrape_interval_s,
-            governor_policy=policy,
-            plant=plant_from_args(args),
-        ),
+    made = scenario_from_args(
+        args,
         "simulate",
+        (args.sla_ttft_p95_ms, args.sla_itl_p95_ms),
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        static_replicas=args.static_replicas,
+        hpa_sync_s=args.hpa_sync_s,
     )
-    if sc is None:
+    if made is None:
         return EXIT_USAGE
+    sc, policy = made
     show = sys.stderr.isatty() if args.progress is None else args.progress
     orc = None
     if not args.no_oracle:
@@ -602,26 +587,9 @@ def _demo_scenario(args: argparse.Namespace) -> tuple[Scenario, ScalingPolicy] |
     ]
     for problem in problems:
         print(f"governor demo: {problem}", file=sys.stderr)
-    policy = (
-        None if problems else policy_or_say(args, [args.scrape_interval_s], args.live_knobs, "demo")
-    )
-    trace = None if policy is None else trace_of(args, "demo")
-    if policy is None or trace is None:
+    if problems:
         return None
-    sc = scenario_or_say(
-        lambda: Scenario(
-            trace=trace,
-            sla=SLA(ttft_p95_ms=500.0, itl_p95_ms=50.0),
-            start_replicas=args.start_replicas,
-            seed=args.seed,
-            drain_tail_s=args.drain_tail_s,
-            scrape_interval_s=args.scrape_interval_s,
-            governor_policy=policy,
-            plant=plant_from_args(args),
-        ),
-        "demo",
-    )
-    return None if sc is None else (sc, policy)
+    return scenario_from_args(args, "demo", (500.0, 50.0), drain_tail_s=args.drain_tail_s)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -3,7 +3,7 @@ simulate` and `governor demo` share (simulator.plant: what the simulated engines
 apart from what the decider believes), the flags that give the governor an
 operator's own scaling policy (`--policy-from FILE`), and what both commands make of
 their flags before a run: the trace (`trace_of`) and the scenario, its governor config
-validated (`scenario_or_say`)."""
+validated (`scenario_from_args`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import ValidationError
 
 from controller.config import (
+    SLA,
     ConfigError,
     ScalingPolicy,
     format_validation_error,
@@ -274,12 +276,30 @@ CONFIG_FLAGS = {
 """The flag that sets each field of the governor's config a scenario builds."""
 
 
-def scenario_or_say(build: Callable[[], Scenario], command: str) -> Scenario | None:
-    """The scenario `build` makes, its governor config validated as `governor run`
-    validates a file (the SLA's and the replica bounds' limits); None after printing
-    each problem as `governor COMMAND: --flag: ...`."""
+def scenario_from_args(
+    args: argparse.Namespace, command: str, sla_ms: tuple[float, float], **fields: Any
+) -> tuple[Scenario, ScalingPolicy] | None:
+    """The scenario `governor COMMAND`'s flags describe and the governor's policy: the
+    policy (`policy_or_say`), the trace (`trace_of`), the plant, start, seed and scrape
+    of the shared flags, the SLA `sla_ms` (TTFT p95, ITL p95, ms) and the command's own
+    Scenario `fields`; its governor config validated as `governor run` validates a file
+    (the SLA's and the replica bounds' limits). None after printing each problem as
+    `governor COMMAND: --flag: ...`."""
+    policy = policy_or_say(args, [args.scrape_interval_s], args.live_knobs, command)
+    trace = None if policy is None else trace_of(args, command)
+    if policy is None or trace is None:
+        return None
     try:
-        sc = build()
+        sc = Scenario(
+            trace=trace,
+            sla=SLA(ttft_p95_ms=sla_ms[0], itl_p95_ms=sla_ms[1]),
+            start_replicas=args.start_replicas,
+            seed=args.seed,
+            scrape_interval_s=args.scrape_interval_s,
+            governor_policy=policy,
+            plant=plant_from_args(args),
+            **fields,
+        )
         sc.governor_config()
     except ValidationError as exc:
         for line in format_validation_error(exc):
@@ -287,7 +307,7 @@ def scenario_or_say(build: Callable[[], Scenario], command: str) -> Scenario | N
             flag = CONFIG_FLAGS.get(field.rsplit(".", 1)[-1]) if sep else None
             print(f"governor {command}: {f'{flag}: {rest}' if flag else line}", file=sys.stderr)
         return None
-    return sc
+    return sc, policy
 
 
 def trace_of(args: argparse.Namespace, command: str) -> Trace | None:
