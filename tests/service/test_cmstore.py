@@ -10,7 +10,7 @@ import base64
 import gzip
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 
 from actuators.kubeapi import KubeCallError, api_client, call_with_retries
 from service.cmstore import CONFIGMAP_MAX_BYTES, STATE_GZ_KEY, ConfigMapStore
-from service.store import STATE_KEY, PublishedDoc, StateDoc, StoreError
+from service.store import MAX_STATE_BYTES, STATE_KEY, PublishedDoc, StateDoc, StoreError
 from tests.service.fake_kube import FakeKubeAPI
 
 NS = "llm"
@@ -206,16 +206,61 @@ def test_a_state_too_large_even_gzipped_is_refused_with_its_size_and_nothing_wri
     assert store.load_state() == small  # the last state that fitted is still there
 
 
-def test_a_corrupt_compressed_state_names_the_key(api: FakeKubeAPI) -> None:
+def _state_cm(api: FakeKubeAPI, **content: dict[str, str]) -> None:
+    """The state ConfigMap holding `content` (its `data` / `binaryData`), as stored."""
     api.configmaps[(NS, STATE_CM)] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": STATE_CM, "namespace": NS, "resourceVersion": "7"},
-        "binaryData": {STATE_GZ_KEY: base64.b64encode(b"not gzip").decode()},
+        **content,
     }
+
+
+def test_a_corrupt_compressed_state_names_the_key(api: FakeKubeAPI) -> None:
+    _state_cm(api, binaryData={STATE_GZ_KEY: base64.b64encode(b"not gzip").decode()})
     with pytest.raises(StoreError) as ei:
         _store(api).load_state()
     assert f"binaryData {STATE_GZ_KEY}" in str(ei.value) and "gzip" in str(ei.value)
+
+
+def _gz(data: bytes) -> str:
+    return base64.b64encode(gzip.compress(data)).decode()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        pytest.param(  # a gzip member whose deflate stream is broken: zlib.error
+            lambda: {"binaryData": {STATE_GZ_KEY: _gz(b'{"a": 1}')[:14] + "A" * 20}},
+            "not gzip-compressed base64",
+            id="corrupt-deflate",
+        ),
+        pytest.param(
+            lambda: {"binaryData": {STATE_GZ_KEY: _gz(b'{"format": 1}')[:-12]}},
+            "truncated",
+            id="truncated",
+        ),
+        pytest.param(
+            lambda: {"data": {STATE_KEY: "[" * 100_000 + "]" * 100_000}},
+            "not JSON: nested too deeply",
+            id="nested",
+        ),
+        pytest.param(  # ~1,000:1: a ConfigMap's 1 MiB would have inflated to ~1 GiB
+            lambda: {"binaryData": {STATE_GZ_KEY: _gz(b" " * (MAX_STATE_BYTES + 1))}},
+            f"inflates past {MAX_STATE_BYTES} bytes",
+            id="gzip-bomb",
+        ),
+    ],
+)
+def test_a_corrupt_state_configmap_is_a_store_error(
+    api: FakeKubeAPI, content: Callable[[], dict[str, Any]], needle: str
+) -> None:
+    """A StoreError is what the follower, the takeover and the start handle (logged and
+    left out, or `cannot restore state`); these had raised past them on every tick."""
+    _state_cm(api, **content())
+    with pytest.raises(StoreError) as err:
+        _store(api).load_state()
+    assert f"configmap {NS}/{STATE_CM}" in str(err.value) and needle in str(err.value)
 
 
 def test_a_conflicting_state_write_is_not_retried_once_this_instance_no_longer_leads(
