@@ -365,7 +365,13 @@ class PrometheusSettings(_Strict):
     """Where and how to query Prometheus."""
 
     url: str = Field(default="http://localhost:9090", pattern=r"^https?://\S+$")
-    timeout_s: PositiveFloat = Field(default=3.0, le=60)
+    timeout_s: PositiveFloat = Field(
+        default=3.0,
+        le=60,
+        description="seconds: each query's timeout to connect and between two reads, and "
+        "Prometheus's own evaluation timeout; a query not fully answered within twice "
+        "this is abandoned (its tick has no data), however its answer trickles in",
+    )
     disable_ssl: bool = False
     model_label: str = Field(default="model_name", pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")
     namespace_label: str | None = Field(

@@ -77,6 +77,7 @@ from estimators.answers import (
     parse_edge_buckets,
     parse_tagged,
 )
+from estimators.deadline import DeadlineAdapter, deadline_session
 from estimators.decode import (
     AnswerDecoder,
     PartialAnswerError,
@@ -238,6 +239,8 @@ def http_query_client(
     if "method" in params:
         kwargs["method"] = verb
     client = _body_connect_class()(**kwargs)
+    if "session" in params:  # it mounted a plain HTTPAdapter on the URL
+        client._session.mount(url, DeadlineAdapter(max_retries=retry))
     # `query_body` reads it; a client too old to take `method` sends `custom_query`
     # (the drain's queries) with GET.
     client._method = verb
@@ -294,7 +297,8 @@ def _body_connect_class() -> type:
 
 
 def _orjson_session(verify: bool) -> Any:
-    """A `requests.Session` whose responses decode their JSON body with orjson.
+    """A `estimators.deadline.deadline_session` (each request completes within
+    DEADLINE_FACTOR x its timeout) whose responses decode their JSON body with orjson.
 
     PrometheusConnect's `custom_query` decodes every answer with `response.json()` (the
     standard json module); orjson decodes in ~60 % of the time, into the same plain
@@ -305,10 +309,7 @@ def _orjson_session(verify: bool) -> Any:
     source reports it as a SourceError).
     `verify`: check TLS certificates (PrometheusConnect's own session: not disable_ssl).
     """
-    import requests
-
-    session = requests.Session()
-    session.verify = verify
+    session = deadline_session(verify)
     plain = session.request
 
     def request(*args: Any, **kwargs: Any) -> Any:
@@ -366,8 +367,10 @@ class PrometheusSource:
     or a base URL. `window_s`: the rate/quantile window, seconds. `timeout_s`: HTTP
     timeout per request and the server-side evaluation timeout, seconds (default: the
     settings' value, else 3 s); like requests' timeouts it bounds connecting and each
-    wait for bytes. A failing observe stops at the first failing query; a succeeding
-    one takes at most eight queries' time. `client`: injected query client (tests, custom
+    wait for bytes, and the default client's session ends a query still running at
+    DEADLINE_FACTOR (2) x it (estimators.deadline: a drip-fed answer). A failing
+    observe stops at the first failing query; a succeeding one takes at most eight
+    queries' time. `client`: injected query client (tests, custom
     auth); it then owns its session settings, and gets the timeout per call when its
     `custom_query` takes one. `retries`: HTTP retries of the default client (no backoff).
     `accept_escaped`: also read `vllm_...` spellings of the `vllm:...` names (promql).

@@ -22,26 +22,28 @@ from typing import Any
 
 import requests
 
+from estimators.deadline import deadline_session
 from estimators.prometheus import query_request
 
 ENGINE_JOBS_QUERY = "count by (job) (vllm:num_requests_running or vllm_num_requests_running)"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_UNIT_S["y"] = 365 * _UNIT_S["d"]
+_UNIT_S: dict[str, float] = {"y": 365 * 86400.0, "w": 604800.0, "d": 86400.0, "h": 3600.0}
+_UNIT_S.update({"m": 60.0, "s": 1.0, "ms": 0.001})
+_DURATION = re.compile("".join(rf"(?:(?P<{u}>\d+){u})?" for u in _UNIT_S))
+"""Prometheus's duration grammar (model.ParseDuration): whole numbers, each unit at most
+once, largest first ("1h30m", not "30m1h" or "1.5h")."""
 
 
 def parse_duration_s(text: str) -> float | None:
     """A Prometheus duration ("15s", "1m30s", "500ms") in seconds; None when malformed
-    or not finite (a 400-digit count had read as infinity)."""
+    (Prometheus's grammar: `_DURATION`), zero or not finite (a 400-digit count had read
+    as infinity)."""
     if not isinstance(text, str) or not text:
         return None
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            return None
-        total += float(m.group(1)) * _UNIT_S[m.group(2)]
-        pos = m.end()
-    return total if pos == len(text) and 0 < total < math.inf else None
+    m = _DURATION.fullmatch(text)
+    if m is None:
+        return None
+    total = sum(float(n) * _UNIT_S[u] for u, n in m.groupdict().items() if n is not None)
+    return total if 0 < total < math.inf else None
 
 
 def engine_scrape_interval_s(
@@ -55,8 +57,9 @@ def engine_scrape_interval_s(
     """The largest scrape interval of the engines' active targets, seconds, or None
     when Prometheus cannot say (see the module doc). The jobs query goes with HTTP
     `method` (POST: in a form body; GET: in the URL), the targets API with GET;
-    `verify`: check TLS certificates; `request`: `requests.request` by default."""
-    send = request or requests.request
+    `verify`: check TLS certificates; `request`: a `estimators.deadline.deadline_session`'s
+    by default (each request ends by 2 x `timeout_s`: a drip-fed answer held the start)."""
+    send = request or deadline_session(verify).request
     base = url.rstrip("/")
     verb, url_params, form = query_request(method, {"query": ENGINE_JOBS_QUERY})
     try:

@@ -4,6 +4,7 @@ start-up check that raises the short (panic) window to two of them. Real Prometh
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -41,7 +42,9 @@ def test_the_check_asks_as_the_settings_say() -> None:
     )
     config = _config().model_copy(update={"prometheus": settings})
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("estimators.scrape.requests.request", request)
+        mp.setattr(
+            "estimators.scrape.deadline_session", lambda _v: SimpleNamespace(request=request)
+        )
         assert run.checked_scrape_interval_s(config) == 30.0
     assert sent == [
         ("POST", "query", {"query": ENGINE_JOBS_QUERY}, False),
@@ -103,6 +106,14 @@ def test_odd_targets_answers_are_no_answer_never_a_raise(
         ("15", None),
         ("x1s", None),
         ("1" + "0" * 400 + "s", None),  # read as infinity: a traceback at start
+        ("1y2w3d4h5m6s7ms", 33019506.007),
+        ("0s", None),
+        # Outside Prometheus's grammar (whole numbers, units largest first, once each),
+        # which the parser had summed:
+        ("30s1m", None),
+        ("1.5m", None),
+        ("1s1s", None),
+        ("500ms1s", None),
     ],
 )
 def test_durations(text: str, seconds: float | None) -> None:

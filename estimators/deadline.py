@@ -1,0 +1,206 @@
+"""An overall deadline on an HTTP request made with `requests`: connect to last byte.
+
+This module owns `deadline_session`, the `requests.Session` the governor's Prometheus
+clients use (the source's queries, the drain's, the start's scrape-interval check).
+
+`requests`' `timeout` bounds connecting and each read of the socket, not the whole
+answer: a Prometheus, or a proxy in front of it, that sends one byte every 0.5 s
+holds a request with a 1 s timeout as long as it keeps dripping, and with it the
+control loop's tick (found in review: the start's check held 8 s past a 1 s timeout).
+The session's requests are watched: a request still running `DEADLINE_FACTOR` x its
+timeout after it started has the sockets it uses shut down, which ends any read
+blocked on them, and raises `DeadlineExceeded` (a `requests.Timeout`) whatever the
+transport then raised or returned (a body cut at the deadline is never read as an
+answer). The factor leaves the timeout to Prometheus's evaluation (the source sends the
+same timeout as the query's server-side `timeout`) and as much again to the transfer.
+
+How: the session's adapter builds urllib3 pools of connections that register their
+socket with the calling thread's watch when they start reading an answer
+(`_WatchedMixin`); a watchdog thread shuts down the registered sockets at the deadline,
+and again every `_RECHECK_S` while the request has not returned (one sent just before
+the deadline registers after it). Connecting and sending stay bounded by `requests`'
+timeout alone, as does a request through a SOCKS proxy (its manager builds other pools).
+
+Units: seconds (`timeout`, deadlines: `time.monotonic`).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any, Final
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+DEADLINE_FACTOR: Final = 2.0
+"""A request's deadline, in multiples of its `timeout` (seconds; a (connect, read)
+pair counts as their sum)."""
+
+_RECHECK_S: Final = 0.05
+"""After the deadline, how often the watchdog shuts down sockets registered since."""
+
+
+class DeadlineExceeded(requests.Timeout):
+    """A request that had not completed (last byte read) by its deadline."""
+
+
+class _Watch:
+    """The sockets one request on one thread reads its answer from, cut at its deadline."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socks: list[Any] = []
+        self.expired = False
+
+    def add(self, sock: Any) -> None:
+        """Register `sock`, which this request's answer is about to be read from."""
+        with self._lock:
+            self._socks.append(sock)
+
+    def cut(self) -> None:
+        """Mark the request expired and shut down every registered socket (a blocked
+        read then returns at once)."""
+        with self._lock:
+            self.expired = True
+            socks = list(self._socks)
+        for sock in socks:
+            with suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+_local = threading.local()
+
+
+def _watching() -> _Watch | None:
+    """The watch of the request running on this thread, if any."""
+    watch: _Watch | None = getattr(_local, "watch", None)
+    return watch
+
+
+class _WatchedMixin:
+    """A urllib3 connection that registers its socket with the calling thread's watch
+    when it starts reading an answer (headers, then body: an answer that will close
+    the connection leaves the connection without its socket, the response keeps it)."""
+
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+        watch = _watching()
+        sock = getattr(self, "sock", None)
+        if watch is not None and sock is not None and hasattr(sock, "shutdown"):
+            watch.add(sock)
+        return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+
+
+class _WatchedConnection(_WatchedMixin, HTTPConnection):
+    """urllib3's `HTTPConnection`, watched."""
+
+
+class _WatchedHTTPSConnection(_WatchedMixin, HTTPSConnection):
+    """urllib3's `HTTPSConnection`, watched."""
+
+
+class _WatchedPool(HTTPConnectionPool):
+    """`HTTPConnectionPool` of watched connections."""
+
+    ConnectionCls = _WatchedConnection
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    """`HTTPSConnectionPool` of watched connections."""
+
+    ConnectionCls = _WatchedHTTPSConnection
+
+
+_POOLS: Final = {"http": _WatchedPool, "https": _WatchedHTTPSPool}
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """`HTTPAdapter` whose pools (direct and through an HTTP proxy) watch connections."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = dict(_POOLS)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):
+            manager.pool_classes_by_scheme = dict(_POOLS)
+        return manager
+
+
+def deadline_s(timeout: Any) -> float | None:
+    """The deadline (seconds after the start) of a request with `requests` timeout
+    `timeout` (a number or a (connect, read) pair); None without a timeout."""
+    parts = timeout if isinstance(timeout, tuple) else (timeout,)
+    known = [float(p) for p in parts if p is not None]
+    return DEADLINE_FACTOR * sum(known) if known else None
+
+
+@contextmanager
+def watched(seconds: float | None) -> Iterator[_Watch]:
+    """Run the requests made on this thread inside the block under one deadline,
+    `seconds` from now (None: no deadline). Raises `DeadlineExceeded` at the block's end
+    when the deadline passed during it, whatever the block raised or returned."""
+    watch = _Watch()
+    if seconds is None:
+        yield watch
+        return
+    done = threading.Event()
+
+    def watchdog() -> None:
+        if done.wait(seconds):
+            return
+        while True:
+            watch.cut()
+            if done.wait(_RECHECK_S):
+                return
+
+    started = time.monotonic()
+    dog = threading.Thread(target=watchdog, name="http-deadline", daemon=True)
+    previous = _watching()
+    _local.watch = watch
+    dog.start()
+    try:
+        yield watch
+    except Exception as exc:
+        if watch.expired:
+            raise _exceeded(seconds, started) from exc
+        raise
+    finally:
+        done.set()
+        _local.watch = previous
+    if watch.expired:
+        raise _exceeded(seconds, started)
+
+
+def _exceeded(seconds: float, started: float) -> DeadlineExceeded:
+    """The error of a request cut at its deadline."""
+    took = time.monotonic() - started
+    return DeadlineExceeded(
+        f"no complete answer within the {seconds:g} s deadline (cut after {took:.1f} s)"
+    )
+
+
+def deadline_session(verify: bool = True) -> requests.Session:
+    """A `requests.Session` whose every request with a timeout completes (last byte
+    read) within `DEADLINE_FACTOR` x that timeout or raises `DeadlineExceeded`.
+    `verify`: check TLS certificates. An adapter mounted on it later must be a
+    `DeadlineAdapter` too: only its connections are cut at the deadline."""
+    session = requests.Session()
+    session.verify = verify
+    session.mount("http://", DeadlineAdapter())
+    session.mount("https://", DeadlineAdapter())
+    plain = session.request
+
+    def request(*args: Any, **kwargs: Any) -> Any:
+        stream = kwargs.get("stream", False)
+        with watched(None if stream else deadline_s(kwargs.get("timeout"))):
+            return plain(*args, **kwargs)
+
+    session.request = request  # type: ignore[method-assign]
+    return session

@@ -1,0 +1,155 @@
+"""The overall deadline on the governor's Prometheus requests (estimators.deadline).
+
+A real HTTP server on a loopback port sends its answer (or its headers) one byte at a
+time, each byte well inside the per-read timeout, for far longer than the deadline:
+`requests`' timeout alone let such an answer hold the start's scrape-interval check and
+the control loop's queries for as long as it kept dripping. Each test asserts the
+request fails as a deadline, not that it took some time (no timing assertions); a drip
+that is let finish answers correctly, so a missing deadline fails the assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from estimators.deadline import DEADLINE_FACTOR, DeadlineExceeded, deadline_s, deadline_session
+from estimators.prometheus import PrometheusSource
+from estimators.scrape import engine_scrape_interval_s
+from estimators.types import SourceError
+
+TIMEOUT_S = 0.2
+"""The requests' timeout, seconds: the deadline is DEADLINE_FACTOR x it."""
+
+DRIP_S = 0.01
+"""Seconds between two bytes of a dripped answer: inside the per-read timeout."""
+
+_TARGETS = {"data": {"activeTargets": [{"labels": {"job": "vllm"}, "scrapeInterval": "30s"}]}}
+_JOBS = {"data": {"result": [{"metric": {"job": "vllm"}, "value": [1.0, "1"]}]}}
+_TIME = {"status": "success", "data": {"resultType": "scalar", "result": [1.7e9, "1.7e9"]}}
+
+
+class _Dripper(ThreadingHTTPServer):
+    """Answers Prometheus's API; `drip` is "body", "headers" or "" (at once)."""
+
+    daemon_threads = True
+
+    def __init__(self, drip: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.drip = drip
+        self.stop = threading.Event()
+        self.ends: queue.Queue[str] = queue.Queue()
+        """How each answer ended: "cut" (the client shut the connection) or "sent"."""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Dripper
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._answer(urlparse(self.path).query)
+
+    def do_POST(self) -> None:
+        self._answer(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
+
+    def _answer(self, form: str) -> None:
+        query = parse_qs(form).get("query", [""])[0]
+        if self.path.startswith("/api/v1/targets"):
+            doc: Any = _TARGETS
+        else:
+            doc = _TIME if query == "time()" else _JOBS
+        body = json.dumps(doc).encode() + b" " * 2000  # about 20 s when dripped
+        head = (
+            f"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nX-Pad: {' ' * 2000}\r\n\r\n"
+        ).encode()
+        try:
+            self._write(head, self.server.drip == "headers")
+            self._write(body, self.server.drip == "body")
+        except OSError:
+            self.server.ends.put("cut")
+        else:
+            self.server.ends.put("sent")
+
+    def _write(self, data: bytes, drip: bool) -> None:
+        if not drip:
+            self.wfile.write(data)
+            return
+        for i in range(len(data)):
+            self.wfile.write(data[i : i + 1])
+            self.wfile.flush()
+            if self.server.stop.wait(DRIP_S):
+                return
+
+
+def _serve(drip: str) -> Iterator[_Dripper]:
+    server = _Dripper(drip)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.stop.set()
+        server.shutdown()
+        server.server_close()
+
+
+def _ended(server: _Dripper) -> str:
+    """How the server's first answer ended (waits for it: "sent" after the whole drip,
+    about 20 s, when nothing cut it)."""
+    return server.ends.get(timeout=120.0)
+
+
+@pytest.fixture(params=["body", "headers"])
+def dripping(request: pytest.FixtureRequest) -> Iterator[_Dripper]:
+    yield from _serve(request.param)
+
+
+@pytest.fixture
+def prompt() -> Iterator[_Dripper]:
+    yield from _serve("")
+
+
+def test_the_start_check_gives_up_on_a_dripped_answer(dripping: _Dripper) -> None:
+    assert engine_scrape_interval_s(dripping.url, timeout_s=TIMEOUT_S) is None
+    assert _ended(dripping) == "cut"  # not left dripping after the client gave up
+
+
+def test_the_loop_query_fails_as_a_deadline(dripping: _Dripper) -> None:
+    source = PrometheusSource(dripping.url, window_s=60.0, timeout_s=TIMEOUT_S)
+    with pytest.raises(SourceError, match=r"DeadlineExceeded.*deadline"):
+        source.server_time_s()
+    assert _ended(dripping) == "cut"
+
+
+def test_a_prompt_answer_is_read(prompt: _Dripper) -> None:
+    """The control: the same server answering at once is read (the failures above are
+    the deadline's, not the fake's)."""
+    assert engine_scrape_interval_s(prompt.url, timeout_s=TIMEOUT_S) == 30.0
+    assert PrometheusSource(prompt.url, window_s=60.0, timeout_s=1.0).server_time_s() == 1.7e9
+
+
+def test_a_session_request_raises_deadline_exceeded(dripping: _Dripper) -> None:
+    with deadline_session() as session, pytest.raises(DeadlineExceeded, match=r"0\.4 s deadline"):
+        session.get(f"{dripping.url}/api/v1/targets", timeout=TIMEOUT_S)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "seconds"),
+    [(None, None), (3.0, 3.0 * DEADLINE_FACTOR), ((1.0, 2.0), 3.0 * DEADLINE_FACTOR)],
+)
+def test_deadline_of_a_timeout(timeout: Any, seconds: float | None) -> None:
+    assert deadline_s(timeout) == seconds
