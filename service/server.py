@@ -246,13 +246,20 @@ class GovernorServer:
         OSError "cannot listen on HOST:PORT for /metrics (--metrics-listen): ..."."""
         if self.metrics_listen is None:
             return
-        from prometheus_client import start_http_server
+        from service.metrics_http import MAX_CONNECTIONS, serve_metrics
+
+        def refused(count: int) -> None:
+            self.log.warning(
+                "metrics_connections_refused",
+                limit=MAX_CONNECTIONS,
+                refused_total=count,
+                hint="more /metrics connections open at once than served; logged again "
+                "only after one has been served",
+            )
 
         mhost, mport = parse_listen(self.metrics_listen, "--metrics-listen")
         try:
-            self._httpd, _ = start_http_server(
-                mport, addr=mhost, registry=self.core.metrics.registry
-            )
+            self._httpd, _ = serve_metrics(mhost, mport, self.core.metrics.registry, refused)
         except OSError as exc:
             raise OSError(
                 f"cannot listen on {self.metrics_listen} for /metrics (--metrics-listen): {exc}"
