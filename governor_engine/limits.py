@@ -73,10 +73,6 @@ class EngineSettings:
     model: str
     tls_ca_file: str | None
     engine_id: str
-    preempt_over_cap: bool = True
-    """`governor_preempt_over_cap` (governor_engine.scheduler): true/false, as a JSON
-    boolean or its spelling in a string ("false", "0", "no", "off"); anything else is
-    warned about, naming the key, and read as the default, true."""
 
     @classmethod
     def resolve(
@@ -100,8 +96,17 @@ class EngineSettings:
             model=first("governor_model", MODEL_ENV) or served_model_name.strip(),
             tls_ca_file=tls or None,
             engine_id=_text(e.get("POD_NAME")) or _text(e.get("HOSTNAME")),
-            preempt_over_cap=_flag(extra, "governor_preempt_over_cap", True),
         )
+
+
+def preempt_over_cap(additional_config: Mapping[str, Any] | None) -> bool:
+    """`governor_preempt_over_cap` of `--additional-config` (governor_engine.scheduler):
+    true/false, as a JSON boolean or its spelling in a string ("false", "0", "no",
+    "off"); anything else is warned about, naming the key, and read as the default,
+    true. Only the scheduler reads it (the API server's middleware resolves the
+    `EngineSettings` too, and had warned about a bad value a second time)."""
+    extra = additional_config if isinstance(additional_config, Mapping) else {}
+    return _flag(extra, "governor_preempt_over_cap", True)
 
 
 def _text(value: Any) -> str:

@@ -39,7 +39,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from governor_engine.follower import LOG, KnobFollower
-from governor_engine.limits import EngineSettings, Limits, LiveLimits
+from governor_engine.limits import EngineSettings, Limits, LiveLimits, preempt_over_cap
 
 
 class _GovernedMixin:
@@ -65,7 +65,7 @@ class _GovernedMixin:
         settings = EngineSettings.resolve(
             self.vllm_config.additional_config, str(model_config.served_model_name)
         )
-        self._governor_preempt = settings.preempt_over_cap
+        self._governor_preempt = preempt_over_cap(self.vllm_config.additional_config)
         if not settings.server:
             LOG.warning(
                 "governor: no address (--additional-config governor_server or "

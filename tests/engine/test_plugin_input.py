@@ -18,7 +18,7 @@ import pytest
 
 import governor_engine.follower as follower_mod
 from governor_engine.follower import Backoff, KnobFollower
-from governor_engine.limits import EngineSettings
+from governor_engine.limits import EngineSettings, preempt_over_cap
 from governor_engine.middleware import MAX_AHEAD_S, MAX_QUANTILE_MS, LatencyDistCache, format_header
 from tests.engine.test_plugin_parts import _core
 from tests.service.fakes import quiet_logger
@@ -187,11 +187,16 @@ def test_a_blank_model_setting_is_not_given(
 def test_preempt_over_cap_reads_booleans_and_their_spellings(
     value: Any, preempt: bool, warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
+    extra = {"governor_preempt_over_cap": value}
     with caplog.at_level(logging.WARNING, logger="vllm.governor_engine"):
-        settings = EngineSettings.resolve({"governor_preempt_over_cap": value}, "m", {})
-    assert settings.preempt_over_cap is preempt
+        assert preempt_over_cap(extra) is preempt
     assert any("governor_preempt_over_cap" in r.getMessage() for r in caplog.records) is warned
-    assert EngineSettings.resolve({}, "m", {}).preempt_over_cap is True
+    assert preempt_over_cap({}) is True
+    assert preempt_over_cap(None) is True
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm.governor_engine"):
+        EngineSettings.resolve(extra, "m", {})  # what the API server's middleware reads
+    assert not caplog.records  # a bad value is warned about once, by the scheduler
 
 
 @pytest.mark.parametrize(
