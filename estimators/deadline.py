@@ -15,11 +15,15 @@ answer). The factor leaves the timeout to Prometheus's evaluation (the source se
 same timeout as the query's server-side `timeout`) and as much again to the transfer.
 
 How: the session's adapter builds urllib3 pools of connections that register their
-socket with the calling thread's watch when they start reading an answer
-(`_WatchedMixin`); a watchdog thread shuts down the registered sockets at the deadline,
-and again every `_RECHECK_S` while the request has not returned (one sent just before
-the deadline registers after it). Connecting and sending stay bounded by `requests`'
-timeout alone, as does a request through a SOCKS proxy (its manager builds other pools).
+socket with the calling thread's watch once connected, or when a pooled one starts
+reading an answer, and unregister it when the connection goes back to the pool
+(`_WatchedMixin`, `_PoolMixin`); a watchdog thread shuts down the registered sockets at
+the deadline, and again every `_RECHECK_S` while the request has not returned (one
+connected just before the deadline registers after it). Resolving the host name and
+connecting (each address it resolves to) have no socket to cut yet: they stay bounded
+by `requests`' connect timeout alone (the request still raises DeadlineExceeded once
+they end past the deadline), as does a request through a SOCKS proxy (its manager
+builds other pools).
 
 Units: seconds (`timeout`, deadlines: `time.monotonic`).
 """
@@ -59,9 +63,15 @@ class _Watch:
         self.expired = False
 
     def add(self, sock: Any) -> None:
-        """Register `sock`, which this request's answer is about to be read from."""
+        """Register `sock`, which this request uses from now on."""
         with self._lock:
             self._socks.append(sock)
+
+    def discard(self, sock: Any) -> None:
+        """Unregister `sock`: its connection went back to the pool, where another
+        request may take it (a redirected request's first hop)."""
+        with self._lock:
+            self._socks = [s for s in self._socks if s is not sock]
 
     def cut(self) -> None:
         """Mark the request expired and shut down every registered socket (a blocked
@@ -84,16 +94,38 @@ def _watching() -> _Watch | None:
 
 
 class _WatchedMixin:
-    """A urllib3 connection that registers its socket with the calling thread's watch
-    when it starts reading an answer (headers, then body: an answer that will close
-    the connection leaves the connection without its socket, the response keeps it)."""
+    """A urllib3 connection that registers its socket with the calling thread's watch:
+    a new socket as soon as it is connected (before an HTTPS proxy's CONNECT answer and
+    the TLS handshake are read), a pooled one when it starts reading an answer. (An
+    answer that will close the connection leaves the connection without its socket;
+    the response keeps it, registered.)"""
+
+    def _new_conn(self) -> Any:
+        sock = super()._new_conn()  # type: ignore[misc]
+        _register(sock)
+        return sock
 
     def getresponse(self, *args: Any, **kwargs: Any) -> Any:
-        watch = _watching()
-        sock = getattr(self, "sock", None)
-        if watch is not None and sock is not None and hasattr(sock, "shutdown"):
-            watch.add(sock)
+        _register(getattr(self, "sock", None))
         return super().getresponse(*args, **kwargs)  # type: ignore[misc]
+
+
+def _register(sock: Any) -> None:
+    """Register `sock` with the calling thread's watch, if any."""
+    watch = _watching()
+    if watch is not None and sock is not None and hasattr(sock, "shutdown"):
+        watch.add(sock)
+
+
+class _PoolMixin:
+    """A urllib3 pool that unregisters a connection's socket when it is put back."""
+
+    def _put_conn(self, conn: Any) -> None:
+        watch = _watching()
+        sock = getattr(conn, "sock", None)
+        if watch is not None and sock is not None:
+            watch.discard(sock)
+        super()._put_conn(conn)  # type: ignore[misc]
 
 
 class _WatchedConnection(_WatchedMixin, HTTPConnection):
@@ -104,13 +136,13 @@ class _WatchedHTTPSConnection(_WatchedMixin, HTTPSConnection):
     """urllib3's `HTTPSConnection`, watched."""
 
 
-class _WatchedPool(HTTPConnectionPool):
+class _WatchedPool(_PoolMixin, HTTPConnectionPool):
     """`HTTPConnectionPool` of watched connections."""
 
     ConnectionCls = _WatchedConnection
 
 
-class _WatchedHTTPSPool(HTTPSConnectionPool):
+class _WatchedHTTPSPool(_PoolMixin, HTTPSConnectionPool):
     """`HTTPSConnectionPool` of watched connections."""
 
     ConnectionCls = _WatchedHTTPSConnection
@@ -135,8 +167,11 @@ class DeadlineAdapter(HTTPAdapter):
 
 def deadline_s(timeout: Any) -> float | None:
     """The deadline (seconds after the start) of a request with `requests` timeout
-    `timeout` (a number or a (connect, read) pair); None without a timeout."""
+    `timeout` (a number or a (connect, read) pair); None without a timeout, or with one
+    of another kind (a urllib3 `Timeout`: requests' own bounds only)."""
     parts = timeout if isinstance(timeout, tuple) else (timeout,)
+    if not all(p is None or isinstance(p, int | float) for p in parts):
+        return None
     known = [float(p) for p in parts if p is not None]
     return DEADLINE_FACTOR * sum(known) if known else None
 
@@ -163,9 +198,12 @@ def watched(seconds: float | None) -> Iterator[_Watch]:
     started = time.monotonic()
     dog = threading.Thread(target=watchdog, name="http-deadline", daemon=True)
     previous = _watching()
-    _local.watch = watch
-    dog.start()
     try:
+        _local.watch = watch
+        try:
+            dog.start()
+        except RuntimeError as exc:  # no thread left: the request is not made
+            raise requests.RequestException(f"cannot watch the request's deadline: {exc}") from exc
         yield watch
     except Exception as exc:
         if watch.expired:

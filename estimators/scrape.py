@@ -28,9 +28,9 @@ from estimators.prometheus import query_request
 ENGINE_JOBS_QUERY = "count by (job) (vllm:num_requests_running or vllm_num_requests_running)"
 _UNIT_S: dict[str, float] = {"y": 365 * 86400.0, "w": 604800.0, "d": 86400.0, "h": 3600.0}
 _UNIT_S.update({"m": 60.0, "s": 1.0, "ms": 0.001})
-_DURATION = re.compile("".join(rf"(?:(?P<{u}>\d+){u})?" for u in _UNIT_S))
-"""Prometheus's duration grammar (model.ParseDuration): whole numbers, each unit at most
-once, largest first ("1h30m", not "30m1h" or "1.5h")."""
+_DURATION = re.compile("".join(rf"(?:(?P<{u}>[0-9]+){u})?" for u in _UNIT_S))
+"""Prometheus's duration grammar (model.ParseDuration): whole numbers in ASCII digits,
+each unit at most once, largest first ("1h30m", not "30m1h" or "1.5h")."""
 
 
 def parse_duration_s(text: str) -> float | None:

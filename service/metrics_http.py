@@ -24,6 +24,7 @@ Units: seconds.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import suppress
@@ -93,14 +94,26 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
-        timer = threading.Timer(CONNECTION_DEADLINE_S, _cut, (request,))
-        timer.daemon = True
-        timer.start()
+        timer: threading.Timer | None = threading.Timer(CONNECTION_DEADLINE_S, _cut, (request,))
+        try:
+            timer.daemon = True
+            timer.start()
+        except RuntimeError:  # no thread left for it: the read timeout still bounds it
+            timer = None
         try:
             super().process_request_thread(request, client_address)
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection that timed out or was cut (what the limits do to an idle or
+        trickling client) ends quietly; anything else prints its traceback, as
+        `socketserver` does (32 trickling clients had printed ~60 lines a second)."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
 
 
 def _cut(sock: socket.socket) -> None:

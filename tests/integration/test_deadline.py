@@ -65,6 +65,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._answer(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
 
+    def do_CONNECT(self) -> None:  # as an HTTPS proxy: its answer to CONNECT
+        self._answer("")
+
     def _answer(self, form: str) -> None:
         query = parse_qs(form).get("query", [""])[0]
         if self.path.startswith("/api/v1/targets"):
@@ -153,3 +156,67 @@ def test_a_session_request_raises_deadline_exceeded(dripping: _Dripper) -> None:
 )
 def test_deadline_of_a_timeout(timeout: Any, seconds: float | None) -> None:
     assert deadline_s(timeout) == seconds
+
+
+def test_a_trickled_proxy_connect_answer_is_cut() -> None:
+    """HTTPS through an HTTP proxy ($HTTPS_PROXY): the proxy's answer to CONNECT is read
+    while connecting, before any answer of the request itself; a proxy trickling it
+    had held the request past its deadline for as long as it trickled."""
+    for proxy in _serve("headers"):
+        with deadline_session() as session, pytest.raises(DeadlineExceeded):
+            session.get(
+                "https://prometheus.invalid/api/v1/targets",
+                proxies={"https": proxy.url},
+                timeout=TIMEOUT_S,
+            )
+        assert _ended(proxy) == "cut"
+
+
+class _KeepAlive(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        body = json.dumps(_TIME).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_connection_back_in_the_pool_leaves_the_watch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kept-alive connection goes back to the session's pool after its answer, where
+    another thread's request may take it: the finished request's watch no longer holds
+    its socket, so that request's deadline can never cut the other's."""
+    import estimators.deadline as deadline
+
+    watches: list[Any] = []
+
+    class Recorded(deadline._Watch):
+        def __init__(self) -> None:
+            super().__init__()
+            watches.append(self)
+
+    monkeypatch.setattr(deadline, "_Watch", Recorded)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with deadline_session() as session:
+            url = f"http://127.0.0.1:{server.server_address[1]}/api/v1/query"
+            for _ in range(2):  # a new connection, then the pooled one
+                assert session.get(url, timeout=5.0).json() == _TIME
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(watches) == 2
+    assert [w._socks for w in watches] == [[], []]
+
+
+def test_a_urllib3_timeout_keeps_requests_own_bounds() -> None:
+    from urllib3.util import Timeout
+
+    assert deadline_s(Timeout(connect=1.0, read=2.0)) is None

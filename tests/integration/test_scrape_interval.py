@@ -114,6 +114,7 @@ def test_odd_targets_answers_are_no_answer_never_a_raise(
         ("1.5m", None),
         ("1s1s", None),
         ("500ms1s", None),
+        ("\u0661\u0665s", None),  # Arabic-Indic digits, which \\d had read as 15
     ],
 )
 def test_durations(text: str, seconds: float | None) -> None:

@@ -122,9 +122,29 @@ def test_a_trickled_request_is_cut_at_the_deadline(
 
 
 def test_a_silent_connection_is_closed_after_the_read_timeout(
-    server: mh.MetricsServer, monkeypatch: pytest.MonkeyPatch
+    server: mh.MetricsServer, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
+    """Closed, unanswered, and quietly: socketserver printed a traceback of ~18 lines
+    for each such connection (what 32 trickling clients would keep doing)."""
     monkeypatch.setattr(mh._QuietHandler, "timeout", 0.2)
     monkeypatch.setattr(mh, "CONNECTION_DEADLINE_S", 600.0)
     with _connect(server) as sock:
-        assert _read_all(sock) == b""  # closed, unanswered, by the server
+        assert _read_all(sock) == b""
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_connection_whose_deadline_cannot_start_is_served_and_frees_its_slot(
+    server: mh.MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread left for the deadline's timer: the scrape is still served, and its
+    slot freed (one leaked per such connection, and after MAX_CONNECTIONS of them
+    every scrape was refused)."""
+
+    class NoTimer(threading.Timer):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(mh.threading, "Timer", NoTimer)
+    for _ in range(mh.MAX_CONNECTIONS + 2):
+        assert _ask(server, b"GET /metrics HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200")
+    assert server.refused == 0
