@@ -17,19 +17,21 @@ same timeout as the query's server-side `timeout`) and as much again to the tran
 How: the session's adapter builds urllib3 pools of connections that register their
 socket with the calling thread's watch once connected, or when a pooled one starts
 reading an answer, and unregister it when the connection goes back to the pool
-(`_WatchedMixin`, `_PoolMixin`); a watchdog thread shuts down the registered sockets at
-the deadline, and again every `_RECHECK_S` while the request has not returned (one
-connected just before the deadline registers after it). Resolving the host name and
-connecting (each address it resolves to) have no socket to cut yet: they stay bounded
-by `requests`' connect timeout alone (the request still raises DeadlineExceeded once
-they end past the deadline), as does a request through a SOCKS proxy (its manager
-builds other pools).
+(`_WatchedMixin`, `_PoolMixin`); one watchdog thread (`_Watchdog`) shuts down the
+registered sockets at the deadline, and again every `_RECHECK_S` while the request has
+not returned (one connected just before the deadline registers after it). Resolving
+the host name and connecting (each address it resolves to) have no socket to cut yet:
+they stay bounded by `requests`' connect timeout alone (the request still raises
+DeadlineExceeded once they end past the deadline), as does a request through a SOCKS
+proxy (its manager builds other pools).
 
 Units: seconds (`timeout`, deadlines: `time.monotonic`).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import socket
 import threading
 import time
@@ -61,6 +63,8 @@ class _Watch:
         self._lock = threading.Lock()
         self._socks: list[Any] = []
         self.expired = False
+        self.done = False
+        """Set when the request returned: the watchdog forgets it."""
 
     def add(self, sock: Any) -> None:
         """Register `sock`, which this request uses from now on."""
@@ -77,12 +81,61 @@ class _Watch:
         """Mark the request expired and shut down every registered socket (a blocked
         read then returns at once)."""
         with self._lock:
+            if self.done:
+                return
             self.expired = True
             socks = list(self._socks)
         for sock in socks:
             with suppress(OSError):  # already closed
                 sock.shutdown(socket.SHUT_RDWR)
 
+
+class _Watchdog:
+    """The one thread that cuts every watched request at its deadline, and again every
+    `_RECHECK_S` after it until the request returns. One thread for the process, not
+    one per request (eight queries a tick); started with the first session, on the
+    thread that makes it (`governor run`'s main thread: a thread inherits its
+    creator's nice value, and the tick thread runs niced)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, _Watch]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start the thread unless it runs; RuntimeError when no thread can start."""
+        with self._cond:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            thread = threading.Thread(target=self._run, name="http-deadline", daemon=True)
+            thread.start()
+            self._thread = thread
+
+    def watch(self, watch: _Watch, at: float) -> None:
+        """Cut `watch` at `at` (time.monotonic) unless it is done by then."""
+        with self._cond:
+            heapq.heappush(self._due, (at, next(self._seq), watch))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._due and self._due[0][2].done:
+                    heapq.heappop(self._due)
+                if not self._due:
+                    self._cond.wait()
+                    continue
+                at, _, watch = self._due[0]
+                now = time.monotonic()
+                if at > now:
+                    self._cond.wait(at - now)
+                    continue
+                heapq.heapreplace(self._due, (now + _RECHECK_S, next(self._seq), watch))
+            watch.cut()
+
+
+_WATCHDOG: Final = _Watchdog()
 
 _local = threading.local()
 
@@ -185,32 +238,23 @@ def watched(seconds: float | None) -> Iterator[_Watch]:
     if seconds is None:
         yield watch
         return
-    done = threading.Event()
-
-    def watchdog() -> None:
-        if done.wait(seconds):
-            return
-        while True:
-            watch.cut()
-            if done.wait(_RECHECK_S):
-                return
-
-    started = time.monotonic()
-    dog = threading.Thread(target=watchdog, name="http-deadline", daemon=True)
-    previous = _watching()
     try:
-        _local.watch = watch
-        try:
-            dog.start()
-        except RuntimeError as exc:  # no thread left: the request is not made
-            raise requests.RequestException(f"cannot watch the request's deadline: {exc}") from exc
+        _WATCHDOG.start()
+    except RuntimeError as exc:  # no thread left: the request is not made
+        raise requests.RequestException(f"cannot watch the request's deadline: {exc}") from exc
+    started = time.monotonic()
+    previous = _watching()
+    _local.watch = watch
+    _WATCHDOG.watch(watch, started + seconds)
+    try:
         yield watch
     except Exception as exc:
         if watch.expired:
             raise _exceeded(seconds, started) from exc
         raise
     finally:
-        done.set()
+        with watch._lock:
+            watch.done = True
         _local.watch = previous
     if watch.expired:
         raise _exceeded(seconds, started)
@@ -228,7 +272,9 @@ def deadline_session(verify: bool = True) -> requests.Session:
     """A `requests.Session` whose every request with a timeout completes (last byte
     read) within `DEADLINE_FACTOR` x that timeout or raises `DeadlineExceeded`.
     `verify`: check TLS certificates. An adapter mounted on it later must be a
-    `DeadlineAdapter` too: only its connections are cut at the deadline."""
+    `DeadlineAdapter` too: only its connections are cut at the deadline. Starts the
+    watchdog thread (`_Watchdog`) unless it runs; RuntimeError when it cannot."""
+    _WATCHDOG.start()
     session = requests.Session()
     session.verify = verify
     session.mount("http://", DeadlineAdapter())

@@ -220,3 +220,25 @@ def test_a_urllib3_timeout_keeps_requests_own_bounds() -> None:
     from urllib3.util import Timeout
 
     assert deadline_s(Timeout(connect=1.0, read=2.0)) is None
+
+
+def test_one_watchdog_thread_serves_every_request(
+    prompt: _Dripper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a thread per request (eight a tick), and none started by the requests
+    themselves: a thread inherits the nice value of the thread that starts it, and
+    the tick thread runs niced (test_process's tick-nice test)."""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    with deadline_session() as session:
+        monkeypatch.setattr(threading.Thread, "start", counted)
+        for _ in range(5):
+            session.get(f"{prompt.url}/api/v1/targets", timeout=1.0)
+        monkeypatch.undo()
+    assert "http-deadline" not in started
+    assert [t.name for t in threading.enumerate()].count("http-deadline") == 1
