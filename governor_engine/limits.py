@@ -5,9 +5,10 @@ never above the values the engine started with (its ceilings: start the engine w
 largest knobs the governor may choose and let the governor lower them):
 - `max_num_seqs` -> the admission cap (vLLM's `max_num_active_reqs`): at least 1;
 - `max_num_batched_tokens` -> the step token budget (`max_num_scheduled_tokens`): at
-  least the admission cap (vLLM's own rule for the flag), and, when chunked prefill is
-  off, at least the longest prompt the engine accepts (`min_tokens`), so a prompt never
-  waits for a budget it cannot fit in.
+  least the admission cap (vLLM's own rule for the flag), and at least what a request
+  the scheduler must schedule whole needs (`token_floor`: a prompt without chunked
+  prefill, a multimodal item without chunked multimodal input, a padded speculative
+  decode step), so a request never waits for a budget it cannot fit in.
 `EngineSettings` finds the governor's address and the model name.
 """
 
@@ -27,6 +28,40 @@ class Limits:
 
     max_num_seqs: int
     max_num_batched_tokens: int
+
+
+def token_floor(
+    *,
+    chunked_prefill: bool,
+    max_model_len: int,
+    chunked_mm_input: bool,
+    encoder_input_tokens: int,
+    spec_tokens: int,
+    lookahead_tokens: int,
+) -> int:
+    """The smallest step token budget (tokens) that leaves no request unschedulable in
+    vLLM 0.32's scheduler (`vllm/v1/core/sched/scheduler.py`), which schedules whole:
+
+    - a prompt, without chunked prefill: `max_model_len`;
+    - a multimodal item, without chunked multimodal input (`--disable-chunked-mm-input`,
+      forced for encoder-decoder models): it rolls a step back to before an item that
+      does not fit, so a budget below the item schedules nothing of the request, ever.
+      `encoder_input_tokens` is the scheduler's encoder compute budget, at least the
+      largest item (vLLM refuses to start with a budget below that item; a budget the
+      governor lowered under it had stalled the waiting queue's head);
+    - a padded speculative decode step, 1 + `spec_tokens` + `lookahead_tokens`: a
+      resumed request is not scheduled rather than scheduled unpadded.
+
+    Example: chunked prefill on, chunked multimodal input off with an encoder budget of
+    2,048, 3 speculative tokens -> 2,048."""
+    floor = 1
+    if not chunked_prefill:
+        floor = max(floor, max_model_len)
+    if not chunked_mm_input and encoder_input_tokens > 0:
+        floor = max(floor, encoder_input_tokens)
+    if spec_tokens > 0:
+        floor = max(floor, 1 + spec_tokens + lookahead_tokens)
+    return floor
 
 
 class LiveLimits:

@@ -39,7 +39,13 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from governor_engine.follower import LOG, KnobFollower
-from governor_engine.limits import EngineSettings, Limits, LiveLimits, preempt_over_cap
+from governor_engine.limits import (
+    EngineSettings,
+    Limits,
+    LiveLimits,
+    preempt_over_cap,
+    token_floor,
+)
 
 
 class _GovernedMixin:
@@ -56,9 +62,15 @@ class _GovernedMixin:
 
     def _governor_start(self) -> None:
         ceiling = Limits(self.max_num_active_reqs, self.max_num_scheduled_tokens)
-        min_tokens = 1
-        if not self.scheduler_config.enable_chunked_prefill:
-            min_tokens = int(self.vllm_config.model_config.max_model_len)
+        sc = self.scheduler_config
+        min_tokens = token_floor(
+            chunked_prefill=bool(sc.enable_chunked_prefill),
+            max_model_len=int(self.vllm_config.model_config.max_model_len),
+            chunked_mm_input=not getattr(sc, "disable_chunked_mm_input", False),
+            encoder_input_tokens=int(getattr(self, "max_num_encoder_input_tokens", 0) or 0),
+            spec_tokens=int(getattr(self, "num_spec_tokens", 0) or 0),
+            lookahead_tokens=int(getattr(self, "num_lookahead_tokens", 0) or 0),
+        )
         self._governor_limits = LiveLimits(ceiling, min_tokens)
         self._governor_follower = None
         model_config = self.vllm_config.model_config
@@ -75,11 +87,12 @@ class _GovernedMixin:
             return
         LOG.info(
             "governor: following %s for model %r; ceilings max_num_seqs=%d "
-            "max_num_batched_tokens=%d",
+            "max_num_batched_tokens=%d; token budget never below %d",
             settings.server,
             settings.model,
             ceiling.max_num_seqs,
             ceiling.max_num_batched_tokens,
+            self._governor_limits.min_tokens,
         )
         self._governor_follower = KnobFollower(
             settings.server,

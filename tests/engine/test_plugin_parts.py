@@ -18,7 +18,7 @@ import yaml
 from controller.types import LIVE_MIDDLEWARE, LIVE_SCHEDULER_CLS, Knobs
 from estimators.types import LatencyQuantiles
 from governor_engine.follower import Backoff, KnobFollower, KnobUpdate
-from governor_engine.limits import EngineSettings, Limits, LiveLimits
+from governor_engine.limits import EngineSettings, Limits, LiveLimits, token_floor
 from governor_engine.middleware import (
     HEADER,
     LatencyDistCache,
@@ -200,6 +200,39 @@ def test_live_limits_keep_room_for_a_whole_prompt_without_chunked_prefill() -> N
     limits = LiveLimits(Limits(32, 8192), min_tokens=4096)
     assert limits.update(_update(8, 512)) == Limits(8, 4096)
     assert LiveLimits(Limits(32, 2048), min_tokens=4096).clamp(8, 512) == Limits(8, 2048)
+
+
+_PLAIN = {
+    "chunked_prefill": True,
+    "max_model_len": 4096,
+    "chunked_mm_input": True,
+    "encoder_input_tokens": 0,
+    "spec_tokens": 0,
+    "lookahead_tokens": 0,
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "floor"),
+    [
+        ({}, 1),  # chunked prefill, text only, no speculation: any budget schedules
+        ({"chunked_prefill": False}, 4096),  # a whole prompt
+        # A whole multimodal item, without chunked multimodal input (else any budget):
+        ({"chunked_mm_input": False, "encoder_input_tokens": 2048}, 2048),
+        ({"encoder_input_tokens": 2048}, 1),
+        ({"chunked_mm_input": False}, 1),  # text only: no encoder budget
+        # A padded speculative decode step:
+        ({"spec_tokens": 3}, 4),
+        ({"spec_tokens": 3, "lookahead_tokens": 2}, 6),
+        ({"lookahead_tokens": 2}, 1),
+        # The largest need wins:
+        ({"chunked_prefill": False, "chunked_mm_input": False, "encoder_input_tokens": 8192}, 8192),
+    ],
+)
+def test_token_floor_fits_what_the_scheduler_schedules_whole(
+    change: dict[str, Any], floor: int
+) -> None:
+    assert token_floor(**{**_PLAIN, **change}) == floor
 
 
 def test_settings_flag_over_environment_over_served_name() -> None:
