@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import socket
 import threading
 import time
@@ -136,6 +137,9 @@ class _Watchdog:
 
 
 _WATCHDOG: Final = _Watchdog()
+# A forked child has no watchdog thread, and may have forked while it held the lock:
+# it starts afresh (a replay's worker processes query Prometheus too).
+os.register_at_fork(after_in_child=lambda: _WATCHDOG.__init__())  # type: ignore[misc]
 
 _local = threading.local()
 

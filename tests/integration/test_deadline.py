@@ -31,6 +31,10 @@ TIMEOUT_S = 0.2
 DRIP_S = 0.01
 """Seconds between two bytes of a dripped answer: inside the per-read timeout."""
 
+_WAIT_S = 60.0
+"""The longest a test waits for a forked child's answer, seconds: far past any deadline."""
+"""Seconds between two bytes of a dripped answer: inside the per-read timeout."""
+
 _TARGETS = {"data": {"activeTargets": [{"labels": {"job": "vllm"}, "scrapeInterval": "30s"}]}}
 _JOBS = {"data": {"result": [{"metric": {"job": "vllm"}, "value": [1.0, "1"]}]}}
 _TIME = {"status": "success", "data": {"resultType": "scalar", "result": [1.7e9, "1.7e9"]}}
@@ -242,3 +246,40 @@ def test_one_watchdog_thread_serves_every_request(
         monkeypatch.undo()
     assert "http-deadline" not in started
     assert [t.name for t in threading.enumerate()].count("http-deadline") == 1
+
+
+def test_a_forked_child_gets_its_own_watchdog(prompt: _Dripper) -> None:
+    """A child forked while the watchdog's lock was held (the watchdog thread takes it
+    for each request, briefly) would wait for it forever: the child's watchdog starts
+    afresh, and its requests read and are watched."""
+    import multiprocessing
+
+    import estimators.deadline as deadline
+
+    with deadline_session() as session:
+        session.get(f"{prompt.url}/api/v1/targets", timeout=1.0)  # the parent's watchdog
+    ctx = multiprocessing.get_context("fork")
+    held, forked = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another thread holds the lock at the fork, as the watchdog may
+        with deadline._WATCHDOG._cond:
+            held.set()
+            forked.wait(_WAIT_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(_WAIT_S)
+    try:
+        pool = ctx.Pool(1)
+    finally:
+        forked.set()
+        holder.join()
+    with pool:
+        answer = pool.apply_async(_child_reads, (prompt.url,))
+        assert answer.get(timeout=_WAIT_S) == (30.0, 1)
+
+
+def _child_reads(url: str) -> tuple[float | None, int]:
+    """In a forked child: the scrape interval read, and the watchdog threads alive."""
+    seconds = engine_scrape_interval_s(url, timeout_s=1.0)
+    return seconds, [t.name for t in threading.enumerate()].count("http-deadline")
