@@ -114,6 +114,9 @@ class PublicListeners:
         self._server: grpc.aio.Server | None = None
         self._admin_server: grpc.aio.Server | None = None
         self._health: Any = None
+        rpcs = spec.max_concurrent_rpcs
+        self._calls = StreamLimiter(rpcs, per_client=max(1, rpcs // 2))
+        """Calls in progress, per client host (HardeningInterceptor)."""
 
     def _new_servers(self) -> tuple[grpc.aio.Server, grpc.aio.Server]:
         """The main server and the admin one (the same object without an admin
@@ -125,7 +128,8 @@ class PublicListeners:
                 allow_unauthenticated=spec.allow_unauthenticated_admin,
                 on_denied=self.on_denied,
             ),
-            HardeningInterceptor(self.streams),  # health/reflection streams: bounded too
+            # health/reflection streams: bounded too; calls from one host: half the slots
+            HardeningInterceptor(self.streams, self._calls),
         ]
         options = [
             ("grpc.max_receive_message_length", spec.max_request_bytes),
@@ -133,7 +137,12 @@ class PublicListeners:
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.keepalive_timeout_ms", 20_000),
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+            # Keepalive pings a client may send on a connection without data (an idle
+            # watch stream: the engine plugin pings every 30 s). The key is grpc's
+            # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS; the constant's name
+            # misspelt as the key had left grpc's 5 minutes in force, and idle engine
+            # streams were cut ("too_many_pings") about every 90 s.
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ("grpc.so_reuseport", 0),
         ]
 

@@ -11,7 +11,9 @@ Owns:
   and reflection services stay open on the listeners the server was given. Without
   valid credentials an admin call ends with UNAUTHENTICATED before its request is read.
 - `HardeningInterceptor`: parses each unary request itself, so malformed protobuf bytes
-  end with INVALID_ARGUMENT (grpc's own answer would be an opaque INTERNAL), and clips
+  end with INVALID_ARGUMENT (grpc's own answer would be an opaque INTERNAL), waits for it
+  at most `REQUEST_WAIT_S` (a call that never sends it frees its RPC slot), holds no
+  more than half the RPC slots for one client host (`_call_slot`), and clips
   every error message a handler sends to `MAX_DETAIL_CHARS` (an echoed value must not
   overflow the 8 KiB trailing-metadata limit and turn a clear error into a transport
   failure).
@@ -27,6 +29,7 @@ Owns:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import inspect
@@ -35,7 +38,7 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -307,6 +310,57 @@ async def _parse(
         )
 
 
+REQUEST_WAIT_S = 10.0
+"""The longest a unary-request call waits for its request message, seconds; then
+DEADLINE_EXCEEDED. A call holds one of the --max-concurrent-rpcs slots from its headers
+on: calls that never sent their message had held every slot from one connection, for as
+long as it lived (its keepalive pings answered), and the health probes, KEDA and the
+engines got RESOURCE_EXHAUSTED. A client sends a unary request with its headers."""
+
+
+async def _one_request(requests: Any, context: grpc.aio.ServicerContext, method: str) -> Any:
+    """The request message (raw bytes) of a unary-request call whose handler reads it as
+    a stream (`HardeningInterceptor`): at most REQUEST_WAIT_S, else DEADLINE_EXCEEDED;
+    none at all (the client half-closed first) is INVALID_ARGUMENT."""
+    try:
+        return await asyncio.wait_for(anext(aiter(requests)), REQUEST_WAIT_S)
+    except TimeoutError:
+        await context.abort(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"no request message for {method} within {REQUEST_WAIT_S:g} s",
+        )
+    except StopAsyncIteration:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no request message for {method}")
+
+
+@contextlib.asynccontextmanager
+async def _call_slot(
+    calls: StreamLimiter | None, context: grpc.aio.ServicerContext, method: str
+) -> AsyncIterator[None]:
+    """Hold one of `calls`' slots for the calling client's host while a unary call runs,
+    or a stream waits for its request: RESOURCE_EXHAUSTED when the host holds its share
+    (`calls.per_client`), so that calls one host holds open (waiting REQUEST_WAIT_S for
+    messages it never sends) leave the other half of --max-concurrent-rpcs to everyone
+    else (the kubelet's probes, KEDA, the engines). Streams past their request hold a
+    slot of the stream limiter instead (--max-watch-streams-per-client: KEDA is one
+    host with a stream per ScaledObject). None: no bound."""
+    if calls is None:
+        yield
+        return
+    peer = context.peer()
+    if not calls.try_acquire(peer):
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"too many calls in progress from this client {peer_host(peer)} (limit "
+            f"{calls.per_client}, half of --max-concurrent-rpcs); {method} was refused: "
+            "retry later with backoff",
+        )
+    try:
+        yield
+    finally:
+        calls.release(peer)
+
+
 SERVICER_LIMITED_STREAMS = frozenset(
     {
         "/governor.v1.BatchingService/WatchBatchingConfig",
@@ -323,10 +377,16 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
     a slot of its own (grpc.health.v1 Health/Watch, reflection) holds one of it while it
     runs, so no client can hold every RPC slot (--max-concurrent-rpcs) with streams that
     need no credentials and leave no room for KEDA's, the engines' or the probes' unary
-    calls; None: no bound. Streaming-request methods (reflection) are not parsed."""
+    calls; None: no bound. Streaming-request methods (reflection) are not parsed.
+    `calls`: unary calls, and streams until their request came, per client host
+    (`_call_slot`); None: no bound. Every unary request is waited for at most
+    REQUEST_WAIT_S (`_one_request`)."""
 
-    def __init__(self, streams: StreamLimiter | None = None) -> None:
+    def __init__(
+        self, streams: StreamLimiter | None = None, calls: StreamLimiter | None = None
+    ) -> None:
         self.streams = streams
+        self.calls = calls
 
     async def intercept_service(
         self,
@@ -342,24 +402,37 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
             return _limited_request_stream(handler, streams, method)
         deserializer = handler.request_deserializer
         serializer = handler.response_serializer
+        calls = self.calls
+        # The request is read as a stream (the same on the wire), so that a call whose
+        # message never comes ends after REQUEST_WAIT_S (`_one_request`).
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
-            async def unary(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-                request = await _parse(deserializer, raw, context, method)
-                result = inner(request, _ClippedContext(context))
-                return await result if inspect.isawaitable(result) else result
+            async def unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+                async with _call_slot(calls, context, method):
+                    raw = await _one_request(requests, context, method)
+                    request = await _parse(deserializer, raw, context, method)
+                    result = inner(request, _ClippedContext(context))
+                    return await result if inspect.isawaitable(result) else result
 
-            return grpc.unary_unary_rpc_method_handler(
+            return grpc.stream_unary_rpc_method_handler(
                 unary, request_deserializer=None, response_serializer=serializer
             )
         inner_stream = handler.unary_stream
         if inner_stream is None:
             return handler
+
+        async def _stream_request(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            """A stream's request, read under a call slot: the stream holds a slot of
+            `streams` (its own bound) from then on, not one of `calls`."""
+            async with _call_slot(calls, context, method):
+                raw = await _one_request(requests, context, method)
+                return await _parse(deserializer, raw, context, method)
+
         if inspect.isasyncgenfunction(inner_stream):
 
-            async def stream_gen(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-                request = await _parse(deserializer, raw, context, method)
+            async def stream_gen(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+                request = await _stream_request(requests, context)
                 async with stream_slot(streams, context, method):
                     async for item in inner_stream(request, _ClippedContext(context)):
                         yield item
@@ -367,14 +440,14 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
             wrapped: Any = stream_gen
         else:  # a coroutine that writes with context.write (grpc_health's Watch)
 
-            async def stream_coro(raw: Any, context: grpc.aio.ServicerContext) -> Any:
-                request = await _parse(deserializer, raw, context, method)
+            async def stream_coro(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+                request = await _stream_request(requests, context)
                 async with stream_slot(streams, context, method):
                     result = inner_stream(request, _ClippedContext(context))
                     return await result if inspect.isawaitable(result) else result
 
             wrapped = stream_coro
-        return grpc.unary_stream_rpc_method_handler(
+        return grpc.stream_stream_rpc_method_handler(
             wrapped, request_deserializer=None, response_serializer=serializer
         )
 
