@@ -40,6 +40,12 @@ MAX_WATCH_STREAMS = 1024  # WatchBatchingConfig + StreamIsActive streams open at
 # ... and from one client host: None is half of max_watch_streams
 # (service.security.default_streams_per_client, which says why)
 MAX_WATCH_STREAMS_PER_CLIENT: int | None = None
+CONNECTION_IDLE_MS = 300_000
+"""A connection without a call open this long is closed (GOAWAY; a client reconnects at
+its next call), ms. Watch streams keep theirs open; KEDA polls every 30 s by default."""
+HANDSHAKE_TIMEOUT_MS = 20_000
+"""A connection that has not finished its TLS handshake and HTTP/2 preface this long
+after it was accepted is closed, ms (grpc's own default is 120 s)."""
 
 
 def parse_listen(value: str, what: str = "address", lowest_port: int = 0) -> tuple[str, int]:
@@ -144,6 +150,10 @@ class PublicListeners:
             # streams were cut ("too_many_pings") about every 90 s.
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ("grpc.so_reuseport", 0),
+            # Connections that hold nothing: any number of them had been kept, an idle
+            # one for good and a silent one for a minute (~11 KB and a descriptor each).
+            ("grpc.max_connection_idle_ms", CONNECTION_IDLE_MS),
+            ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
         ]
 
         def new_server() -> grpc.aio.Server:

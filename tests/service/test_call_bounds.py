@@ -125,3 +125,47 @@ def test_an_idle_watch_stream_with_keepalive_pings_stays_open(served: ServerThre
         with pytest.raises(grpc.RpcError) as ei:
             next(updates)
     assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, ei.value.details()
+
+
+def test_a_silent_connection_is_closed_at_the_handshake_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection that never sends the HTTP/2 preface is closed by the server (it had
+    been kept a minute, and any number of them accepted)."""
+    import socket
+
+    import service.listeners as listeners
+
+    monkeypatch.setattr(listeners, "HANDSHAKE_TIMEOUT_MS", 300)
+    with (
+        ServerThread(_core(), log_level="warning") as s,
+        socket.create_connection(("127.0.0.1", s.server.port), timeout=30) as sock,
+    ):
+        while sock.recv(1024):  # the server's own SETTINGS frame, then its close
+            pass  # (a recv past 30 s raises: never closed)
+
+
+def test_an_idle_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A channel without a call open is told to go away after CONNECTION_IDLE_MS (it
+    had been kept for good); the client reconnects at its next call."""
+    import service.listeners as listeners
+
+    monkeypatch.setattr(listeners, "CONNECTION_IDLE_MS", 300)
+    states: list[grpc.ChannelConnectivity] = []
+    idle = threading.Event()
+
+    def seen(state: grpc.ChannelConnectivity) -> None:
+        states.append(state)
+        if grpc.ChannelConnectivity.READY in states and state != grpc.ChannelConnectivity.READY:
+            idle.set()
+
+    with (
+        ServerThread(_core(), log_level="warning") as s,
+        grpc.insecure_channel(f"127.0.0.1:{s.server.port}") as channel,
+    ):
+        stub = health_pb2_grpc.HealthStub(channel)
+        assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
+        channel.subscribe(seen)
+        assert idle.wait(30), states  # the server closed it: READY -> IDLE
+        channel.unsubscribe(seen)
+        assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
