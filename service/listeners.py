@@ -26,6 +26,7 @@ from governor_api import externalscaler_pb2_grpc, governor_v1_pb2, governor_v1_p
 from service.security import (
     AdminAuthInterceptor,
     AdminToken,
+    CallLimiter,
     HardeningInterceptor,
     StreamLimiter,
     TlsFiles,
@@ -121,7 +122,7 @@ class PublicListeners:
         self._admin_server: grpc.aio.Server | None = None
         self._health: Any = None
         rpcs = spec.max_concurrent_rpcs
-        self._calls = StreamLimiter(rpcs, per_client=max(1, rpcs // 2))
+        self._calls = CallLimiter(rpcs, per_client=max(1, rpcs // 2))
         """Calls in progress, per client host (HardeningInterceptor)."""
 
     def _new_servers(self) -> tuple[grpc.aio.Server, grpc.aio.Server]:

@@ -13,7 +13,7 @@ Owns:
 - `HardeningInterceptor`: parses each unary request itself, so malformed protobuf bytes
   end with INVALID_ARGUMENT (grpc's own answer would be an opaque INTERNAL), waits for it
   at most `REQUEST_WAIT_S` (a call that never sends it frees its RPC slot), holds no
-  more than half the RPC slots for one client host (`_call_slot`), and clips
+  more than half the RPC slots for one client host (`CallLimiter`), and clips
   every error message a handler sends to `MAX_DETAIL_CHARS` (an echoed value must not
   overflow the 8 KiB trailing-metadata limit and turn a clear error into a transport
   failure).
@@ -38,7 +38,7 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,32 +333,29 @@ async def _one_request(requests: Any, context: grpc.aio.ServicerContext, method:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no request message for {method}")
 
 
-@contextlib.asynccontextmanager
-async def _call_slot(
-    calls: StreamLimiter | None, context: grpc.aio.ServicerContext, method: str
-) -> AsyncIterator[None]:
-    """Hold one of `calls`' slots for the calling client's host while a unary call runs,
-    or a stream waits for its request: RESOURCE_EXHAUSTED when the host holds its share
-    (`calls.per_client`), so that calls one host holds open (waiting REQUEST_WAIT_S for
-    messages it never sends) leave the other half of --max-concurrent-rpcs to everyone
-    else (the kubelet's probes, KEDA, the engines). Streams past their request hold a
-    slot of the stream limiter instead (--max-watch-streams-per-client: KEDA is one
-    host with a stream per ScaledObject). None: no bound."""
-    if calls is None:
-        yield
-        return
-    peer = context.peer()
-    if not calls.try_acquire(peer):
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"too many calls in progress from this client {peer_host(peer)} (limit "
-            f"{calls.per_client}, half of --max-concurrent-rpcs); {method} was refused: "
-            "retry later with backoff",
+class CallLimiter(StreamLimiter):
+    """Unary calls, and streams until their request came, per client host
+    (`HardeningInterceptor`, through `stream_slot`): at most `per_client` from one host
+    (`PublicListeners`: half of --max-concurrent-rpcs), so that calls one host holds open
+    (waiting REQUEST_WAIT_S for messages it never sends) leave the other half to
+    everyone else (the kubelet's probes, KEDA, the engines). Streams past their request
+    hold a slot of the stream limiter instead (--max-watch-streams-per-client: KEDA is
+    one host with a stream per ScaledObject)."""
+
+    def message(self, what: str, peer: str | None = None) -> str:
+        """Why `try_acquire(peer)` refused `what`: `peer`'s host at its share, or every
+        slot taken (the main and admin listeners share one limiter)."""
+        host = peer_host(peer)
+        if host is not None and self.client_active(peer) >= self.per_client:
+            return (
+                f"too many calls in progress from this client {host} (limit "
+                f"{self.per_client}, half of --max-concurrent-rpcs); {what} was refused: "
+                "retry later with backoff"
+            )
+        return (
+            f"too many calls in progress (limit {self.limit}, --max-concurrent-rpcs); "
+            f"{what} was refused: retry later with backoff"
         )
-    try:
-        yield
-    finally:
-        calls.release(peer)
 
 
 SERVICER_LIMITED_STREAMS = frozenset(
@@ -379,11 +376,11 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
     need no credentials and leave no room for KEDA's, the engines' or the probes' unary
     calls; None: no bound. Streaming-request methods (reflection) are not parsed.
     `calls`: unary calls, and streams until their request came, per client host
-    (`_call_slot`); None: no bound. Every unary request is waited for at most
+    (`CallLimiter`); None: no bound. Every unary request is waited for at most
     REQUEST_WAIT_S (`_one_request`)."""
 
     def __init__(
-        self, streams: StreamLimiter | None = None, calls: StreamLimiter | None = None
+        self, streams: StreamLimiter | None = None, calls: CallLimiter | None = None
     ) -> None:
         self.streams = streams
         self.calls = calls
@@ -409,7 +406,7 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary(requests: Any, context: grpc.aio.ServicerContext) -> Any:
-                async with _call_slot(calls, context, method):
+                async with stream_slot(calls, context, method):
                     raw = await _one_request(requests, context, method)
                     request = await _parse(deserializer, raw, context, method)
                     result = inner(request, _ClippedContext(context))
@@ -425,7 +422,7 @@ class HardeningInterceptor(grpc.aio.ServerInterceptor):
         async def _stream_request(requests: Any, context: grpc.aio.ServicerContext) -> Any:
             """A stream's request, read under a call slot: the stream holds a slot of
             `streams` (its own bound) from then on, not one of `calls`."""
-            async with _call_slot(calls, context, method):
+            async with stream_slot(calls, context, method):
                 raw = await _one_request(requests, context, method)
                 return await _parse(deserializer, raw, context, method)
 
@@ -653,6 +650,7 @@ __all__ = [
     "MAX_DETAIL_CHARS",
     "AdminAuthInterceptor",
     "AdminToken",
+    "CallLimiter",
     "HardeningInterceptor",
     "SecurityConfigError",
     "StreamLimiter",

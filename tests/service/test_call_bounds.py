@@ -169,3 +169,12 @@ def test_an_idle_connection_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
         assert idle.wait(30), states  # the server closed it: READY -> IDLE
         channel.unsubscribe(seen)
         assert stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status == 1
+
+
+def test_the_call_limiters_refusal_names_the_limit_hit() -> None:
+    calls = security.CallLimiter(3, per_client=2)
+    a, b, c = "ipv4:10.0.0.7:1", "ipv4:10.0.0.8:1", "ipv4:10.0.0.9:1"
+    assert calls.try_acquire(a) and calls.try_acquire(a) and not calls.try_acquire(a)
+    assert "from this client 10.0.0.7 (limit 2, half of" in calls.message("m", a)
+    assert calls.try_acquire(b) and not calls.try_acquire(c)  # every slot taken
+    assert "(limit 3, --max-concurrent-rpcs); m was refused" in calls.message("m", c)
